@@ -1,0 +1,81 @@
+"""`hrmctl nodes`: the resolved inventory, and optionally a live check of every node."""
+
+from __future__ import annotations
+
+import json
+
+from rich.console import Console
+from rich.table import Table
+
+from .inventory import Inventory, Node
+from .remote import Session, for_each
+
+SHOWN = ("host", "user", "port", "python", "workdir", "data_dir", "nproc", "ifname", "identity_file", "known_hosts")
+
+# Run on each node by --check: who and where we are, and the node's Python.
+CHECK_ARGV = ["sh", "-c", 'echo "$(uname -n) $(uname -s)"']
+
+
+def _check(session: Session) -> dict:
+    res = session.run(CHECK_ARGV, timeout=15)
+    py = session.run_python("import sys; print(sys.version.split()[0])", timeout=15)
+    return {
+        "hostname": res.stdout.split()[0] if res.ok and res.stdout.split() else None,
+        "python_version": py.stdout.strip() if py.ok else None,
+        "python_error": None if py.ok else py.last_line(),
+    }
+
+
+def _value(node: Node, key: str) -> str:
+    v = getattr(node, key)
+    if isinstance(v, list):
+        return ", ".join(v) or "-"
+    return "-" if v is None else str(v)
+
+
+def show_nodes(inv: Inventory, nodes: list[Node], *, check: bool, accept_new_host_keys: bool,
+               as_json: bool, console: Console) -> int:
+    """Print the nodes; with check, connect to each. Exit code 1 if any check failed."""
+    results = {}
+    if check:
+        for o in for_each(nodes, _check, accept_new_host_keys=accept_new_host_keys):
+            if o.ok and o.value["python_error"]:
+                o.error = f"{o.node.name}: python {o.node.python} does not run: {o.value['python_error']}"
+            results[o.node.name] = o
+    failed = any(not o.ok for o in results.values())
+    master = nodes[0].name if nodes else None
+    if as_json:
+        doc = {
+            "inventory": str(inv.path) if inv.path else None,
+            "master": master,
+            "nodes": [],
+        }
+        for n in nodes:
+            entry = n.as_dict()
+            if check:
+                o = results[n.name]
+                entry["check"] = {"ok": o.ok, "error": o.error, "seconds": round(o.seconds, 3),
+                                  **(o.value or {})}
+            doc["nodes"].append(entry)
+        console.print_json(json.dumps(doc))
+        return 1 if failed else 0
+
+    where = str(inv.path) if inv.path else "no inventory file (this machine only)"
+    table = Table(title=f"nodes — {where}", title_justify="left")
+    table.add_column("setting")
+    for n in nodes:
+        table.add_column(n.name + (" (master)" if n.name == master else ""))
+    for key in SHOWN:
+        table.add_row(key, *[f"{_value(n, key)} [dim]({n.sources.get(key, 'built-in')})[/dim]" for n in nodes])
+    if check:
+        row = []
+        for n in nodes:
+            o = results[n.name]
+            row.append(f"[green]ok[/green] {o.value['hostname']} py{o.value['python_version']} {o.seconds:.2f}s"
+                       if o.ok else "[red]fail[/red]")
+        table.add_row("check", *row)
+    console.print(table)
+    for o in results.values():
+        if not o.ok:
+            console.print(f"[red]fail[/red] {o.error}", highlight=False, soft_wrap=True)
+    return 1 if failed else 0

@@ -1,0 +1,462 @@
+"""Run things on nodes: one interface for this machine and for SSH nodes.
+
+`connect(node)` gives a Session with the same methods either way:
+  run(argv)          -> Result (exit code, stdout, stderr), with a timeout
+  run_python(code)   -> Result; the snippet goes to the node's Python on stdin
+  start(argv)        -> Job whose output arrives line by line; wait / stop
+  put(local, remote) / get(remote, local) / sftp()
+`for_each(nodes, fn)` does the same operation on many nodes in parallel, one Outcome each:
+a bad node never hides the others' answers.
+
+Remote command lines are always built from argv lists with shlex.quote; an argument that
+starts with `~/` is expanded by the node's shell to its home directory, nothing else is.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence, TypeVar
+
+import paramiko
+
+from .errors import (AuthError, HostKeyError, HrmctlError, RemoteError, RemoteTimeout,
+                     UnreachableError)
+from .inventory import Node
+
+CONNECT_TIMEOUT = 10.0
+KEEPALIVE_S = 5
+
+T = TypeVar("T")
+LineHandler = Callable[[str, str], None]  # (stream name "stdout"/"stderr", line without newline)
+
+
+@dataclass
+class Result:
+    code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.code == 0
+
+    def last_line(self) -> str:
+        lines = (self.stderr or self.stdout).strip().splitlines()
+        return lines[-1] if lines else f"exit code {self.code}"
+
+
+# ---------------------------------------------------------------- command lines
+
+def quote_arg(arg: str) -> str:
+    """shlex.quote, except that a leading `~/` stays expandable by the remote shell."""
+    arg = str(arg)
+    if arg == "~":
+        return '"$HOME"'
+    if arg.startswith("~/"):
+        rest = arg[2:]
+        return '"$HOME"/' + shlex.quote(rest) if rest else '"$HOME"/'
+    return shlex.quote(arg)
+
+
+def command_line(argv: Sequence[str], cwd: str | None = None, env: dict[str, str] | None = None) -> str:
+    """One POSIX shell line that runs argv in cwd with env added. Every piece is quoted."""
+    if not argv:
+        raise ValueError("empty command")
+    parts = []
+    if cwd:
+        parts.append(f"cd {quote_arg(cwd)} &&")
+    parts.append("exec")
+    if env:
+        parts.append("env")
+        parts.extend(shlex.quote(f"{k}={v}") for k, v in env.items())
+    parts.extend(quote_arg(a) for a in argv)
+    return " ".join(parts)
+
+
+def _expand_local(arg: str) -> str:
+    return os.path.expanduser(arg) if arg == "~" or str(arg).startswith("~/") else str(arg)
+
+
+# ---------------------------------------------------------------- jobs (streamed output)
+
+def _pump_lines(read: Callable[[], bytes], name: str, on_line: LineHandler) -> None:
+    """Read chunks until EOF and hand complete lines to on_line (a partial last line too)."""
+    buf = b""
+    while True:
+        chunk = read()
+        if not chunk:
+            break
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            on_line(name, line.rstrip(b"\r").decode("utf-8", "replace"))
+    if buf:
+        on_line(name, buf.rstrip(b"\r").decode("utf-8", "replace"))
+
+
+class Job:
+    """A command started on a node whose output is streamed line by line."""
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Exit code, or None if still running after `timeout` seconds."""
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """Hang up / terminate the command (best effort, never raises)."""
+        raise NotImplementedError
+
+
+class LocalJob(Job):
+    def __init__(self, proc: subprocess.Popen, on_line: LineHandler):
+        self.proc = proc
+        self.threads = [
+            threading.Thread(target=_pump_lines, args=(proc.stdout.read1, "stdout", on_line), daemon=True),
+            threading.Thread(target=_pump_lines, args=(proc.stderr.read1, "stderr", on_line), daemon=True),
+        ]
+        for t in self.threads:
+            t.start()
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        for t in self.threads:
+            t.join(5)
+        return code
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except OSError:
+                pass
+
+
+class SSHJob(Job):
+    def __init__(self, chan: paramiko.Channel, on_line: LineHandler):
+        self.chan = chan
+        self.threads = [
+            threading.Thread(target=_pump_lines, args=(lambda: chan.recv(65536), "stdout", on_line), daemon=True),
+            threading.Thread(target=_pump_lines, args=(lambda: chan.recv_stderr(65536), "stderr", on_line),
+                             daemon=True),
+        ]
+        for t in self.threads:
+            t.start()
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        if not self.chan.status_event.wait(timeout):
+            if self.chan.closed or not self.chan.get_transport() or not self.chan.get_transport().is_active():
+                return 255
+            return None
+        for t in self.threads:
+            t.join(5)
+        return self.chan.recv_exit_status()
+
+    def stop(self) -> None:
+        try:
+            self.chan.close()
+        except Exception:
+            pass
+
+
+# ---------------------------------------------------------------- sessions
+
+class Session:
+    """Commands on one node. Use as a context manager; close() releases the connection."""
+
+    node: Node
+
+    def run(self, argv: Sequence[str], *, timeout: float | None = 60, input: str | bytes | None = None,
+            env: dict[str, str] | None = None, cwd: str | None = None) -> Result:
+        raise NotImplementedError
+
+    def start(self, argv: Sequence[str], on_line: LineHandler, *, env: dict[str, str] | None = None,
+              cwd: str | None = None, pty: bool = False) -> Job:
+        raise NotImplementedError
+
+    def put(self, local: str | os.PathLike, remote: str) -> None:
+        raise NotImplementedError
+
+    def get(self, remote: str, local: str | os.PathLike) -> None:
+        raise NotImplementedError
+
+    def run_python(self, code: str, args: Sequence[str] = (), *, timeout: float | None = 60,
+                   env: dict[str, str] | None = None, cwd: str | None = None) -> Result:
+        """Run a Python snippet with the node's interpreter, fed through stdin."""
+        return self.run([self.node.python, "-", *args], timeout=timeout, input=code, env=env, cwd=cwd)
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class LocalSession(Session):
+    """This machine, no SSH."""
+
+    def __init__(self, node: Node):
+        self.node = node
+
+    def run(self, argv, *, timeout=60, input=None, env=None, cwd=None) -> Result:
+        full_env = dict(os.environ, **(env or {}))
+        data = input.encode() if isinstance(input, str) else input
+        try:
+            proc = subprocess.Popen([_expand_local(a) for a in argv], cwd=_expand_local(cwd) if cwd else None,
+                                    env=full_env, stdin=subprocess.PIPE if data is not None else subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        except OSError as exc:
+            return Result(127, "", f"{argv[0]}: {exc.strerror}")
+        try:
+            out, err = proc.communicate(data, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise RemoteTimeout(f"{self.node.name}: `{shlex.join(argv)}` did not finish in {timeout:g}s; it was stopped")
+        return Result(proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
+
+    def start(self, argv, on_line, *, env=None, cwd=None, pty=False) -> Job:
+        full_env = dict(os.environ, **(env or {}))
+        try:
+            proc = subprocess.Popen([_expand_local(a) for a in argv], cwd=_expand_local(cwd) if cwd else None,
+                                    env=full_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, start_new_session=True)
+        except OSError as exc:
+            raise RemoteError(f"{self.node.name}: cannot start {argv[0]}: {exc.strerror}") from None
+        return LocalJob(proc, on_line)
+
+    def put(self, local, remote) -> None:
+        import shutil
+        shutil.copyfile(local, _expand_local(remote))
+
+    def get(self, remote, local) -> None:
+        import shutil
+        shutil.copyfile(_expand_local(remote), local)
+
+
+class _AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
+    """OpenSSH's StrictHostKeyChecking=accept-new: record an unknown key, never a changed one."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def missing_host_key(self, client, hostname, key):
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+
+
+class _RefusePolicy(paramiko.MissingHostKeyPolicy):
+    def missing_host_key(self, client, hostname, key):
+        raise _UnknownHostKey(hostname, key)
+
+
+class _UnknownHostKey(Exception):
+    def __init__(self, hostname: str, key: paramiko.PKey):
+        super().__init__(hostname)
+        self.hostname, self.key = hostname, key
+
+
+def _fingerprint(key: paramiko.PKey) -> str:
+    import base64
+    import hashlib
+    return "SHA256:" + base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
+
+
+class SSHSession(Session):
+    """A node reached over SSH with paramiko; host keys are always checked."""
+
+    def __init__(self, node: Node, *, accept_new_host_keys: bool = False, timeout: float = CONNECT_TIMEOUT):
+        self.node = node
+        self.client = paramiko.SSHClient()
+        self._sftp: paramiko.SFTPClient | None = None
+        known = node.known_hosts[0] if node.known_hosts else os.path.expanduser("~/.ssh/known_hosts")
+        for path in node.known_hosts:
+            if os.path.isfile(path):
+                try:
+                    self.client.get_host_keys().load(path)
+                except Exception as exc:
+                    raise HostKeyError(f"{node.name}: cannot read known_hosts {path} ({exc}); fix or move that file") from None
+        self.client.set_missing_host_key_policy(_AcceptNewPolicy(known) if accept_new_host_keys else _RefusePolicy())
+        self._connect(timeout, known)
+
+    def _connect(self, timeout: float, known: str) -> None:
+        n = self.node
+        target = n.host if n.port == 22 else f"[{n.host}]:{n.port}"
+        sock = None
+        if n.proxy_command:
+            sock = paramiko.ProxyCommand(n.proxy_command.replace("%h", n.host).replace("%p", str(n.port)))
+        try:
+            self.client.connect(
+                n.host, port=n.port, username=n.user, key_filename=n.identity_file or None,
+                timeout=timeout, banner_timeout=timeout, auth_timeout=timeout, allow_agent=True,
+                look_for_keys=not n.identity_file, sock=sock,
+            )
+        except _UnknownHostKey as exc:
+            raise HostKeyError(
+                f"{n.name}: unknown host key for {target} ({exc.key.get_name()} {_fingerprint(exc.key)}); "
+                f"after checking that fingerprint on the node (ssh-keygen -lf /etc/ssh/ssh_host_*.pub), trust it with "
+                f"`ssh-keyscan -p {n.port} {n.host} >> {known}` or rerun with --accept-new-host-keys"
+            ) from None
+        except paramiko.BadHostKeyException as exc:
+            raise HostKeyError(
+                f"{n.name}: HOST KEY CHANGED for {target}: known_hosts has {_fingerprint(exc.expected_key)}, "
+                f"the node sent {_fingerprint(exc.key)} - someone may be intercepting the connection; refusing. "
+                f"If the node was reinstalled, remove the old key with `ssh-keygen -R '{target}' -f {known}` and connect again"
+            ) from None
+        except paramiko.AuthenticationException:
+            keys = ", ".join(n.identity_file) or "your agent and default keys"
+            raise AuthError(
+                f"{n.name}: authentication failed for {n.user}@{n.host}:{n.port} with {keys}; "
+                f"check user/identity_file in the inventory or install your key with `ssh-copy-id -p {n.port} {n.user}@{n.host}`"
+            ) from None
+        except (socket.timeout, TimeoutError):
+            raise UnreachableError(
+                f"{n.name}: no answer from {n.host}:{n.port} within {timeout:g}s; is the node up, on this network, and sshd running?"
+            ) from None
+        except (paramiko.ssh_exception.NoValidConnectionsError, OSError, paramiko.SSHException, EOFError) as exc:
+            reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+            raise UnreachableError(
+                f"{n.name}: cannot connect to {n.host}:{n.port} ({reason}); is the node up and sshd listening on that port?"
+            ) from None
+        transport = self.client.get_transport()
+        if transport is not None:
+            transport.set_keepalive(KEEPALIVE_S)
+
+    def _open(self, line: str, pty: bool) -> paramiko.Channel:
+        transport = self.client.get_transport()
+        if transport is None or not transport.is_active():
+            raise UnreachableError(f"{self.node.name}: the SSH connection to {self.node.host} was lost; check the node and retry")
+        try:
+            chan = transport.open_session(timeout=CONNECT_TIMEOUT)
+            if pty:
+                chan.get_pty(term="dumb", width=200)
+            chan.exec_command(line)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise UnreachableError(f"{self.node.name}: cannot run a command over SSH ({exc}); check the node and retry") from None
+        return chan
+
+    def run(self, argv, *, timeout=60, input=None, env=None, cwd=None) -> Result:
+        chan = self._open(command_line(argv, cwd, env), pty=False)
+        if input is not None:
+            chan.sendall(input.encode() if isinstance(input, str) else input)
+        chan.shutdown_write()
+        out, err = bytearray(), bytearray()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            busy = False
+            while chan.recv_ready():
+                out += chan.recv(65536)
+                busy = True
+            while chan.recv_stderr_ready():
+                err += chan.recv_stderr(65536)
+                busy = True
+            if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                break
+            if chan.closed and not busy:
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                chan.close()
+                raise RemoteTimeout(
+                    f"{self.node.name}: `{shlex.join(argv)[:120]}` did not finish in {timeout:g}s; it was stopped"
+                )
+            transport = chan.get_transport()
+            if transport is None or not transport.is_active():
+                raise UnreachableError(f"{self.node.name}: the SSH connection was lost while running a command")
+            if not busy:
+                time.sleep(0.002)
+        code = chan.recv_exit_status() if chan.exit_status_ready() else 255
+        chan.close()
+        return Result(code, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
+
+    def start(self, argv, on_line, *, env=None, cwd=None, pty=False) -> Job:
+        chan = self._open(command_line(argv, cwd, env), pty=pty)
+        chan.shutdown_write() if not pty else None
+        return SSHJob(chan, on_line)
+
+    def sftp(self) -> paramiko.SFTPClient:
+        if self._sftp is None:
+            self._sftp = self.client.open_sftp()
+        return self._sftp
+
+    @staticmethod
+    def sftp_path(remote: str) -> str:
+        """SFTP paths are relative to the login directory, so `~/x` is `x`."""
+        if remote == "~":
+            return "."
+        return remote[2:] if remote.startswith("~/") else remote
+
+    def put(self, local, remote) -> None:
+        self.sftp().put(str(local), self.sftp_path(remote))
+
+    def get(self, remote, local) -> None:
+        self.sftp().get(self.sftp_path(remote), str(local))
+
+    def close(self) -> None:
+        try:
+            if self._sftp is not None:
+                self._sftp.close()
+            self.client.close()
+        except Exception:
+            pass
+
+
+def connect(node: Node, *, accept_new_host_keys: bool = False, timeout: float = CONNECT_TIMEOUT) -> Session:
+    """A session on `node`: local for localhost, SSH otherwise. Raises RemoteError subclasses."""
+    if node.is_local:
+        return LocalSession(node)
+    return SSHSession(node, accept_new_host_keys=accept_new_host_keys, timeout=timeout)
+
+
+# ---------------------------------------------------------------- many nodes
+
+@dataclass
+class Outcome:
+    node: Node
+    value: Any = None
+    error: str | None = None
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def for_each(nodes: Iterable[Node], fn: Callable[[Session], T], *, accept_new_host_keys: bool = False,
+             connect_timeout: float = CONNECT_TIMEOUT, max_workers: int = 32) -> list[Outcome]:
+    """Connect to every node in parallel and call fn(session); one Outcome per node, in order.
+
+    Errors on one node (unreachable, auth, timeout, an exception in fn) are captured in its
+    Outcome as one line; they never hide the other nodes' answers.
+    """
+    nodes = list(nodes)
+
+    def one(node: Node) -> Outcome:
+        t0 = time.monotonic()
+        try:
+            with connect(node, accept_new_host_keys=accept_new_host_keys, timeout=connect_timeout) as session:
+                value = fn(session)
+            return Outcome(node, value=value, seconds=time.monotonic() - t0)
+        except HrmctlError as exc:
+            return Outcome(node, error=str(exc), seconds=time.monotonic() - t0)
+        except Exception as exc:  # a bug or a surprise on one node must not sink the others
+            return Outcome(node, error=f"{node.name}: {type(exc).__name__}: {exc}", seconds=time.monotonic() - t0)
+
+    if not nodes:
+        return []
+    with ThreadPoolExecutor(max_workers=min(max_workers, len(nodes))) as pool:
+        return list(pool.map(one, nodes))

@@ -1,0 +1,75 @@
+"""Shared fixtures. The cluster tier's nodes come from tests/lab.py."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from tests.lab import Lab, missing_capability, remove_stale
+
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def _require_lab() -> None:
+    why = missing_capability()
+    if why:
+        if IN_CI:
+            pytest.fail(f"cluster tier must run on CI but cannot: {why}")
+        pytest.skip(why)
+
+
+@pytest.fixture(scope="session")
+def make_lab():
+    """Factory: make_lab(n) gives a Lab of n real SSH nodes, torn down at the end of the session."""
+    _require_lab()
+    remove_stale()
+    labs: list[Lab] = []
+
+    def make(n: int, **kw) -> Lab:
+        lab = Lab(n, **kw)
+        labs.append(lab)
+        try:
+            lab.up()
+        except Exception as exc:  # a fixture that cannot set up its nodes fails, never skips
+            pytest.fail(f"could not set up {n} lab nodes: {exc}")
+        return lab
+
+    yield make
+    for lab in labs:
+        lab.down()
+
+
+@pytest.fixture(scope="session")
+def lab3(make_lab) -> Lab:
+    """Three healthy nodes shared by the tests that leave them healthy (undo your faults)."""
+    return make_lab(3)
+
+
+@pytest.fixture
+def hrmctl(tmp_path):
+    """Run the real CLI as a subprocess: hrmctl(*args) -> (exit code, stdout, stderr)."""
+    import subprocess
+
+    def run(*args: str, inventory=None, timeout: float = 300, env=None, cwd=None):
+        cmd = [sys.executable, "-m", "cli", *args]
+        full_env = dict(os.environ, **(env or {}))
+        if inventory is not None:
+            full_env["HRMCTL_INVENTORY"] = str(inventory)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env,
+                              cwd=cwd or tmp_path)
+        return proc.returncode, proc.stdout, proc.stderr
+
+    return run
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Say how many cluster-tier tests really ran, so a skipped tier cannot pass unnoticed."""
+    counts = {}
+    for outcome in ("passed", "failed", "skipped", "error"):
+        counts[outcome] = sum(1 for r in terminalreporter.stats.get(outcome, [])
+                              if "tests/cluster/" in getattr(r, "nodeid", ""))
+    terminalreporter.write_line(
+        f"cluster tier: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped, "
+        f"{counts['error']} errors (real sshd nodes in network namespaces)")
