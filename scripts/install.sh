@@ -8,7 +8,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
-  .venv/bin/pip install -q --disable-pip-version-check "torch==2.13.0"
+  .venv/bin/pip install -q --disable-pip-version-check "torch==2.13.0" 2>&1 | grep -v "^WARNING: Location" || true
 fi
 .venv/bin/pip install -q --disable-pip-version-check -e '.[test]' 2>&1 | grep -v "^WARNING: Location" || true
 .venv/bin/python -c "import cli, torch; print('hrmctl', cli.__version__, 'torch', torch.__version__)"
