@@ -4,6 +4,7 @@
   run(argv)          -> Result (exit code, stdout, stderr), with a timeout
   run_python(code)   -> Result; the snippet goes to the node's Python on stdin
   start(argv)        -> Job whose output arrives line by line; wait / stop
+  pipe(argv)         -> Pipe: send lines to its stdin, readline(timeout) from its stdout
   put(local, remote) / get(remote, local) / sftp()
 `for_each(nodes, fn)` does the same operation on many nodes in parallel, one Outcome each:
 a bad node never hides the others' answers.
@@ -169,6 +170,102 @@ class SSHJob(Job):
             pass
 
 
+class Pipe:
+    """A command on a node with its stdin and stdout connected to us, for line-based exchanges.
+
+    send(text) writes to its stdin; readline(timeout) returns the next stdout line (without the
+    newline), or None on timeout or end of output; close() closes its stdin (a well-behaved
+    command then exits) and releases the channel.
+    """
+
+    def __init__(self) -> None:
+        self._buf = b""
+
+    def send(self, text: str) -> None:
+        raise NotImplementedError
+
+    def _recv(self, timeout: float) -> bytes | None:
+        """Some bytes; b"" at end of output; None if nothing arrived within timeout."""
+        raise NotImplementedError
+
+    def readline(self, timeout: float | None = 30) -> str | None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self._buf:
+            left = 3600.0 if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                return None
+            chunk = self._recv(left)
+            if not chunk:
+                return None
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return line.rstrip(b"\r").decode("utf-8", "replace")
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> "Pipe":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class LocalPipe(Pipe):
+    def __init__(self, proc: subprocess.Popen):
+        super().__init__()
+        self.proc = proc
+
+    def send(self, text: str) -> None:
+        self.proc.stdin.write(text.encode())
+        self.proc.stdin.flush()
+
+    def _recv(self, timeout: float) -> bytes | None:
+        import select
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not ready:
+            return None
+        return os.read(self.proc.stdout.fileno(), 65536)
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(2)
+        except (OSError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        for fh in (self.proc.stdout, self.proc.stderr):
+            try:
+                fh.close()
+            except OSError:
+                pass
+
+
+class SSHPipe(Pipe):
+    def __init__(self, chan: paramiko.Channel):
+        super().__init__()
+        self.chan = chan
+
+    def send(self, text: str) -> None:
+        self.chan.sendall(text.encode())
+
+    def _recv(self, timeout: float) -> bytes | None:
+        self.chan.settimeout(timeout)
+        try:
+            return self.chan.recv(65536)
+        except socket.timeout:
+            return None
+
+    def close(self) -> None:
+        try:
+            self.chan.shutdown_write()
+            self.chan.close()
+        except Exception:
+            pass
+
+
 # ---------------------------------------------------------------- sessions
 
 class Session:
@@ -182,6 +279,10 @@ class Session:
 
     def start(self, argv: Sequence[str], on_line: LineHandler, *, env: dict[str, str] | None = None,
               cwd: str | None = None, pty: bool = False) -> Job:
+        raise NotImplementedError
+
+    def pipe(self, argv: Sequence[str], *, env: dict[str, str] | None = None, cwd: str | None = None) -> Pipe:
+        """Start argv with its stdin/stdout connected to us (see Pipe); stderr is discarded."""
         raise NotImplementedError
 
     def put(self, local: str | os.PathLike, remote: str) -> None:
@@ -237,6 +338,16 @@ class LocalSession(Session):
         except OSError as exc:
             raise RemoteError(f"{self.node.name}: cannot start {argv[0]}: {exc.strerror}") from None
         return LocalJob(proc, on_line)
+
+    def pipe(self, argv, *, env=None, cwd=None) -> Pipe:
+        full_env = dict(os.environ, **(env or {}))
+        try:
+            proc = subprocess.Popen([_expand_local(a) for a in argv], cwd=_expand_local(cwd) if cwd else None,
+                                    env=full_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.DEVNULL, start_new_session=True)
+        except OSError as exc:
+            raise RemoteError(f"{self.node.name}: cannot start {argv[0]}: {exc.strerror}") from None
+        return LocalPipe(proc)
 
     def put(self, local, remote) -> None:
         import shutil
@@ -387,6 +498,9 @@ class SSHSession(Session):
         chan = self._open(command_line(argv, cwd, env), pty=pty)
         chan.shutdown_write() if not pty else None
         return SSHJob(chan, on_line)
+
+    def pipe(self, argv, *, env=None, cwd=None) -> Pipe:
+        return SSHPipe(self._open(command_line(argv, cwd, env), pty=False))
 
     def sftp(self) -> paramiko.SFTPClient:
         if self._sftp is None:

@@ -1,0 +1,33 @@
+"""Preflight probes and checks: what one node can do, and what nodes can do together.
+
+The split (arrows point one way: cli uses netcheck, netcheck never imports cli):
+
+- Sent to nodes, self-contained (stdlib, plus torch when present), never need the project there:
+    probe.py   the node probe: prints one JSON object (OS/WSL kind, Python, torch/CUDA/NCCL/gloo,
+               libuv_ok, route toward a peer, hostname resolution, GPUs, RAM, disk, project commit)
+    agent.py   a line-based agent on a node's stdin/stdout: wall-clock samples, temporary listeners,
+               parallel connects (the master port and the full mesh of high ports)
+- Run here on Session-like objects passed in by cli (duck typing: `.node` with name/python/workdir/
+  data_path, `.run_python(code, args, timeout=)`, `.pipe(argv)` -- cli.remote.Session has them):
+    nodeprobe.run_probe(session, route_to=, timeout=) -> NodeProbe      (raises ProbeError)
+    ports.check_master_port(master_session, worker_sessions, address=, port=) -> PortCheck
+    ports.check_ports(agents, addresses, master=, master_port=)         (master port + mesh)
+    clock.measure_skew(agent) -> ClockSkew                              (Cristian's method)
+- Pure, local:
+    address.master_address(master_host, master_is_local=, peer_hosts=, master_probe=) -> IP
+    rtt.ping_rtt(host) / probe.tcp_rtt(host, port): RTT and loss from here
+    checks: turn probe results into ok / warn / fail rows, each with a one-line fix
+
+Probing many nodes in parallel (connect, run the probe, one result per node) is orchestration
+over SSH and lives in cli: `cli.preflight.probe_nodes(nodes, master_host=, timeout=,
+accept_new_host_keys=) -> dict[node name, NodeProbe | ProbeError]`.
+"""
+
+from .address import MasterAddressError, master_address
+from .nodeprobe import NodeProbe, ProbeError, parse_probe, probe_args, probe_source, run_probe
+from .ports import PortCheck, check_master_port
+
+__all__ = [
+    "MasterAddressError", "NodeProbe", "PortCheck", "ProbeError", "check_master_port", "master_address",
+    "parse_probe", "probe_args", "probe_source", "run_probe",
+]

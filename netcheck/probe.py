@@ -1,0 +1,459 @@
+"""The node probe: what one node can do. Self-contained: standard library, plus torch when present.
+
+It is sent as source to a node's Python (`session.run_python(probe_source(), probe_args(...))`)
+and prints ONE JSON object on stdout; it never needs the project installed on the node. Every
+part that can fail is caught and reported in the JSON ("error" fields), so a broken piece of a
+node never hides the rest. `import torch` happens at most once per run.
+
+The parsing functions (os_kind, wsl_networking, ...) are plain functions of their inputs so the
+unit tests can feed them faked /proc contents; this module is also imported locally
+(route_to, interface_addresses) so there is one copy of that logic.
+
+Arguments:
+  --route-to HOST      the peer whose route matters (workers: the master; master: a worker)
+  --workdir DIR        the project's directory on the node (git commit, dirty tree)
+  --data-dir DIR       the node's data directory (free disk, dataset manifest checksum)
+  --tcp-rtt HOST:PORT  time TCP connects to this peer (RTT and loss from this node), in a thread
+  --samples N          how many connects for --tcp-rtt (default 5)
+  --no-torch           skip torch (a cheap probe)
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import glob
+import hashlib
+import ipaddress
+import json
+import os
+import platform
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+PROBE_VERSION = 1
+SIOCGIFADDR = 0x8915
+
+
+# ---------------------------------------------------------------- parsing (unit-tested with fakes)
+
+def os_kind(system: str, proc_version: str = "", osrelease: str = "", wsl_interop: bool = False) -> str:
+    """linux / wsl1 / wsl2 / windows / macos / other, from platform.system() and /proc contents."""
+    s = system.lower()
+    if s == "windows" or s.startswith(("cygwin", "msys", "mingw")):
+        return "windows"
+    if s == "darwin":
+        return "macos"
+    if s != "linux":
+        return s or "other"
+    rel, ver = osrelease.lower(), proc_version.lower()
+    if "microsoft" in rel or "microsoft" in ver or "wsl" in rel or wsl_interop:
+        # WSL2 runs a real kernel built by Microsoft ("...-microsoft-standard-WSL2");
+        # WSL1 has no Linux kernel and reports e.g. "4.4.0-19041-Microsoft" (capital M).
+        if "wsl2" in rel or "microsoft-standard" in rel or "microsoft-standard" in ver:
+            return "wsl2"
+        if "Microsoft" in osrelease or "Microsoft" in proc_version:
+            return "wsl1"
+        return "wsl2"
+    return "linux"
+
+
+def wsl_networking(wslinfo_output: str | None, resolv_conf: str, interfaces: dict[str, list[str]]) -> str:
+    """WSL2's networking mode: "mirrored", "nat" or "unknown".
+
+    `wslinfo --networking-mode` says it directly on recent WSL. Otherwise: mirrored mode with DNS
+    tunneling points resolv.conf at 10.255.255.254 and mirrors Windows' loopback as loopback0;
+    NAT mode gives eth0 an address in 172.16.0.0/12 behind the Windows host.
+    """
+    if wslinfo_output:
+        word = wslinfo_output.strip().lower()
+        if word in ("mirrored", "nat", "virtioproxy", "none", "bridged"):
+            return word
+    for line in resolv_conf.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] == "nameserver" and parts[1] == "10.255.255.254":
+            return "mirrored"
+    if "loopback0" in interfaces:
+        return "mirrored"
+    nat_net = ipaddress.ip_network("172.16.0.0/12")
+    for addr in interfaces.get("eth0", []):
+        try:
+            if ipaddress.ip_address(addr) in nat_net:
+                return "nat"
+        except ValueError:
+            continue
+    return "unknown"
+
+
+def parse_ip_addr(text: str) -> dict[str, list[str]]:
+    """`ip -o addr show` output -> {ifname: [addresses]} (IPv4 and IPv6, no prefix length)."""
+    out: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 4 and parts[2] in ("inet", "inet6"):
+            name = parts[1].split("@")[0]
+            out.setdefault(name, []).append(parts[3].split("/")[0])
+    return out
+
+
+def is_loopback(addr: str) -> bool:
+    try:
+        return ipaddress.ip_address(addr.split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+# ---------------------------------------------------------------- network facts
+
+def interface_addresses() -> dict[str, list[str]]:
+    """{ifname: [addresses]}: from `ip -o addr` when there, else one IPv4 per interface by ioctl."""
+    if shutil.which("ip"):
+        try:
+            res = subprocess.run(["ip", "-o", "addr", "show"], capture_output=True, text=True, timeout=5)
+            if res.returncode == 0 and res.stdout.strip():
+                return parse_ip_addr(res.stdout)
+        except (OSError, subprocess.SubprocessError):
+            pass
+    out: dict[str, list[str]] = {}
+    try:
+        names = socket.if_nameindex()
+    except (OSError, AttributeError):
+        return out
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in names:
+            try:
+                raw = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+                out.setdefault(name, []).append(socket.inet_ntoa(raw[20:24]))
+            except OSError:
+                out.setdefault(name, [])
+    return out
+
+
+def resolve(host: str) -> list[str]:
+    """Addresses `host` resolves to on this machine, IPv4 first, in resolver order."""
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
+        return []
+    seen: list[str] = []
+    for family in (socket.AF_INET, socket.AF_INET6):
+        for fam, _, _, _, sa in infos:
+            if fam == family and sa[0] not in seen:
+                seen.append(sa[0])
+    return seen
+
+
+def route_to(host: str, interfaces: dict[str, list[str]] | None = None) -> dict:
+    """The interface and source address this machine uses to reach `host` (no packet is sent).
+
+    A UDP connect() asks the kernel's routing table. When the target is one of our own addresses
+    the kernel says "lo"; the interface that holds that address is the one peers reach, so it is
+    reported instead (that is what GLOO_SOCKET_IFNAME must name on the master).
+    """
+    out = {"target": host, "target_ip": None, "ifname": None, "src": None, "error": None}
+    addrs = resolve(host)
+    if not addrs:
+        out["error"] = f"{host} does not resolve on this node"
+        return out
+    ip = addrs[0]
+    out["target_ip"] = ip
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect((ip, 9))
+            src = s.getsockname()[0]
+    except OSError as exc:
+        out["error"] = f"no route to {host} ({ip}): {exc.strerror or exc}"
+        return out
+    out["src"] = src
+    interfaces = interface_addresses() if interfaces is None else interfaces
+    holders = [name for name, al in interfaces.items() if src in al]
+    non_lo = [n for n in holders if n != "lo" and not n.startswith("lo:")]
+    out["ifname"] = (non_lo or holders or [None])[0]
+    return out
+
+
+def tcp_rtt(host: str, port: int, samples: int = 5, timeout: float = 2.0) -> dict:
+    """RTT by timing TCP connects (a SYN-ACK or a RST both measure it); a timeout counts as lost.
+
+    A connect that needed a SYN retransmission (over 1 s) is counted as a lost packet too.
+    """
+    times: list[float] = []
+    lost = 0
+    ips = resolve(host)
+    if not ips:
+        return {"target": f"{host}:{port}", "method": "tcp", "error": f"{host} does not resolve", "sent": 0}
+    for i in range(samples):
+        t0 = time.perf_counter()
+        try:
+            with socket.create_connection((ips[0], port), timeout=timeout):
+                pass
+            ok = True
+        except ConnectionRefusedError:
+            ok = True
+        except OSError:
+            ok = False
+        dt = time.perf_counter() - t0
+        if ok and dt < 1.0:
+            times.append(dt * 1000)
+        else:
+            lost += 1
+        if i + 1 < samples:
+            time.sleep(0.02)
+    return rtt_summary(f"{host}:{port}", "tcp", times, samples)
+
+
+def rtt_summary(target: str, method: str, times_ms: list[float], sent: int) -> dict:
+    return {
+        "target": target, "method": method, "sent": sent, "received": len(times_ms),
+        "loss_pct": round(100.0 * (sent - len(times_ms)) / sent, 1) if sent else None,
+        "min_ms": round(min(times_ms), 3) if times_ms else None,
+        "avg_ms": round(sum(times_ms) / len(times_ms), 3) if times_ms else None,
+        "max_ms": round(max(times_ms), 3) if times_ms else None,
+        "error": None if times_ms else "no answer",
+    }
+
+
+# ---------------------------------------------------------------- node facts
+
+def read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read()
+    except OSError:
+        return ""
+
+
+def os_facts(interfaces: dict[str, list[str]]) -> dict:
+    system = platform.system()
+    osrelease = read("/proc/sys/kernel/osrelease").strip()
+    kind = os_kind(system, read("/proc/version"), osrelease, os.path.exists("/proc/sys/fs/binfmt_misc/WSLInterop"))
+    facts = {"system": system, "release": platform.release(), "kind": kind, "wsl_networking": None,
+             "distro": None, "machine": platform.machine()}
+    for line in read("/etc/os-release").splitlines():
+        if line.startswith("PRETTY_NAME="):
+            facts["distro"] = line.split("=", 1)[1].strip().strip('"')
+    if system == "Darwin":
+        facts["distro"] = "macOS " + platform.mac_ver()[0]
+    if kind == "wsl2":
+        out = None
+        if shutil.which("wslinfo"):
+            try:
+                out = subprocess.run(["wslinfo", "--networking-mode"], capture_output=True, text=True,
+                                     timeout=5).stdout
+            except (OSError, subprocess.SubprocessError):
+                out = None
+        facts["wsl_networking"] = wsl_networking(out, read("/etc/resolv.conf"), interfaces)
+    return facts
+
+
+def memory_gb() -> float | None:
+    for line in read("/proc/meminfo").splitlines():
+        if line.startswith("MemTotal:"):
+            return round(int(line.split()[1]) / 2**20, 2)
+    try:
+        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 2)
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def disk_facts(data_dir: str | None) -> dict:
+    """Free disk where data_dir is (or would be: its nearest existing parent) and its manifest."""
+    if not data_dir:
+        return {"path": None}
+    path = os.path.expanduser(data_dir)
+    probe = path
+    while probe and not os.path.exists(probe):
+        parent = os.path.dirname(probe.rstrip("/")) or "/"
+        if parent == probe:
+            break
+        probe = parent
+    out = {"path": path, "exists": os.path.isdir(path), "free_gb": None, "manifest_sha256": None,
+           "manifests": []}
+    try:
+        st = os.statvfs(probe or "/")
+        out["free_gb"] = round(st.f_bavail * st.f_frsize / 2**30, 2)
+    except OSError:
+        pass
+    if out["exists"]:
+        found = sorted(glob.glob(os.path.join(path, "manifest.json")) + glob.glob(os.path.join(path, "*", "manifest.json")))
+        digest = hashlib.sha256()
+        for m in found:
+            try:
+                with open(m, "rb") as fh:
+                    digest.update(os.path.relpath(m, path).encode() + b"\0" + fh.read())
+            except OSError:
+                continue
+            out["manifests"].append(os.path.relpath(m, path))
+        if out["manifests"]:
+            out["manifest_sha256"] = digest.hexdigest()
+    return out
+
+
+def _git(workdir: str, *args: str) -> str | None:
+    try:
+        res = subprocess.run(["git", "-C", workdir, *args], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return res.stdout if res.returncode == 0 else None
+
+
+def project_facts(workdir: str | None) -> dict:
+    from importlib import metadata
+    versions = {}
+    for dist in ("torch", "transformers", "datasets", "tokenizers", "numpy", "paramiko", "hrmctl"):
+        try:
+            versions[dist] = metadata.version(dist)
+        except Exception:
+            versions[dist] = None
+    out = {"workdir": None, "present": False, "commit": None, "dirty": None, "versions": versions}
+    if not workdir:
+        return out
+    path = os.path.expanduser(workdir)
+    out["workdir"] = path
+    out["present"] = os.path.isdir(os.path.join(path, "auralm")) or os.path.isfile(os.path.join(path, "pyproject.toml"))
+    if out["present"] and shutil.which("git"):
+        head = _git(path, "rev-parse", "HEAD")
+        if head:
+            out["commit"] = head.strip()
+            status = _git(path, "status", "--porcelain", "--untracked-files=no")
+            out["dirty"] = None if status is None else bool(status.strip())
+    return out
+
+
+def hostname_facts() -> dict:
+    name = socket.gethostname()
+    addrs = resolve(name)
+    return {"hostname": name, "hostname_addrs": addrs,
+            # gloo binds the first address the hostname resolves to; loopback there breaks multi-node
+            "hostname_loopback": bool(addrs) and is_loopback(addrs[0])}
+
+
+def gpu_driver() -> str | None:
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        res = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = res.stdout.strip().splitlines()
+    return lines[0].strip() if res.returncode == 0 and lines else None
+
+
+def torch_facts() -> dict:
+    """torch, CUDA, NCCL, gloo and libuv, from ONE import of torch."""
+    out = {"version": None, "error": None, "cuda_version": None, "cuda_devices": 0, "gpus": [],
+           "driver": None, "nccl": False, "nccl_version": None, "gloo": False, "distributed": False,
+           "libuv_ok": None, "libuv_error": None}
+    try:
+        import torch  # the one import; about 2.5 s on a small machine
+    except Exception as exc:
+        out["error"] = f"{type(exc).__name__}: {exc}"
+        return out
+    out["version"] = str(torch.__version__)
+    out["cuda_version"] = getattr(torch.version, "cuda", None)
+    try:
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        out["cuda_devices"] = n
+        for i in range(n):
+            p = torch.cuda.get_device_properties(i)
+            out["gpus"].append({"index": i, "name": p.name, "memory_gb": round(p.total_memory / 2**30, 2),
+                                "capability": f"{p.major}.{p.minor}"})
+    except Exception as exc:
+        out["cuda_error"] = f"{type(exc).__name__}: {exc}"
+    if out["cuda_devices"]:
+        out["driver"] = gpu_driver()
+    try:
+        import torch.distributed as dist
+        out["distributed"] = bool(dist.is_available())
+        if out["distributed"]:
+            out["nccl"] = bool(dist.is_nccl_available())
+            out["gloo"] = bool(dist.is_gloo_available())
+            if out["nccl"]:
+                try:
+                    v = torch.cuda.nccl.version()
+                    out["nccl_version"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+                except Exception:
+                    pass
+            out["libuv_ok"], out["libuv_error"] = libuv_check(dist)
+    except Exception as exc:
+        out["distributed_error"] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
+def libuv_check(dist) -> tuple[bool, str | None]:
+    """Does this torch's TCPStore really start with libuv? Tried on a free local port."""
+    import datetime
+    try:
+        store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                              timeout=datetime.timedelta(seconds=2), use_libuv=True)
+    except TypeError:
+        return False, "this torch's TCPStore has no use_libuv option"
+    except Exception as exc:
+        return False, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    ok = bool(getattr(store, "libuvBackend", False))
+    del store
+    return ok, None if ok else "TCPStore started without libuv"
+
+
+# ---------------------------------------------------------------- main
+
+def collect(args: argparse.Namespace) -> dict:
+    t0 = time.monotonic()
+    rtt_box: dict = {}
+    rtt_thread = None
+    if args.tcp_rtt:
+        host, _, port = args.tcp_rtt.rpartition(":")
+        rtt_thread = threading.Thread(target=lambda: rtt_box.update(tcp_rtt(host, int(port), args.samples)),
+                                      daemon=True)
+        rtt_thread.start()
+    interfaces = interface_addresses()
+    doc: dict = {"probe_version": PROBE_VERSION}
+    doc.update(hostname_facts())
+    doc["os"] = os_facts(interfaces)
+    doc["python"] = {"version": platform.python_version(), "executable": sys.executable,
+                     "implementation": platform.python_implementation()}
+    doc["cpu_count"] = os.cpu_count()
+    doc["ram_gb"] = memory_gb()
+    doc["interfaces"] = interfaces
+    doc["route"] = route_to(args.route_to, interfaces) if args.route_to else None
+    doc["data"] = disk_facts(args.data_dir)
+    doc["project"] = project_facts(args.workdir)
+    doc["torch"] = None if args.no_torch else torch_facts()
+    if rtt_thread is not None:
+        rtt_thread.join(args.samples * 2.5 + 1)
+        doc["peer_rtt"] = rtt_box or {"target": args.tcp_rtt, "method": "tcp", "error": "timed out"}
+    doc["seconds"] = round(time.monotonic() - t0, 3)
+    return doc
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hrmctl-probe")
+    p.add_argument("--route-to")
+    p.add_argument("--workdir")
+    p.add_argument("--data-dir")
+    p.add_argument("--tcp-rtt")
+    p.add_argument("--samples", type=int, default=5)
+    p.add_argument("--no-torch", action="store_true")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    try:
+        doc = collect(args)
+    except Exception as exc:  # a surprise still answers with JSON
+        doc = {"probe_version": PROBE_VERSION, "fatal": f"{type(exc).__name__}: {exc}"}
+    sys.stdout.write(json.dumps(doc) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
