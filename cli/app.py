@@ -80,22 +80,108 @@ def doctor_cmd() -> None:
     _not_built("doctor")
 
 
-@app.command("sync-data", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def sync_data_cmd() -> None:
-    """Make a node's dataset match the local one over SSH."""
-    _not_built("sync-data")
+@app.command("sync-data")
+def sync_data_cmd(
+    node: Annotated[Optional[str], typer.Argument(help="The node to sync (or several with --nodes).")] = None,
+    nodes: NodesOpt = None,
+    src: Annotated[str, typer.Option("--src", help="Local data directory to send.")] = "data",
+    dest: Annotated[Optional[str], typer.Option(
+        "--dest", help="Directory on the node (default: the node's data_dir from the inventory).")] = None,
+    checksum: Annotated[bool, typer.Option("--checksum", "-c", help="Compare SHA-256 of every file, not size+mtime.")] = False,
+    delete: Annotated[bool, typer.Option("--delete", help="Remove files on the node that are not in the source.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="List what would change; change nothing.")] = False,
+    stall_timeout: Annotated[float, typer.Option(
+        "--stall-timeout", min=1, help="Give up on a node that answers nothing for this many seconds.")] = 30.0,
+    inventory: InventoryOpt = None,
+    accept_new_host_keys: AcceptNewOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Make a node's dataset match the local one over SSH: only changes, verified, resumable."""
+    from .sync import sync_nodes
+    from .sync_view import show_report
+
+    if node and nodes:
+        raise HrmctlError(f"name the nodes once: either `sync-data {node}` or `--nodes {nodes}`, not both")
+    if not node and not nodes:
+        raise HrmctlError("name the node to sync: `hrmctl sync-data NODE` or `--nodes node1,node2`")
+    _, selected = inventory_and_nodes(inventory, node or nodes)
+    report = sync_nodes(selected, src, dest=dest, checksum=checksum, delete=delete, dry_run=dry_run,
+                        console=err, progress=not as_json, accept_new_host_keys=accept_new_host_keys,
+                        stall_timeout=stall_timeout)
+    raise typer.Exit(show_report(report, as_json=as_json, console=out, err=err))
 
 
-@app.command("test-ddp", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def test_ddp_cmd() -> None:
+# Options shared by the two commands that launch torchrun (train, test-ddp); logic in cli/launch*.py.
+LaunchNodesOpt = Annotated[Optional[str], typer.Option(
+    "--nodes", "-n", help="Comma-separated node names, the master first. Default: this machine alone.")]
+MasterPortOpt = Annotated[Optional[int], typer.Option(
+    "--master-port", help="Rendezvous port on the master (default: 29500, or the next free one).")]
+NprocOpt = Annotated[Optional[int], typer.Option(
+    "--nproc", help="Processes per node (default: the inventory's nproc; auto = one per GPU, else 1).")]
+BackendOpt = Annotated[str, typer.Option("--backend", help="auto (NCCL only if every node has CUDA+NCCL), gloo or nccl.")]
+EnvOpt = Annotated[Optional[list[str]], typer.Option("--env", "-e", help="KEY=VALUE set on every node (repeatable).")]
+DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print each node's exact command and environment; run nothing.")]
+RunIdOpt = Annotated[Optional[str], typer.Option("--run-id", help="Name of the run (default: date-time-random).")]
+ReprobeOpt = Annotated[bool, typer.Option("--reprobe", help="Probe torch on every node again (ignore the cached facts).")]
+
+
+@app.command("test-ddp")
+def test_ddp_cmd(
+    nodes: LaunchNodesOpt = None,
+    inventory: InventoryOpt = None,
+    master_port: MasterPortOpt = None,
+    nproc: NprocOpt = None,
+    backend: BackendOpt = "auto",
+    env: EnvOpt = None,
+    min_size: Annotated[str, typer.Option("--min-size", help="Smallest all_reduce message.")] = "1KiB",
+    max_size: Annotated[str, typer.Option("--max-size", help="Largest all_reduce message.")] = "64MiB",
+    seconds: Annotated[float, typer.Option("--seconds", help="Measuring time per message size.")] = 0.25,
+    soak: Annotated[float, typer.Option("--soak", help="Then keep checking all_reduce for this many seconds.")] = 0.0,
+    no_bandwidth: Annotated[bool, typer.Option("--no-bandwidth", help="Correctness only.")] = False,
+    dry_run: DryRunOpt = False,
+    run_id: RunIdOpt = None,
+    reprobe: ReprobeOpt = False,
+    accept_new_host_keys: AcceptNewOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
     """A real collective across the nodes: correctness and bandwidth."""
-    _not_built("test-ddp")
+    from .launch_cmd import DDP_CHECK, ddp_check_args, options, test_ddp
+
+    args = ddp_check_args(min_size=min_size, max_size=max_size, seconds=seconds, soak=soak, no_bandwidth=no_bandwidth)
+    opts = options(inventory=inventory, nodes=nodes, master_port=master_port, nproc=nproc, backend=backend, env=env,
+                   max_restarts=0, dry_run=dry_run, run_id=run_id, accept_new_host_keys=accept_new_host_keys,
+                   reprobe=reprobe, module=DDP_CHECK, args=args)
+    raise typer.Exit(test_ddp(opts, as_json=as_json, console=out, err=err))
 
 
 @app.command("train", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def train_cmd() -> None:
-    """torchrun on every node, one merged log, one Ctrl-C. With no nodes: this machine alone."""
-    _not_built("train")
+def train_cmd(
+    ctx: typer.Context,
+    nodes: LaunchNodesOpt = None,
+    inventory: InventoryOpt = None,
+    master_port: MasterPortOpt = None,
+    nproc: NprocOpt = None,
+    backend: BackendOpt = "auto",
+    env: EnvOpt = None,
+    max_restarts: Annotated[int, typer.Option("--max-restarts", help="Restart the whole job from its last checkpoint after a failure, up to N times.")] = 0,
+    sync_data: Annotated[bool, typer.Option("--sync-data", help="Sync the local dataset to every other node first.")] = False,
+    module: Annotated[str, typer.Option("--module", help="The Python module torchrun starts on every rank.")] = "auralm.train",
+    dry_run: DryRunOpt = False,
+    run_id: RunIdOpt = None,
+    reprobe: ReprobeOpt = False,
+    accept_new_host_keys: AcceptNewOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """torchrun on every node, one merged log, one Ctrl-C. With no nodes: this machine alone.
+
+    Trainer overrides follow as key=value (e.g. `hrmctl train --nodes node0,node1 max_steps=200`).
+    """
+    from .launch_cmd import options, train
+
+    opts = options(inventory=inventory, nodes=nodes, master_port=master_port, nproc=nproc, backend=backend, env=env,
+                   max_restarts=max_restarts, dry_run=dry_run, run_id=run_id,
+                   accept_new_host_keys=accept_new_host_keys, reprobe=reprobe, module=module, args=ctx.args)
+    raise typer.Exit(train(opts, sync_data=sync_data, as_json=as_json, console=out, err=err))
 
 
 @app.command("prepare-data", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

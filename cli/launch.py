@@ -1,0 +1,212 @@
+"""`hrmctl train` / `hrmctl test-ddp`: preflight, plan, dry-run or run (with restarts), summary.
+
+Order of a launch, so that nothing starts anywhere when something is wrong:
+  1. the trainer's own check of the overrides (`python -m auralm.train --check ...`), here;
+  2. the master address (an IP the workers reach; never loopback with other nodes);
+  3. every node probed in parallel (netcheck's probe; torch facts cached, see launch_facts);
+  4. the master port: free on the master and reachable from every worker (netcheck);
+  5. the plan (launch_plan) -> printed by --dry-run, or run by launch_run on every node.
+"""
+
+from __future__ import annotations
+
+import secrets
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from rich.console import Console
+
+from netcheck import MasterAddressError, check_master_port, master_address
+
+from .errors import HrmctlError, InventoryError
+from .inventory import Node
+from .launch_facts import gather
+from .launch_log import MergedLog
+from .launch_plan import NodeFacts, NodeLaunch, build_plan, choose_backend, nproc_for, redacted
+from .launch_run import RunResult, connect_all, run_once
+from .remote import Session
+
+TRAINER = "auralm.train"
+DEFAULT_PORTS = range(29500, 29510)  # torchrun's default first, then its neighbours
+
+# Sent to the master's Python: the first port of argv that can be bound (as the TCPStore binds it).
+FREE_PORT_SNIPPET = r"""
+import socket, sys
+for p in [int(a) for a in sys.argv[1:]] + [0]:
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind(("0.0.0.0", p))
+        print(s.getsockname()[1])
+        break
+    except OSError:
+        pass
+    finally:
+        s.close()
+"""
+
+
+@dataclass
+class LaunchOptions:
+    nodes: list[Node]
+    module: str = TRAINER
+    args: list[str] = field(default_factory=list)
+    master_port: int | None = None
+    nproc: int | None = None
+    backend: str = "auto"
+    env: dict[str, str] = field(default_factory=dict)
+    max_restarts: int = 0
+    dry_run: bool = False
+    run_id: str | None = None
+    runs_dir: Path = Path("runs")
+    accept_new_host_keys: bool = False
+    use_cache: bool = True
+    quiet: bool = False
+    result_tag: str | None = None
+    on_result: Callable[[str, str], None] | None = None
+
+
+@dataclass
+class Prepared:
+    plans: list[NodeLaunch]
+    backend: str
+    why: str
+    run_id: str
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+
+
+def check_trainer_args(module: str, args: list[str]) -> None:
+    """The trainer validates its overrides here, before anything starts on any node."""
+    if module != TRAINER:
+        return
+    try:
+        res = subprocess.run([sys.executable, "-m", TRAINER, "--check", *args], capture_output=True, text=True,
+                             timeout=120)
+    except subprocess.TimeoutExpired:
+        raise HrmctlError(f"`python -m {TRAINER} --check` did not answer in 120 s; run it by hand to see why")
+    if res.returncode == 0:
+        return
+    lines = (res.stderr.strip() or res.stdout.strip() or f"exit code {res.returncode}").splitlines()
+    msg = lines[-1].removeprefix("error: ")
+    if "No module named" in msg and TRAINER in msg:
+        msg = f"the trainer {TRAINER} is not installed here; install the project (scripts/install.sh)"
+    raise HrmctlError(f"trainer overrides rejected: {msg}")
+
+
+def _master_port(session: Session, nodes: list[Node], master_addr: str, wanted: int | None) -> int:
+    if wanted is not None and not 1 <= wanted <= 65535:
+        raise HrmctlError(f"--master-port {wanted} is outside 1-65535; choose a free port such as 29500")
+    candidates = [wanted] if wanted is not None else list(DEFAULT_PORTS)
+    res = session.run_python(FREE_PORT_SNIPPET, [str(p) for p in candidates], timeout=30)
+    port = int(res.stdout.split()[0]) if res.ok and res.stdout.split() else None
+    if wanted is not None and port != wanted:
+        raise HrmctlError(f"master port {wanted} is already in use on {nodes[0].name}; stop what holds it "
+                          f"(`ss -ltnp 'sport = :{wanted}'` on {nodes[0].name}) or choose another --master-port")
+    if port is None:
+        raise HrmctlError(f"{nodes[0].name}: cannot find a free port ({res.last_line()})")
+    return port
+
+
+def _check_port_reachable(sessions: dict[str, Session], nodes: list[Node], addr: str, port: int) -> None:
+    pc = check_master_port(sessions[nodes[0].name], [sessions[n.name] for n in nodes[1:]], address=addr, port=port)
+    if not pc.ok:
+        raise HrmctlError(f"refusing to launch, it would hang: {pc.failures()[0]}", exit_code=3)
+
+
+def prepare(opts: LaunchOptions, console: Console) -> Prepared:
+    nodes = opts.nodes
+    if opts.nproc is not None and opts.nproc < 1:
+        raise InventoryError(f"--nproc {opts.nproc}: every node needs at least 1 process; give --nproc 1 or more")
+    if opts.max_restarts < 0:
+        raise HrmctlError(f"--max-restarts {opts.max_restarts}: give 0 or more")
+    check_trainer_args(opts.module, opts.args)
+    master = nodes[0]
+    try:
+        addr = master_address(master.host, master_is_local=master.is_local, peer_hosts=[n.host for n in nodes[1:]],
+                              master_name=master.name)
+    except MasterAddressError as exc:
+        raise HrmctlError(str(exc)) from None
+    facts, _ = gather(nodes, addr, accept_new_host_keys=opts.accept_new_host_keys, use_cache=opts.use_cache)
+    _check_nproc(nodes, facts, opts.nproc)
+    sessions = connect_all(nodes, opts.accept_new_host_keys)
+    try:
+        port = _master_port(sessions[master.name], nodes, addr, opts.master_port)
+        if len(nodes) > 1:
+            _check_port_reachable(sessions, nodes, addr, port)
+    finally:
+        for s in sessions.values():
+            s.close()
+    backend, why = choose_backend(opts.backend, facts)
+    run_id = opts.run_id or new_run_id()
+    plans = build_plan(nodes, facts, master_addr=addr, master_port=port, backend=backend,
+                       entry=["-m", opts.module, *opts.args], run_id=run_id, user_env=opts.env, nproc=opts.nproc)
+    return Prepared(plans, backend, why, run_id)
+
+
+def _check_nproc(nodes: list[Node], facts: dict[str, NodeFacts], nproc: int | None) -> None:
+    for n in nodes:
+        count = nproc_for(n, facts[n.name], nproc)
+        devices = facts[n.name].gpus or facts[n.name].cpus
+        if count > devices:
+            kind = "GPU(s)" if facts[n.name].gpus else "CPU core(s)"
+            raise InventoryError(f"{n.name}: {count} processes but the node has {devices} {kind}; "
+                                 f"use --nproc {devices} or less")
+
+
+def dry_run_text(prep: Prepared) -> list[str]:
+    """Per node: the exact command line (env included) that a real launch runs."""
+    lines = [f"# run {prep.run_id}: {len(prep.plans)} node(s), world size "
+             f"{sum(p.nproc for p in prep.plans)}, backend {prep.backend} ({prep.why})"]
+    for p in prep.plans:
+        lines.append(f"# {p.node.name} (node rank {p.node_rank}, ranks {p.ranks.start}-{p.ranks.stop - 1}"
+                     f"{', ' + '; '.join(p.notes) if p.notes else ''})")
+        lines.append(p.shell_line(redact=True))
+    return lines
+
+
+def dry_run_json(prep: Prepared) -> dict:
+    return {"run_id": prep.run_id, "backend": prep.backend, "why": prep.why,
+            "nodes": [{"node": p.node.name, "host": p.node.host, "node_rank": p.node_rank, "nproc": p.nproc,
+                       "ranks": list(p.ranks), "cwd": p.cwd, "argv": p.argv, "env": redacted(p.env),
+                       "command": p.shell_line(redact=True)} for p in prep.plans]}
+
+
+def run(opts: LaunchOptions, prep: Prepared, console: Console) -> RunResult:
+    """Run the plan, restarting the whole job from its last checkpoint up to max_restarts times."""
+    run_dir = opts.runs_dir / prep.run_id
+    log = MergedLog(console, run_dir, prep.plans, quiet=opts.quiet, on_result=opts.on_result,
+                    result_tag=opts.result_tag)
+    plans = prep.plans
+    try:
+        log.note(f"run {prep.run_id}: {len(plans)} node(s), backend {prep.backend} ({prep.why}); logs in {run_dir}/")
+        attempt = 1
+        while True:
+            result = run_once(plans, log, attempt=attempt, accept_new_host_keys=opts.accept_new_host_keys)
+            if result.code == 0 or result.interrupted or attempt > opts.max_restarts:
+                break
+            attempt += 1
+            log.note(f"{result.reason}; restart {attempt - 1} of {opts.max_restarts} from the last checkpoint")
+            if opts.module == TRAINER:
+                args = [a for a in opts.args if not a.startswith("resume=")] + ["resume=latest"]
+                entry = ["-m", opts.module, *args]
+                for p in plans:
+                    p.argv = p.argv[: p.argv.index("-m", 2)] + entry
+        return result
+    finally:
+        log.close()
+
+
+def summary_line(result: RunResult) -> str:
+    left = {n: c for n, c in result.left_running.items() if c}
+    tail = ""
+    if left:
+        tail = "; could not confirm the stop on " + ", ".join(
+            f"{n} ({'unreachable' if c < 0 else f'{c} processes left'})" for n, c in left.items())
+    return f"{result.reason} after {result.seconds:.1f}s{tail}"

@@ -1,0 +1,119 @@
+"""The bodies of `hrmctl train` and `hrmctl test-ddp` (cli/app.py only parses options)."""
+
+from __future__ import annotations
+
+import json
+
+from rich.console import Console
+from rich.markup import escape
+
+from .errors import HrmctlError
+from .inventory import Node, load_inventory, local_node
+from .launch import LaunchOptions, dry_run_json, dry_run_text, prepare, run, summary_line
+from .launch_plan import parse_env_options
+
+DDP_CHECK = "auralm.ddp_check"
+RESULT_TAG = "HRMCTL_RESULT "
+
+
+def select_nodes(inventory: str | None, nodes: str | None) -> list[Node]:
+    """--nodes from the inventory; without --nodes, this machine alone (the embedded default)."""
+    if nodes is None:
+        return [local_node()]
+    return load_inventory(inventory).select(nodes)
+
+
+def _reject_options(extra: list[str], what: str) -> None:
+    for a in extra:
+        if a.startswith("-"):
+            raise HrmctlError(f"unknown option {a}; {what}, and hrmctl's own options are listed by --help")
+
+
+def options(*, inventory, nodes, master_port, nproc, backend, env, max_restarts, dry_run, run_id,
+            accept_new_host_keys, reprobe, module, args) -> LaunchOptions:
+    if backend not in ("auto", "gloo", "nccl"):
+        raise HrmctlError(f"--backend {backend}: choose auto, gloo or nccl")
+    return LaunchOptions(nodes=select_nodes(inventory, nodes), module=module, args=list(args),
+                         master_port=master_port, nproc=nproc, backend=backend, env=parse_env_options(env or []),
+                         max_restarts=max_restarts, dry_run=dry_run, run_id=run_id,
+                         accept_new_host_keys=accept_new_host_keys, use_cache=not reprobe)
+
+
+def _dry_run(opts: LaunchOptions, as_json: bool, console: Console) -> int:
+    prep = prepare(opts, console)
+    if as_json:
+        console.print_json(json.dumps(dry_run_json(prep)))
+    else:
+        for line in dry_run_text(prep):
+            console.print(escape(line), highlight=False, soft_wrap=True)
+    return 0
+
+
+def _sync_data(opts: LaunchOptions, console: Console) -> None:
+    from .sync import sync_nodes
+
+    remote = [n for n in opts.nodes if not n.is_local]
+    if not remote:
+        return
+    console.print(f"[bold]hrmctl[/bold] syncing the dataset to {', '.join(n.name for n in remote)}", highlight=False)
+    report = sync_nodes(remote, console=console, accept_new_host_keys=opts.accept_new_host_keys)
+    report.raise_for_errors()
+
+
+def train(opts: LaunchOptions, *, sync_data: bool, as_json: bool, console: Console, err: Console) -> int:
+    _reject_options(opts.args, "trainer overrides are key=value")
+    if opts.dry_run:
+        return _dry_run(opts, as_json, console)
+    if sync_data:
+        _sync_data(opts, console)
+    prep = prepare(opts, console)
+    result = run(opts, prep, console)
+    return _finish(result, prep, as_json, console, err)
+
+
+def _finish(result, prep, as_json: bool, console: Console, err: Console, extra: dict | None = None) -> int:
+    if as_json:
+        doc = {"run_id": prep.run_id, "exit_code": result.code, "ok": result.code == 0, "reason": result.reason,
+               "failed_node": result.failed_node, "failed_rank": result.failed_rank, "seconds": round(result.seconds, 3),
+               "left_running": result.left_running, **(extra or {})}
+        console.print_json(json.dumps(doc))
+    if result.code == 0:
+        if not as_json:
+            console.print(f"[green]done[/green] {escape(summary_line(result))}", highlight=False)
+        return 0
+    err.print(f"error: {summary_line(result)}; logs in runs/{prep.run_id}/", markup=False, highlight=False,
+              soft_wrap=True)
+    return result.code
+
+
+def test_ddp(opts: LaunchOptions, *, as_json: bool, console: Console, err: Console) -> int:
+    if opts.dry_run:
+        return _dry_run(opts, as_json, console)
+    results: list[dict] = []
+
+    def on_result(node: str, payload: str) -> None:
+        try:
+            results.append(json.loads(payload))
+        except ValueError:
+            pass
+
+    opts.result_tag, opts.on_result, opts.quiet = RESULT_TAG, on_result, as_json
+    prep = prepare(opts, console)
+    result = run(opts, prep, console)
+    if results and not as_json:
+        from .ddp_report import show
+        show(results[-1], console)
+    report = results[-1] if results else None
+    if report is not None and not report.get("ok") and result.code == 0:
+        result.code, result.reason = 1, "a collective gave a wrong result"
+    return _finish(result, prep, as_json, console, err, extra={"result": report})
+
+
+def ddp_check_args(*, min_size: str, max_size: str, seconds: float, soak: float, no_bandwidth: bool) -> list[str]:
+    args = ["--no-table", "--min-size", min_size, "--max-size", max_size, "--seconds", str(seconds)]
+    if soak:
+        args += ["--soak", str(soak)]
+    if no_bandwidth:
+        args.append("--no-bandwidth")
+    return args
+

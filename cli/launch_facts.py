@@ -1,0 +1,111 @@
+"""The fast preflight's view of each node: netcheck's probe, with torch's answers cached.
+
+`import torch` costs seconds on a small machine, and a launch pays it again on every node when
+torchrun starts. So the probe runs first without torch (route to the master, interfaces,
+hostname, python, project: a fraction of a second); torch's answers (GPUs, NCCL, libuv) are
+taken from ~/.cache/hrmctl/torch-facts.json when the same node, Python and torch version were
+probed in the last day, and otherwise the probe runs once more with torch (once per node per
+command). The trainer rechecks the backend collectively at start, so a stale GPU count costs a
+fallback to gloo, never a hang.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from netcheck import NodeProbe, ProbeError, run_probe
+
+from .errors import HrmctlError, RemoteError
+from .inventory import Node
+from .launch_plan import NodeFacts
+from .remote import Session, for_each
+
+CACHE = Path(os.environ.get("HRMCTL_CACHE", "~/.cache/hrmctl")).expanduser() / "torch-facts.json"
+CACHE_TTL_S = 24 * 3600
+PROBE_TIMEOUT_S = 60
+
+
+def _key(node: Node, probe: NodeProbe) -> str:
+    torch_v = ((probe.raw.get("project") or {}).get("versions") or {}).get("torch")
+    return f"{node.name}|{node.host}|{node.port}|{node.user}|{node.python}|{torch_v}"
+
+
+def _load() -> dict:
+    try:
+        return json.loads(CACHE.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _save(entries: dict) -> None:
+    try:
+        CACHE.parent.mkdir(parents=True, exist_ok=True)
+        tmp = CACHE.with_suffix(".tmp")
+        tmp.write_text(json.dumps(entries, indent=1))
+        tmp.replace(CACHE)
+    except OSError:
+        pass  # a cache we cannot write only costs time
+
+
+def _check(node: Node, probe: NodeProbe) -> None:
+    """The node can run torchrun from its workdir: one clear line otherwise."""
+    project = probe.raw.get("project") or {}
+    if not node.is_local and not project.get("present"):  # locally, hrmctl's own install runs it
+        raise HrmctlError(f"{node.name}: workdir {node.workdir} has no hrmctl project (no auralm/ in it); "
+                          f"copy the project there or set workdir for {node.name} in the inventory")
+
+
+def _torch_facts(probe: NodeProbe) -> dict:
+    return {"torch": probe.torch_version, "gpus": probe.cuda_devices, "nccl": probe.nccl_usable,
+            "libuv_ok": probe.libuv_ok is not False, "error": probe.torch_error}
+
+
+def gather(nodes: list[Node], master_addr: str, *, accept_new_host_keys: bool = False,
+           use_cache: bool = True) -> tuple[dict[str, NodeFacts], dict[str, NodeProbe]]:
+    """NodeFacts per node (and the probes), or the first node's problem as one HrmctlError."""
+    cache = _load() if use_cache else {}
+    now = time.time()
+    fresh: dict[str, dict] = {}
+
+    def one(session: Session) -> tuple[NodeProbe, dict]:
+        try:
+            return probe_one(session)
+        except ProbeError as exc:
+            raise HrmctlError(str(exc)) from None
+
+    def probe_one(session: Session) -> tuple[NodeProbe, dict]:
+        node = session.node
+        probe = run_probe(session, route_to=master_addr, timeout=PROBE_TIMEOUT_S, with_torch=False)
+        _check(node, probe)
+        key = _key(node, probe)
+        hit = cache.get(key)
+        if hit and now - hit.get("at", 0) < CACHE_TTL_S and not hit.get("error"):
+            return probe, hit
+        probe = run_probe(session, route_to=master_addr, timeout=PROBE_TIMEOUT_S, with_torch=True)
+        tf = _torch_facts(probe)
+        fresh[key] = dict(tf, at=now)
+        return probe, tf
+
+    outs = for_each(nodes, one, accept_new_host_keys=accept_new_host_keys)
+    for o in outs:
+        if not o.ok:
+            raise RemoteError(o.error)
+    if fresh:
+        _save({**cache, **fresh})
+    facts, probes = {}, {}
+    for o in outs:
+        probe, tf = o.value
+        node = o.node
+        if tf.get("error") or not tf.get("torch"):
+            raise HrmctlError(f"{node.name}: torch does not import with {node.python} ({tf.get('error')}); "
+                              f"install torch in that Python (pip install torch) or set python for {node.name}")
+        if probe.route_error and len(nodes) > 1:
+            raise HrmctlError(f"{node.name}: {probe.route_error}; the node cannot reach the master {master_addr}")
+        facts[node.name] = NodeFacts(cpus=probe.cpu_count or 1, gpus=tf["gpus"], nccl=tf["nccl"],
+                                     libuv_ok=tf["libuv_ok"], ifname=probe.route_ifname, torch=tf["torch"])
+        probes[node.name] = probe
+    return facts, probes
+

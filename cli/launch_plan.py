@@ -1,0 +1,149 @@
+"""What runs on each node: the exact torchrun command line and environment.
+
+The plan is a pure function of the nodes, what their probes found, the master address and port,
+and the user's options. `--dry-run` prints it and a real launch runs it, so the two cannot differ.
+
+Rendezvous: static (`--rdzv-backend=static` with `--master-addr/--master-port/--node-rank`), not
+c10d. hrmctl already knows every node and gives each its rank, so elastic membership brings
+nothing, and c10d costs on a LAN of laptops: its rank 0 advertises `socket.getfqdn()` unless
+`--local-addr` is right on every node (the hostname -> 127.0.1.1 trap), it opens a second store on
+a random port beyond the master port (one more hole in the firewall), and its keep-alives are
+sensitive to clock skew. With static rendezvous there is one TCPStore, on the master port of the
+address we pass, and the node ranks are the order of --nodes. Restarts are whole-job restarts
+done by hrmctl (`--max-restarts`), so torchrun's own restarts stay at 0.
+
+libuv: on torch 2.13 (checked in tests/unit/test_launch_plan.py) `TCPStore(...)` ignores
+USE_LIBUV and the static rendezvous creates its store without `use_libuv`, so USE_LIBUV=0 alone
+does not turn libuv off for the rendezvous store. For a node whose torch has no libuv we set
+USE_LIBUV=0 (read by init_process_group's env:// store) and put `cli/nolibuv` first on
+PYTHONPATH: its sitecustomize makes every TCPStore created in torchrun and its workers default to
+use_libuv=False (the `?use_libuv=0` of an init URL, applied where no URL exists).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+
+from .inventory import Node
+from .remote import command_line
+
+TORCHRUN = ["-m", "torch.distributed.run"]
+SECRET_RE = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_?KEY|PRIVATE|AUTH", re.I)
+RANK_PREFIX = "[rank${rank}]:"  # torchrun --tee prefixes every worker line with it
+SHUTDOWN_TIMEOUT_S = 3  # torchrun: SIGTERM to workers, then SIGKILL after this
+NOLIBUV_DIR = "cli/nolibuv"
+
+
+@dataclass
+class NodeFacts:
+    """What the launcher needs to know about one node (from its probe)."""
+
+    cpus: int = 1
+    gpus: int = 0
+    nccl: bool = False
+    libuv_ok: bool = True
+    ifname: str | None = None  # the interface of the node's route to the master
+    torch: str | None = None
+
+
+@dataclass
+class NodeLaunch:
+    node: Node
+    node_rank: int
+    nproc: int
+    first_rank: int
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ranks(self) -> range:
+        return range(self.first_rank, self.first_rank + self.nproc)
+
+    def shell_line(self, redact: bool = False) -> str:
+        """The exact line the node's shell runs (over SSH) - or its equivalent locally."""
+        env = redacted(self.env) if redact else self.env
+        return command_line(self.argv, self.cwd, env)
+
+
+def redacted(env: dict[str, str]) -> dict[str, str]:
+    return {k: ("***" if SECRET_RE.search(k) else v) for k, v in env.items()}
+
+
+def nproc_for(node: Node, facts: NodeFacts, override: int | None) -> int:
+    """Processes on this node: --nproc, else the inventory's number, else one per GPU (at least 1)."""
+    want = override if override is not None else node.nproc
+    if want == "auto":
+        return max(1, facts.gpus)
+    return int(want)
+
+
+def choose_backend(requested: str, facts: dict[str, NodeFacts]) -> tuple[str, str]:
+    """(backend, why): NCCL only when every node has CUDA and NCCL, else gloo for the whole world."""
+    lacking = [name for name, f in facts.items() if not (f.gpus and f.nccl)]
+    if requested == "gloo":
+        return "gloo", "gloo requested"
+    if requested == "nccl":
+        return "nccl", "nccl requested" + (f" (no CUDA+NCCL on {', '.join(lacking)}: the trainer will fall "
+                                           "back to gloo on all ranks)" if lacking else "")
+    if not lacking:
+        return "nccl", "every node has CUDA and NCCL"
+    return "gloo", f"gloo for all: no CUDA+NCCL on {', '.join(lacking)}"
+
+
+def build_plan(nodes: list[Node], facts: dict[str, NodeFacts], *, master_addr: str, master_port: int,
+               backend: str, entry: list[str], run_id: str, user_env: dict[str, str] | None = None,
+               nproc: int | None = None) -> list[NodeLaunch]:
+    """One NodeLaunch per node, master (node rank 0) first. `entry` is the module and its args."""
+    counts = [nproc_for(n, facts[n.name], nproc) for n in nodes]
+    world = sum(counts)
+    plans = []
+    first = 0
+    for rank, (node, count) in enumerate(zip(nodes, counts)):
+        f = facts[node.name]
+        ifname = node.ifname or f.ifname
+        env = {
+            "HRMCTL_RUN_ID": run_id,
+            "HRMCTL_JOB": f"{run_id}/{node.name}",  # every process of the job inherits it: how stop finds them
+            "HRMCTL_BACKEND": backend,
+            "HRMCTL_WORLD_SIZE": str(world),
+            "OMP_NUM_THREADS": str(max(1, f.cpus // count)),
+            "PYTHONUNBUFFERED": "1",
+            "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": RANK_PREFIX,
+        }
+        notes = []
+        if ifname and len(nodes) > 1:
+            env["GLOO_SOCKET_IFNAME"] = ifname
+            env["NCCL_SOCKET_IFNAME"] = ifname
+            notes.append(f"sockets on {ifname}" + (" (inventory)" if node.ifname else " (route to the master)"))
+        if not f.libuv_ok:
+            env["USE_LIBUV"] = "0"
+            env["PYTHONPATH"] = NOLIBUV_DIR
+            notes.append("libuv off (this torch has no libuv TCPStore)")
+        env.update(user_env or {})
+        argv = [node.python, *TORCHRUN,
+                f"--nnodes={len(nodes)}", f"--node-rank={rank}", f"--nproc-per-node={count}",
+                "--rdzv-backend=static", f"--rdzv-id={run_id}",
+                f"--master-addr={master_addr}", f"--master-port={master_port}",
+                "--max-restarts=0", "--tee=3", "--monitor-interval=0.5",
+                f"--shutdown-timeout={SHUTDOWN_TIMEOUT_S}", *entry]
+        plans.append(NodeLaunch(node=node, node_rank=rank, nproc=count, first_rank=first, argv=argv, env=env,
+                                cwd=node.workdir, notes=notes))
+        first += count
+    return plans
+
+
+def parse_env_options(items: list[str]) -> dict[str, str]:
+    """`--env KEY=VALUE` (repeatable) as a dict; a bad item is one clear error."""
+    from .errors import HrmctlError
+
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise HrmctlError(f"--env {shlex.quote(item)}: expected KEY=VALUE with a shell variable name as KEY")
+        out[key] = value
+    return out

@@ -1,0 +1,226 @@
+"""Run a plan: torchrun on every node at once, watch them, and stop everything everywhere.
+
+One stop: the first node whose job ends with a non-zero code, a node whose SSH connection or
+heartbeat is lost, or Ctrl-C / SIGTERM, stops the job on every node. Stopping is two-fold:
+  1. the job's channel is closed: an SSH job runs on a PTY, so the node's sshd hangs up the
+     torchrun agent (SIGHUP), and torchrun terminates its workers; a local job's process group
+     gets SIGTERM;
+  2. an explicit stop on every node, over a fresh connection: every process whose environment
+     carries this job's HRMCTL_JOB tag (set by the launcher and inherited by torchrun and all its
+     workers, which torchrun starts in sessions of their own, so no process group holds them all)
+     gets SIGTERM, and SIGKILL after a grace period. Processes are found by PID through that tag,
+     never by name, so nothing else of the user's is touched.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from .errors import HrmctlError
+from .inventory import Node
+from .launch_log import MergedLog
+from .launch_plan import NodeLaunch
+from .remote import Job, Session, connect, for_each
+
+HEARTBEAT_S = 2.0
+HEARTBEAT_TIMEOUT_S = 6.0
+TERM_GRACE_S = 4.0
+POLL_S = 0.1
+LOST_CODE = 255
+
+# Sent to a node's Python: stop every process whose environment holds HRMCTL_JOB=<argv[1]>.
+STOP_SNIPPET = r"""
+import os, signal, sys, time
+tag = ("HRMCTL_JOB=" + sys.argv[1]).encode()
+grace = float(sys.argv[2])
+me = os.getpid()
+
+def tagged():
+    found = []
+    for d in os.listdir("/proc"):
+        if d.isdigit() and int(d) != me:
+            try:
+                with open("/proc/%s/environ" % d, "rb") as f:
+                    if tag in f.read().split(b"\0"):
+                        found.append(int(d))
+            except OSError:
+                pass
+    return found
+
+first = pids = tagged()
+for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 2.0)):
+    for p in pids:
+        try:
+            os.kill(p, sig)
+        except OSError:
+            pass
+    deadline = time.time() + wait
+    while pids and time.time() < deadline:
+        time.sleep(0.1)
+        pids = tagged()
+    if not pids:
+        break
+print(len(first), len(pids))
+"""
+
+
+@dataclass
+class RunResult:
+    code: int
+    reason: str = ""
+    failed_node: str | None = None
+    failed_rank: int | None = None
+    interrupted: bool = False
+    left_running: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def _raise_interrupt(signum, frame):
+    raise _Interrupted(signal.Signals(signum).name)
+
+
+def connect_all(nodes: list[Node], accept_new_host_keys: bool) -> dict[str, Session]:
+    """A session per node, in parallel; any failure closes the others and raises (nothing started)."""
+    sessions: dict[str, Session] = {}
+    errors = []
+
+    def one(node: Node):
+        try:
+            sessions[node.name] = connect(node, accept_new_host_keys=accept_new_host_keys)
+        except HrmctlError as exc:
+            errors.append(exc)
+
+    with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
+        list(pool.map(one, nodes))
+    if errors:
+        for s in sessions.values():
+            s.close()
+        raise errors[0]
+    return sessions
+
+
+def stop_everywhere(plans: list[NodeLaunch], jobs: dict[str, Job], accept_new_host_keys: bool) -> dict[str, int]:
+    """Hang up every job and kill what is left of it on every node; {node: processes still alive}."""
+    for job in jobs.values():
+        job.stop()
+    by_name = {p.node.name: p for p in plans}
+
+    def kill(session: Session) -> int:
+        tag = by_name[session.node.name].env["HRMCTL_JOB"]
+        res = session.run_python(STOP_SNIPPET, [tag, str(TERM_GRACE_S)], timeout=TERM_GRACE_S + 6)
+        parts = res.stdout.split()
+        return int(parts[1]) if res.ok and len(parts) == 2 else -1
+
+    left = {}
+    for o in for_each([p.node for p in plans], kill, accept_new_host_keys=accept_new_host_keys, connect_timeout=4):
+        left[o.node.name] = o.value if o.ok else -1
+    for job in jobs.values():
+        job.wait(2)
+    return left
+
+
+class _Heartbeat(threading.Thread):
+    """Runs `true` on an SSH node every few seconds; a node that stops answering is lost."""
+
+    def __init__(self, name: str, session: Session, lost: dict[str, str]):
+        super().__init__(daemon=True)
+        self.name_, self.session, self.lost = name, session, lost
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        while not self.halt.wait(HEARTBEAT_S):
+            try:
+                res = self.session.run(["true"], timeout=HEARTBEAT_TIMEOUT_S)
+                if res.code != 0:
+                    raise HrmctlError(f"heartbeat exit code {res.code}")
+            except Exception as exc:
+                if not self.halt.is_set():
+                    self.lost[self.name_] = str(exc)
+                return
+
+
+def run_once(plans: list[NodeLaunch], log: MergedLog, *, attempt: int = 1,
+             accept_new_host_keys: bool = False) -> RunResult:
+    """Start every node's command, wait, and stop everything on the first failure or interrupt."""
+    t0 = time.monotonic()
+    sessions = connect_all([p.node for p in plans], accept_new_host_keys)
+    jobs: dict[str, Job] = {}
+    ended: dict[str, int] = {}
+    lost: dict[str, str] = {}
+    beats: list[_Heartbeat] = []
+    result: RunResult | None = None
+    old = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        log.start(plans, attempt)
+        for p in plans:
+            session = sessions[p.node.name]
+            jobs[p.node.name] = session.start(p.argv, log.handler(p), env=p.env, cwd=p.cwd, pty=not p.node.is_local)
+            if not p.node.is_local:
+                beats.append(_Heartbeat(p.node.name, session, lost))
+        for b in beats:
+            b.start()
+        while result is None:
+            for p in plans:
+                name = p.node.name
+                if name in ended:
+                    continue
+                code = jobs[name].wait(0)
+                if code is not None:
+                    ended[name] = code
+                    if code != 0:
+                        result = _failure(plans, log, name, code)
+                        break
+            if result is None and len(ended) == len(plans):
+                result = RunResult(0, "every node finished")
+            if result is None and lost:
+                name = next(iter(lost))
+                result = RunResult(LOST_CODE, f"{name} stopped answering ({lost[name]})", failed_node=name,
+                                   failed_rank=_plan(plans, name).first_rank)
+            if result is None:
+                time.sleep(POLL_S)
+    except (KeyboardInterrupt, _Interrupted) as exc:
+        why = "interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt) else f"interrupted ({exc})"
+        result = RunResult(130, why, interrupted=True)
+    finally:
+        for b in beats:
+            b.halt.set()
+        prev_int = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the stop short
+        try:
+            if result is None or result.code != 0:
+                log.note(f"{(result.reason if result else 'stopping')}: stopping the job on every node")
+                result = result or RunResult(1, "launcher error")
+                result.left_running = stop_everywhere(plans, jobs, accept_new_host_keys)
+            for s in sessions.values():
+                s.close()
+        finally:
+            signal.signal(signal.SIGINT, prev_int)
+            for s, h in old.items():
+                signal.signal(s, h)
+    result.seconds = time.monotonic() - t0
+    return result
+
+
+def _plan(plans: list[NodeLaunch], name: str) -> NodeLaunch:
+    return next(p for p in plans if p.node.name == name)
+
+
+def _failure(plans: list[NodeLaunch], log: MergedLog, name: str, code: int) -> RunResult:
+    """The node whose job ended first with a non-zero code; its rank from torchrun's report."""
+    plan = _plan(plans, name)
+    deadline = time.monotonic() + 0.3  # the failure report may still be arriving
+    while name not in log.failed_rank and time.monotonic() < deadline:
+        time.sleep(0.02)
+    rank = log.failed_rank.get(name, plan.first_rank if plan.nproc == 1 else None)
+    who = f"rank {rank}" if rank is not None else f"ranks {plan.ranks.start}-{plan.ranks.stop - 1}"
+    worker_code = log.exitcode.get(name)
+    detail = f", worker exit code {worker_code}" if worker_code not in (None, code) else ""
+    return RunResult(code, f"{who} on {name} failed first (exit code {code}{detail})", failed_node=name,
+                     failed_rank=rank)
