@@ -478,7 +478,7 @@ class SSHSession(Session):
                 busy = True
             if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
                 break
-            if chan.closed and not busy:
+            if chan.closed and not busy and not chan.recv_ready() and not chan.recv_stderr_ready():
                 break
             if deadline is not None and time.monotonic() > deadline:
                 chan.close()
