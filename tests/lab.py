@@ -141,6 +141,9 @@ class Lab:
         for node in self.nodes:
             Path(f"/etc/netns/{node.ns}").mkdir(parents=True, exist_ok=True)
             Path(f"/etc/netns/{node.ns}/hosts").write_text(hosts)
+            # No nameserver: the host's resolver is unreachable from the namespaces, and reverse
+            # lookups that wait for it stall c10d's TCPStore (libuv) for ~10 s. Without one they fail at once.
+            Path(f"/etc/netns/{node.ns}/resolv.conf").write_text("# hrmctl lab: no DNS server on this LAN\n")
             self._start_sshd(node)
         self._wait_for_sshd()
         self.write_inventory()
