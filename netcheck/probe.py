@@ -38,6 +38,7 @@ import time
 
 PROBE_VERSION = 1
 SIOCGIFADDR = 0x8915
+DNS_HANG_S = 1.5  # a reverse lookup still waiting after this long is waiting on a dead nameserver
 
 
 # ---------------------------------------------------------------- parsing (unit-tested with fakes)
@@ -334,6 +335,21 @@ def hostname_facts() -> dict:
             "hostname_loopback": bool(addrs) and is_loopback(addrs[0])}
 
 
+def nameservers(resolv_conf: str) -> list[str]:
+    return [l.split()[1] for l in resolv_conf.splitlines() if l.split()[:1] == ["nameserver"] and len(l.split()) > 1]
+
+
+def dns_facts(box: dict) -> None:
+    """Time a reverse lookup that /etc/hosts cannot answer (a v4-mapped loopback, as c10d's TCPStore
+    does for its peers). When it waits on an unreachable nameserver, TCPStore stalls ~10 s."""
+    t0 = time.perf_counter()
+    try:
+        socket.getnameinfo(("::ffff:127.0.0.1", 0, 0, 0), socket.NI_NAMEREQD)
+    except (OSError, socket.gaierror):
+        pass
+    box["reverse_lookup_ms"] = round((time.perf_counter() - t0) * 1000, 1)
+
+
 def gpu_driver() -> str | None:
     if not shutil.which("nvidia-smi"):
         return None
@@ -413,6 +429,9 @@ def collect(args: argparse.Namespace) -> dict:
         rtt_thread = threading.Thread(target=lambda: rtt_box.update(tcp_rtt(host, int(port), args.samples)),
                                       daemon=True)
         rtt_thread.start()
+    dns_box: dict = {}
+    dns_thread = threading.Thread(target=dns_facts, args=(dns_box,), daemon=True)
+    dns_thread.start()
     interfaces = interface_addresses()
     doc: dict = {"probe_version": PROBE_VERSION}
     doc.update(hostname_facts())
@@ -426,6 +445,9 @@ def collect(args: argparse.Namespace) -> dict:
     doc["data"] = disk_facts(args.data_dir)
     doc["project"] = project_facts(args.workdir)
     doc["torch"] = None if args.no_torch else torch_facts()
+    dns_thread.join(max(0.0, DNS_HANG_S - (time.monotonic() - t0)))
+    doc["dns"] = {"nameservers": nameservers(read("/etc/resolv.conf")),
+                  "reverse_lookup_ms": dns_box.get("reverse_lookup_ms"), "hang": not dns_box}
     if rtt_thread is not None:
         rtt_thread.join(args.samples * 2.5 + 1)
         doc["peer_rtt"] = rtt_box or {"target": args.tcp_rtt, "method": "tcp", "error": "timed out"}
