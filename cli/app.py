@@ -74,10 +74,21 @@ def _not_built(name: str) -> None:
     raise HrmctlError(f"`hrmctl {name}` is not built yet in this version; see the README for what works today")
 
 
-@app.command("doctor", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def doctor_cmd() -> None:
+@app.command("doctor")
+def doctor_cmd(
+    nodes: NodesOpt = None,
+    inventory: InventoryOpt = None,
+    master_port: Annotated[int, typer.Option("--master-port", help="The rendezvous port to check on the master.")] = 29500,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds each node may take to answer the probe.")] = 60.0,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Full details in every cell, and interfaces.")] = False,
+    accept_new_host_keys: AcceptNewOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
     """Preflight every node: reachability, ports, clocks, CUDA/NCCL, libuv, versions, interfaces."""
-    _not_built("doctor")
+    from .doctor_cmd import doctor
+
+    raise typer.Exit(doctor(inventory, nodes, master_port=master_port, timeout=timeout, verbose=verbose,
+                            accept_new_host_keys=accept_new_host_keys, as_json=as_json, console=out))
 
 
 @app.command("sync-data")
