@@ -35,6 +35,7 @@ from .inventory import Node
 
 CONNECT_TIMEOUT = 10.0
 KEEPALIVE_S = 5
+EOF_GRACE_S = 2.0  # after a command's exit status, how long to wait for the rest of its output
 
 T = TypeVar("T")
 LineHandler = Callable[[str, str], None]  # (stream name "stdout"/"stderr", line without newline)
@@ -468,6 +469,7 @@ class SSHSession(Session):
         chan.shutdown_write()
         out, err = bytearray(), bytearray()
         deadline = None if timeout is None else time.monotonic() + timeout
+        exited_at = None
         while True:
             busy = False
             while chan.recv_ready():
@@ -476,9 +478,13 @@ class SSHSession(Session):
             while chan.recv_stderr_ready():
                 err += chan.recv_stderr(65536)
                 busy = True
-            if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
-                break
-            if chan.closed and not busy and not chan.recv_ready() and not chan.recv_stderr_ready():
+            # sshd may send the exit status before the last output: wait for EOF too (a while
+            # only, in case a background child keeps the output open).
+            if chan.exit_status_ready() and exited_at is None:
+                exited_at = time.monotonic()
+            drained = not chan.recv_ready() and not chan.recv_stderr_ready()
+            if drained and (chan.closed or (chan.eof_received and exited_at is not None) or
+                            (exited_at is not None and time.monotonic() - exited_at > EOF_GRACE_S)):
                 break
             if deadline is not None and time.monotonic() > deadline:
                 chan.close()
