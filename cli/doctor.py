@@ -174,7 +174,7 @@ def run_doctor(nodes: list[Node], *, master_port: int = 29500, timeout: float = 
             problems.append(str(exc))
 
     try:
-        mres = _network(reports, maddr, master_port, mesh=mesh and multi, timeout=min(timeout, 5.0))
+        mres = _network(reports, maddr, master_port, mesh=mesh and multi, timeout=min(timeout, 3.0))
     finally:
         for r in reports:
             if r.agent:
