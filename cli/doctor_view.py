@@ -78,7 +78,7 @@ def render(rep: DoctorReport, console: Console, *, verbose: bool = False) -> Non
     verdict = ("[green]ready to train[/]" if rep.exit_code == 0 else
                "[bold red]not ready: fix the failures above[/]")
     console.print(f"summary: {len(rep.nodes)} node(s), {n['ok']} ok, {n['warn']} warn, {n['fail']} fail, "
-                  f"{n['skip']} skipped in {rep.seconds:.1f}s — {verdict}", highlight=False)
+                  f"{n['skip']} skipped in {rep.seconds:.1f}s — {verdict}", highlight=False, soft_wrap=True)
 
 
 def show(rep: DoctorReport, console: Console, *, as_json: bool, verbose: bool) -> int:
