@@ -49,11 +49,13 @@ def listen_error(node: str, port: int, res: dict) -> str:
 
 
 def unreachable(src: str, dst: str, address: str, port: int, res: dict, what: str = "") -> str:
+    mesh = bool(what)
     why = {
-        "timeout": "timed out: a firewall on {dst} drops it, or {dst} is WSL2 behind NAT",
+        "timeout": ("timed out: a firewall on {dst} (or one on {src} dropping the replies) blocks it" if mesh else
+                    "timed out: a firewall on {dst} drops it, or {dst} is WSL2 behind NAT"),
         "refused": "refused: a firewall on {dst} rejects it (our listener was up)",
         "foreign": "something other than our listener answered: a NAT or port forward in between",
-    }.get(res.get("kind"), "{err}").format(dst=dst, err=res.get("error"))
+    }.get(res.get("kind"), "{err}").format(dst=dst, src=src, err=res.get("error"))
     return (f"{src} cannot reach {dst} ({address}):{port}{what} — {why}; fix: on {dst} allow TCP {port} from the "
             f"other nodes (ufw: `sudo ufw allow from <LAN subnet> to any port {port} proto tcp`; firewalld: "
             f"`sudo firewall-cmd --add-port={port}/tcp`); on WSL2 set networkingMode=mirrored in %UserProfile%\\.wslconfig "
