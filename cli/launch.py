@@ -66,6 +66,7 @@ class LaunchOptions:
     accept_new_host_keys: bool = False
     use_cache: bool = True
     quiet: bool = False
+    json_output: bool = False
     result_tag: str | None = None
     on_result: Callable[[str, str], None] | None = None
 
@@ -181,6 +182,8 @@ def dry_run_json(prep: Prepared) -> dict:
 def run(opts: LaunchOptions, prep: Prepared, console: Console) -> RunResult:
     """Run the plan, restarting the whole job from its last checkpoint up to max_restarts times."""
     run_dir = opts.runs_dir / prep.run_id
+    if opts.json_output:  # stdout is for the JSON document: the live log goes to stderr
+        console = Console(stderr=True)
     log = MergedLog(console, run_dir, prep.plans, quiet=opts.quiet, on_result=opts.on_result,
                     result_tag=opts.result_tag)
     plans = prep.plans

@@ -64,6 +64,7 @@ def train(opts: LaunchOptions, *, sync_data: bool, as_json: bool, console: Conso
     _reject_options(opts.args, "trainer overrides are key=value")
     if opts.dry_run:
         return _dry_run(opts, as_json, console)
+    opts.json_output = as_json
     if sync_data:
         _sync_data(opts, console)
     prep = prepare(opts, console)
@@ -97,7 +98,7 @@ def test_ddp(opts: LaunchOptions, *, as_json: bool, console: Console, err: Conso
         except ValueError:
             pass
 
-    opts.result_tag, opts.on_result, opts.quiet = RESULT_TAG, on_result, as_json
+    opts.result_tag, opts.on_result, opts.quiet, opts.json_output = RESULT_TAG, on_result, as_json, as_json
     prep = prepare(opts, console)
     result = run(opts, prep, console)
     if results and not as_json:

@@ -58,6 +58,11 @@ def _check(node: Node, probe: NodeProbe) -> None:
                           f"copy the project there or set workdir for {node.name} in the inventory")
 
 
+def _slow_dns(probe: NodeProbe) -> bool:
+    dns = probe.raw.get("dns") or {}
+    return bool(dns.get("hang")) or (dns.get("reverse_lookup_ms") or 0) > 1000
+
+
 def _torch_facts(probe: NodeProbe) -> dict:
     return {"torch": probe.torch_version, "gpus": probe.cuda_devices, "nccl": probe.nccl_usable,
             "libuv_ok": probe.libuv_ok is not False, "error": probe.torch_error}
@@ -105,7 +110,8 @@ def gather(nodes: list[Node], master_addr: str, *, accept_new_host_keys: bool = 
         if probe.route_error and len(nodes) > 1:
             raise HrmctlError(f"{node.name}: {probe.route_error}; the node cannot reach the master {master_addr}")
         facts[node.name] = NodeFacts(cpus=probe.cpu_count or 1, gpus=tf["gpus"], nccl=tf["nccl"],
-                                     libuv_ok=tf["libuv_ok"], ifname=probe.route_ifname, torch=tf["torch"])
+                                     libuv_ok=tf["libuv_ok"], ifname=probe.route_ifname, torch=tf["torch"],
+                                     slow_dns=_slow_dns(probe))
         probes[node.name] = probe
     return facts, probes
 

@@ -46,6 +46,7 @@ class NodeFacts:
     libuv_ok: bool = True
     ifname: str | None = None  # the interface of the node's route to the master
     torch: str | None = None
+    slow_dns: bool = False  # reverse lookups wait on a nameserver that does not answer
 
 
 @dataclass
@@ -122,7 +123,10 @@ def build_plan(nodes: list[Node], facts: dict[str, NodeFacts], *, master_addr: s
         if not f.libuv_ok:
             env["USE_LIBUV"] = "0"
             env["PYTHONPATH"] = NOLIBUV_DIR
-            notes.append("libuv off (this torch has no libuv TCPStore)")
+            notes.append("libuv off (the libuv TCPStore does not start on this node)")
+        if f.slow_dns:  # c10d looks up every peer's name; glibc reads RES_OPTIONS
+            env["RES_OPTIONS"] = "timeout:1 attempts:1"
+            notes.append("DNS does not answer: resolver timeout cut to 1 s")
         env.update(user_env or {})
         argv = [node.python, *TORCHRUN,
                 f"--nnodes={len(nodes)}", f"--node-rank={rank}", f"--nproc-per-node={count}",

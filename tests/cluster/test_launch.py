@@ -1,0 +1,151 @@
+"""`hrmctl test-ddp` / `hrmctl train` on real sshd nodes: torchrun with gloo across namespaces.
+
+Every job here is tiny (correctness only, or small sizes) so that each test takes seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cli.inventory import load_inventory
+
+
+def job_pids(lab_node, run_id: str) -> list[tuple[int, str]]:
+    """(pid, command line) of every process on the node whose environment carries the run id."""
+    script = (f"for d in /proc/[0-9]*; do tr '\\0' '\\n' < $d/environ 2>/dev/null | grep -qx 'HRMCTL_RUN_ID={run_id}' "
+              "&& echo \"${d#/proc/} $(tr '\\0' ' ' < $d/cmdline)\"; done; true")
+    out = lab_node.as_user(script).stdout
+    return [(int(l.split()[0]), l.split(" ", 1)[1] if " " in l else "") for l in out.splitlines() if l.strip()]
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
+
+
+def start_hrmctl(args: list[str], inventory, cwd) -> subprocess.Popen:
+    env = dict(os.environ, HRMCTL_INVENTORY=str(inventory))
+    return subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_test_ddp_two_nodes_and_dry_run_equals_real_launch(lab3, hrmctl, tmp_path):
+    common = ["--nodes", "node0,node1", "--run-id", "ddp2", "--master-port", "29611",
+              "--max-size", "64KiB", "--seconds", "0.02", "--json"]
+    code, out, err = hrmctl("test-ddp", "--dry-run", *common, inventory=lab3.inventory)
+    assert code == 0, err
+    plan = json.loads(out)
+    assert not (tmp_path / "runs").exists(), "--dry-run must run nothing"
+    assert [n["node"] for n in plan["nodes"]] == ["node0", "node1"]
+    for i, n in enumerate(plan["nodes"]):
+        assert f"--node-rank={i}" in n["argv"] and "--nnodes=2" in n["argv"]
+        assert f"--master-addr={lab3.nodes[0].ip}" in n["argv"] and "--master-port=29611" in n["argv"]
+        assert n["env"]["GLOO_SOCKET_IFNAME"] == "eth0" and n["env"]["HRMCTL_BACKEND"] == "gloo"
+
+    code, out, err = hrmctl("test-ddp", *common, inventory=lab3.inventory)
+    assert code == 0, out + err
+    doc = json.loads(out)
+    res = doc["result"]
+    assert res["ok"] and res["world_size"] == 2 and res["backend"] == "gloo"
+    assert [r["host"] for r in res["ranks"]] == ["node0", "node1"]  # a rank on each node, really
+    assert all(bad == [] for bad in res["checks"].values()) and set(res["checks"]) >= {
+        "all_reduce", "broadcast", "all_gather", "barrier"}
+    assert [r["bytes"] for r in res["bandwidth"]] == [1024, 4096, 16384, 65536]
+    for row in res["bandwidth"]:
+        assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"])  # 2(n-1)/n = 1 for n = 2
+        assert row["algbw_GBps"] > 0
+    assert res["latency"]["p50_us"] > 0
+    # what ran is exactly what --dry-run printed, node by node
+    for n in plan["nodes"]:
+        log = (tmp_path / "runs" / "ddp2" / f"{n['node']}.log").read_text()
+        assert f"# command: {n['command']}\n" in log
+
+
+def test_test_ddp_three_nodes(lab3, hrmctl):
+    code, out, err = hrmctl("test-ddp", "--nodes", "node2,node0,node1", "--no-bandwidth", "--json",
+                            inventory=lab3.inventory)
+    assert code == 0, out + err
+    res = json.loads(out)["result"]
+    assert res["world_size"] == 3 and res["ok"]
+    assert [r["host"] for r in res["ranks"]] == ["node2", "node0", "node1"]  # the first named is rank 0
+
+
+def test_sigint_stops_every_node_and_leaves_no_process(lab3, tmp_path):
+    proc = start_hrmctl(["test-ddp", "--nodes", "node0,node1", "--no-bandwidth", "--soak", "120",
+                         "--run-id", "sigint"], lab3.inventory, tmp_path)
+    try:
+        for n in lab3.nodes[:2]:  # the job really runs on both nodes: agent and worker
+            wait_for(lambda: any("auralm.ddp_check" in c and "torch.distributed.run" not in c
+                                 for _, c in job_pids(n, "sigint")), 60, f"the worker on {n.name}")
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+        elapsed = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out + err
+    assert elapsed < 10, f"stopping took {elapsed:.1f}s"
+    assert "interrupted" in err and "Traceback" not in err
+    for n in lab3.nodes[:2]:
+        assert job_pids(n, "sigint") == [], f"processes of the job left on {n.name}"
+
+
+def test_killed_trainer_on_one_node_stops_the_others(lab3, tmp_path):
+    proc = start_hrmctl(["test-ddp", "--nodes", "node0,node1", "--no-bandwidth", "--soak", "120",
+                         "--run-id", "kill1"], lab3.inventory, tmp_path)
+    try:
+        workers = wait_for(lambda: [p for p, c in job_pids(lab3.nodes[1], "kill1")
+                                    if "auralm.ddp_check" in c and "torch.distributed.run" not in c],
+                           60, "the worker on node1")
+        wait_for(lambda: job_pids(lab3.nodes[0], "kill1"), 30, "the job on node0")
+        lab3.nodes[1].as_user(f"kill -9 {workers[0]}")
+        out, err = proc.communicate(timeout=40)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode not in (0, None), out + err
+    assert "rank 1 on node1" in err, err
+    assert "Traceback" not in err
+    for n in lab3.nodes[:2]:
+        assert job_pids(n, "kill1") == [], f"processes of the job left on {n.name}"
+
+
+def test_firewalled_master_port_refused_before_launch(lab3, hrmctl, tmp_path):
+    master = lab3.nodes[0]
+    rule = ["INPUT", "-p", "tcp", "--dport", "29633", "-j", "DROP"]
+    master.netns(["iptables", "-I", *rule])
+    try:
+        code, out, err = hrmctl("test-ddp", "--nodes", "node0,node1", "--master-port", "29633", "--no-bandwidth",
+                                inventory=lab3.inventory, timeout=60)
+    finally:
+        master.netns(["iptables", "-D", *rule])
+    assert code != 0
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert "node1 cannot reach node0" in lines[0] and "29633" in lines[0] and "fix:" in lines[0]
+    assert not (tmp_path / "runs").exists(), "nothing may start when the preflight refuses"
+
+
+def test_missing_python_or_workdir_named_with_the_node(lab3, hrmctl, tmp_path):
+    base = lab3.inventory.read_text()
+    for extra, expect in (('python = "/nope/python3"', "node1: python '/nope/python3' not found"),
+                          ('workdir = "~/no-such-dir"', "node1: workdir ~/no-such-dir")):
+        inv = tmp_path / "hrmctl.toml"
+        inv.write_text(base.replace(f'user = "{lab3.nodes[1].user}"', f'user = "{lab3.nodes[1].user}"\n{extra}'))
+        code, out, err = hrmctl("test-ddp", "--nodes", "node0,node1", "--no-bandwidth", inventory=inv, timeout=60)
+        assert code != 0
+        assert err.startswith("error: ") and expect in err and len(err.strip().splitlines()) == 1, err
