@@ -1,0 +1,210 @@
+"""The node side of `hrmctl sync-data`: sent as source through `Session.run_python`.
+
+Self-contained (standard library only) because it runs with the node's Python before anything
+of hrmctl may be installed there. It is called with one JSON job appended as `main(...)`; it
+prints one JSON answer. Operations:
+
+  scan      the destination's manifest: {relpath: [size, mtime_ns, sha256 or None]}, partly
+            sent files (`.NAME.hrmctl-part`) with their size and SHA-256, free space; creates
+            the destination unless it is a dry run.
+  mkdirs    the source's directories that the node lacks (parents first).
+  finalize  for each sent file: hash the part file, compare with the source's SHA-256, set
+            mtime and mode, rename it over the final name; remove stale part files; --delete.
+  space     free bytes at the destination (to explain a failed write).
+
+Every relative path that comes from the other side is checked here too: no absolute paths,
+no `..`, and no directory on the way that resolves outside the destination (a symlink).
+"""
+
+import hashlib
+import json
+import os
+import stat
+import sys
+
+PART_SUFFIX = ".hrmctl-part"
+BLOCK = 1 << 20
+
+
+class Refused(Exception):
+    pass
+
+
+def part_name(rel):
+    head, _, name = rel.rpartition("/")
+    return (head + "/" if head else "") + "." + name + PART_SUFFIX
+
+
+def final_of_part(rel):
+    head, _, name = rel.rpartition("/")
+    if not (name.startswith(".") and name.endswith(PART_SUFFIX)) or len(name) <= len(PART_SUFFIX) + 1:
+        return None
+    return (head + "/" if head else "") + name[1:-len(PART_SUFFIX)]
+
+
+def check_rel(rel):
+    if not isinstance(rel, str) or not rel or "\0" in rel or rel.startswith("/"):
+        raise Refused("refusing path %r: not a relative path" % (rel,))
+    parts = rel.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise Refused("refusing path %r: empty, '.' or '..' component" % (rel,))
+    return parts
+
+
+def inside(root, rel):
+    """Absolute path of rel under root; refused if its directory resolves outside root."""
+    parts = check_rel(rel)
+    path = os.path.join(root, *parts)
+    parent = os.path.realpath(os.path.dirname(path))
+    if parent != root and not parent.startswith(root.rstrip("/") + "/"):
+        raise Refused("refusing %s: its directory leads outside the destination %s (a symlink?)" % (rel, root))
+    return path
+
+
+def sha256_file(path, limit=None):
+    h = hashlib.sha256()
+    left = limit
+    with open(path, "rb") as fh:
+        while True:
+            chunk = fh.read(BLOCK if left is None else min(BLOCK, left))
+            if not chunk:
+                break
+            h.update(chunk)
+            if left is not None:
+                left -= len(chunk)
+                if not left:
+                    break
+    return h.hexdigest()
+
+
+def free_bytes(path):
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def open_root(dest, create):
+    path = os.path.abspath(os.path.expanduser(dest))
+    if not os.path.exists(path):
+        if not create:
+            return os.path.realpath(path), False
+        try:
+            os.makedirs(path)
+        except OSError:  # reported as not writable, with the user's name, by the caller
+            return os.path.realpath(path), False
+    if not os.path.isdir(path):
+        raise Refused("the destination %s exists and is not a directory" % path)
+    return os.path.realpath(path), True
+
+
+def scan(job):
+    root, exists = open_root(job["dest"], create=not job["dry_run"])
+    answer = {"root": root, "exists": exists, "files": {}, "dirs": [], "parts": {}, "links": [],
+              "free": None, "writable": False}
+    if not exists:
+        parent = os.path.dirname(root)
+        while parent and not os.path.isdir(parent):
+            parent = os.path.dirname(parent)
+        answer["writable"] = bool(parent) and os.access(parent, os.W_OK | os.X_OK)
+        answer["free"] = free_bytes(parent or "/")
+        return answer
+    answer["writable"] = os.access(root, os.W_OK | os.X_OK)
+    answer["free"] = free_bytes(root)
+    files, parts = answer["files"], answer["parts"]
+    checksum = job["checksum"]
+    prefix = len(root.rstrip("/")) + 1
+    for top, dirnames, names in os.walk(root):
+        base = top[prefix:] + "/" if len(top) >= prefix else ""
+        for name in dirnames:
+            is_link = os.path.islink(os.path.join(top, name))
+            answer["links" if is_link else "dirs"].append(base + name)
+        for name in names:
+            rel = base + name
+            path = os.path.join(top, name)
+            st = os.lstat(path)
+            if final_of_part(rel) is not None:
+                if not stat.S_ISREG(st.st_mode):  # our reserved name, never written through
+                    if not job["dry_run"]:
+                        os.unlink(path)
+                    continue
+                parts[final_of_part(rel)] = [st.st_size, sha256_file(path)]
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                answer["links"].append(rel)
+                continue
+            files[rel] = [st.st_size, st.st_mtime_ns, sha256_file(path) if checksum else None]
+    return answer
+
+
+def mkdirs(job):
+    root = os.path.realpath(os.path.expanduser(job["dest"]))
+    for rel in job["dirs"]:
+        path = inside(root, rel)
+        if os.path.islink(path):
+            raise Refused("%s is a symlink on the node where the source has a directory; remove it" % path)
+        if not os.path.isdir(path):
+            try:
+                os.mkdir(path)
+            except OSError as exc:
+                raise Refused("cannot create %s: %s" % (path, exc.strerror))
+    return {}
+
+
+def finalize(job):
+    root = os.path.realpath(os.path.expanduser(job["dest"]))
+    done, bad = [], []
+    for rel, size, mtime_ns, mode, digest in job["files"]:
+        final = inside(root, rel)
+        part = inside(root, part_name(rel))
+        try:
+            st = os.lstat(part)
+        except OSError:
+            bad.append([rel, "the sent file is missing on the node"])
+            continue
+        got = sha256_file(part) if stat.S_ISREG(st.st_mode) else None
+        if st.st_size != size or got != digest:
+            os.unlink(part)
+            bad.append([rel, "size %d sha256 %s, expected %d %s" % (st.st_size, (got or "-")[:12], size, digest[:12])])
+            continue
+        os.chmod(part, mode & 0o7777)
+        os.utime(part, ns=(mtime_ns, mtime_ns))
+        if os.path.isdir(final) and not os.path.islink(final):
+            os.unlink(part)
+            bad.append([rel, "a directory of that name is on the node"])
+            continue
+        os.replace(part, final)
+        done.append(rel)
+    removed = []
+    for rel in job.get("stale_parts", []):
+        part = inside(root, part_name(rel))
+        if os.path.lexists(part):
+            os.unlink(part)
+    for rel in job.get("delete", []):
+        path = inside(root, rel)
+        if os.path.islink(path) or os.path.isfile(path):
+            os.unlink(path)
+            removed.append(rel)
+        elif os.path.isdir(path):
+            try:
+                os.rmdir(path)  # deepest first; a directory that still holds kept files stays
+                removed.append(rel + "/")
+            except OSError:
+                pass
+    return {"done": done, "bad": bad, "removed": removed}
+
+
+def space(job):
+    root = os.path.realpath(os.path.expanduser(job["dest"]))
+    return {"free": free_bytes(root if os.path.isdir(root) else os.path.dirname(root))}
+
+
+def main(text):
+    job = json.loads(text)
+    try:
+        answer = {"scan": scan, "mkdirs": mkdirs, "finalize": finalize, "space": space}[job["op"]](job)
+        answer["ok"] = True
+    except Refused as exc:
+        answer = {"ok": False, "error": str(exc)}
+    except OSError as exc:
+        answer = {"ok": False, "error": "%s: %s" % (getattr(exc, "filename", None) or "", exc.strerror or exc)}
+    sys.stdout.write(json.dumps(answer))
+    sys.stdout.flush()
