@@ -102,8 +102,6 @@ def check_trainer_args(module: str, args: list[str]) -> None:
 
 
 def _master_port(session: Session, nodes: list[Node], master_addr: str, wanted: int | None) -> int:
-    if wanted is not None and not 1 <= wanted <= 65535:
-        raise HrmctlError(f"--master-port {wanted} is outside 1-65535; choose a free port such as 29500")
     candidates = [wanted] if wanted is not None else list(DEFAULT_PORTS)
     res = session.run_python(FREE_PORT_SNIPPET, [str(p) for p in candidates], timeout=30)
     port = int(res.stdout.split()[0]) if res.ok and res.stdout.split() else None
@@ -125,6 +123,8 @@ def prepare(opts: LaunchOptions, console: Console) -> Prepared:
     nodes = opts.nodes
     if opts.nproc is not None and opts.nproc < 1:
         raise InventoryError(f"--nproc {opts.nproc}: every node needs at least 1 process; give --nproc 1 or more")
+    if opts.master_port is not None and not 1 <= opts.master_port <= 65535:
+        raise HrmctlError(f"--master-port {opts.master_port} is outside 1-65535; choose a free port such as 29500")
     if opts.max_restarts < 0:
         raise HrmctlError(f"--max-restarts {opts.max_restarts}: give 0 or more")
     check_trainer_args(opts.module, opts.args)
