@@ -330,25 +330,20 @@ class LocalSession(Session):
             raise RemoteTimeout(f"{self.node.name}: `{shlex.join(argv)}` did not finish in {timeout:g}s; it was stopped")
         return Result(proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
 
-    def start(self, argv, on_line, *, env=None, cwd=None, pty=False) -> Job:
+    def _spawn(self, argv, env, cwd, stdin: int, stderr: int) -> subprocess.Popen:
         full_env = dict(os.environ, **(env or {}))
         try:
-            proc = subprocess.Popen([_expand_local(a) for a in argv], cwd=_expand_local(cwd) if cwd else None,
-                                    env=full_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, start_new_session=True)
+            return subprocess.Popen([_expand_local(a) for a in argv], cwd=_expand_local(cwd) if cwd else None,
+                                    env=full_env, stdin=stdin, stdout=subprocess.PIPE, stderr=stderr,
+                                    start_new_session=True)
         except OSError as exc:
             raise RemoteError(f"{self.node.name}: cannot start {argv[0]}: {exc.strerror}") from None
-        return LocalJob(proc, on_line)
+
+    def start(self, argv, on_line, *, env=None, cwd=None, pty=False) -> Job:
+        return LocalJob(self._spawn(argv, env, cwd, subprocess.DEVNULL, subprocess.PIPE), on_line)
 
     def pipe(self, argv, *, env=None, cwd=None) -> Pipe:
-        full_env = dict(os.environ, **(env or {}))
-        try:
-            proc = subprocess.Popen([_expand_local(a) for a in argv], cwd=_expand_local(cwd) if cwd else None,
-                                    env=full_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=subprocess.DEVNULL, start_new_session=True)
-        except OSError as exc:
-            raise RemoteError(f"{self.node.name}: cannot start {argv[0]}: {exc.strerror}") from None
-        return LocalPipe(proc)
+        return LocalPipe(self._spawn(argv, env, cwd, subprocess.PIPE, subprocess.DEVNULL))
 
     def put(self, local, remote) -> None:
         import shutil

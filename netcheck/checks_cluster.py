@@ -21,42 +21,38 @@ def _describe(groups: dict[str, list[str]], short: int = 0) -> str:
     return "; ".join(f"{(v[:short] if short else v)} on {', '.join(ns)}" for v, ns in groups.items())
 
 
+def _agree(name: str, values: dict[str, str | None], *, differ: str, label: str, fix: str, none: str,
+           short: int = 0, prefix: str = "") -> Check:
+    """ok when every node that has a value has the same one; `differ` status otherwise."""
+    g = _groups(values)
+    if len(g) > 1:
+        return Check(name, differ, f"different {label}: " + _describe(g, short), fix)
+    if not g:
+        return Check(name, SKIP, none)
+    v = next(iter(g))
+    return Check(name, OK, f"{prefix}{v[:short] if short else v} everywhere")
+
+
 def cluster_checks(probes: dict[str, Any]) -> list[Check]:
     """probes: node name -> NodeProbe, for the nodes that answered."""
-    out = []
     torch_mm = {n: ".".join(p.torch_version.split("+")[0].split(".")[:2]) if p.torch_version else None
                 for n, p in probes.items()}
-    g = _groups(torch_mm)
-    if not g:
-        out.append(Check("torch versions", SKIP, "no node has torch"))
-    elif len(g) > 1:
-        out.append(Check("torch versions", FAIL, "different torch: " + _describe(g),
-                         "install the same torch major.minor on every node (collectives differ between versions)"))
-    else:
-        out.append(Check("torch versions", OK, f"torch {next(iter(g))} everywhere"))
     commits = {n: (p.raw.get("project") or {}).get("commit") for n, p in probes.items()}
-    g = _groups(commits)
-    if len(g) > 1:
-        out.append(Check("project commit", WARN, "different commits: " + _describe(g, 10),
-                         "check out the same commit on every node (`git -C <workdir> checkout <commit>`)"))
-    elif g:
-        out.append(Check("project commit", OK, f"{next(iter(g))[:10]} everywhere"))
-    else:
-        out.append(Check("project commit", SKIP, "no git checkout found"))
     manifests = {n: (p.raw.get("data") or {}).get("manifest_sha256") for n, p in probes.items()}
-    g = _groups(manifests)
-    if len(g) > 1:
-        out.append(Check("dataset", FAIL, "different prepared data: " + _describe(g, 12),
-                         "bring every node's data to match the master's: `hrmctl sync-data <node>`"))
-    elif g:
-        missing = [n for n, v in manifests.items() if v is None]
-        if missing:
-            out.append(Check("dataset", WARN, f"prepared data missing on {', '.join(missing)}",
-                             f"copy it there: `hrmctl sync-data {missing[0]}`"))
-        else:
-            out.append(Check("dataset", OK, f"manifest {next(iter(g))[:12]} everywhere"))
-    else:
-        out.append(Check("dataset", SKIP, "no prepared data (manifest.json) on any node"))
+    out = [
+        _agree("torch versions", torch_mm, differ=FAIL, label="torch", prefix="torch ", none="no node has torch",
+               fix="install the same torch major.minor on every node (collectives differ between versions)"),
+        _agree("project commit", commits, differ=WARN, label="commits", short=10, none="no git checkout found",
+               fix="check out the same commit on every node (`git -C <workdir> checkout <commit>`)"),
+    ]
+    data = _agree("dataset", manifests, differ=FAIL, label="prepared data", short=12, prefix="manifest ",
+                  none="no prepared data (manifest.json) on any node",
+                  fix="bring every node's data to match the master's: `hrmctl sync-data <node>`")
+    missing = [n for n, v in manifests.items() if v is None]
+    if data.status == OK and missing:
+        data = Check("dataset", WARN, f"prepared data missing on {', '.join(missing)}",
+                     f"copy it there: `hrmctl sync-data {missing[0]}`")
+    out.append(data)
     if probes and all(p.torch_version for p in probes.values()):
         backend, why = choose_backend(probes)
         out.append(Check("backend", OK, f"{backend}: {why}"))
