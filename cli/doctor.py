@@ -226,11 +226,10 @@ def _node_rows(r: NodeReport, multi: bool, mres: MeshResult | None, n_nodes: int
     if r.probe:
         rows += node_checks(r.probe, n, multi)
     else:
+        # the probe is run by the node's Python: its failure (not found, timeout, garbage) is that row's
         what, fix = _split(r.probe_error or "no answer")
-        rows += [Check("python", FAIL, what, fix)] if "python" in (r.probe_error or "") else [Check("os", FAIL, what, fix)]
-        present = {c.name for c in rows}
-        rows += [Check(name, SKIP, "no probe answer") for name in NODE_CHECKS if name not in present]
-        rows.sort(key=lambda c: ROWS.index(c.name))
+        rows += [Check("python", FAIL, what, fix or f"check that `{n.python}` runs on {n.name} (python = in the inventory)")
+                 if name == "python" else Check(name, SKIP, "no probe answer") for name in NODE_CHECKS]
     rows.append(rtt_check("reach", "from here", r.rtt_here) if not n.is_local else Check("reach", OK, "this machine"))
     peer = r.probe.raw.get("peer_rtt") if r.probe else None
     rows.append(rtt_check("to master", "to the master", peer) if not r.is_master and multi

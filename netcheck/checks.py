@@ -167,25 +167,36 @@ def resources_check(p: Any) -> Check:
     return Check("resources", OK, detail)
 
 
-def project_check(p: Any, workdir: str) -> Check:
+TRAINER_LIBS = ("transformers", "datasets")
+
+
+def project_check(p: Any, workdir: str, python: str = "python3") -> Check:
     proj = p.raw.get("project") or {}
+    if not proj.get("present") and proj.get("installed"):
+        return Check("project", OK, f"installed ({proj['installed']}); {workdir} holds no checkout")
     if not proj.get("present"):
         return Check("project", FAIL, f"no project in {workdir}",
                      f"put the project there (`git clone <repo> {workdir}`, or set workdir = in the inventory)")
     commit = proj.get("commit")
-    if not commit:
-        return Check("project", OK, "present (not a git checkout)")
+    versions = proj.get("versions") or {}
+    libs = ", ".join(f"{d} {versions[d]}" for d in TRAINER_LIBS if versions.get(d))
+    head = f"{commit[:10]}" if commit else "present (not a git checkout)"
+    missing = [d for d in TRAINER_LIBS if not versions.get(d)]
+    if missing:
+        return Check("project", WARN, f"{head}; {', '.join(missing)} not installed",
+                     f"install what the trainer needs: `{python} -m pip install {' '.join(missing)}` "
+                     f"(or `{python} -m pip install -e {workdir}`)")
     if proj.get("dirty"):
-        return Check("project", WARN, f"{commit[:10]} with uncommitted changes",
+        return Check("project", WARN, f"{head} with uncommitted changes ({libs})",
                      f"commit or discard the changes in {workdir} so every node runs the same code")
-    return Check("project", OK, commit[:10])
+    return Check("project", OK, f"{head} ({libs})")
 
 
 def node_checks(p: Any, node: Any, multi: bool) -> list[Check]:
     """The per-node checks from one NodeProbe; node: the inventory Node (python, workdir, ifname)."""
     return [os_check(p, multi), python_check(p), torch_check(p, node.python), gpu_check(p), distributed_check(p),
             libuv_check(p), interface_check(p, node.ifname, multi), hostname_check(p, multi), resources_check(p),
-            project_check(p, node.workdir)]
+            project_check(p, node.workdir, node.python)]
 
 
 NODE_CHECKS = ("os", "python", "torch", "gpu", "nccl/gloo", "libuv", "interface", "hostname", "resources", "project")

@@ -312,7 +312,14 @@ def project_facts(workdir: str | None) -> dict:
             versions[dist] = metadata.version(dist)
         except Exception:
             versions[dist] = None
-    out = {"workdir": None, "present": False, "commit": None, "dirty": None, "versions": versions}
+    out = {"workdir": None, "present": False, "commit": None, "dirty": None, "versions": versions,
+           "installed": None}
+    try:
+        import importlib.util
+        spec = importlib.util.find_spec("auralm")  # the trainer importable without workdir (installed)
+        out["installed"] = os.path.dirname(spec.origin) if spec and spec.origin else None
+    except (ImportError, ValueError):
+        pass
     if not workdir:
         return out
     path = os.path.expanduser(workdir)

@@ -166,3 +166,30 @@ def test_unreachable_master_and_no_reachable_node(lab3, hrmctl):
     assert code2 == 3 and out2 == ""
     lines = err2.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: none of the nodes node0 could be reached"), err2
+
+
+def test_python_answering_garbage_is_a_failed_check_not_a_crash(lab3, hrmctl, tmp_path):
+    inv = tmp_path / "hrmctl.toml"
+    text = lab3.inventory.read_text()
+    table = f'[nodes.node1]\nhost = "{lab3.node("node1").ip}"\n'
+    inv.write_text(text.replace(table, table + 'python = "/bin/echo"\n'))  # "runs", prints its arguments
+    code, doc, err = doctor_json(hrmctl, inv, "--nodes", "node0,node1", "--timeout", "10")
+    assert code == 1
+    checks = doc["nodes"]["node1"]["checks"]
+    assert checks["python"]["status"] == "fail" and "node1: the probe printed no JSON" in checks["python"]["detail"]
+    assert checks["clock"]["status"] == "fail" and "node agent did not start" in checks["clock"]["detail"]
+    assert checks["ssh"]["status"] == "ok" and status(doc, "node0", "torch") == "ok"
+
+
+def test_hostname_resolving_to_loopback_is_flagged_with_the_fix(lab3, hrmctl):
+    node1 = lab3.node("node1")
+    node1.set_hostname_loopback(True)
+    try:
+        code, doc, err = doctor_json(hrmctl, lab3.inventory, "--nodes", "node0,node1")
+    finally:
+        node1.set_hostname_loopback(False)
+    host = doc["nodes"]["node1"]["checks"]["hostname"]
+    assert host["status"] == "warn" and "node1 -> 127.0.1.1" in host["detail"] and "gloo would bind loopback" in host["detail"]
+    assert "/etc/hosts" in host["fix"] and "GLOO_SOCKET_IFNAME=eth0" in host["fix"]
+    assert doc["nodes"]["node1"]["probe"]["hostname_loopback"] is True
+    assert status(doc, "node0", "hostname") == "ok"
