@@ -146,8 +146,11 @@ def prepare(opts: LaunchOptions, console: Console) -> Prepared:
             s.close()
     backend, why = choose_backend(opts.backend, facts)
     run_id = opts.run_id or new_run_id()
+    args = list(opts.args)
+    if opts.module == TRAINER and not any(a.startswith("out_dir=") for a in args):
+        args.append(f"out_dir=runs/{run_id}")  # checkpoints beside the logs; restarts resume from there
     plans = build_plan(nodes, facts, master_addr=addr, master_port=port, backend=backend,
-                       entry=["-m", opts.module, *opts.args], run_id=run_id, user_env=opts.env, nproc=opts.nproc)
+                       entry=["-m", opts.module, *args], run_id=run_id, user_env=opts.env, nproc=opts.nproc)
     return Prepared(plans, backend, why, run_id)
 
 

@@ -149,3 +149,35 @@ def test_missing_python_or_workdir_named_with_the_node(lab3, hrmctl, tmp_path):
         code, out, err = hrmctl("test-ddp", "--nodes", "node0,node1", "--no-bandwidth", inventory=inv, timeout=60)
         assert code != 0
         assert err.startswith("error: ") and expect in err and len(err.strip().splitlines()) == 1, err
+
+
+TINY = ["model=tiny", "training.max_steps=4", "training.batch_size=8", "training.log_interval=1",
+        "training.checkpoint_interval=2", "training.eval_interval=0", "training.eval_batches=1"]
+
+
+def test_train_two_nodes_checkpoints_only_on_rank0_node(lab3, hrmctl, tmp_path):
+    code, out, err = hrmctl("train", "--nodes", "node1,node2", "--run-id", "tr2", *TINY, inventory=lab3.inventory,
+                            timeout=240)
+    assert code == 0, out + err
+    log = (tmp_path / "runs" / "tr2" / "node1.log").read_text()
+    assert "[rank0]:step 4/4" in log and "out_dir=runs/tr2" in log
+    assert "node1 r0 │ step 4/4" in out  # the merged log names node and rank
+    rank0 = lab3.node("node1").home / "hrmctl" / "runs" / "tr2"
+    assert sorted(p.name for p in rank0.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+    other = lab3.node("node2").home / "hrmctl" / "runs"
+    assert not list(other.glob("*/checkpoint-*")), "only global rank 0 writes checkpoints"
+
+
+def test_train_with_no_nodes_runs_here_on_the_default_task(hrmctl, tmp_path):
+    code, out, err = hrmctl("train", "--run-id", "solo", *TINY, timeout=240)
+    assert code == 0, out + err
+    assert "localhost r0 │ step 4/4" in out
+    assert (tmp_path / "data" / "sudoku").is_dir()  # the embedded default made its data offline
+    assert (tmp_path / "runs" / "solo" / "checkpoint-4").is_dir() and (tmp_path / "runs" / "solo" / "localhost.log").is_file()
+
+
+def test_rejected_trainer_override_found_before_anything_starts(lab3, hrmctl, tmp_path):
+    code, out, err = hrmctl("train", "--nodes", "node0,node1", "training.max_stepz=3", inventory=lab3.inventory)
+    assert code != 0
+    assert err.startswith("error: trainer overrides rejected: ") and "max_stepz" in err, err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "runs").exists()
