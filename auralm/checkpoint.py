@@ -1,0 +1,121 @@
+"""Checkpoints: ``checkpoint-<step>/`` written atomically, validated on load, pruned to the last N plus the best.
+
+A checkpoint holds ``model.safetensors``, ``optimizer.pt``, ``rng.pt`` (every rank's RNG state),
+``state.json`` (step, data position, validation loss, guard state, the resolved config) and last
+``checksums.json`` (sha256 of each of them). It is written into a temporary directory, fsynced,
+and renamed into place, so a crash leaves either the whole checkpoint or none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import safetensors.torch
+import torch
+
+from auralm.data import sha256_file
+
+FILES = ("model.safetensors", "optimizer.pt", "rng.pt", "state.json")
+_NAME = re.compile(r"^checkpoint-(\d+)$")
+
+
+def step_of(path: Path) -> int:
+    m = _NAME.match(path.name)
+    return int(m.group(1)) if m else -1
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """The checkpoints in ``run_dir``, newest (highest step) first."""
+    if not run_dir.is_dir():
+        return []
+    return sorted((p for p in run_dir.iterdir() if p.is_dir() and step_of(p) >= 0), key=step_of, reverse=True)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save(run_dir: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, rng: list,
+         state: dict, keep_last: int) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    final = run_dir / f"checkpoint-{step}"
+    tmp = run_dir / f".checkpoint-{step}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    safetensors.torch.save_model(model, str(tmp / "model.safetensors"))
+    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save(rng, tmp / "rng.pt")
+    (tmp / "state.json").write_text(json.dumps(dict(state, step=step), indent=2) + "\n")
+    (tmp / "checksums.json").write_text(json.dumps({f: sha256_file(tmp / f) for f in FILES}, indent=2) + "\n")
+    for f in tmp.iterdir():
+        _fsync(f)
+    _fsync(tmp)
+    if final.exists():  # a checkpoint of the same step from an earlier attempt
+        old = run_dir / f".checkpoint-{step}.old"
+        shutil.rmtree(old, ignore_errors=True)
+        final.rename(old)
+        shutil.rmtree(old)
+    tmp.rename(final)
+    _fsync(run_dir)
+    prune(run_dir, keep_last)
+    return final
+
+
+def _val_loss(ckpt: Path) -> float:
+    try:
+        v = json.loads((ckpt / "state.json").read_text()).get("val_loss")
+        return float("inf") if v is None else float(v)
+    except (OSError, ValueError):
+        return float("inf")
+
+
+def prune(run_dir: Path, keep_last: int) -> None:
+    """Keep the ``keep_last`` newest checkpoints and the one with the lowest validation loss."""
+    ckpts = list_checkpoints(run_dir)
+    keep = set(ckpts[:keep_last])
+    if ckpts:
+        keep.add(min(ckpts, key=lambda c: (_val_loss(c), -step_of(c))))
+    for c in ckpts:
+        if c not in keep:
+            shutil.rmtree(c, ignore_errors=True)
+
+
+def problem(ckpt: Path) -> str | None:
+    """Why ``ckpt`` cannot be used (missing or changed files), or None when it is whole."""
+    try:
+        sums = json.loads((ckpt / "checksums.json").read_text())
+    except (OSError, ValueError):
+        return "checksums.json is missing or unreadable"
+    for f in FILES:
+        if not (ckpt / f).exists():
+            return f"{f} is missing"
+        if sha256_file(ckpt / f) != sums.get(f):
+            return f"{f} does not match its checksum (truncated or changed)"
+    return None
+
+
+def candidates(path: Path) -> list[Path]:
+    """Checkpoints to try for ``path`` (a checkpoint or a run directory), best first: the named one
+    (or the newest), then the older ones beside it, to fall back on."""
+    if step_of(path) >= 0:
+        return [path] + [c for c in list_checkpoints(path.parent) if step_of(c) < step_of(path)]
+    return list_checkpoints(path)
+
+
+def read_state(ckpt: Path) -> tuple[dict, list]:
+    return json.loads((ckpt / "state.json").read_text()), torch.load(ckpt / "rng.pt", weights_only=True)
+
+
+def load_weights(ckpt: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    missing, unexpected = safetensors.torch.load_model(model, str(ckpt / "model.safetensors"), strict=False)
+    if missing or unexpected:
+        raise ValueError(f"parameters differ: missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}")
+    optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=True, map_location="cpu"))

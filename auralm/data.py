@@ -1,0 +1,439 @@
+"""Training data: prepared once into fixed-width binary shards with a manifest, read by the trainer.
+
+``python -m auralm.data SOURCE --out DIR [--vocab-size N]`` (task ``lm``) or
+``python -m auralm.data --task sudoku --out DIR [--count N]``; ``hrmctl prepare-data`` forwards
+its arguments to :func:`main`.
+
+A data directory holds ``meta.json`` (the manifest: task, token or puzzle counts, every file's
+size and sha256, the source and the options) and the shards it names. ``lm`` shards are the token
+stream (uint16 when the vocabulary fits, else uint32), train and validation; ``sudoku`` shards are
+records of 162 bytes, the 81 cells of a puzzle (0 = blank) then the 81 of its solution.
+Preparing writes into a temporary directory and swaps it in only when everything is written, so a
+failure never leaves a half-written or overwritten data directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import socket
+import sys
+import urllib.parse
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DistributedSampler
+
+from auralm import sudoku
+from auralm.errors import UserError
+
+FORMAT = "auralm-data/1"
+EOS = "<|endoftext|>"
+SUDOKU_DEFAULTS = dict(count=10000, seed=0, min_givens=50, max_givens=60)
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def fingerprint(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
+
+
+# ---------------------------------------------------------------- writing a data directory
+
+
+def _write_atomically(out: Path, fill) -> None:
+    """Call ``fill(tmp_dir)`` to write the data, then swap ``tmp_dir`` in as ``out``."""
+    if out.exists() and any(out.iterdir()) and not (out / "meta.json").exists():
+        raise UserError(f"{out} exists and is not a data directory (no meta.json): choose another --out")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        fill(tmp)
+        for f in tmp.rglob("*"):
+            if f.is_file():
+                with open(f, "rb") as fh:
+                    os.fsync(fh.fileno())
+        if out.exists():
+            out.rename(old)
+        tmp.rename(out)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _manifest(tmp: Path, task: str, splits: dict, **extra) -> dict:
+    files = {p.relative_to(tmp).as_posix(): {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
+             for p in sorted(tmp.rglob("*")) if p.is_file()}
+    meta = {"format": FORMAT, "task": task, "splits": splits, "files": files, **extra}
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    return meta
+
+
+def _up_to_date(out: Path, fp: str) -> bool:
+    """True when ``out`` already holds data made from the same input with the same options."""
+    try:
+        meta = json.loads((out / "meta.json").read_text())
+    except (OSError, ValueError):
+        return False
+    if meta.get("fingerprint") != fp:
+        return False
+    try:
+        verify(out, meta)
+    except UserError:
+        return False
+    return True
+
+
+def prepare_sudoku(out: Path, count: int, seed: int, min_givens: int, max_givens: int,
+                   val_fraction: float = 0.1) -> str:
+    if not 17 <= min_givens <= max_givens <= 80:
+        raise UserError(f"givens must satisfy 17 <= min ({min_givens}) <= max ({max_givens}) <= 80")
+    n_val = max(1, int(count * val_fraction))
+    if count - n_val < 1:
+        raise UserError(f"--count {count} is too small: need at least 2 puzzles (train and validation)")
+    options = dict(count=count, seed=seed, min_givens=min_givens, max_givens=max_givens, val_fraction=val_fraction)
+    fp = fingerprint({"format": FORMAT, "task": "sudoku", "options": options})
+    if _up_to_date(out, fp):
+        return f"up to date: {out}"
+
+    def fill(tmp: Path) -> None:
+        puzzles, solutions = sudoku.generate(count, seed, min_givens, max_givens)
+        records = np.stack([np.array(puzzles, np.uint8), np.array(solutions, np.uint8)], axis=1)
+        records[n_val:].tofile(tmp / "train_000.bin")
+        records[:n_val].tofile(tmp / "val_000.bin")
+        splits = {"train": {"files": ["train_000.bin"], "puzzles": count - n_val},
+                  "val": {"files": ["val_000.bin"], "puzzles": n_val}}
+        _manifest(tmp, "sudoku", splits, dtype="uint8", record=[2, 81], options=options,
+                  source={"generator": "auralm.sudoku"}, fingerprint=fp)
+
+    _write_atomically(out, fill)
+    return f"wrote {count} puzzles ({count - n_val} train, {n_val} val) to {out}"
+
+
+def ensure_sudoku(data_dir: Path) -> None:
+    """Generate the default sudoku data if ``data_dir`` has none; ranks sharing a disk wait on a lock."""
+    if (data_dir / "meta.json").exists():
+        return
+    data_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(data_dir.parent / f".{data_dir.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (data_dir / "meta.json").exists():
+            print(f"generating the default sudoku data in {data_dir} ...", flush=True)
+            print(prepare_sudoku(data_dir, **SUDOKU_DEFAULTS), flush=True)
+
+
+def _source_files(source: str) -> list[Path] | None:
+    """The local files of ``source`` (a file or a directory of them), or None for a dataset name."""
+    path = Path(source)
+    if not path.exists():
+        if source.startswith((".", "/", "~")) or Path(source).suffix in (".txt", ".jsonl", ".json", ".parquet"):
+            raise UserError(f"data source {source} does not exist")
+        return None
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file()
+                                                  and p.suffix in (".txt", ".jsonl", ".json", ".parquet"))
+    files = [f for f in files if f.stat().st_size > 0]
+    if not files:
+        raise UserError(f"data source {source} is empty (no non-empty .txt, .jsonl or .parquet file)")
+    return files
+
+
+def _hub_reachable() -> bool:
+    host = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname
+    try:
+        socket.create_connection((host, 443), timeout=3).close()
+        return True
+    except OSError:
+        return False
+
+
+def _read_texts(source: str, files: list[Path] | None, text_field: str, split: str) -> list[str]:
+    import datasets  # only preparing lm data needs it
+
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    offline = files is None and not _hub_reachable()
+    try:
+        if files is None:
+            if offline:  # use the local cache only, instead of a minute of retries
+                import huggingface_hub.constants
+
+                huggingface_hub.constants.HF_HUB_OFFLINE = datasets.config.HF_HUB_OFFLINE = True
+            ds = datasets.load_dataset(source, split=split)
+        else:
+            kinds = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+            kind = {kinds[f.suffix] for f in files}
+            if len(kind) > 1:
+                raise UserError(f"data source {source} mixes file types ({', '.join(sorted(kind))}): use one")
+            kind = kind.pop()
+            extra = {"sample_by": "paragraph"} if kind == "text" else {}
+            ds = datasets.load_dataset(kind, data_files=[str(f) for f in files], split="train", **extra)
+    except UserError:
+        raise
+    except Exception as e:  # offline hub, bad file: one line, the library's reason
+        if offline:
+            raise UserError(f"cannot read dataset {source}: it is not in the local Hugging Face cache "
+                            "and the Hub is unreachable") from None
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"cannot read data source {source}: {reason}") from None
+    if text_field not in ds.column_names:
+        raise UserError(f"data source {source} has no {text_field!r} column (columns: {', '.join(ds.column_names)});"
+                        " pass --text-field")
+    return [t for t in ds[text_field] if isinstance(t, str)]
+
+
+def _load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except Exception as e:
+        raise UserError(f"cannot load tokenizer {path}: {str(e).strip().splitlines()[0]}") from None
+
+
+def _train_tokenizer(texts: list[str], vocab_size: int, out: Path):
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(texts, vocab_size=vocab_size, min_frequency=2, special_tokens=[EOS], show_progress=False)
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token=EOS, eos_token=EOS, unk_token=EOS)
+    tok.save_pretrained(out)
+    return tok
+
+
+def prepare_lm(source: str, out: Path, vocab_size: int, tokenizer: str | None, max_tokens: int | None,
+               min_text_length: int, max_text_length: int | None, text_field: str = "text", split: str = "train",
+               val_fraction: float = 0.05, dtype: str = "auto", shard_tokens: int = 100_000_000) -> str:
+    files = _source_files(source)
+    if vocab_size < 257 and tokenizer is None:
+        raise UserError(f"--vocab-size {vocab_size} is too small: a byte-level BPE needs at least 257")
+    if dtype == "uint16" and tokenizer is None and vocab_size > 65536:
+        raise UserError(f"--vocab-size {vocab_size} does not fit the uint16 shard width (at most 65536): "
+                        "use --dtype uint32 or a smaller vocabulary")
+    options = dict(vocab_size=vocab_size, tokenizer=tokenizer, max_tokens=max_tokens, min_text_length=min_text_length,
+                   max_text_length=max_text_length, text_field=text_field, split=split, val_fraction=val_fraction,
+                   dtype=dtype, shard_tokens=shard_tokens)
+    src = ({"files": {str(f.resolve()): sha256_file(f) for f in files}} if files is not None
+           else {"dataset": source})
+    if tokenizer is not None:
+        src["tokenizer"] = {p.name: sha256_file(p) for p in sorted(Path(tokenizer).glob("*")) if p.is_file()}
+    fp = fingerprint({"format": FORMAT, "task": "lm", "source": src, "options": options})
+    if files is not None and _up_to_date(out, fp):  # a hub dataset cannot be checked without fetching it
+        return f"up to date: {out}"
+
+    texts = _read_texts(source, files, text_field, split)
+    texts = [t for t in texts if len(t) >= min_text_length and (max_text_length is None or len(t) <= max_text_length)]
+    if not texts:
+        raise UserError(f"data source {source} has no text between --min-text-length {min_text_length} "
+                        f"and --max-text-length {max_text_length} characters")
+
+    def fill(tmp: Path) -> None:
+        tok = _load_tokenizer(tokenizer) if tokenizer else _train_tokenizer(texts, vocab_size, tmp / "tokenizer")
+        if tokenizer:
+            tok.save_pretrained(tmp / "tokenizer")
+        vocab = len(tok)
+        eos = tok.convert_tokens_to_ids(tok.eos_token) if tok.eos_token else None
+        if eos is None:
+            raise UserError(f"tokenizer {tokenizer} has no end-of-text token")
+        width = np.uint16 if vocab <= 65536 else np.uint32
+        if dtype == "uint16" and width is np.uint32:
+            raise UserError(f"the tokenizer's vocabulary ({vocab}) does not fit the uint16 shard width: use --dtype uint32")
+        if dtype == "uint32":
+            width = np.uint32
+        stream, total = [], 0
+        for i in range(0, len(texts), 1000):
+            if max_tokens is not None and total >= max_tokens:
+                break
+            for ids in tok(texts[i: i + 1000], add_special_tokens=False, return_attention_mask=False)["input_ids"]:
+                stream.append(np.array(ids + [eos], dtype=width))
+                total += len(ids) + 1
+        tokens = np.concatenate(stream)[:max_tokens]
+        n_val = int(len(tokens) * val_fraction)
+        if n_val < 2 or len(tokens) - n_val < 2:
+            raise UserError(f"data source {source} gives only {len(tokens)} tokens: too few for a train/validation split")
+        splits = {}
+        for name, part in (("train", tokens[: len(tokens) - n_val]), ("val", tokens[len(tokens) - n_val:])):
+            names = []
+            for i in range(0, len(part), shard_tokens):
+                names.append(f"{name}_{i // shard_tokens:03d}.bin")
+                part[i: i + shard_tokens].tofile(tmp / names[-1])
+            splits[name] = {"files": names, "tokens": int(len(part))}
+        _manifest(tmp, "lm", splits, dtype=np.dtype(width).name, options=options, source=src, fingerprint=fp,
+                  tokenizer={"path": "tokenizer", "vocab_size": vocab, "eos_id": int(eos),
+                             "from": tokenizer or "trained"})
+
+    _write_atomically(out, fill)
+    meta = json.loads((out / "meta.json").read_text())
+    return (f"wrote {meta['splits']['train']['tokens']} train and {meta['splits']['val']['tokens']} validation "
+            f"tokens ({meta['dtype']}, vocabulary {meta['tokenizer']['vocab_size']}) to {out}")
+
+
+# ---------------------------------------------------------------- reading a data directory
+
+
+def load_manifest(data_dir: Path, task: str) -> dict:
+    """The manifest of ``data_dir``, checked against the files it names and the task."""
+    try:
+        meta = json.loads((data_dir / "meta.json").read_text())
+    except FileNotFoundError:
+        how = "--task sudoku --out" if task == "sudoku" else "SOURCE --out"
+        raise UserError(f"no data in {data_dir} (no meta.json): run `hrmctl prepare-data {how} {data_dir}`") from None
+    except ValueError as e:
+        raise UserError(f"{data_dir}/meta.json is not valid JSON ({e})") from None
+    if meta.get("format") != FORMAT:
+        raise UserError(f"{data_dir}/meta.json has format {meta.get('format')!r}, expected {FORMAT!r}: prepare the data again")
+    if meta.get("task") != task:
+        raise UserError(f"{data_dir} holds {meta.get('task')!r} data but task={task}: pass data_dir= or task=")
+    verify(data_dir, meta)
+    return meta
+
+
+def verify(data_dir: Path, meta: dict) -> None:
+    for name, info in meta["files"].items():
+        path = data_dir / name
+        if not path.exists():
+            raise UserError(f"{data_dir} does not match its manifest: {name} is missing; prepare or sync the data again")
+        if path.stat().st_size != info["bytes"] or sha256_file(path) != info["sha256"]:
+            raise UserError(f"{data_dir} does not match its manifest: {name} has changed; prepare or sync the data again")
+
+
+def manifest_hash(data_dir: Path) -> str | None:
+    try:
+        return hashlib.sha256((data_dir / "meta.json").read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+class TokenWindows:
+    """The token stream of one split as windows of ``block_size + 1`` tokens (input and shifted target)."""
+
+    def __init__(self, data_dir: Path, meta: dict, split: str, block_size: int):
+        self.block = block_size
+        self.shards = [np.memmap(data_dir / f, dtype=meta["dtype"], mode="r") for f in meta["splits"][split]["files"]]
+        counts = [max(0, (len(s) - 1) // block_size) for s in self.shards]
+        self.starts = np.cumsum([0] + counts)
+        self.unit = "tokens"
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def batch(self, indices) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = []
+        for i in indices:
+            s = int(np.searchsorted(self.starts, i, side="right")) - 1
+            off = (int(i) - int(self.starts[s])) * self.block
+            rows.append(self.shards[s][off: off + self.block + 1])
+        w = torch.from_numpy(np.stack(rows).astype(np.int64))
+        return w[:, :-1], w[:, 1:]
+
+    def units(self, x: torch.Tensor) -> int:
+        return x.numel()
+
+
+class Puzzles:
+    """Sudoku puzzles of one split: input cells (0 = blank) and targets (digit - 1; -100 on givens)."""
+
+    def __init__(self, data_dir: Path, meta: dict, split: str):
+        self.records = np.concatenate([np.fromfile(data_dir / f, dtype=np.uint8).reshape(-1, 2, 81)
+                                       for f in meta["splits"][split]["files"]])
+        self.unit = "puzzles"
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def batch(self, indices) -> tuple[torch.Tensor, torch.Tensor]:
+        rec = torch.from_numpy(self.records[np.asarray(indices)].astype(np.int64))
+        x, y = rec[:, 0], rec[:, 1] - 1
+        return x, y.masked_fill(x != 0, -100)
+
+    def units(self, x: torch.Tensor) -> int:
+        return x.shape[0]
+
+
+def open_split(data_dir: Path, meta: dict, split: str, block_size: int):
+    return Puzzles(data_dir, meta, split) if meta["task"] == "sudoku" else TokenWindows(data_dir, meta, split, block_size)
+
+
+def batches(ds, batch_size: int, rank: int, world: int, seed: int, start: int = 0):
+    """Endless batches for this rank, from batch number ``start`` on.
+
+    Each epoch is a fresh permutation (seed + epoch) split into disjoint per-rank parts by
+    DistributedSampler, so the order depends only on (seed, world, batch size) and the position.
+    """
+    sampler = DistributedSampler(range(len(ds)), num_replicas=world, rank=rank, shuffle=True, seed=seed, drop_last=True)
+    per_epoch = len(sampler) // batch_size
+    if per_epoch == 0:
+        raise UserError(f"the train split has {len(ds)} samples, fewer than one batch on every rank "
+                        f"(batch_size {batch_size} x {world} ranks): more data or a smaller batch")
+    epoch, first = divmod(start, per_epoch)
+    while True:
+        sampler.set_epoch(epoch)
+        order = list(sampler)
+        for b in range(first, per_epoch):
+            yield ds.batch(order[b * batch_size: (b + 1) * batch_size])
+        epoch, first = epoch + 1, 0
+
+
+# ---------------------------------------------------------------- command line
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, not usage + message
+        raise UserError(message)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _Parser(prog="python -m auralm.data", description="Prepare training data for auralm.")
+    p.add_argument("source", nargs="?", help="lm: a .txt/.jsonl/.parquet file, a directory of them, or a dataset name")
+    p.add_argument("--task", choices=("lm", "sudoku"), default="lm")
+    p.add_argument("--out", required=True, type=Path, help="the data directory to write")
+    p.add_argument("--vocab-size", type=int, default=8192)
+    p.add_argument("--tokenizer", help="use this tokenizer (a directory transformers can load) instead of training one")
+    p.add_argument("--max-tokens", type=int)
+    p.add_argument("--min-text-length", type=int, default=0, help="drop texts shorter than this (characters)")
+    p.add_argument("--max-text-length", type=int, help="drop texts longer than this (characters)")
+    p.add_argument("--text-field", default="text")
+    p.add_argument("--split", default="train", help="split of a named dataset")
+    p.add_argument("--dtype", choices=("auto", "uint16", "uint32"), default="auto", help="shard width")
+    p.add_argument("--shard-tokens", type=int, default=100_000_000)
+    p.add_argument("--count", type=int, default=SUDOKU_DEFAULTS["count"], help="sudoku: number of puzzles")
+    p.add_argument("--min-givens", type=int, default=SUDOKU_DEFAULTS["min_givens"])
+    p.add_argument("--max-givens", type=int, default=SUDOKU_DEFAULTS["max_givens"])
+    p.add_argument("--seed", type=int, default=SUDOKU_DEFAULTS["seed"])
+    try:
+        a = p.parse_args(argv)
+        if a.task == "sudoku":
+            if a.source:
+                raise UserError("--task sudoku takes no SOURCE: the puzzles are generated")
+            msg = prepare_sudoku(a.out, a.count, a.seed, a.min_givens, a.max_givens)
+        else:
+            if not a.source:
+                raise UserError("missing SOURCE: a .txt/.jsonl/.parquet file, a directory of them, or a dataset name")
+            for name in ("max_tokens", "shard_tokens"):
+                if getattr(a, name) is not None and getattr(a, name) <= 0:
+                    raise UserError(f"--{name.replace('_', '-')} must be greater than 0")
+            msg = prepare_lm(a.source, a.out, a.vocab_size, a.tokenizer, a.max_tokens, a.min_text_length,
+                             a.max_text_length, a.text_field, a.split, dtype=a.dtype, shard_tokens=a.shard_tokens)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+    print(msg, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""The process group, one backend agreed by all ranks, and the few collectives the trainer uses.
+
+Every rank first joins a gloo group (it works on every machine); over it the ranks tell each
+other what they can do and agree on the backend for the model's collectives: NCCL only when every
+rank has a CUDA device and NCCL and a test all-reduce over NCCL succeeds on every rank, otherwise
+gloo on all of them. Object collectives (decisions, checksums) always go over gloo. One process
+(no WORLD_SIZE, or 1) runs without a process group; the helpers below then do nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from auralm.errors import UserError
+
+
+@dataclass
+class Dist:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    host: str = ""
+    backend: str = "none"  # none (one process), gloo or nccl
+    device: torch.device = torch.device("cpu")
+    group: object = None  # the group for device tensors (DDP, broadcasts, the NaN flag); None: the default (gloo)
+    requested: str = "auto"
+    why: str = ""  # why this backend, for the log
+
+    def group_for(self, t: torch.Tensor):
+        return self.group if t.is_cuda else None
+
+
+def probe_device(local_rank: int) -> dict:
+    """What this rank can do: a CUDA device of its own, and NCCL. The one thing tests may fake."""
+    if not torch.cuda.is_available():
+        return {"cuda": False, "nccl": False, "why": "no CUDA device"}
+    if torch.cuda.device_count() <= local_rank:
+        return {"cuda": False, "nccl": False,
+                "why": f"local rank {local_rank} but only {torch.cuda.device_count()} CUDA device(s)"}
+    if not dist.is_nccl_available():
+        return {"cuda": True, "nccl": False, "why": "this PyTorch build has no NCCL"}
+    return {"cuda": True, "nccl": True, "why": ""}
+
+
+def requested_backend(configured: str) -> str:
+    """The config key wins; at its default ``auto``, the launcher's HRMCTL_BACKEND is the first guess."""
+    if configured != "auto":
+        return configured
+    env = os.environ.get("HRMCTL_BACKEND", "auto").strip().lower() or "auto"
+    if env not in ("auto", "nccl", "gloo"):
+        raise UserError(f"HRMCTL_BACKEND={env!r}: expected auto, nccl or gloo")
+    return env
+
+
+def setup(configured_backend: str, timeout_s: int) -> Dist:
+    requested = requested_backend(configured_backend)
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    d = Dist(rank=rank, world=world, local_rank=local_rank, host=socket.gethostname(), requested=requested)
+    cap = probe_device(local_rank)
+    if world == 1:
+        if cap["cuda"]:
+            d.device = torch.device("cuda", local_rank)
+        return d
+    dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
+    caps = gather_object(d, dict(cap, host=d.host))
+    lacking = [(r, c) for r, c in enumerate(caps) if not c["nccl"]]
+    if requested == "gloo":
+        d.backend, d.why = "gloo", "gloo requested"
+    elif lacking:
+        r, c = lacking[0]
+        d.backend, d.why = "gloo", f"rank {r} ({c['host']}) cannot use NCCL: {c['why']}"
+    else:
+        d.backend, d.why = "nccl", "every rank has a CUDA device and NCCL"
+        d.device = torch.device("cuda", local_rank)
+        d.group, failure = _start_nccl(d, caps, timeout_s)
+        if failure:
+            d.backend, d.group, d.why = "gloo", None, failure
+    if all(c["cuda"] for c in caps):
+        d.device = torch.device("cuda", local_rank)  # gloo carries CUDA tensors too (DDP supports it)
+    return d
+
+
+def _start_nccl(d: Dist, caps: list[dict], timeout_s: int):
+    """An NCCL group, tested by one all-reduce; (None, reason) on every rank if it failed on any."""
+    group, err = None, ""
+    try:
+        torch.cuda.set_device(d.device)
+        group = dist.new_group(backend="nccl", timeout=timedelta(seconds=min(timeout_s, 120)))
+        t = torch.ones(1, device=d.device)
+        dist.all_reduce(t, group=group)
+        if int(t.item()) != d.world:
+            err = f"a test all-reduce gave {t.item()} instead of {d.world}"
+    except Exception as e:  # any NCCL start failure: decided together below
+        err = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    errors = gather_object(d, err)
+    for r, e in enumerate(errors):
+        if e:
+            return None, f"NCCL could not start on rank {r} ({caps[r]['host']}): {e}"
+    return group, ""
+
+
+def teardown(d: Dist) -> None:
+    if d.world > 1 and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def gather_object(d: Dist, obj) -> list:
+    """Every rank's ``obj``, in rank order, on every rank (over gloo)."""
+    if d.world == 1:
+        return [obj]
+    out = [None] * d.world
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(d: Dist, obj):
+    """Rank 0's ``obj`` on every rank."""
+    if d.world == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def all_reduce_(d: Dist, t: torch.Tensor) -> torch.Tensor:
+    if d.world > 1:
+        dist.all_reduce(t, group=d.group_for(t))
+    return t
+
+
+def raise_if_any(d: Dist, error: str | None) -> None:
+    """If any rank has an error, every rank raises it (naming the rank when there are several)."""
+    for r, e in enumerate(gather_object(d, error)):
+        if e:
+            raise UserError(e if d.world == 1 else f"rank {r}: {e}")
+
+
+def broadcast_state(d: Dist, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Give every rank rank 0's parameters, buffers and optimizer state, bit for bit."""
+    if d.world == 1:
+        return
+    for t in model.state_dict().values():
+        dist.broadcast(t, src=0, group=d.group_for(t))
+    sd = optimizer.state_dict()
+    layout = {i: {k: (tuple(v.shape), v.dtype) for k, v in s.items()} for i, s in sd["state"].items()}
+    layout, groups = broadcast_object(d, (layout, sd["param_groups"]) if d.rank == 0 else None)
+    if d.rank != 0:  # same structure as rank 0 (load_state_dict puts it on the parameters' devices) ...
+        state = {i: {k: torch.empty(shape, dtype=dtype) for k, (shape, dtype) in s.items()} for i, s in layout.items()}
+        optimizer.load_state_dict({"state": state, "param_groups": groups})
+    # ... then rank 0's values
+    for g in optimizer.param_groups:
+        for p in g["params"]:
+            for k in sorted(optimizer.state.get(p, {})):
+                t = optimizer.state[p][k]
+                dist.broadcast(t, src=0, group=d.group_for(t))
+
+
+def checksum(model: torch.nn.Module) -> str:
+    """sha256 over the bytes of every parameter and buffer, for comparing ranks bit for bit."""
+    h = hashlib.sha256()
+    for name, t in model.state_dict().items():
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]

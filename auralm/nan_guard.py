@@ -1,0 +1,93 @@
+"""The NaN guard: a non-finite loss or gradient on any rank skips that step on every rank; repeats restore.
+
+Each step every rank puts its own finite flags and its loss into one small vector and the ranks
+all-reduce it: one collective, after which every rank knows which ranks went bad and skips the
+update together (the mean loss for the log comes with it). When ``max_bad`` bad steps fall within
+``window`` steps, rank 0 restores the last good state it keeps in memory (taken at the start and
+every ``snapshot_every`` good steps), broadcasts parameters and optimizer state to every rank,
+the learning rate is lowered for a while, and a checksum of the parameters gathered from every
+rank confirms they are identical again.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from auralm.config import GuardConfig
+from auralm.distributed import Dist, all_reduce_, broadcast_state, checksum, gather_object
+from auralm.runlog import RunLog
+
+
+def _cpu_copy(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _cpu_copy(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_cpu_copy(v) for v in obj)
+    return obj
+
+
+class NanGuard:
+    def __init__(self, cfg: GuardConfig, d: Dist, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 log: RunLog):
+        self.cfg, self.d, self.model, self.optimizer, self.log = cfg, d, model, optimizer, log
+        self.bad_steps: list[int] = []
+        self.lr_low_until = 0  # steps up to this one run at lr * lr_factor
+        self.snapshot: dict | None = None
+
+    def lr_scale(self, step: int) -> float:
+        return self.cfg.lr_factor if step <= self.lr_low_until else 1.0
+
+    def take_snapshot(self, step: int) -> None:
+        if self.d.rank == 0:
+            self.snapshot = {"step": step, "model": _cpu_copy(self.model.state_dict()),
+                             "optimizer": _cpu_copy(self.optimizer.state_dict())}
+
+    def check(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> tuple[bool, float]:
+        """On every rank: (whether every rank's loss and gradients are finite, the mean loss over ranks)."""
+        v = torch.zeros(self.d.world + 1, device=loss.device)
+        v[self.d.rank] = (~torch.isfinite(loss)).float() + 2 * (~torch.isfinite(grad_norm)).float()
+        v[-1] = loss.float()
+        flags = all_reduce_(self.d, v).tolist()
+        bad = [r for r in range(self.d.world) if flags[r]]
+        if not bad:
+            return True, flags[-1] / self.d.world
+        self.bad_steps = [s for s in self.bad_steps if s > step - self.cfg.window] + [step]
+        what = " and ".join(w for w, bit in (("loss", 1), ("gradients", 2)) if any(int(flags[r]) & bit for r in bad))
+        self.log.event(step, "nan_skip", f"nan guard: step {step}: non-finite {what} on rank {', '.join(map(str, bad))};"
+                       f" update skipped on all {self.d.world} ranks ({len(self.bad_steps)} of {self.cfg.max_bad}"
+                       f" within {self.cfg.window} steps before recovery)", rank=bad)
+        return False, float("nan")
+
+    def after_step(self, step: int, ok: bool) -> None:
+        if ok and step % self.cfg.snapshot_every == 0:
+            self.take_snapshot(step)
+        if len(self.bad_steps) >= self.cfg.max_bad:
+            self.recover(step)
+
+    def recover(self, step: int) -> None:
+        if self.d.rank == 0:
+            self.model.load_state_dict(self.snapshot["model"])
+            self.optimizer.load_state_dict(copy.deepcopy(self.snapshot["optimizer"]))
+        restored = self.snapshot["step"] if self.snapshot else None
+        broadcast_state(self.d, self.model, self.optimizer)
+        self.lr_low_until = step + self.cfg.lr_steps
+        self.bad_steps = []
+        sums = gather_object(self.d, checksum(self.model))
+        equal = len(set(sums)) == 1
+        self.log.event(step, "recovery", f"nan guard: step {step}: {self.cfg.max_bad} bad steps within"
+                       f" {self.cfg.window}: restored the state of step {restored} on rank 0 and broadcast it to all"
+                       f" {self.d.world} ranks; lr x{self.cfg.lr_factor} until step {self.lr_low_until};"
+                       f" parameter checksum {sums[0]} {'equal on all ranks' if equal else 'DIFFERS: ' + ' '.join(sums)}",
+                       rank=0, restored_step=restored, lr_low_until=self.lr_low_until, checksums=sums, equal=equal)
+        if not equal:
+            raise RuntimeError(f"ranks hold different parameters after the NaN recovery at step {step}: {sums}")
+
+    def state_dict(self) -> dict:
+        return {"lr_low_until": self.lr_low_until}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.lr_low_until = state.get("lr_low_until", 0)

@@ -1,0 +1,354 @@
+"""Train a model: ``python -m auralm.train [--check] [--resume] [key=value ...]``, alone or under torchrun.
+
+With no arguments it trains a small model on generated sudoku puzzles (made in ``data/sudoku``
+when missing). ``--check`` only validates the overrides. ``--resume`` is ``resume=latest``.
+Keys: see ``auralm/config.py`` (e.g. ``task=lm data_dir=data/quijote model=tiny training.max_steps=500``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from auralm import checkpoint, config, data, distributed, models
+from auralm.config import Config
+from auralm.errors import UserError
+from auralm.nan_guard import NanGuard
+from auralm.runlog import RunLog
+
+
+def lr_at(t: config.TrainingConfig, step: int) -> float:
+    """Linear warmup to ``lr`` over ``warmup_steps``, then a cosine down to ``lr * min_lr_ratio`` at ``max_steps``."""
+    if step <= t.warmup_steps:
+        return t.lr * step / t.warmup_steps
+    progress = min(1.0, (step - t.warmup_steps) / max(1, t.max_steps - t.warmup_steps))
+    low = t.lr * t.min_lr_ratio
+    return low + 0.5 * (1 + math.cos(math.pi * progress)) * (t.lr - low)
+
+
+def make_optimizer(model: torch.nn.Module, t: config.TrainingConfig, device: torch.device) -> torch.optim.AdamW:
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay}, {"params": rest, "weight_decay": 0.0}],
+                             lr=t.lr, betas=(t.beta1, t.beta2), fused=device.type == "cuda")
+
+
+def autocast(t: config.TrainingConfig, device: torch.device):
+    bf16 = t.dtype == "bf16" or (t.dtype == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported())
+    return torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+
+
+def memory_gb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 1e9
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # kilobytes on Linux
+
+
+def rng_state(device: torch.device) -> dict:
+    state = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict, device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+# ---------------------------------------------------------------- start: data, output, resume
+
+
+def open_data(cfg: Config, d: distributed.Dist) -> tuple[Path, dict]:
+    """Check this rank's data; every rank's manifest must be the same as rank 0's (same meta.json hash)."""
+    data_dir = Path(cfg.data_dir or f"data/{cfg.task}")
+    meta, error = None, None
+    try:
+        if cfg.task == "sudoku" and not cfg.data_dir:
+            data.ensure_sudoku(data_dir)
+        meta = data.load_manifest(data_dir, cfg.task)
+    except UserError as e:
+        error = f"{d.host}: {e}" if d.world > 1 else str(e)
+    distributed.raise_if_any(d, error)
+    hashes = distributed.gather_object(d, (d.host, data.manifest_hash(data_dir)))
+    for r, (host, h) in enumerate(hashes):
+        if h != hashes[0][1]:
+            raise UserError(f"the data on rank {r} (host {host}) differs from rank 0's (host {hashes[0][0]}): "
+                            f"{data_dir}/meta.json does not match; run `hrmctl sync-data {host}`")
+    return data_dir, meta
+
+
+def plan_output(cfg: Config) -> tuple[Path, list[Path]]:
+    """Rank 0: the run directory, and the checkpoints to resume from (best first; empty: start fresh)."""
+    if cfg.resume in ("", "latest"):
+        if cfg.out_dir:
+            out = Path(cfg.out_dir)
+        else:
+            runs = [p for p in Path("runs").glob("*") if checkpoint.list_checkpoints(p)] if cfg.resume else []
+            out = max(runs, key=lambda p: checkpoint.list_checkpoints(p)[0].stat().st_mtime) if runs else \
+                Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+        return out, checkpoint.candidates(out) if cfg.resume else []
+    path = Path(cfg.resume)
+    if not path.exists():
+        raise UserError(f"resume={cfg.resume}: no such checkpoint or run directory")
+    found = checkpoint.candidates(path)
+    if not found:
+        raise UserError(f"resume={cfg.resume}: no checkpoint-<step> directory there")
+    return Path(cfg.out_dir) if cfg.out_dir else found[0].parent, found
+
+
+def resume(cfg: Config, d: distributed.Dist, log: RunLog, found: list[Path], model, optimizer, vocab) -> dict | None:
+    """Rank 0 loads the newest whole checkpoint and broadcasts it; the checkpoint's state.json, or None."""
+    state = rng = error = None
+    if d.rank == 0:
+        try:
+            for ckpt in found:
+                why = checkpoint.problem(ckpt)
+                if why:
+                    log.say(f"checkpoint {ckpt} is unusable ({why}); trying the previous one")
+                    continue
+                state, rng = checkpoint.read_state(ckpt)
+                saved = state["config"]
+                now = config.to_dict(cfg)
+                if (saved["task"], saved["model"], state.get("vocab_size")) != (cfg.task, now["model"], vocab):
+                    raise UserError(f"checkpoint {ckpt} is for task={saved['task']} model {saved['model']} "
+                                    f"(vocabulary {state.get('vocab_size')}), not this run's model {now['model']} "
+                                    f"(vocabulary {vocab}): use a matching model or another out_dir")
+                try:
+                    checkpoint.load_weights(ckpt, model, optimizer)
+                except (RuntimeError, ValueError) as e:
+                    raise UserError(f"checkpoint {ckpt} does not fit this model: {str(e).splitlines()[0]}") from None
+                log.say(f"resuming from {ckpt} (step {state['step']})")
+                break
+            else:
+                log.say("no checkpoint found: starting fresh" if not found else "no usable checkpoint: starting fresh")
+        except UserError as e:
+            error = str(e)
+    distributed.raise_if_any(d, error)
+    state, rng = distributed.broadcast_object(d, (state, rng))
+    if state is None:
+        return None
+    distributed.broadcast_state(d, model, optimizer)
+    if len(rng) == d.world:
+        set_rng_state(rng[d.rank], d.device)
+    return state
+
+
+# ---------------------------------------------------------------- evaluation
+
+
+@torch.no_grad()
+def evaluate(model, val, cfg: Config, d: distributed.Dist, meta: dict, data_dir: Path) -> dict:
+    """Rank 0: validation loss (and the task's accuracies, or a text sample) on the first batches of the split."""
+    t = cfg.training
+    model.eval()
+    losses, cells, cells_right, solved, n = [], 0, 0, 0, 0
+    for b in range(min(t.eval_batches, math.ceil(len(val) / t.batch_size))):
+        x, y = val.batch(range(b * t.batch_size, min(len(val), (b + 1) * t.batch_size)))
+        x, y = x.to(d.device), y.to(d.device)
+        with autocast(t, d.device):
+            logits, loss = model(x, y)
+        losses.append(loss.item())
+        if cfg.task == "sudoku":
+            blank = y != -100
+            right = (logits.argmax(-1) == y) & blank
+            cells += int(blank.sum())
+            cells_right += int(right.sum())
+            solved += int((right | ~blank).all(dim=1).sum())
+            n += x.shape[0]
+    out = {"val_loss": sum(losses) / len(losses)}
+    if cfg.task == "sudoku":
+        out.update(cell_acc=cells_right / max(1, cells), puzzle_acc=solved / max(1, n))
+    elif t.sample_tokens:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(data_dir / meta["tokenizer"]["path"])
+        prompt = tok(t.sample_prompt)["input_ids"] if t.sample_prompt else val.batch([0])[0][0, :16].tolist()
+        ids = model.generate(torch.tensor([prompt], device=d.device), t.sample_tokens)[0].tolist()
+        out["sample"] = tok.decode(ids)
+    model.train()
+    return out
+
+
+# ---------------------------------------------------------------- the loop
+
+
+def train(cfg: Config, d: distributed.Dist) -> torch.nn.Module:
+    t, fault = cfg.training, cfg.fault
+    out_dir, found, error = None, [], None
+    if d.rank == 0:
+        try:
+            out_dir, found = plan_output(cfg)
+        except UserError as e:
+            error = str(e)
+    distributed.raise_if_any(d, error)
+    log = RunLog(out_dir)
+    if d.world > 1:
+        log.event(0, "backend", f"backend: {'nccl requested, but ' if d.requested == 'nccl' and d.backend != 'nccl' else ''}"
+                  f"{d.why}; using {d.backend} on all {d.world} ranks, device {d.device.type}",
+                  backend=d.backend, requested=d.requested, reason=d.why)
+
+    data_dir, meta = open_data(cfg, d)
+    arch = config.resolved_model(cfg.model)
+    vocab = meta["tokenizer"]["vocab_size"] if cfg.task == "lm" else None
+    train_set = data.open_split(data_dir, meta, "train", arch["block_size"])
+    val_set = data.open_split(data_dir, meta, "val", arch["block_size"])
+    if len(val_set) == 0:
+        raise UserError(f"the validation split of {data_dir} is shorter than one window of {arch['block_size']} tokens")
+
+    torch.manual_seed(t.seed)  # the same initial weights on every rank
+    raw = models.build(cfg.task, arch, vocab).to(d.device)
+    raw.set_grad_checkpointing(t.grad_checkpoint)
+    optimizer = make_optimizer(raw, t, d.device)
+    guard = NanGuard(cfg.guard, d, raw, optimizer, log) if cfg.guard.enabled else None
+    torch.manual_seed(t.seed + d.rank)  # each rank its own dropout
+    state = resume(cfg, d, log, found, raw, optimizer, vocab) if cfg.resume else None
+    step = state["step"] if state else 0
+    position = state["data_position"] if state else 0  # batches this rank has consumed
+    best = state.get("best_val_loss", float("inf")) if state else float("inf")
+    val_loss = state.get("val_loss") if state else None
+    if guard:
+        guard.load_state_dict(state.get("guard", {}) if state else {})
+        guard.take_snapshot(step)
+    if step >= t.max_steps:
+        log.say(f"nothing to do: the checkpoint is at step {step}, training.max_steps={t.max_steps}")
+        return raw
+    log.config(config.to_dict(cfg))
+    model = DDP(raw, device_ids=[d.device.index] if d.device.type == "cuda" else None, process_group=d.group) \
+        if d.world > 1 else raw
+    batches = data.batches(train_set, t.batch_size, d.rank, d.world, t.seed, start=position)
+    params = [p for p in raw.parameters()]
+    unit = "tok/s" if train_set.unit == "tokens" else "puzzles/s"
+    done, clock = 0, time.perf_counter()
+
+    while step < t.max_steps:
+        step += 1
+        if d.rank == fault.kill_rank and step in fault.kill_at_step:
+            print(f"fault: killing rank {d.rank} at step {step}", file=sys.stderr, flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        lr = lr_at(t, step) * (guard.lr_scale(step) if guard else 1.0)
+        for g in optimizer.param_groups:
+            g["lr"] = lr
+        loss_sum = torch.zeros((), device=d.device)
+        for micro in range(t.grad_accum):
+            x, y = next(batches)
+            x, y = x.to(d.device, non_blocking=True), y.to(d.device, non_blocking=True)
+            last = micro == t.grad_accum - 1
+            with (model.no_sync() if d.world > 1 and not last else contextlib.nullcontext()):
+                with autocast(t, d.device):
+                    _, loss = model(x, y)
+                (loss / t.grad_accum).backward()
+            loss_sum += loss.detach()
+            done += train_set.units(x) * d.world
+        position += t.grad_accum
+        if d.rank == fault.nan_rank and step in fault.nan_at_step:
+            print(f"fault: NaN in rank {d.rank}'s gradients at step {step}", file=sys.stderr, flush=True)
+            params[0].grad.fill_(float("nan"))
+        if t.grad_clip > 0:
+            norm = torch.nn.utils.clip_grad_norm_(params, t.grad_clip)
+        else:
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+        loss = loss_sum / t.grad_accum
+        ok, loss = guard.check(step, loss, norm) if guard else (True, loss)
+        if ok:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if guard:
+            guard.after_step(step, ok)
+
+        final = step == t.max_steps
+        evaluating = final or (t.eval_interval and step % t.eval_interval == 0)
+        saving = final or (t.checkpoint_interval and step % t.checkpoint_interval == 0)
+        if step % t.log_interval == 0 or evaluating:
+            elapsed = time.perf_counter() - clock
+            rate = done / elapsed
+            record = {"step": step, "loss": float(loss) if math.isfinite(loss) else None, "lr": lr,
+                      ("tokens_per_s" if unit == "tok/s" else "samples_per_s"): rate, "mem_gb": memory_gb(d.device)}
+            log.say(f"step {step}/{t.max_steps} | loss {float(loss):.4f} | lr {lr:.1e} | {rate:.0f} {unit}"
+                    f" | mem {record['mem_gb']:.1f}G")
+            if evaluating and d.rank == 0:
+                ev = evaluate(raw, val_set, cfg, d, meta, data_dir)
+                val_loss = ev["val_loss"]
+                best = min(best, val_loss)
+                record.update(ev)
+                log.say(f"eval {step}/{t.max_steps} | " + " | ".join(
+                    f"{k} {v:.4f}" for k, v in ev.items() if k != "sample"))
+                if "sample" in ev:
+                    log.say("sample: " + json.dumps(ev["sample"], ensure_ascii=False))
+            log.metrics(record)
+            done, clock = 0, time.perf_counter()
+        if saving:
+            began = time.perf_counter()
+            rng = distributed.gather_object(d, rng_state(d.device))
+            if d.rank == 0:
+                path = checkpoint.save(out_dir, step, raw, optimizer, rng, {
+                    "data_position": position, "val_loss": val_loss, "best_val_loss": best, "vocab_size": vocab,
+                    "world": d.world, "guard": guard.state_dict() if guard else {}, "config": config.to_dict(cfg)},
+                    t.keep_last)
+                log.say(f"saved {path}")
+            clock += time.perf_counter() - began  # throughput counts training time only
+
+    if d.world > 1:
+        sums = distributed.gather_object(d, distributed.checksum(raw))
+        log.event(step, "checksum", f"parameter checksum {sums[0]} "
+                  f"{'equal on all ranks' if len(set(sums)) == 1 else 'DIFFERS: ' + ' '.join(sums)}",
+                  checksums=sums, equal=len(set(sums)) == 1)
+    return raw
+
+
+def run(cfg: Config) -> torch.nn.Module:
+    """Train under ``cfg`` in this process (one rank of torchrun's world, or alone); the trained model."""
+    d = distributed.setup(cfg.backend, cfg.dist_timeout)
+    model = train(cfg, d)
+    distributed.teardown(d)
+    return model
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else list(argv)
+    rank = int(os.environ.get("RANK", 0))
+    overrides, check = [], False
+    try:
+        for a in args:
+            if a in ("-h", "--help"):
+                print(__doc__.strip())
+                return 0
+            if a == "--check":
+                check = True
+            elif a == "--resume":
+                overrides.append("resume=latest")
+            elif a.startswith("-"):
+                raise UserError(f"unknown option {a} (options: --check, --resume; everything else is key=value)")
+            else:
+                overrides.append(a)
+        cfg = config.parse(overrides)
+        if check:
+            return 0
+        run(cfg)
+        return 0
+    except UserError as e:
+        if rank == 0:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except RuntimeError as e:  # a peer died or hung (gloo, NCCL), a device failed: one line, not a traceback
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        print(f"error: rank {rank}: {first}", file=sys.stderr, flush=True)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

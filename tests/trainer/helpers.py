@@ -1,0 +1,112 @@
+"""Helpers for the trainer's tests: small data, the run's records, and real multi-process runs.
+
+``run_ranks`` starts ``world`` separate processes (spawned, as separate nodes would be) that join
+one gloo process group through MASTER_ADDR/MASTER_PORT and run ``auralm.train.run``; each rank
+writes what the test needs to see (its final weights, the inputs its model saw, how many
+optimizer steps it took) into the test's directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+REPO = Path(__file__).resolve().parents[2]
+QUIJOTE = REPO.parent / "shared" / "data" / "quijote" / "pg2000.txt"
+
+
+def small_sudoku(out: Path, count: int = 1200) -> Path:
+    from auralm.data import prepare_sudoku
+
+    prepare_sudoku(out, count=count, seed=1, min_givens=50, max_givens=60)
+    return out
+
+
+def records(run_dir: Path, name: str = "metrics.jsonl") -> list[dict]:
+    path = Path(run_dir) / name
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def by_step(run_dir: Path) -> dict[int, dict]:
+    return {r["step"]: r for r in records(run_dir)}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tiny_args(data_dir: Path, out_dir: Path, *extra: str) -> list[str]:
+    """A tiny sudoku run with a record of every step."""
+    return [f"data_dir={data_dir}", f"out_dir={out_dir}", "model=tiny", "training.batch_size=16",
+            "training.log_interval=1", "training.eval_interval=0", "training.checkpoint_interval=0",
+            "training.warmup_steps=5", *extra]
+
+
+def _rank_main(rank: int, world: int, port: int, args: list[str], result_dir: str, fake_probe: dict | None) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    from auralm import config, distributed, models, train
+
+    if fake_probe and str(rank) in fake_probe:  # the one faked part: what this rank's device can do
+        distributed.probe_device = lambda local_rank: fake_probe[str(rank)]
+    seen: list[bytes] = []  # every input row the model was trained on (a spy: records, changes nothing)
+
+    def record_inputs(module, inputs):
+        if module.training and isinstance(module, (models.SudokuNet, models.GPT)):
+            seen.extend(row.numpy().tobytes() for row in inputs[0])
+
+    steps = [0]
+    torch.nn.modules.module.register_module_forward_pre_hook(record_inputs)
+    torch.optim.Optimizer.register_optimizer_step_post_hook(lambda opt, a, k: steps.__setitem__(0, steps[0] + 1))
+    out = {"rank": rank}
+    try:
+        model = train.run(config.parse(args))
+        out.update(state=model.state_dict(), seen=seen, optimizer_steps=steps[0], exit=0)
+    except Exception as e:
+        out.update(error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc(), exit=1)
+    torch.save(out, Path(result_dir) / f"rank{rank}.pt")
+
+
+def run_ranks(world: int, args: list[str], result_dir: Path, fake_probe: dict | None = None,
+              timeout: float = 180) -> list[dict]:
+    """Run the trainer on ``world`` ranks (real processes, real gloo); each rank's result."""
+    result_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_rank_main, args=(r, world, port, args, str(result_dir), fake_probe))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    results = []
+    for r in range(world):
+        path = result_dir / f"rank{r}.pt"
+        assert path.exists(), f"rank {r} wrote no result (exit code {procs[r].exitcode})"
+        results.append(torch.load(path, weights_only=False))
+    return results
+
+
+def python_env(**extra: str) -> dict:
+    """The environment for a trainer subprocess: this checkout importable, one thread per process."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", **extra)
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "HRMCTL_BACKEND"):
+        if k not in extra:
+            env.pop(k, None)
+    return env
+
+
+PYTHON = sys.executable

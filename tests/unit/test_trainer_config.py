@@ -1,0 +1,70 @@
+"""The trainer's config: key=value overrides, the nearest key for a typo, and `--check`."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from auralm import config
+from auralm.errors import UserError
+from tests.trainer.helpers import PYTHON, REPO, python_env
+
+
+def test_overrides_set_nested_fields_and_the_named_size():
+    cfg = config.parse(["model=tiny", "model.n_layer=3", "training.batch_size=8", "training.grad_checkpoint=true",
+                        "fault.nan_at_step=3,10-12", "backend=gloo", "task=lm"])
+    resolved = config.to_dict(cfg)
+    assert resolved["model"] == {"name": "tiny", "n_layer": 3, "n_head": 2, "n_embd": 64, "block_size": 64,
+                                 "dropout": 0.0}
+    assert cfg.training.batch_size == 8 and cfg.training.grad_checkpoint is True
+    assert cfg.fault.nan_at_step == (3, 10, 11, 12)
+    assert (cfg.backend, cfg.task) == ("gloo", "lm")
+
+
+def test_defaults_are_the_embedded_sudoku_run():
+    cfg = config.parse([])
+    assert cfg.task == "sudoku" and cfg.resume == "" and cfg.backend == "auto"
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("training.batchsize=8", "did you mean 'training.batch_size'"),
+    ("modl.n_layer=2", "did you mean 'model.n_layer'"),
+    ("fault.nan_step=3", "did you mean 'fault.nan_at_step'"),
+    ("training.lr=fast", "training.lr='fast': expected a number"),
+    ("training.max_steps=0", "training.max_steps=0: must be greater than 0"),
+    ("model=huge", "model='huge': expected one of tiny, mini, small, 124m"),
+    ("backend=mpi", "backend='mpi': expected one of auto, nccl, gloo"),
+    ("fault.nan_at_step=9-3", "expected steps like 10,11,12 or 10-14"),
+    ("model.n_embd=65", "not a multiple of model.n_head"),
+    ("max_steps", "expected key=value"),
+])
+def test_bad_overrides_name_the_problem(override, expected):
+    with pytest.raises(UserError, match=None) as err:
+        config.parse([override])
+    assert expected in str(err.value)
+
+
+def _train_cli(*args):
+    return subprocess.run([PYTHON, "-m", "auralm.train", *args], capture_output=True, text=True, timeout=120,
+                          env=python_env(), cwd=REPO)
+
+
+def test_check_accepts_good_overrides_and_touches_nothing(tmp_path):
+    res = subprocess.run([PYTHON, "-m", "auralm.train", "--check", "model=tiny", "training.max_steps=5",
+                          f"data_dir={tmp_path}/none"], capture_output=True, text=True, timeout=120,
+                         env=python_env(), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert list(tmp_path.iterdir()) == []  # no data generated, no run directory
+
+
+def test_check_rejects_a_typo_in_one_line_with_exit_2():
+    res = _train_cli("--check", "training.max_step=5")
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == [
+        "error: unknown key 'training.max_step' (did you mean 'training.max_steps'?)"]
+
+
+def test_unknown_option_is_one_line():
+    res = _train_cli("--check", "--fast")
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and res.stderr.startswith("error: unknown option --fast")
