@@ -25,6 +25,11 @@ EXITCODE_RE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
+def _stamp() -> str:
+    now = time.time()
+    return time.strftime("%H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
+
+
 def header_lines(plan: NodeLaunch, attempt: int) -> list[str]:
     """What the node's log file starts with: the exact command and environment, secrets hidden."""
     lines = [f"# hrmctl launch, attempt {attempt}, node {plan.node.name} (node rank {plan.node_rank}, "
@@ -79,7 +84,7 @@ class MergedLog:
         with self.lock:
             fh = self.files.get(node)
             if fh is not None:
-                fh.write(text + "\n")
+                fh.write(f"{_stamp()} {text}\n")
                 fh.flush()
             self._watch_failure(node, body)
             if self.result_tag and body.startswith(self.result_tag):

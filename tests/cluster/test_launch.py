@@ -181,3 +181,28 @@ def test_rejected_trainer_override_found_before_anything_starts(lab3, hrmctl, tm
     assert code != 0
     assert err.startswith("error: trainer overrides rejected: ") and "max_stepz" in err, err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "runs").exists()
+
+
+def test_node_dropping_off_the_network_is_noticed_and_leaves_nothing(lab3, tmp_path):
+    victim = lab3.nodes[1]
+    proc = start_hrmctl(["test-ddp", "--nodes", "node0,node1", "--no-bandwidth", "--soak", "120",
+                         "--run-id", "drop1"], lab3.inventory, tmp_path)
+    rules = [["INPUT", "-j", "DROP"], ["OUTPUT", "-j", "DROP"]]
+    try:
+        wait_for(lambda: any("auralm.ddp_check" in c for _, c in job_pids(victim, "drop1")), 60, "the job on node1")
+        t0 = time.monotonic()
+        for r in rules:
+            victim.netns(["iptables", "-I", *r])
+        out, err = proc.communicate(timeout=60)
+        noticed = time.monotonic() - t0
+    finally:
+        for r in rules:
+            victim.netns(["iptables", "-D", *r], check=False)
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode not in (0, None)
+    assert "node1 stopped answering" in err and "Traceback" not in err, err
+    assert noticed < 30, f"a lost node took {noticed:.0f}s to notice"
+    assert job_pids(lab3.nodes[0], "drop1") == []
+    # node1's sshd hangs up the job's PTY when the connection dies: nothing is orphaned there either
+    wait_for(lambda: job_pids(victim, "drop1") == [], 40, "the job on node1 to be hung up")
