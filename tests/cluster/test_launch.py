@@ -206,3 +206,21 @@ def test_node_dropping_off_the_network_is_noticed_and_leaves_nothing(lab3, tmp_p
     assert job_pids(lab3.nodes[0], "drop1") == []
     # node1's sshd hangs up the job's PTY when the connection dies: nothing is orphaned there either
     wait_for(lambda: job_pids(victim, "drop1") == [], 40, "the job on node1 to be hung up")
+
+
+def test_max_restarts_restarts_the_whole_job(hrmctl, tmp_path):
+    """A job that fails once, then succeeds: --max-restarts 1 runs it again (locally, real torchrun)."""
+    (tmp_path / "flaky.py").write_text(
+        "import os, sys, pathlib\n"
+        "mark = pathlib.Path('attempted')\n"
+        "if not mark.exists():\n"
+        "    mark.write_text('1'); print('first attempt fails', flush=True); sys.exit(3)\n"
+        "print('second attempt ok', flush=True)\n")
+    code, out, err = hrmctl("train", "--module", "flaky", "--run-id", "flaky", timeout=120)
+    assert code != 0 and "rank 0 on localhost failed first" in err, out + err  # without restarts: one failure
+    (tmp_path / "attempted").unlink()
+    code, out, err = hrmctl("train", "--module", "flaky", "--max-restarts", "1", "--run-id", "flaky2", timeout=120)
+    assert code == 0, out + err
+    assert "restart 1 of 1" in out and "second attempt ok" in out
+    log = (tmp_path / "runs" / "flaky2" / "localhost.log").read_text()
+    assert "attempt 1" in log and "attempt 2" in log
