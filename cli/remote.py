@@ -378,6 +378,19 @@ class _UnknownHostKey(Exception):
         self.hostname, self.key = hostname, key
 
 
+# AES-GCM first: hardware-accelerated, one pass for encryption and integrity (paramiko's default,
+# aes128-ctr + hmac-sha2-256, moves bulk data about 1.5x slower). Other ciphers stay as fallbacks.
+PREFERRED_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
+
+
+def _transport(sock, **kwargs) -> paramiko.Transport:
+    transport = paramiko.Transport(sock, **kwargs)
+    opts = transport.get_security_options()
+    first = tuple(c for c in PREFERRED_CIPHERS if c in opts.ciphers)
+    opts.ciphers = first + tuple(c for c in opts.ciphers if c not in first)
+    return transport
+
+
 def _fingerprint(key: paramiko.PKey) -> str:
     import base64
     import hashlib
@@ -411,7 +424,7 @@ class SSHSession(Session):
             self.client.connect(
                 n.host, port=n.port, username=n.user, key_filename=n.identity_file or None,
                 timeout=timeout, banner_timeout=timeout, auth_timeout=timeout, allow_agent=True,
-                look_for_keys=not n.identity_file, sock=sock,
+                look_for_keys=not n.identity_file, sock=sock, transport_factory=_transport,
             )
         except _UnknownHostKey as exc:
             raise HostKeyError(
