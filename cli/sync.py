@@ -18,6 +18,7 @@ checked. Nothing is written outside the destination.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import os
@@ -29,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import paramiko
 from rich.console import Console
 
 from .errors import HrmctlError
@@ -40,7 +42,8 @@ from .sync_sftp import STATUS, WRITE_SIZE, PipelinedSFTP, SFTPError, SFTPStalled
 
 DEFAULT_SRC = "data"
 NODE_SNIPPET = Path(__file__).with_name("sync_remote.py").read_text(encoding="utf-8")
-WORKERS = 6                     # files in flight per node (each waits one round trip for its open)
+BATCH_FILES, BATCH_WAIT_S = 500, 0.02   # how the node's verify-and-rename calls are batched
+LOOKAHEAD = 32                  # files whose part file is being opened while earlier files are sent
 FINALIZE_TIMEOUT = 600.0
 
 
@@ -92,21 +95,34 @@ class SyncReport:
 
 # ---------------------------------------------------------------- the node side, called remotely
 
-def node_call(session: Session, job: dict, *, timeout: float = FINALIZE_TIMEOUT) -> dict:
-    """Run one operation of cli/sync_remote.py on the node; its JSON answer, or SyncError."""
-    code = NODE_SNIPPET + f"\nmain({json.dumps(job)!r})\n"
-    name = session.node.name
-    res = session.run_python(code, timeout=timeout)
-    if not res.ok:
-        raise SyncError(f"{name}: the node's Python ({session.node.python}) failed: {res.last_line()}; "
-                        "check `python` for this node in the inventory")
-    try:
-        answer = json.loads(res.stdout)
-    except ValueError:
-        raise SyncError(f"{name}: unexpected answer from the node's Python: {(res.stdout + res.stderr)[-200:]!r}") from None
-    if not answer.get("ok"):
-        raise SyncError(f"{name}: {answer.get('error')}")
-    return answer
+class NodeAgent:
+    """cli/sync_remote.py running on the node for the whole sync: call(job) -> its JSON answer."""
+
+    def __init__(self, session: Session):
+        self.session, self.name = session, session.node.name
+        self.lock = threading.Lock()
+        self.pipe = session.pipe([session.node.python, "-S", "-c", NODE_SNIPPET + "\nserve()\n"])
+
+    def call(self, job: dict, *, timeout: float = FINALIZE_TIMEOUT) -> dict:
+        with self.lock:
+            try:
+                self.pipe.send(json.dumps(job) + "\n")
+                line = self.pipe.readline(timeout)
+            except (OSError, EOFError, paramiko.SSHException) as exc:
+                raise SyncError(f"{self.name}: the connection to the node was lost ({exc})") from None
+        if line is None:
+            raise SyncError(f"{self.name}: the node's Python ({self.session.node.python}) did not answer; "
+                            "check `python` for this node in the inventory, and that the node is up")
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            raise SyncError(f"{self.name}: unexpected answer from the node's Python: {line[-200:]!r}") from None
+        if not answer.get("ok"):
+            raise SyncError(f"{self.name}: {answer.get('error')}")
+        return answer
+
+    def close(self) -> None:
+        self.pipe.close()
 
 
 def _human(n: float) -> str:
@@ -164,16 +180,6 @@ class _Sender:
         fh.seek(0)
         return hashlib.sha256(), 0
 
-    def send(self, t: Transfer) -> None:
-        if self.stopped:
-            return
-        with open(t.file.path, "rb") as fh:
-            h, offset = self._prefix(fh, t)
-            if self.sinks.sftp is None:
-                self._send_local(fh, t, h, offset)
-            else:
-                self._send_sftp(fh, t, h, offset)
-
     def _fail(self, t: Transfer, why: str, code: int = 0) -> None:
         with self.lock:
             self.failures.append((t, why, code))
@@ -183,27 +189,60 @@ class _Sender:
     def stopped(self) -> bool:
         return self.stop.is_set() or self.cancel.is_set()
 
-    def _send_local(self, fh, t: Transfer, h, offset: int) -> None:
-        path = self.remote_part(t.file.rel)
+    def send_all(self, todo: list[Transfer]) -> None:
+        """Send every transfer in order; SFTP opens are issued LOOKAHEAD files ahead of the data."""
+        ahead: collections.deque[_Opening] = collections.deque()
+        it = iter(todo)
         try:
-            with open(path, "r+b" if offset else "wb") as out:
-                out.seek(offset)
-                while chunk := fh.read(WRITE_SIZE):
-                    h.update(chunk)
+            while not self.stopped:
+                while len(ahead) < (LOOKAHEAD if self.sinks.sftp is not None else 1):
+                    t = next(it, None)
+                    if t is None:
+                        break
+                    ahead.append(self._open(t))
+                if not ahead:
+                    return
+                opening = ahead.popleft()
+                try:
+                    if self.sinks.sftp is None:
+                        self._send_local(opening)
+                    else:
+                        self._send_sftp(opening)
+                finally:
+                    opening.fh.close()
+        finally:
+            for opening in ahead:
+                opening.fh.close()
+
+    def _open(self, t: Transfer) -> "_Opening":
+        fh = open(t.file.path, "rb")
+        h, offset = self._prefix(fh, t)
+        opening = _Opening(t, fh, h, offset)
+        if self.sinks.sftp is not None:
+            self.sinks.sftp.open_write(self.remote_part(t.file.rel), truncate=offset == 0, callback=opening.opened)
+        return opening
+
+    def _send_local(self, o: "_Opening") -> None:
+        path = self.remote_part(o.t.file.rel)
+        try:
+            with open(path, "r+b" if o.offset else "wb") as out:
+                out.seek(o.offset)
+                while chunk := o.fh.read(WRITE_SIZE):
+                    o.h.update(chunk)
                     out.write(chunk)
                     self.on_bytes(len(chunk))
         except OSError as exc:
-            self._fail(t, f"writing {path} failed: {exc.strerror}", 4)
+            self._fail(o.t, f"writing {path} failed: {exc.strerror}", 4)
             return
-        self.on_sent(t, h.hexdigest())
+        self.on_sent(o.t, o.h.hexdigest())
 
-    def _send_sftp(self, fh, t: Transfer, h, offset: int) -> None:
-        sftp, path = self.sinks.sftp, self.remote_part(t.file.rel)
-        try:
-            handle = sftp.open_write(path, truncate=offset == 0)
-        except SFTPError as exc:
-            self._fail(t, f"cannot create {path}: {exc}", exc.code)
+    def _send_sftp(self, o: "_Opening") -> None:
+        sftp, path, t = self.sinks.sftp, self.remote_part(o.t.file.rel), o.t
+        sftp.wait(o.done)
+        if o.error is not None:
+            self._fail(t, f"cannot create {path}: {o.error}", o.error.code)
             return
+        handle, h = o.handle, o.h
         errors: list[tuple[str, int]] = []
 
         def wrote(kind: int, code: int, body: bytes, n: int) -> None:
@@ -212,9 +251,9 @@ class _Sender:
             elif not errors:
                 errors.append((f"writing {path} failed: {SFTPError(code, '')}", code))
 
-        pos = offset
+        pos = o.offset
         while not self.stopped and not errors:
-            chunk = fh.read(WRITE_SIZE)
+            chunk = o.fh.read(WRITE_SIZE)
             if not chunk:
                 break
             h.update(chunk)
@@ -235,11 +274,25 @@ class _Sender:
         sftp.close_handle(handle, closed)
 
 
+class _Opening:
+    """A file whose part file is being opened on the node (the reply sets handle or error)."""
+
+    def __init__(self, t: Transfer, fh, h, offset: int):
+        self.t, self.fh, self.h, self.offset = t, fh, h, offset
+        self.handle: bytes | None = None
+        self.error: SFTPError | None = None
+        self.done = threading.Event()
+
+    def opened(self, handle: bytes | None, error: SFTPError | None) -> None:
+        self.handle, self.error = handle, error
+        self.done.set()
+
+
 class _Finalizer:
     """Batches sent files and has the node verify and rename them, while others are still sent."""
 
-    def __init__(self, session: Session, root: str):
-        self.session, self.root = session, root
+    def __init__(self, agent: NodeAgent, root: str):
+        self.agent, self.root = agent, root
         self.queue: queue.Queue = queue.Queue()
         self.done: list[str] = []
         self.bad: list[tuple[Transfer, str]] = []
@@ -254,9 +307,10 @@ class _Finalizer:
         finished = False
         while not finished:
             batch = [self.queue.get()]
-            while True:
+            deadline = time.monotonic() + BATCH_WAIT_S  # small files come fast: gather a few first
+            while batch[-1] is not None and len(batch) < BATCH_FILES:
                 try:
-                    batch.append(self.queue.get_nowait())
+                    batch.append(self.queue.get(timeout=max(0.0, deadline - time.monotonic())))
                 except queue.Empty:
                     break
             if batch[-1] is None:
@@ -272,7 +326,7 @@ class _Finalizer:
         by_rel = {t.file.rel: t for t, _ in batch}
         job = {"op": "finalize", "dest": self.root,
                "files": [[t.file.rel, t.file.size, t.file.mtime_ns, t.file.mode, d] for t, d in batch]}
-        answer = node_call(self.session, job)
+        answer = self.agent.call(job)
         self.done.extend(answer["done"])
         self.bad.extend((by_rel[rel], why) for rel, why in answer["bad"])
 
@@ -295,7 +349,14 @@ class _NodeSync:
         self.name = session.node.name
 
     def run(self) -> None:
-        scan = node_call(self.session, {"op": "scan", "dest": self.r.dest, "checksum": self.checksum,
+        self.agent = NodeAgent(self.session)
+        try:
+            self._run()
+        finally:
+            self.agent.close()
+
+    def _run(self) -> None:
+        scan = self.agent.call({"op": "scan", "dest": self.r.dest, "checksum": self.checksum,
                                         "dry_run": self.dry_run}, timeout=FINALIZE_TIMEOUT)
         root = scan["root"]
         self.r.dest = root
@@ -315,11 +376,11 @@ class _NodeSync:
         if self.dry_run:
             return
         if plan.missing_dirs:
-            node_call(self.session, {"op": "mkdirs", "dest": root, "dirs": plan.missing_dirs})
+            self.agent.call({"op": "mkdirs", "dest": root, "dirs": plan.missing_dirs})
         self.progress.start(self.name, need)
         sent = self._transfer(root, plan.send)
         if plan.delete or plan.stale_parts:
-            answer = node_call(self.session, {"op": "finalize", "dest": root, "files": [],
+            answer = self.agent.call({"op": "finalize", "dest": root, "files": [],
                                               "stale_parts": plan.stale_parts, "delete": plan.delete})
             self.r.deleted = answer["removed"]
         self.r.sent_files = sent
@@ -346,7 +407,7 @@ class _NodeSync:
             sinks.close()
 
     def _round(self, sinks: _Sinks, root: str, todo: list[Transfer]) -> list[tuple[Transfer, str]]:
-        finalizer = _Finalizer(self.session, root)
+        finalizer = _Finalizer(self.agent, root)
 
         count_lock = threading.Lock()
 
@@ -356,25 +417,16 @@ class _NodeSync:
             self.progress.advance(self.name, n)
 
         sender = _Sender(sinks, root, on_bytes, finalizer.add, self.cancel)
-        work: queue.Queue = queue.Queue()
-        for t in sorted(todo, key=lambda t: -t.file.size):  # big files first: the tail is small files
-            work.put(t)
         errors: list[BaseException] = []
 
         def worker() -> None:
-            while not sender.stopped:
-                try:
-                    t = work.get_nowait()
-                except queue.Empty:
-                    return
-                try:
-                    sender.send(t)
-                except BaseException as exc:
-                    errors.append(exc)
-                    sender.stop.set()
-                    return
+            try:  # big files first: the files left at the end are small, and finalize quickly
+                sender.send_all(sorted(todo, key=lambda t: -t.file.size))
+            except BaseException as exc:
+                errors.append(exc)
+                sender.stop.set()
 
-        threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(WORKERS, len(todo)))]
+        threads = [threading.Thread(target=worker, name="sync-send", daemon=True)]
         for th in threads:
             th.start()
         self._join(threads, sinks, errors)
@@ -418,7 +470,7 @@ class _NodeSync:
         raise exc
 
     def _explain_failure(self, sinks: _Sinks, root: str, t: Transfer, why: str, code: int) -> None:
-        free = node_call(self.session, {"op": "space", "dest": root}).get("free", 0)
+        free = self.agent.call({"op": "space", "dest": root}).get("free", 0)
         if code == 3:
             hint = "permission denied; fix the owner/permissions on the node, or pass --dest DIR"
         elif free < max(WRITE_SIZE, t.file.size - t.offset):

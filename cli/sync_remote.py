@@ -1,8 +1,8 @@
-"""The node side of `hrmctl sync-data`: sent as source through `Session.run_python`.
+"""The node side of `hrmctl sync-data`: its source is run by the node's Python (`python -c`).
 
 Self-contained (standard library only) because it runs with the node's Python before anything
-of hrmctl may be installed there. It is called with one JSON job appended as `main(...)`; it
-prints one JSON answer. Operations:
+of hrmctl may be installed there. `serve()` answers JSON jobs, one per line on stdin, with one
+JSON line each on stdout, so one process serves a whole sync. Operations:
 
   scan      the destination's manifest: {relpath: [size, mtime_ns, sha256 or None]}, partly
             sent files (`.NAME.hrmctl-part`) with their size and SHA-256, free space; creates
@@ -51,13 +51,20 @@ def check_rel(rel):
     return parts
 
 
-def inside(root, rel):
-    """Absolute path of rel under root; refused if its directory resolves outside root."""
+def inside(root, rel, checked=None):
+    """Absolute path of rel under root; refused if its directory resolves outside root.
+
+    `checked` (a set) remembers directories already found inside, for long lists of files."""
     parts = check_rel(rel)
     path = os.path.join(root, *parts)
-    parent = os.path.realpath(os.path.dirname(path))
+    directory = os.path.dirname(path)
+    if checked is not None and directory in checked:
+        return path
+    parent = os.path.realpath(directory)
     if parent != root and not parent.startswith(root.rstrip("/") + "/"):
         raise Refused("refusing %s: its directory leads outside the destination %s (a symlink?)" % (rel, root))
+    if checked is not None:
+        checked.add(directory)
     return path
 
 
@@ -151,10 +158,10 @@ def mkdirs(job):
 
 def finalize(job):
     root = os.path.realpath(os.path.expanduser(job["dest"]))
-    done, bad = [], []
+    done, bad, checked = [], [], set()
     for rel, size, mtime_ns, mode, digest in job["files"]:
-        final = inside(root, rel)
-        part = inside(root, part_name(rel))
+        final = inside(root, rel, checked)
+        part = inside(root, part_name(rel), checked)
         try:
             st = os.lstat(part)
         except OSError:
@@ -197,8 +204,7 @@ def space(job):
     return {"free": free_bytes(root if os.path.isdir(root) else os.path.dirname(root))}
 
 
-def main(text):
-    job = json.loads(text)
+def handle(job):
     try:
         answer = {"scan": scan, "mkdirs": mkdirs, "finalize": finalize, "space": space}[job["op"]](job)
         answer["ok"] = True
@@ -206,5 +212,12 @@ def main(text):
         answer = {"ok": False, "error": str(exc)}
     except OSError as exc:
         answer = {"ok": False, "error": "%s: %s" % (getattr(exc, "filename", None) or "", exc.strerror or exc)}
-    sys.stdout.write(json.dumps(answer))
-    sys.stdout.flush()
+    return answer
+
+
+def serve():
+    """One JSON job per stdin line, one JSON answer per stdout line, until stdin closes."""
+    for line in sys.stdin:
+        if line.strip():
+            sys.stdout.write(json.dumps(handle(json.loads(line))) + "\n")
+            sys.stdout.flush()

@@ -72,9 +72,11 @@ class PipelinedSFTP:
         self._bytes_in_flight = 0
         self._next_id = 1
         self._rbuf = bytearray()
+        self._out = bytearray()
         self._failure: str | None = None
         self.last_reply = time.monotonic()
         self._send_raw(struct.pack(">IBI", 5, INIT, 3))
+        self.flush()
         kind, _ = self._read_packet()
         if kind != VERSION:
             raise SFTPStalled("the node's SFTP server did not answer INIT")
@@ -98,14 +100,39 @@ class PipelinedSFTP:
             buf += chunk
 
     def _send_raw(self, head: bytes, data: bytes = b"") -> None:
-        """One message, cut into pieces that fill one channel packet each (no re-slicing)."""
-        piece = self._piece
-        view = memoryview(data)
-        first = piece - len(head)
+        """Queue one message; whole channel packets go out at once, the rest waits for flush().
+
+        Small requests (opens, closes, small writes) share packets: one packet per request costs
+        a system call and a trip through the network stack each."""
         with self._send_lock:
-            self.chan.sendall(head + view[:first].tobytes())
-            for start in range(first, len(view), piece):
-                self.chan.sendall(view[start:start + piece].tobytes())
+            self._out += head
+            self._out += data
+            if len(self._out) >= self._piece:
+                self._flush_locked(whole_packets_only=True)
+
+    def _flush_locked(self, whole_packets_only: bool = False) -> None:
+        piece, total = self._piece, len(self._out)
+        end = total - total % piece if whole_packets_only else total
+        if not end:
+            return
+        view = memoryview(self._out)
+        try:
+            for start in range(0, end, piece):
+                self.chan.sendall(view[start:min(start + piece, end)].tobytes())
+        finally:
+            view.release()
+        del self._out[:end]
+
+    def flush(self) -> None:
+        """Send whatever is queued (always done before waiting for a reply)."""
+        try:
+            with self._send_lock:
+                self._flush_locked()
+        except Exception as exc:
+            with self._cond:
+                self._failure = f"cannot send to the node ({exc or type(exc).__name__})"
+                self._cond.notify_all()
+            raise SFTPStalled(self._failure) from None
 
     def _read_loop(self) -> None:
         try:
@@ -148,6 +175,11 @@ class PipelinedSFTP:
         """
         nbytes = len(data)
         with self._cond:
+            full = (self._bytes_in_flight + nbytes > MAX_BYTES_IN_FLIGHT and self._bytes_in_flight) or \
+                len(self._waiting) >= MAX_REQUESTS_IN_FLIGHT
+        if full:
+            self.flush()
+        with self._cond:
             while (self._bytes_in_flight + nbytes > MAX_BYTES_IN_FLIGHT and self._bytes_in_flight) or \
                     len(self._waiting) >= MAX_REQUESTS_IN_FLIGHT or self._failure:
                 self._check()
@@ -168,6 +200,14 @@ class PipelinedSFTP:
                 self._cond.notify_all()
             raise SFTPStalled(self._failure) from None
 
+    def wait(self, event: threading.Event) -> None:
+        """Wait for event (set by a callback); SFTPStalled if the node stops answering."""
+        if not event.is_set():
+            self.flush()
+        while not event.wait(0.25):
+            with self._cond:
+                self._check()
+
     def call(self, kind: int, payload: bytes) -> tuple[int, bytes]:
         """Send one request and wait for its reply: (reply type, body)."""
         box: list = []
@@ -178,9 +218,7 @@ class PipelinedSFTP:
             done.set()
 
         self.request(kind, payload, got)
-        while not done.wait(0.25):
-            with self._cond:
-                self._check()
+        self.wait(done)
         k, code, body = box[0]
         if k == STATUS and code != 0:
             raise SFTPError(code, _parse_status(body)[1])
@@ -188,6 +226,7 @@ class PipelinedSFTP:
 
     def drain(self) -> None:
         """Wait until every request sent so far has its reply."""
+        self.flush()
         with self._cond:
             while self._waiting:
                 self._check()
@@ -196,13 +235,18 @@ class PipelinedSFTP:
                 raise SFTPStalled(self._failure)
 
     # ---------------------------------------------------------------- operations
-    def open_write(self, path: str, *, truncate: bool) -> bytes:
+    def open_write(self, path: str, *, truncate: bool, callback: Callable[[bytes | None, SFTPError | None], None]) -> None:
+        """Open path for writing without waiting; callback(handle, None) or callback(None, error) follows."""
         flags = FXF_WRITE | FXF_CREAT | (FXF_TRUNC if truncate else 0)
-        kind, body = self.call(OPEN, _string(os.fsencode(path)) + struct.pack(">II", flags, 0))
-        if kind != HANDLE:
-            raise SFTPError(5, "OPEN did not return a handle")
-        n = struct.unpack_from(">I", body, 0)[0]
-        return body[4:4 + n]
+
+        def got(kind: int, code: int, body: bytes) -> None:
+            if kind == HANDLE:
+                n = struct.unpack_from(">I", body, 0)[0]
+                callback(body[4:4 + n], None)
+            else:
+                callback(None, SFTPError(code or 5, _parse_status(body)[1] if kind == STATUS else "no handle"))
+
+        self.request(OPEN, _string(os.fsencode(path)) + struct.pack(">II", flags, 0), got)
 
     def write(self, handle: bytes, offset: int, data: bytes, callback: Callback) -> None:
         self.request(WRITE, _string(handle) + struct.pack(">Q", offset), callback, data=data)
