@@ -14,6 +14,7 @@ import secrets
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -127,14 +128,21 @@ def prepare(opts: LaunchOptions, console: Console) -> Prepared:
         raise HrmctlError(f"--master-port {opts.master_port} is outside 1-65535; choose a free port such as 29500")
     if opts.max_restarts < 0:
         raise HrmctlError(f"--max-restarts {opts.max_restarts}: give 0 or more")
-    check_trainer_args(opts.module, opts.args)
     master = nodes[0]
     try:
         addr = master_address(master.host, master_is_local=master.is_local, peer_hosts=[n.host for n in nodes[1:]],
                               master_name=master.name)
     except MasterAddressError as exc:
         raise HrmctlError(str(exc)) from None
-    facts, _ = gather(nodes, addr, accept_new_host_keys=opts.accept_new_host_keys, use_cache=opts.use_cache)
+    # The trainer's check (a local `import torch`) runs while the nodes are probed; its verdict comes first.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        check = pool.submit(check_trainer_args, opts.module, opts.args)
+        try:
+            facts, _ = gather(nodes, addr, accept_new_host_keys=opts.accept_new_host_keys, use_cache=opts.use_cache)
+        except HrmctlError:
+            check.result()
+            raise
+        check.result()
     _check_nproc(nodes, facts, opts.nproc)
     sessions = connect_all(nodes, opts.accept_new_host_keys)
     try:

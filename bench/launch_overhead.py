@@ -1,0 +1,88 @@
+"""Time from `hrmctl train` to the first training step, against a hand-typed torchrun on the same
+two nodes, in the same run (target: hrmctl at most 1 s more).
+
+The peer is what a user types in two terminals: `ssh nodeN '<torchrun line>'`, started at the same
+moment on both nodes, with the very command line and environment that `hrmctl train --dry-run`
+prints (so both start the same torchrun; the difference is hrmctl: its start-up, the trainer's
+--check, the preflight - probes, master port check - and the connections). The data set is made
+on the nodes once before timing. "warm" runs use the torch facts cached by an earlier launch;
+one "cold" run starts with an empty cache (one more `import torch` per node, in parallel).
+
+Root only (it makes a lab of 2 real sshd nodes). Usage: python bench/launch_overhead.py [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _handrun import Lab, hrmctl, planned_commands, ssh_popen  # noqa: E402
+
+TRAIN = ["model=tiny", "training.max_steps=3", "training.batch_size=8", "training.log_interval=1",
+         "training.checkpoint_interval=0", "training.eval_interval=0", "training.eval_batches=1"]
+
+
+def until_first_step(stream) -> float | None:
+    for line in stream:
+        if "step 1/" in line:
+            return time.perf_counter()
+    return None
+
+
+def time_hrmctl(lab: Lab, cwd: Path, run_id: str, port: int, extra_env=None) -> float:
+    t0 = time.perf_counter()
+    proc = hrmctl(lab, "train", "--nodes", "node0,node1", "--run-id", run_id, "--master-port", str(port), *TRAIN,
+                  cwd=cwd, popen=True, extra_env=extra_env)
+    t1 = until_first_step(proc.stdout)
+    proc.communicate()
+    if t1 is None or proc.returncode != 0:
+        raise SystemExit(f"hrmctl train failed ({proc.returncode}): {proc.stderr.read()[-500:] if proc.stderr else ''}")
+    return t1 - t0
+
+
+def time_by_hand(lab: Lab, cwd: Path, run_id: str, port: int) -> float:
+    lines = planned_commands(lab, "train", ["--nodes", "node0,node1", "--run-id", run_id, "--master-port", str(port),
+                                            *TRAIN], cwd)
+    t0 = time.perf_counter()
+    procs = {name: ssh_popen(lab, name, line) for name, line in lines.items()}
+    t1 = until_first_step(procs["node0"].stdout)
+    for p in procs.values():
+        p.communicate()
+    if t1 is None or any(p.returncode for p in procs.values()):
+        raise SystemExit(f"hand-typed torchrun failed: {[p.returncode for p in procs.values()]}")
+    return t1 - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    lab = Lab(2).up()
+    try:
+        cwd = Path(tempfile.mkdtemp(prefix="bench-launch-"))
+        time_hrmctl(lab, cwd, "warmup", 29650)  # makes the data on both nodes and fills the facts cache
+        cold = time_hrmctl(lab, cwd, "cold", 29651, extra_env={"HRMCTL_CACHE": tempfile.mkdtemp()})
+        ours, hand = [], []
+        for i in range(args.repeat):  # interleaved, so that the machine's load hits both alike
+            ours.append(time_hrmctl(lab, cwd, f"h{i}", 29660 + i))
+            hand.append(time_by_hand(lab, cwd, f"m{i}", 29670 + i))
+        print(f"time to first training step, 2 namespace nodes, {args.repeat} runs each (median, min):")
+        print(f"  hand-typed torchrun (ssh x2)  {statistics.median(hand):6.2f} s  {min(hand):6.2f} s")
+        print(f"  hrmctl train (warm cache)     {statistics.median(ours):6.2f} s  {min(ours):6.2f} s")
+        print(f"  hrmctl train (cold cache)     {cold:6.2f} s  (one run)")
+        extra = statistics.median(ours) - statistics.median(hand)
+        print(f"  hrmctl overhead (warm, median): {extra:+.2f} s  (target: at most +1.00 s) "
+              f"{'OK' if extra <= 1.0 else 'MISSED'}")
+        return 0
+    finally:
+        lab.down()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
