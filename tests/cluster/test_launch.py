@@ -224,3 +224,16 @@ def test_max_restarts_restarts_the_whole_job(hrmctl, tmp_path):
     assert "restart 1 of 1" in out and "second attempt ok" in out
     log = (tmp_path / "runs" / "flaky2" / "localhost.log").read_text()
     assert "attempt 1" in log and "attempt 2" in log
+
+
+def test_sync_data_before_launch(lab3, hrmctl, tmp_path):
+    (tmp_path / "data" / "extra").mkdir(parents=True)
+    (tmp_path / "data" / "extra" / "shard.bin").write_bytes(b"x" * 100_000)
+    code, out, err = hrmctl("train", "--nodes", "node0,node1", "--sync-data", "--module", "auralm.ddp_check",
+                            "--no-bandwidth", inventory=lab3.inventory, timeout=120)
+    assert code != 0 and "unknown option --no-bandwidth" in err  # train's extra arguments are key=value only
+    code, out, err = hrmctl("train", "--nodes", "node0,node1", "--sync-data", "--module", "auralm.ddp_check",
+                            inventory=lab3.inventory, timeout=180)
+    assert code == 0, out + err
+    for n in lab3.nodes[:2]:
+        assert (n.home / "hrmctl" / "data" / "extra" / "shard.bin").read_bytes() == b"x" * 100_000
