@@ -116,30 +116,32 @@ def scan(job):
         return answer
     answer["writable"] = os.access(root, os.W_OK | os.X_OK)
     answer["free"] = free_bytes(root)
-    files, parts = answer["files"], answer["parts"]
-    checksum = job["checksum"]
-    prefix = len(root.rstrip("/")) + 1
-    for top, dirnames, names in os.walk(root):
-        base = top[prefix:] + "/" if len(top) >= prefix else ""
-        for name in dirnames:
-            is_link = os.path.islink(os.path.join(top, name))
-            answer["links" if is_link else "dirs"].append(base + name)
-        for name in names:
-            rel = base + name
-            path = os.path.join(top, name)
-            st = os.lstat(path)
-            if final_of_part(rel) is not None:
-                if not stat.S_ISREG(st.st_mode):  # our reserved name, never written through
-                    if not job["dry_run"]:
-                        os.unlink(path)
-                    continue
-                parts[final_of_part(rel)] = [st.st_size, sha256_file(path)]
-                continue
-            if not stat.S_ISREG(st.st_mode):
-                answer["links"].append(rel)
-                continue
-            files[rel] = [st.st_size, st.st_mtime_ns, sha256_file(path) if checksum else None]
+    walk(root, "", answer, job["checksum"], job["dry_run"])
     return answer
+
+
+def walk(top, base, answer, checksum, dry_run):
+    """Fill answer's files/dirs/parts/links from the tree under top (symlinks are not followed)."""
+    files, parts = answer["files"], answer["parts"]
+    with os.scandir(top) as entries:
+        for entry in entries:
+            rel = base + entry.name
+            if entry.is_dir(follow_symlinks=False):
+                answer["dirs"].append(rel)
+                walk(entry.path, rel + "/", answer, checksum, dry_run)
+                continue
+            is_file = entry.is_file(follow_symlinks=False)
+            if entry.name.endswith(PART_SUFFIX) and final_of_part(rel) is not None:
+                if not is_file:  # our reserved name, never written through
+                    if not dry_run:
+                        os.unlink(entry.path)
+                    continue
+                parts[final_of_part(rel)] = [entry.stat(follow_symlinks=False).st_size, sha256_file(entry.path)]
+            elif not is_file:
+                answer["links"].append(rel)
+            else:
+                st = entry.stat(follow_symlinks=False)
+                files[rel] = [st.st_size, st.st_mtime_ns, sha256_file(entry.path) if checksum else None]
 
 
 def mkdirs(job):
