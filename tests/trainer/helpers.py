@@ -16,6 +16,7 @@ import traceback
 from pathlib import Path
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 import torch.multiprocessing as mp
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,14 +52,19 @@ def tiny_args(data_dir: Path, out_dir: Path, *extra: str) -> list[str]:
             "training.warmup_steps=5", *extra]
 
 
-def _rank_main(rank: int, world: int, port: int, args: list[str], result_dir: str, fake_probe: dict | None) -> None:
+def _rank_main(rank: int, world: int, port: int, args: list[str], result_dir: str, opts: dict) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    from auralm import config, distributed, models, train
+    from auralm import config, data, distributed, models, train
 
-    if fake_probe and str(rank) in fake_probe:  # the one faked part: what this rank's device can do
-        distributed.probe_device = lambda local_rank: fake_probe[str(rank)]
+    if str(rank) in opts.get("fake_probe", {}):  # the one faked part: what this rank's device can do
+        distributed.probe_device = lambda local_rank: opts["fake_probe"][str(rank)]
+    if "sudoku_count" in opts:  # a smaller embedded default data set, to keep the test short
+        data.SUDOKU_DEFAULTS["count"] = opts["sudoku_count"]
+    if "cwd" in opts:
+        Path(opts["cwd"][rank]).mkdir(parents=True, exist_ok=True)
+        os.chdir(opts["cwd"][rank])
     seen: list[bytes] = []  # every input row the model was trained on (a spy: records, changes nothing)
 
     def record_inputs(module, inputs):
@@ -67,24 +73,30 @@ def _rank_main(rank: int, world: int, port: int, args: list[str], result_dir: st
 
     steps = [0]
     torch.nn.modules.module.register_module_forward_pre_hook(record_inputs)
-    torch.optim.Optimizer.register_optimizer_step_post_hook(lambda opt, a, k: steps.__setitem__(0, steps[0] + 1))
+    register_optimizer_step_post_hook(lambda opt, a, k: steps.__setitem__(0, steps[0] + 1))
     out = {"rank": rank}
     try:
-        model = train.run(config.parse(args))
-        out.update(state=model.state_dict(), seen=seen, optimizer_steps=steps[0], exit=0)
+        if opts.get("setup_only"):
+            d = distributed.setup(config.parse(args).backend, 60)
+            out.update(backend=d.backend, why=d.why, device=str(d.device), exit=0)
+        else:
+            model = train.run(config.parse(args))
+            out.update(state=model.state_dict(), seen=seen, optimizer_steps=steps[0], exit=0)
     except Exception as e:
         out.update(error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc(), exit=1)
     torch.save(out, Path(result_dir) / f"rank{rank}.pt")
 
 
-def run_ranks(world: int, args: list[str], result_dir: Path, fake_probe: dict | None = None,
-              timeout: float = 180) -> list[dict]:
-    """Run the trainer on ``world`` ranks (real processes, real gloo); each rank's result."""
+def run_ranks(world: int, args: list[str], result_dir: Path, timeout: float = 300, **opts) -> list[dict]:
+    """Run the trainer on ``world`` ranks (real processes, real gloo); each rank's result.
+
+    opts: fake_probe={"0": {...}} (what probe_device answers on that rank), cwd=[dir per rank],
+    sudoku_count=N (size of the generated default data), setup_only=True (stop after the backend choice).
+    """
     result_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_rank_main, args=(r, world, port, args, str(result_dir), fake_probe))
-             for r in range(world)]
+    procs = [ctx.Process(target=_rank_main, args=(r, world, port, args, str(result_dir), opts)) for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:

@@ -1,0 +1,114 @@
+"""The trainer in one process: it learns, logs, checkpoints, and resumes exactly."""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+
+import pytest
+import torch
+
+from auralm import config, data, train
+from auralm.errors import UserError
+from tests.trainer.helpers import QUIJOTE, by_step, records, small_sudoku, tiny_args
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One thread per test process: steady timing on a shared 2-core machine (the trainer does not care)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def sudoku_dir(tmp_path_factory):
+    return small_sudoku(tmp_path_factory.mktemp("data") / "sudoku")
+
+
+def _run(*args):
+    return train.run(config.parse(list(args)))
+
+
+@pytest.mark.slow
+def test_sudoku_loss_and_accuracy_improve(sudoku_dir, tmp_path, capsys):
+    _run(*tiny_args(sudoku_dir, tmp_path, "training.max_steps=80", "training.batch_size=32", "training.lr=1e-2",
+                    "training.log_interval=20", "training.eval_interval=80"))
+    out = capsys.readouterr().out
+    lines = [l for l in out.splitlines() if l.startswith("step ")]
+    assert [int(re.match(r"^step (\d+)/(\d+) ", l).group(1)) for l in lines] == [20, 40, 60, 80]
+    assert all(re.match(r"^step \d+/80 \| loss \d+\.\d{4} \| lr \S+ \| \d+ puzzles/s \| mem \S+G$", l) for l in lines)
+    last = by_step(tmp_path)[80]
+    assert set(last) >= {"step", "loss", "lr", "samples_per_s", "val_loss", "cell_acc", "puzzle_acc"}
+    assert last["val_loss"] < math.log(9) - 0.04  # below the uniform guess over 9 digits
+    assert last["cell_acc"] > 0.15  # a random digit is right 1 time in 9
+    assert (tmp_path / "config.json").exists() and (tmp_path / "checkpoint-80").exists()
+
+
+@pytest.mark.slow
+def test_lm_loss_decreases_on_the_spanish_text(tmp_path, capsys):
+    lm = tmp_path / "quijote"
+    assert data.main([str(QUIJOTE), "--out", str(lm), "--vocab-size", "512", "--max-tokens", "40000"]) == 0
+    _run("task=lm", f"data_dir={lm}", f"out_dir={tmp_path / 'run'}", "model=tiny", "training.batch_size=16",
+         "training.max_steps=40", "training.lr=1e-2", "training.warmup_steps=5", "training.log_interval=1",
+         "training.eval_interval=40", "training.sample_prompt=En un lugar de la Mancha", "training.sample_tokens=8")
+    m = by_step(tmp_path / "run")
+    assert m[40]["val_loss"] < math.log(512) - 0.5
+    assert sum(m[s]["loss"] for s in range(36, 41)) / 5 < m[1]["loss"] - 0.5
+    assert "tokens_per_s" in m[1]
+    assert 'sample: "En un lugar de la Mancha' in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_resume_continues_exactly_like_an_uninterrupted_run(sudoku_dir, tmp_path, capsys):
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    _run(*tiny_args(sudoku_dir, whole, "training.max_steps=16", "training.checkpoint_interval=8",
+                    "training.keep_last=5", "model.dropout=0.1"))
+    _run(*tiny_args(sudoku_dir, resumed, "training.max_steps=16", "model.dropout=0.1",
+                    f"resume={whole / 'checkpoint-8'}"))
+    assert f"resuming from {whole / 'checkpoint-8'} (step 8)" in capsys.readouterr().out
+    a, b = by_step(whole), by_step(resumed)
+    assert sorted(b) == list(range(9, 17))
+    for step in range(9, 17):
+        assert abs(a[step]["loss"] - b[step]["loss"]) < 1e-5, step
+
+
+@pytest.mark.slow
+def test_a_truncated_checkpoint_falls_back_to_the_previous_one(sudoku_dir, tmp_path, capsys):
+    _run(*tiny_args(sudoku_dir, tmp_path, "training.max_steps=8", "training.checkpoint_interval=4"))
+    weights = tmp_path / "checkpoint-8" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    capsys.readouterr()
+    _run(*tiny_args(sudoku_dir, tmp_path, "training.max_steps=8", "training.checkpoint_interval=4", "resume=latest"))
+    out = capsys.readouterr().out
+    assert f"checkpoint {tmp_path / 'checkpoint-8'} is unusable (model.safetensors does not match its checksum" in out
+    assert f"resuming from {tmp_path / 'checkpoint-4'} (step 4)" in out
+    assert [r["step"] for r in records(tmp_path)] == list(range(1, 9)) + list(range(5, 9))
+
+
+def test_resume_latest_without_a_checkpoint_starts_fresh(sudoku_dir, tmp_path, capsys):
+    _run(*tiny_args(sudoku_dir, tmp_path, "training.max_steps=2", "resume=latest"))
+    assert "no checkpoint found: starting fresh" in capsys.readouterr().out
+    assert [r["step"] for r in records(tmp_path)] == [1, 2]
+
+
+def test_a_checkpoint_of_another_model_is_refused_and_nothing_is_overwritten(sudoku_dir, tmp_path):
+    _run(*tiny_args(sudoku_dir, tmp_path, "training.max_steps=2"))
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    with pytest.raises(UserError, match=r"checkpoint .*checkpoint-2 is for task=sudoku model .*'n_layer': 2.*"
+                                        r"not this run's model .*'n_layer': 3"):
+        _run(*tiny_args(sudoku_dir, tmp_path, "training.max_steps=4", "model.n_layer=3", "resume=latest"))
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+def test_missing_data_and_too_little_data_are_clear_errors(sudoku_dir, tmp_path):
+    with pytest.raises(UserError, match="no data in .*nowhere .*hrmctl prepare-data"):
+        _run(*tiny_args(tmp_path / "nowhere", tmp_path / "run"))
+    few = small_sudoku(tmp_path / "few", 20)
+    with pytest.raises(UserError, match="fewer than one batch"):
+        _run(*tiny_args(few, tmp_path / "run", "training.batch_size=64"))
+    shutil.copytree(sudoku_dir, tmp_path / "copy")
+    with pytest.raises(UserError, match="holds 'sudoku' data but task=lm"):
+        _run(*tiny_args(tmp_path / "copy", tmp_path / "run", "task=lm"))
