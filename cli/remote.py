@@ -239,7 +239,8 @@ class LocalPipe(Pipe):
                 pass
         for fh in (self.proc.stdout, self.proc.stderr):
             try:
-                fh.close()
+                if fh is not None:  # stderr is DEVNULL, not a pipe
+                    fh.close()
             except OSError:
                 pass
 
