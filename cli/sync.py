@@ -36,7 +36,7 @@ from rich.console import Console
 from .errors import HrmctlError
 from .inventory import Node
 from .remote import SSHSession, Session, connect
-from .sync_plan import Plan, Source, SourceFile, SyncError, Transfer, check_source, make_plan, scan_source
+from .sync_plan import Source, SyncError, Transfer, check_source, make_plan, scan_source
 from .sync_remote import BLOCK, part_name
 from .sync_sftp import STATUS, WRITE_SIZE, PipelinedSFTP, SFTPError, SFTPStalled
 
@@ -251,11 +251,12 @@ class _Sender:
             elif not errors:
                 errors.append((f"writing {path} failed: {SFTPError(code, '')}", code))
 
-        pos = o.offset
-        while not self.stopped and not errors:
-            chunk = o.fh.read(WRITE_SIZE)
+        pos, left = o.offset, o.t.file.size - o.offset
+        while left > 0 and not self.stopped and not errors:  # the size is known: no read for EOF
+            chunk = o.fh.read(min(WRITE_SIZE, left))
             if not chunk:
                 break
+            left -= len(chunk)
             h.update(chunk)
             n = len(chunk)
             sftp.write(handle, pos, chunk, lambda k, c, b, n=n: wrote(k, c, b, n))
