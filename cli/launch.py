@@ -114,6 +114,13 @@ def _master_port(session: Session, nodes: list[Node], master_addr: str, wanted: 
     return port
 
 
+def _port(sessions: dict[str, Session], nodes: list[Node], addr: str, wanted: int | None) -> int:
+    port = _master_port(sessions[nodes[0].name], nodes, addr, wanted)
+    if len(nodes) > 1:
+        _check_port_reachable(sessions, nodes, addr, port)
+    return port
+
+
 def _check_port_reachable(sessions: dict[str, Session], nodes: list[Node], addr: str, port: int) -> None:
     pc = check_master_port(sessions[nodes[0].name], [sessions[n.name] for n in nodes[1:]], address=addr, port=port)
     if not pc.ok:
@@ -134,24 +141,23 @@ def prepare(opts: LaunchOptions, console: Console) -> Prepared:
                               master_name=master.name)
     except MasterAddressError as exc:
         raise HrmctlError(str(exc)) from None
-    # The trainer's check (a local `import torch`) runs while the nodes are probed; its verdict comes first.
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        check = pool.submit(check_trainer_args, opts.module, opts.args)
-        try:
-            facts, _ = gather(nodes, addr, accept_new_host_keys=opts.accept_new_host_keys, use_cache=opts.use_cache)
-        except HrmctlError:
-            check.result()
-            raise
-        check.result()
-    _check_nproc(nodes, facts, opts.nproc)
+    # One connection per node serves the whole preflight. Three things run at once: the trainer's
+    # check of the overrides (a local `import torch`), the node probes, and the master port
+    # (chosen on the master, then tried from every worker). Nothing starts before all three pass;
+    # the trainer's verdict is reported first, then the nodes', then the port's.
     sessions = connect_all(nodes, opts.accept_new_host_keys)
     try:
-        port = _master_port(sessions[master.name], nodes, addr, opts.master_port)
-        if len(nodes) > 1:
-            _check_port_reachable(sessions, nodes, addr, port)
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            check = pool.submit(check_trainer_args, opts.module, opts.args)
+            probes = pool.submit(gather, sessions, nodes, addr, use_cache=opts.use_cache)
+            port_f = pool.submit(_port, sessions, nodes, addr, opts.master_port)
+            check.result()
+            facts, _ = probes.result()
+            port = port_f.result()
     finally:
         for s in sessions.values():
             s.close()
+    _check_nproc(nodes, facts, opts.nproc)
     backend, why = choose_backend(opts.backend, facts)
     run_id = opts.run_id or new_run_id()
     args = list(opts.args)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from netcheck import NodeProbe, ProbeError, run_probe
@@ -21,7 +22,7 @@ from netcheck import NodeProbe, ProbeError, run_probe
 from .errors import HrmctlError, RemoteError
 from .inventory import Node
 from .launch_plan import NodeFacts
-from .remote import Session, for_each
+from .remote import Session
 
 CACHE = Path(os.environ.get("HRMCTL_CACHE", "~/.cache/hrmctl")).expanduser() / "torch-facts.json"
 CACHE_TTL_S = 24 * 3600
@@ -68,9 +69,10 @@ def _torch_facts(probe: NodeProbe) -> dict:
             "libuv_ok": probe.libuv_ok is not False, "error": probe.torch_error}
 
 
-def gather(nodes: list[Node], master_addr: str, *, accept_new_host_keys: bool = False,
+def gather(sessions: dict[str, Session], nodes: list[Node], master_addr: str, *,
            use_cache: bool = True) -> tuple[dict[str, NodeFacts], dict[str, NodeProbe]]:
-    """NodeFacts per node (and the probes), or the first node's problem as one HrmctlError."""
+    """NodeFacts per node (and the probes), or the first node's problem as one HrmctlError.
+    `sessions` are open sessions by node name (one connection per node serves the whole preflight)."""
     cache = _load() if use_cache else {}
     now = time.time()
     fresh: dict[str, dict] = {}
@@ -94,16 +96,19 @@ def gather(nodes: list[Node], master_addr: str, *, accept_new_host_keys: bool = 
         fresh[key] = dict(tf, at=now)
         return probe, tf
 
-    outs = for_each(nodes, one, accept_new_host_keys=accept_new_host_keys)
-    for o in outs:
-        if not o.ok:
-            raise RemoteError(o.error)
+    with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
+        futures = [pool.submit(one, sessions[n.name]) for n in nodes]
+    for node, fut in zip(nodes, futures):
+        exc = fut.exception()
+        if isinstance(exc, HrmctlError):
+            raise exc
+        if exc is not None:  # a surprise on one node is still one line naming it
+            raise RemoteError(f"{node.name}: {type(exc).__name__}: {exc}")
     if fresh:
         _save({**cache, **fresh})
     facts, probes = {}, {}
-    for o in outs:
-        probe, tf = o.value
-        node = o.node
+    for node, fut in zip(nodes, futures):
+        probe, tf = fut.result()
         if tf.get("error") or not tf.get("torch"):
             raise HrmctlError(f"{node.name}: torch does not import with {node.python} ({tf.get('error')}); "
                               f"install torch in that Python (pip install torch) or set python for {node.name}")
