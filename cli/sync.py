@@ -238,7 +238,7 @@ class _Sender:
 
     def _send_sftp(self, o: "_Opening") -> None:
         sftp, path, t = self.sinks.sftp, self.remote_part(o.t.file.rel), o.t
-        sftp.wait(o.done)
+        sftp.wait_until(o.ready)
         if o.error is not None:
             self._fail(t, f"cannot create {path}: {o.error}", o.error.code)
             return
@@ -282,11 +282,12 @@ class _Opening:
         self.t, self.fh, self.h, self.offset = t, fh, h, offset
         self.handle: bytes | None = None
         self.error: SFTPError | None = None
-        self.done = threading.Event()
 
     def opened(self, handle: bytes | None, error: SFTPError | None) -> None:
         self.handle, self.error = handle, error
-        self.done.set()
+
+    def ready(self) -> bool:
+        return self.handle is not None or self.error is not None
 
 
 class _Finalizer:

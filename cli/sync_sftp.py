@@ -73,27 +73,35 @@ class PipelinedSFTP:
         self._next_id = 1
         self._rbuf = bytearray()
         self._out = bytearray()
+        self._sleepers = 0  # threads waiting on _cond (the reader notifies only if there are any)
         self._failure: str | None = None
         self.last_reply = time.monotonic()
         self._send_raw(struct.pack(">IBI", 5, INIT, 3))
         self.flush()
-        kind, _ = self._read_packet()
+        kind, _ = self._read_replies()[0]
         if kind != VERSION:
             raise SFTPStalled("the node's SFTP server did not answer INIT")
         self._reader = threading.Thread(target=self._read_loop, name="sftp-reader", daemon=True)
         self._reader.start()
 
     # ---------------------------------------------------------------- wire
-    def _read_packet(self) -> tuple[int, bytes]:
-        """The next reply (type, body). Kept in self._rbuf across a timeout, so nothing is lost."""
+    def _read_replies(self) -> list[tuple[int, bytes]]:
+        """Every complete reply that has arrived, at least one: [(type, body)].
+
+        Partial data stays in self._rbuf (across a timeout too), so nothing is lost."""
         buf = self._rbuf
         while True:
-            if len(buf) >= 4:
-                length = struct.unpack_from(">I", buf, 0)[0]
-                if len(buf) >= 4 + length:
-                    kind, body = buf[4], bytes(buf[5:4 + length])
-                    del buf[:4 + length]
-                    return kind, body
+            replies, pos, end = [], 0, len(buf)
+            while end - pos >= 4:
+                length = struct.unpack_from(">I", buf, pos)[0]
+                if end - pos < 4 + length:
+                    break
+                replies.append((buf[pos + 4], bytes(buf[pos + 5:pos + 4 + length])))
+                pos += 4 + length
+            if pos:
+                del buf[:pos]
+            if replies:
+                return replies
             chunk = self.chan.recv(65536)
             if not chunk:
                 raise EOFError("the SFTP channel closed")
@@ -138,18 +146,23 @@ class PipelinedSFTP:
         try:
             while True:
                 try:
-                    kind, body = self._read_packet()
+                    replies = self._read_replies()
                 except socket.timeout:  # silence: the waiters decide whether it is a stall
                     continue
-                rid = struct.unpack_from(">I", body, 0)[0]
-                with self._cond:
+                answered = []
+                with self._cond:  # one lock round for every reply that came in together
                     self.last_reply = time.monotonic()
-                    callback, nbytes = self._waiting.pop(rid, (None, 0))
-                    self._bytes_in_flight -= nbytes
-                    self._cond.notify_all()
-                if callback is not None:
-                    code = _parse_status(body[4:])[0] if kind == STATUS else 0
-                    callback(kind, code, body[4:])
+                    for kind, body in replies:
+                        callback, nbytes = self._waiting.pop(struct.unpack_from(">I", body, 0)[0], (None, 0))
+                        self._bytes_in_flight -= nbytes
+                        answered.append((callback, kind, body))
+                for callback, kind, body in answered:
+                    if callback is not None:
+                        code = struct.unpack_from(">I", body, 4)[0] if kind == STATUS else 0
+                        callback(kind, code, body[4:])
+                with self._cond:  # after the callbacks: a waiter's condition may hold now
+                    if self._sleepers:
+                        self._cond.notify_all()
         except Exception as exc:  # EOF, socket errors: everyone waiting must learn of it
             with self._cond:
                 self._failure = f"the SFTP connection was lost ({exc or type(exc).__name__})"
@@ -175,21 +188,16 @@ class PipelinedSFTP:
         """
         nbytes = len(data)
         with self._cond:
-            full = (self._bytes_in_flight + nbytes > MAX_BYTES_IN_FLIGHT and self._bytes_in_flight) or \
-                len(self._waiting) >= MAX_REQUESTS_IN_FLIGHT
-        if full:
+            rid = None if self._full(nbytes) else self._register(callback, nbytes)
+        if rid is None:  # too much in flight: send what is queued and wait for replies
             self.flush()
-        with self._cond:
-            while (self._bytes_in_flight + nbytes > MAX_BYTES_IN_FLIGHT and self._bytes_in_flight) or \
-                    len(self._waiting) >= MAX_REQUESTS_IN_FLIGHT or self._failure:
-                self._check()
-                self._cond.wait(0.25)
-            if not self._waiting:
-                self.last_reply = time.monotonic()
-            rid = self._next_id
-            self._next_id += 1
-            self._waiting[rid] = (callback, nbytes)
-            self._bytes_in_flight += nbytes
+            with self._cond:
+                while self._full(nbytes):
+                    self._check()
+                    self._sleepers += 1
+                    self._cond.wait(0.25)
+                    self._sleepers -= 1
+                rid = self._register(callback, nbytes)
         try:
             if data:
                 payload += struct.pack(">I", nbytes)
@@ -200,25 +208,36 @@ class PipelinedSFTP:
                 self._cond.notify_all()
             raise SFTPStalled(self._failure) from None
 
-    def wait(self, event: threading.Event) -> None:
-        """Wait for event (set by a callback); SFTPStalled if the node stops answering."""
-        if not event.is_set():
-            self.flush()
-        while not event.wait(0.25):
-            with self._cond:
+    def _full(self, nbytes: int) -> bool:
+        return bool(self._failure or len(self._waiting) >= MAX_REQUESTS_IN_FLIGHT or
+                    (self._bytes_in_flight and self._bytes_in_flight + nbytes > MAX_BYTES_IN_FLIGHT))
+
+    def _register(self, callback: Callback, nbytes: int) -> int:
+        if not self._waiting:
+            self.last_reply = time.monotonic()
+        rid = self._next_id
+        self._next_id += 1
+        self._waiting[rid] = (callback, nbytes)
+        self._bytes_in_flight += nbytes
+        return rid
+
+    def wait_until(self, ready: Callable[[], bool]) -> None:
+        """Wait until ready() (made true by a reply's callback); SFTPStalled if the node stops answering."""
+        if ready():
+            return
+        self.flush()
+        with self._cond:
+            while not ready():
                 self._check()
+                self._sleepers += 1
+                self._cond.wait(0.25)
+                self._sleepers -= 1
 
     def call(self, kind: int, payload: bytes) -> tuple[int, bytes]:
         """Send one request and wait for its reply: (reply type, body)."""
         box: list = []
-        done = threading.Event()
-
-        def got(k: int, code: int, body: bytes) -> None:
-            box.append((k, code, body))
-            done.set()
-
-        self.request(kind, payload, got)
-        self.wait(done)
+        self.request(kind, payload, lambda k, code, body: box.append((k, code, body)))
+        self.wait_until(lambda: bool(box))
         k, code, body = box[0]
         if k == STATUS and code != 0:
             raise SFTPError(code, _parse_status(body)[1])
@@ -230,7 +249,9 @@ class PipelinedSFTP:
         with self._cond:
             while self._waiting:
                 self._check()
+                self._sleepers += 1
                 self._cond.wait(0.25)
+                self._sleepers -= 1
             if self._failure:
                 raise SFTPStalled(self._failure)
 
