@@ -66,11 +66,12 @@ class NodeSync:
     deleted: list[str] = field(default_factory=list)
     to_send: list[str] = field(default_factory=list)
     to_delete: list[str] = field(default_factory=list)
-    seconds: float = 0.0
+    seconds: float = 0.0                # the whole sync of this node (connect and scan included)
+    transfer_seconds: float = 0.0       # sending, verifying and renaming
 
     @property
     def rate(self) -> float:
-        return self.sent_bytes / self.seconds if self.seconds > 0 else 0.0
+        return self.sent_bytes / self.transfer_seconds if self.transfer_seconds > 0 else 0.0
 
 
 @dataclass
@@ -380,7 +381,9 @@ class _NodeSync:
         if plan.missing_dirs:
             self.agent.call({"op": "mkdirs", "dest": root, "dirs": plan.missing_dirs})
         self.progress.start(self.name, need)
+        t0 = time.monotonic()
         sent = self._transfer(root, plan.send)
+        self.r.transfer_seconds = time.monotonic() - t0
         if plan.delete or plan.stale_parts:
             answer = self.agent.call({"op": "finalize", "dest": root, "files": [],
                                               "stale_parts": plan.stale_parts, "delete": plan.delete})
