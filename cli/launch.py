@@ -10,6 +10,7 @@ Order of a launch, so that nothing starts anywhere when something is wrong:
 
 from __future__ import annotations
 
+import json
 import secrets
 import subprocess
 import sys
@@ -25,14 +26,15 @@ from netcheck import MasterAddressError, check_master_port, master_address
 
 from .errors import HrmctlError, InventoryError
 from .inventory import Node
-from .launch_facts import gather
+from .launch_facts import CACHE_DIR, gather, load_cache, save_cache
 from .launch_log import MergedLog
 from .launch_plan import NodeFacts, NodeLaunch, build_plan, choose_backend, nproc_for, redacted
 from .launch_run import RunResult, connect_all, run_once
 from .remote import Session
 
 TRAINER = "auralm.train"
-DEFAULT_PORTS = range(29500, 29510)  # torchrun's default first, then its neighbours
+DEFAULT_PORTS = range(29500, 29510)
+TRAINER_CHECKS = CACHE_DIR / "trainer-checks.json"  # torchrun's default first, then its neighbours
 
 # Sent to the master's Python: the first port of argv that can be bound (as the TCPStore binds it).
 FREE_PORT_SNIPPET = r"""
@@ -84,10 +86,37 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
 
 
+def _trainer_check_key(args: list[str]) -> str | None:
+    """Same Python, same overrides, same trainer source (names, sizes, mtimes): same verdict."""
+    import hashlib
+    import importlib.util
+
+    spec = importlib.util.find_spec("auralm")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    h = hashlib.sha256(json.dumps([sys.executable, args]).encode())
+    for path in sorted(Path(list(spec.submodule_search_locations)[0]).glob("*.py")):
+        st = path.stat()
+        h.update(f"{path.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()
+
+
 def check_trainer_args(module: str, args: list[str]) -> None:
-    """The trainer validates its overrides here, before anything starts on any node."""
+    """The trainer validates its overrides here, before anything starts on any node. A verdict
+    "valid" is remembered (it costs a local `import torch`); a rejection is never cached."""
     if module != TRAINER:
         return
+    key = _trainer_check_key(args)
+    if key and key in load_cache(TRAINER_CHECKS):
+        return
+    _run_trainer_check(args)
+    if key:
+        passed = load_cache(TRAINER_CHECKS)
+        passed[key] = time.time()
+        save_cache(TRAINER_CHECKS, dict(sorted(passed.items(), key=lambda kv: kv[1])[-200:]))
+
+
+def _run_trainer_check(args: list[str]) -> None:
     try:
         res = subprocess.run([sys.executable, "-m", TRAINER, "--check", *args], capture_output=True, text=True,
                              timeout=120)

@@ -24,7 +24,8 @@ from .inventory import Node
 from .launch_plan import NodeFacts
 from .remote import Session
 
-CACHE = Path(os.environ.get("HRMCTL_CACHE", "~/.cache/hrmctl")).expanduser() / "torch-facts.json"
+CACHE_DIR = Path(os.environ.get("HRMCTL_CACHE", "~/.cache/hrmctl")).expanduser()
+CACHE = CACHE_DIR / "torch-facts.json"
 CACHE_TTL_S = 24 * 3600
 PROBE_TIMEOUT_S = 60
 
@@ -34,19 +35,19 @@ def _key(node: Node, probe: NodeProbe) -> str:
     return f"{node.name}|{node.host}|{node.port}|{node.user}|{node.python}|{torch_v}"
 
 
-def _load() -> dict:
+def load_cache(path: Path) -> dict:
     try:
-        return json.loads(CACHE.read_text())
+        return json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
 
 
-def _save(entries: dict) -> None:
+def save_cache(path: Path, entries: dict) -> None:
     try:
-        CACHE.parent.mkdir(parents=True, exist_ok=True)
-        tmp = CACHE.with_suffix(".tmp")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(entries, indent=1))
-        tmp.replace(CACHE)
+        tmp.replace(path)
     except OSError:
         pass  # a cache we cannot write only costs time
 
@@ -73,7 +74,7 @@ def gather(sessions: dict[str, Session], nodes: list[Node], master_addr: str, *,
            use_cache: bool = True) -> tuple[dict[str, NodeFacts], dict[str, NodeProbe]]:
     """NodeFacts per node (and the probes), or the first node's problem as one HrmctlError.
     `sessions` are open sessions by node name (one connection per node serves the whole preflight)."""
-    cache = _load() if use_cache else {}
+    cache = load_cache(CACHE) if use_cache else {}
     now = time.time()
     fresh: dict[str, dict] = {}
 
@@ -105,7 +106,7 @@ def gather(sessions: dict[str, Session], nodes: list[Node], master_addr: str, *,
         if exc is not None:  # a surprise on one node is still one line naming it
             raise RemoteError(f"{node.name}: {type(exc).__name__}: {exc}")
     if fresh:
-        _save({**cache, **fresh})
+        save_cache(CACHE, {**cache, **fresh})
     facts, probes = {}, {}
     for node, fut in zip(nodes, futures):
         probe, tf = fut.result()
