@@ -34,3 +34,42 @@ def test_local_sync_resumes_a_part_file_and_deletes_extras(tmp_path):
 
     again = sync_nodes([local_node()], src, dest=str(dest), progress=False).nodes[0]
     assert again.sent_files == 0 and again.sent_bytes == 0 and again.unchanged == 2
+
+
+def _corrupt_sent_parts(monkeypatch, dest, times: int) -> None:
+    """Flip a byte of each part file the first `times` times it is complete (a bad disk on the node)."""
+    from cli import sync
+
+    real_add = sync._Finalizer.add
+    seen: dict[str, int] = {}
+
+    def add(self, t, digest):
+        if seen.get(t.file.rel, 0) < times:
+            seen[t.file.rel] = seen.get(t.file.rel, 0) + 1
+            part = dest / sync.part_name(t.file.rel)
+            data = bytearray(part.read_bytes())
+            data[0] ^= 0xFF
+            part.write_bytes(bytes(data))
+        real_add(self, t, digest)
+
+    monkeypatch.setattr(sync._Finalizer, "add", add)
+
+
+def test_a_mismatch_after_transfer_is_sent_again_once(tmp_path, monkeypatch):
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    src.mkdir()
+    (src / "f.bin").write_bytes(os.urandom(50_000))
+    _corrupt_sent_parts(monkeypatch, dest, times=1)
+    node = sync_nodes([local_node()], src, dest=str(dest), progress=False).nodes[0]
+    assert node.ok and node.resent_files == 1
+    assert digest_tree(dest) == digest_tree(src)
+
+
+def test_a_mismatch_twice_is_reported_and_nothing_is_renamed(tmp_path, monkeypatch):
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    src.mkdir()
+    (src / "f.bin").write_bytes(os.urandom(50_000))
+    _corrupt_sent_parts(monkeypatch, dest, times=2)
+    node = sync_nodes([local_node()], src, dest=str(dest), progress=False).nodes[0]
+    assert not node.ok and "f.bin differs on the node after being sent twice" in node.error
+    assert list(dest.iterdir()) == []
