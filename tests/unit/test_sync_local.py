@@ -55,21 +55,21 @@ def _corrupt_sent_parts(monkeypatch, dest, times: int) -> None:
     monkeypatch.setattr(sync._Finalizer, "add", add)
 
 
-def test_a_mismatch_after_transfer_is_sent_again_once(tmp_path, monkeypatch):
+def _sync_with_corruption(tmp_path, monkeypatch, times: int):
     src, dest = tmp_path / "src", tmp_path / "dest"
     src.mkdir()
     (src / "f.bin").write_bytes(os.urandom(50_000))
-    _corrupt_sent_parts(monkeypatch, dest, times=1)
-    node = sync_nodes([local_node()], src, dest=str(dest), progress=False).nodes[0]
+    _corrupt_sent_parts(monkeypatch, dest, times=times)
+    return src, dest, sync_nodes([local_node()], src, dest=str(dest), progress=False).nodes[0]
+
+
+def test_a_mismatch_after_transfer_is_sent_again_once(tmp_path, monkeypatch):
+    src, dest, node = _sync_with_corruption(tmp_path, monkeypatch, times=1)
     assert node.ok and node.resent_files == 1
     assert digest_tree(dest) == digest_tree(src)
 
 
 def test_a_mismatch_twice_is_reported_and_nothing_is_renamed(tmp_path, monkeypatch):
-    src, dest = tmp_path / "src", tmp_path / "dest"
-    src.mkdir()
-    (src / "f.bin").write_bytes(os.urandom(50_000))
-    _corrupt_sent_parts(monkeypatch, dest, times=2)
-    node = sync_nodes([local_node()], src, dest=str(dest), progress=False).nodes[0]
+    src, dest, node = _sync_with_corruption(tmp_path, monkeypatch, times=2)
     assert not node.ok and "f.bin differs on the node after being sent twice" in node.error
     assert list(dest.iterdir()) == []
