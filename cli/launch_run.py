@@ -31,6 +31,7 @@ HEARTBEAT_TIMEOUT_S = 6.0
 TERM_GRACE_S = 4.0
 POLL_S = 0.1
 LOST_CODE = 255
+REPORT_WINDOW_S = 1.5
 
 # Sent to a node's Python: stop every process whose environment holds HRMCTL_JOB=<argv[1]>.
 STOP_SNIPPET = r"""
@@ -176,7 +177,7 @@ def run_once(plans: list[NodeLaunch], log: MergedLog, *, attempt: int = 1,
                 if code is not None:
                     ended[name] = code
                     if code != 0:
-                        result = _failure(plans, log, name, code)
+                        result = _failure(plans, log, jobs, ended, name)
                         break
             if result is None and len(ended) == len(plans):
                 result = RunResult(0, "every node finished")
@@ -212,12 +213,27 @@ def _plan(plans: list[NodeLaunch], name: str) -> NodeLaunch:
     return next(p for p in plans if p.node.name == name)
 
 
-def _failure(plans: list[NodeLaunch], log: MergedLog, name: str, code: int) -> RunResult:
-    """The node whose job ended first with a non-zero code; its rank from torchrun's report."""
+def _failure(plans: list[NodeLaunch], log: MergedLog, jobs: dict[str, Job], ended: dict[str, int],
+             first: str) -> RunResult:
+    """Who failed first. When one rank dies, its peers fail a moment later on a broken connection;
+    so the other nodes get REPORT_WINDOW_S to report too, and a worker killed by a signal (torchrun's
+    report: a negative exit code) is the root cause over one that exited on a broken connection;
+    otherwise the first node to end. The rank comes from torchrun's "Root Cause" report."""
+    deadline = time.monotonic() + REPORT_WINDOW_S
+    while time.monotonic() < deadline:
+        for p in plans:
+            if p.node.name not in ended:
+                code = jobs[p.node.name].wait(0)
+                if code is not None:
+                    ended[p.node.name] = code
+        if first in log.failed_rank and all(n in log.failed_rank for n, c in ended.items() if c):
+            break
+        time.sleep(0.05)
+    failed = [n for n, c in ended.items() if c]  # in the order they ended
+    killed = [n for n in failed if log.exitcode.get(n, 0) < 0]
+    name = (killed or [first])[0]
+    code = ended[name]
     plan = _plan(plans, name)
-    deadline = time.monotonic() + 0.3  # the failure report may still be arriving
-    while name not in log.failed_rank and time.monotonic() < deadline:
-        time.sleep(0.02)
     rank = log.failed_rank.get(name, plan.first_rank if plan.nproc == 1 else None)
     who = f"rank {rank}" if rank is not None else f"ranks {plan.ranks.start}-{plan.ranks.stop - 1}"
     worker_code = log.exitcode.get(name)

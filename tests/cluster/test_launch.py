@@ -105,20 +105,21 @@ def test_sigint_stops_every_node_and_leaves_no_process(lab3, tmp_path):
 
 
 def test_killed_trainer_on_one_node_stops_the_others(lab3, tmp_path):
-    proc = start_hrmctl(["test-ddp", "--nodes", "node0,node1", "--no-bandwidth", "--soak", "120",
-                         "--run-id", "kill1"], lab3.inventory, tmp_path)
+    proc = start_hrmctl(["train", "--nodes", "node0,node1", "--run-id", "kill1", "model=tiny",
+                         "training.max_steps=100000", "training.batch_size=8", "training.log_interval=1",
+                         "training.eval_interval=0", "training.checkpoint_interval=0"], lab3.inventory, tmp_path)
+    log = tmp_path / "runs" / "kill1" / "node0.log"
     try:
-        workers = wait_for(lambda: [p for p, c in job_pids(lab3.nodes[1], "kill1")
-                                    if "auralm.ddp_check" in c and "torch.distributed.run" not in c],
-                           60, "the worker on node1")
-        wait_for(lambda: job_pids(lab3.nodes[0], "kill1"), 30, "the job on node0")
+        wait_for(lambda: log.exists() and "[rank0]:step " in log.read_text(), 120, "the first training step")
+        workers = [p for p, c in job_pids(lab3.nodes[1], "kill1") if "auralm.train" in c and "torch.distributed.run" not in c]
+        assert workers, "no trainer process on node1"
         lab3.nodes[1].as_user(f"kill -9 {workers[0]}")
         out, err = proc.communicate(timeout=40)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode not in (0, None), out + err
-    assert "rank 1 on node1" in err, err
+    assert "rank 1 on node1 failed first" in err, err
     assert "Traceback" not in err
     for n in lab3.nodes[:2]:
         assert job_pids(n, "kill1") == [], f"processes of the job left on {n.name}"
