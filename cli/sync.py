@@ -44,7 +44,6 @@ DEFAULT_SRC = "data"
 NODE_SNIPPET = Path(__file__).with_name("sync_remote.py").read_text(encoding="utf-8")
 BATCH_FILES, BATCH_WAIT_S = 500, 0.02   # how the node's verify-and-rename calls are batched
 LOOKAHEAD = 32                  # files whose part file is being opened while earlier files are sent
-FINALIZE_TIMEOUT = 600.0
 
 
 @dataclass
@@ -99,21 +98,26 @@ class SyncReport:
 class NodeAgent:
     """cli/sync_remote.py running on the node for the whole sync: call(job) -> its JSON answer."""
 
-    def __init__(self, session: Session):
-        self.session, self.name = session, session.node.name
+    def __init__(self, session: Session, stall_timeout: float):
+        self.session, self.name, self.stall_timeout = session, session.node.name, stall_timeout
         self.lock = threading.Lock()
         self.pipe = session.pipe([session.node.python, "-S", "-c", NODE_SNIPPET + "\nserve()\n"])
 
-    def call(self, job: dict, *, timeout: float = FINALIZE_TIMEOUT) -> dict:
+    def call(self, job: dict) -> dict:
+        """Send one job and wait for its answer; the node says "." while it works, so a silence
+        longer than stall_timeout means the node or the link is gone."""
         with self.lock:
             try:
                 self.pipe.send(json.dumps(job) + "\n")
-                line = self.pipe.readline(timeout)
+                line = "."
+                while line == ".":
+                    line = self.pipe.readline(self.stall_timeout)
             except (OSError, EOFError, paramiko.SSHException) as exc:
                 raise SyncError(f"{self.name}: the connection to the node was lost ({exc})") from None
         if line is None:
-            raise SyncError(f"{self.name}: the node's Python ({self.session.node.python}) did not answer; "
-                            "check `python` for this node in the inventory, and that the node is up")
+            raise SyncError(f"{self.name}: no answer from the node's Python ({self.session.node.python}) within "
+                            f"{self.stall_timeout:g}s; check `python` for this node in the inventory, and that "
+                            "the node is up; partly sent files are kept for the next run")
         try:
             answer = json.loads(line)
         except ValueError:
@@ -352,7 +356,7 @@ class _NodeSync:
         self.name = session.node.name
 
     def run(self) -> None:
-        self.agent = NodeAgent(self.session)
+        self.agent = NodeAgent(self.session, self.stall_timeout)
         try:
             self._run()
         finally:
@@ -360,7 +364,7 @@ class _NodeSync:
 
     def _run(self) -> None:
         scan = self.agent.call({"op": "scan", "dest": self.r.dest, "checksum": self.checksum,
-                                        "dry_run": self.dry_run}, timeout=FINALIZE_TIMEOUT)
+                                "dry_run": self.dry_run})
         root = scan["root"]
         self.r.dest = root
         source: Source = self.source_future.result()

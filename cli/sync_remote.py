@@ -23,6 +23,7 @@ import stat
 import sys
 
 PART_SUFFIX = ".hrmctl-part"
+HEARTBEAT_S = 2.0
 BLOCK = 1 << 20
 
 
@@ -214,12 +215,27 @@ def handle(job):
         answer = {"ok": False, "error": str(exc)}
     except OSError as exc:
         answer = {"ok": False, "error": "%s: %s" % (getattr(exc, "filename", None) or "", exc.strerror or exc)}
+    except Exception as exc:  # a bug must still come back as an answer
+        answer = {"ok": False, "error": "%s: %s" % (type(exc).__name__, exc)}
     return answer
 
 
 def serve():
-    """One JSON job per stdin line, one JSON answer per stdout line, until stdin closes."""
+    """One JSON job per stdin line, one JSON answer per stdout line, until stdin closes.
+
+    While a job runs (hashing can take minutes), a line "." every HEARTBEAT_S seconds tells the
+    other side that the node is alive, so that silence can mean a dead link."""
+    import threading
     for line in sys.stdin:
-        if line.strip():
-            sys.stdout.write(json.dumps(handle(json.loads(line))) + "\n")
-            sys.stdout.flush()
+        if not line.strip():
+            continue
+        job, box = json.loads(line), []
+        worker = threading.Thread(target=lambda: box.append(handle(job)), daemon=True)
+        worker.start()
+        while worker.is_alive():
+            worker.join(HEARTBEAT_S)
+            if worker.is_alive():
+                sys.stdout.write(".\n")
+                sys.stdout.flush()
+        sys.stdout.write(json.dumps(box[0]) + "\n")
+        sys.stdout.flush()

@@ -259,6 +259,12 @@ def test_bad_input_is_one_line(lab3, hrmctl, tmp_path):
         assert code != 0 and "Traceback" not in out + err
         assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], (args, err)
     assert not Path("/etc/hrmctl-data").exists()
+    bad_python = tmp_path / "bad-python.toml"
+    bad_python.write_text(lab3.inventory.read_text().replace(f'python = "{lab3.python}"',
+                                                             'python = "/nonexistent/python3"'))
+    code, out, err = hrmctl("sync-data", "node1", "--src", str(src), inventory=bad_python)
+    errors = [l for l in err.splitlines() if l.startswith("error:")]
+    assert code != 0 and len(errors) == 1 and "/nonexistent/python3" in errors[0] and "inventory" in errors[0]
     assert "/etc/hrmctl-data" in hrmctl("sync-data", "node1", "--src", str(src), "--dest", "/etc/hrmctl-data",
                                         inventory=lab3.inventory)[2]
 
