@@ -26,10 +26,9 @@ def show_report(report: SyncReport, *, as_json: bool, console: Console, err: Con
         else:
             _show_lines(report, console)
     codes = [n.exit_code or 1 for n in report.nodes if not n.ok]
-    if not as_json:
-        for n in report.nodes:
-            if not n.ok:
-                err.print(f"error: {n.error}", markup=False, highlight=False, soft_wrap=True)
+    for n in report.nodes:  # on stderr with --json too: the JSON has them in "error"
+        if not n.ok:
+            err.print(f"error: {n.error}", markup=False, highlight=False, soft_wrap=True)
     return max(codes) if codes else 0
 
 
