@@ -27,7 +27,7 @@ from .launch_plan import NodeLaunch
 from .remote import Job, Session, connect, for_each
 
 HEARTBEAT_S = 2.0
-HEARTBEAT_TIMEOUT_S = 6.0
+HEARTBEAT_TIMEOUT_S = 8.0
 TERM_GRACE_S = 4.0
 POLL_S = 0.1
 LOST_CODE = 255
@@ -129,23 +129,30 @@ def stop_everywhere(plans: list[NodeLaunch], jobs: dict[str, Job], accept_new_ho
 
 
 class _Heartbeat(threading.Thread):
-    """Runs `true` on an SSH node every few seconds; a node that stops answering is lost."""
+    """An SSH-level keep-alive request (`keepalive@openssh.com`, answered by sshd itself, so no
+    process is started on the node) every HEARTBEAT_S; `silent_for()` is how long the node has
+    not answered. The request blocks while the network is gone, hence the separate thread."""
 
-    def __init__(self, name: str, session: Session, lost: dict[str, str]):
+    def __init__(self, session: Session):
         super().__init__(daemon=True)
-        self.name_, self.session, self.lost = name, session, lost
+        self.transport = session.client.get_transport()
+        self.last = time.monotonic()
         self.halt = threading.Event()
 
     def run(self) -> None:
         while not self.halt.wait(HEARTBEAT_S):
-            try:
-                res = self.session.run(["true"], timeout=HEARTBEAT_TIMEOUT_S)
-                if res.code != 0:
-                    raise HrmctlError(f"heartbeat exit code {res.code}")
-            except Exception as exc:
-                if not self.halt.is_set():
-                    self.lost[self.name_] = str(exc)
+            t = self.transport
+            if t is None or not t.is_active():
                 return
+            try:
+                t.global_request("keepalive@openssh.com", wait=True)  # any answer, even "unsupported", will do
+            except Exception:
+                return
+            if t.is_active():
+                self.last = time.monotonic()
+
+    def silent_for(self) -> float:
+        return time.monotonic() - self.last
 
 
 def run_once(plans: list[NodeLaunch], log: MergedLog, *, attempt: int = 1,
@@ -155,8 +162,7 @@ def run_once(plans: list[NodeLaunch], log: MergedLog, *, attempt: int = 1,
     sessions = connect_all([p.node for p in plans], accept_new_host_keys)
     jobs: dict[str, Job] = {}
     ended: dict[str, int] = {}
-    lost: dict[str, str] = {}
-    beats: list[_Heartbeat] = []
+    beats: dict[str, _Heartbeat] = {}
     result: RunResult | None = None
     old = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
@@ -165,8 +171,8 @@ def run_once(plans: list[NodeLaunch], log: MergedLog, *, attempt: int = 1,
             session = sessions[p.node.name]
             jobs[p.node.name] = session.start(p.argv, log.handler(p), env=p.env, cwd=p.cwd, pty=not p.node.is_local)
             if not p.node.is_local:
-                beats.append(_Heartbeat(p.node.name, session, lost))
-        for b in beats:
+                beats[p.node.name] = _Heartbeat(session)
+        for b in beats.values():
             b.start()
         while result is None:
             for p in plans:
@@ -181,9 +187,11 @@ def run_once(plans: list[NodeLaunch], log: MergedLog, *, attempt: int = 1,
                         break
             if result is None and len(ended) == len(plans):
                 result = RunResult(0, "every node finished")
-            if result is None and lost:
-                name = next(iter(lost))
-                result = RunResult(LOST_CODE, f"{name} stopped answering ({lost[name]})", failed_node=name,
+            silent = [n for n, b in beats.items() if n not in ended and b.silent_for() > HEARTBEAT_TIMEOUT_S]
+            if result is None and silent:
+                name = silent[0]
+                result = RunResult(LOST_CODE, f"{name} stopped answering (no SSH keep-alive reply for "
+                                   f"{beats[name].silent_for():.0f}s)", failed_node=name,
                                    failed_rank=_plan(plans, name).first_rank)
             if result is None:
                 time.sleep(POLL_S)
@@ -191,7 +199,7 @@ def run_once(plans: list[NodeLaunch], log: MergedLog, *, attempt: int = 1,
         why = "interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt) else f"interrupted ({exc})"
         result = RunResult(130, why, interrupted=True)
     finally:
-        for b in beats:
+        for b in beats.values():
             b.halt.set()
         prev_int = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the stop short
         try:
