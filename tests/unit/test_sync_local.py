@@ -38,21 +38,21 @@ def test_local_sync_resumes_a_part_file_and_deletes_extras(tmp_path):
 
 def _corrupt_sent_parts(monkeypatch, dest, times: int) -> None:
     """Flip a byte of each part file the first `times` times it is complete (a bad disk on the node)."""
-    from cli import sync
+    from cli import sync_send
 
-    real_add = sync._Finalizer.add
+    real_add = sync_send.Finalizer.add
     seen: dict[str, int] = {}
 
     def add(self, t, digest):
         if seen.get(t.file.rel, 0) < times:
             seen[t.file.rel] = seen.get(t.file.rel, 0) + 1
-            part = dest / sync.part_name(t.file.rel)
+            part = dest / sync_send.part_name(t.file.rel)
             data = bytearray(part.read_bytes())
             data[0] ^= 0xFF
             part.write_bytes(bytes(data))
         real_add(self, t, digest)
 
-    monkeypatch.setattr(sync._Finalizer, "add", add)
+    monkeypatch.setattr(sync_send.Finalizer, "add", add)
 
 
 def _sync_with_corruption(tmp_path, monkeypatch, times: int):
