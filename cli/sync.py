@@ -9,8 +9,8 @@ For the launcher (`hrmctl train --sync-data`) and other callers:
 `nodes` are resolved inventory Nodes; each is synced to `dest` or its own `data_path`, all in
 parallel. Per node: its manifest is computed by its own Python (cli/sync_remote.py), compared
 with the source's (size + mtime, or SHA-256 with checksum=True; cli/sync_plan.py), and only new
-or changed files are written, with many SFTP requests in flight (cli/sync_sftp.py), to
-`.NAME.hrmctl-part` beside the target. The node then hashes each part file, and only a part
+or changed files are written, with many SFTP requests in flight (cli/sync_send.py over
+cli/sync_sftp.py), to `.NAME.hrmctl-part` beside the target. The node then hashes each part file, and only a part
 whose SHA-256 matches the source's is renamed over the final name; a mismatch is sent again
 once, then reported. A partly sent file is resumed on the next run after its prefix hash is
 checked. Nothing is written outside the destination.
