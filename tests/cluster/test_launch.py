@@ -105,23 +105,26 @@ def test_sigint_stops_every_node_and_leaves_no_process(lab3, tmp_path):
 
 
 def test_killed_trainer_on_one_node_stops_the_others(lab3, tmp_path):
-    proc = start_hrmctl(["train", "--nodes", "node0,node1", "--run-id", "kill1", "model=tiny",
+    proc = start_hrmctl(["train", "--nodes", "node1,node2", "--run-id", "kill1", "model=tiny",
                          "training.max_steps=100000", "training.batch_size=8", "training.log_interval=1",
                          "training.eval_interval=0", "training.checkpoint_interval=0"], lab3.inventory, tmp_path)
-    log = tmp_path / "runs" / "kill1" / "node0.log"
+    log = tmp_path / "runs" / "kill1" / "node1.log"  # the nodes of the 2-node train test: data made once
     try:
         wait_for(lambda: log.exists() and "[rank0]:step " in log.read_text(), 120, "the first training step")
-        workers = [p for p, c in job_pids(lab3.nodes[1], "kill1") if "auralm.train" in c and "torch.distributed.run" not in c]
-        assert workers, "no trainer process on node1"
-        lab3.nodes[1].as_user(f"kill -9 {workers[0]}")
+        workers = [p for p, c in job_pids(lab3.nodes[2], "kill1") if "auralm.train" in c and "torch.distributed.run" not in c]
+        assert workers, "no trainer process on node2"
+        t0 = time.monotonic()
+        lab3.nodes[2].as_user(f"kill -9 {workers[0]}")
         out, err = proc.communicate(timeout=40)
+        elapsed = time.monotonic() - t0
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode not in (0, None), out + err
-    assert "rank 1 on node1 failed first" in err, err
+    assert elapsed < 10, f"the other node was stopped only after {elapsed:.1f}s"
+    assert "rank 1 on node2 failed first" in err, err
     assert "Traceback" not in err
-    for n in lab3.nodes[:2]:
+    for n in lab3.nodes[1:]:
         assert job_pids(n, "kill1") == [], f"processes of the job left on {n.name}"
 
 
@@ -238,3 +241,19 @@ def test_sync_data_before_launch(lab3, hrmctl, tmp_path):
     assert code == 0, out + err
     for n in lab3.nodes[:2]:
         assert (n.home / "hrmctl" / "data" / "extra" / "shard.bin").read_bytes() == b"x" * 100_000
+
+
+def test_master_port_in_use_is_refused(lab3, hrmctl, tmp_path):
+    holder = subprocess.Popen(["ip", "netns", "exec", lab3.nodes[0].ns, sys.executable, "-c",
+                               "import socket, time; s = socket.socket(); s.bind(('0.0.0.0', 29644)); s.listen(); "
+                               "print('up', flush=True); time.sleep(120)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "up"
+        code, out, err = hrmctl("test-ddp", "--nodes", "node0,node1", "--master-port", "29644", "--no-bandwidth",
+                                inventory=lab3.inventory, timeout=60)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert code != 0 and len(err.strip().splitlines()) == 1, err
+    assert "master port 29644 is already in use on node0" in err and "--master-port" in err
+    assert not (tmp_path / "runs").exists()
