@@ -110,7 +110,11 @@ def test_killed_trainer_on_one_node_stops_the_others(lab3, tmp_path):
                          "training.eval_interval=0", "training.checkpoint_interval=0"], lab3.inventory, tmp_path)
     log = tmp_path / "runs" / "kill1" / "node1.log"  # the nodes of the 2-node train test: data made once
     try:
-        wait_for(lambda: log.exists() and "[rank0]:step " in log.read_text(), 120, "the first training step")
+        def first_step():
+            if proc.poll() is not None:
+                pytest.fail(f"hrmctl ended before the first step: {proc.communicate()[1][-2000:]}")
+            return log.exists() and "[rank0]:step " in log.read_text()
+        wait_for(first_step, 120, "the first training step")
         workers = [p for p, c in job_pids(lab3.nodes[2], "kill1") if "auralm.train" in c and "torch.distributed.run" not in c]
         assert workers, "no trainer process on node2"
         t0 = time.monotonic()
