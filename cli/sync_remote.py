@@ -69,7 +69,14 @@ def inside(root, rel, checked=None):
     return path
 
 
-def sha256_file(path, limit=None):
+def sha256_file(path, limit=None, size=None):
+    if size is not None and size < BLOCK:  # one read, no loop: most files of a dataset tree are small
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            data = os.read(fd, size + 1)  # + 1: a file that grew since its stat does not match
+            return hashlib.sha256(data).hexdigest()
+        finally:
+            os.close(fd)
     h = hashlib.sha256()
     left = limit
     with open(path, "rb") as fh:
@@ -142,7 +149,7 @@ def walk(top, base, answer, checksum, dry_run):
                 answer["links"].append(rel)
             else:
                 st = entry.stat(follow_symlinks=False)
-                files[rel] = [st.st_size, st.st_mtime_ns, sha256_file(entry.path) if checksum else None]
+                files[rel] = [st.st_size, st.st_mtime_ns, sha256_file(entry.path, size=st.st_size) if checksum else None]
 
 
 def mkdirs(job):
@@ -164,24 +171,27 @@ def finalize(job):
     done, bad, checked = [], [], set()
     for rel, size, mtime_ns, mode, digest in job["files"]:
         final = inside(root, rel, checked)
-        part = inside(root, part_name(rel), checked)
+        head, name = os.path.split(final)
+        part = os.path.join(head, "." + name + PART_SUFFIX)
         try:
             st = os.lstat(part)
         except OSError:
             bad.append([rel, "the sent file is missing on the node"])
             continue
-        got = sha256_file(part) if stat.S_ISREG(st.st_mode) else None
+        got = sha256_file(part, size=st.st_size) if stat.S_ISREG(st.st_mode) else None
         if st.st_size != size or got != digest:
             os.unlink(part)
             bad.append([rel, "size %d sha256 %s, expected %d %s" % (st.st_size, (got or "-")[:12], size, digest[:12])])
             continue
-        os.chmod(part, mode & 0o7777)
+        if stat.S_IMODE(st.st_mode) != mode & 0o7777:
+            os.chmod(part, mode & 0o7777)
         os.utime(part, ns=(mtime_ns, mtime_ns))
-        if os.path.isdir(final) and not os.path.islink(final):
+        try:
+            os.replace(part, final)
+        except (IsADirectoryError, NotADirectoryError):
             os.unlink(part)
             bad.append([rel, "a directory of that name is on the node"])
             continue
-        os.replace(part, final)
         done.append(rel)
     removed = []
     for rel in job.get("stale_parts", []):
