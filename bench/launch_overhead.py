@@ -40,9 +40,9 @@ def time_hrmctl(lab: Lab, cwd: Path, run_id: str, port: int, extra_env=None) -> 
     proc = hrmctl(lab, "train", "--nodes", "node0,node1", "--run-id", run_id, "--master-port", str(port), *TRAIN,
                   cwd=cwd, popen=True, extra_env=extra_env)
     t1 = until_first_step(proc.stdout)
-    proc.communicate()
+    _, err = proc.communicate()
     if t1 is None or proc.returncode != 0:
-        raise SystemExit(f"hrmctl train failed ({proc.returncode}): {proc.stderr.read()[-500:] if proc.stderr else ''}")
+        raise SystemExit(f"hrmctl train failed ({proc.returncode}): {err[-800:]}")
     return t1 - t0
 
 
