@@ -49,6 +49,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--latency-iters", type=int, default=100)
     p.add_argument("--no-bandwidth", action="store_true", help="correctness only")
     p.add_argument("--no-table", action="store_true", help="only the HRMCTL_RESULT line (hrmctl draws the table)")
+    p.add_argument("--corrupt-rank", type=int, default=None,
+                   help="fault injection: this rank's all_reduce result is falsified, to see the check fail")
     p.add_argument("--soak", type=float, default=0.0,
                    help="after the checks, keep checking all_reduce for this many seconds (a network soak)")
     return p.parse_args(argv)
@@ -82,12 +84,14 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def check_correctness(rank: int, world: int, device: torch.device) -> dict[str, bool]:
+def check_correctness(rank: int, world: int, device: torch.device, corrupt: bool = False) -> dict[str, bool]:
     ok: dict[str, bool] = {}
     n = 1000
     base = torch.arange(n, dtype=torch.float64, device=device)
     t = base * (rank + 1)
     dist.all_reduce(t)
+    if corrupt:
+        t[n // 2] += 1
     ok["all_reduce"] = bool(torch.equal(t, base * (world * (world + 1) / 2)))
 
     b = base + 7 if rank == 0 else torch.full((n,), -1.0, dtype=torch.float64, device=device)
@@ -211,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
               "local_rank": int(os.environ.get("LOCAL_RANK", "0"))}
         ranks: list = [None] * world
         dist.all_gather_object(ranks, me)
-        checks = agree(check_correctness(rank, world, device), device)
+        checks = agree(check_correctness(rank, world, device, corrupt=args.corrupt_rank == rank), device)
         lo, hi = parse_size(args.min_size), parse_size(args.max_size)
         sizes = [s for s in DEFAULT_SIZES if lo <= s <= hi] or [lo]
         bw = [] if args.no_bandwidth else bandwidth(sizes, world, device, args.seconds, args.max_iters)
