@@ -60,10 +60,10 @@ def time_by_hand(lab: Lab, cwd: Path, run_id: str, port: int) -> float:
     t0 = time.perf_counter()
     procs = {name: ssh_popen(lab, name, line) for name, line in lines.items()}
     t1 = until_first_step(procs["node0"].stdout)
-    for p in procs.values():
-        p.communicate()
+    outs = {name: p.communicate()[0] for name, p in procs.items()}
     if t1 is None or any(p.returncode for p in procs.values()):
-        raise SystemExit(f"hand-typed torchrun failed: {[p.returncode for p in procs.values()]}")
+        raise SystemExit(f"hand-typed torchrun failed: {[p.returncode for p in procs.values()]}: "
+                         + " | ".join(f"{n}: {o[-600:]}" for n, o in outs.items()))
     return t1 - t0
 
 
