@@ -195,7 +195,7 @@ def _read_texts(source: str, files: list[Path] | None, text_field: str, split: s
     return [t for t in ds[text_field] if isinstance(t, str)]
 
 
-def _load_tokenizer(path: str):
+def load_tokenizer(path):
     from transformers import AutoTokenizer
 
     try:
@@ -242,7 +242,7 @@ def prepare_lm(source: str, out: Path, vocab_size: int, tokenizer: str | None, m
                         f"and --max-text-length {max_text_length} characters")
 
     def fill(tmp: Path) -> None:
-        tok = _load_tokenizer(tokenizer) if tokenizer else _train_tokenizer(texts, vocab_size, tmp / "tokenizer")
+        tok = load_tokenizer(tokenizer) if tokenizer else _train_tokenizer(texts, vocab_size, tmp / "tokenizer")
         if tokenizer:
             tok.save_pretrained(tmp / "tokenizer")
         vocab = len(tok)

@@ -137,10 +137,10 @@ def all_reduce_(d: Dist, t: torch.Tensor) -> torch.Tensor:
 
 
 def raise_if_any(d: Dist, error: str | None) -> None:
-    """If any rank has an error, every rank raises it (naming the rank when there are several)."""
-    for r, e in enumerate(gather_object(d, error)):
+    """If any rank has an error, every rank raises it (naming the rank and host when there are several)."""
+    for r, (host, e) in enumerate(gather_object(d, (d.host, error))):
         if e:
-            raise UserError(e if d.world == 1 else f"rank {r}: {e}")
+            raise UserError(e if d.world == 1 else f"rank {r} (host {host}): {e}")
 
 
 def broadcast_state(d: Dist, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:

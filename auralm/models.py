@@ -66,7 +66,7 @@ class SudokuNet(nn.Module):
         super().__init__()
         d = arch["n_embd"]
         self.cell = nn.Embedding(10, d)  # 0 = blank, 1..9 = given digit
-        self.row, self.col, self.box = (nn.Parameter(torch.randn(9, d) * 0.02) for _ in range(3))
+        self.row, self.col, self.box = (nn.Parameter(torch.randn(9, d)) for _ in range(3))  # as nn.Embedding
         self.layers = nn.ModuleList(
             nn.TransformerEncoderLayer(d, arch["n_head"], 4 * d, arch["dropout"], activation="gelu",
                                        batch_first=True, norm_first=True)

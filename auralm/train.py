@@ -80,13 +80,15 @@ def open_data(cfg: Config, d: distributed.Dist) -> tuple[Path, dict]:
             data.ensure_sudoku(data_dir)
         meta = data.load_manifest(data_dir, cfg.task)
     except UserError as e:
-        error = f"{d.host}: {e}" if d.world > 1 else str(e)
+        error = str(e)
     distributed.raise_if_any(d, error)
     hashes = distributed.gather_object(d, (d.host, data.manifest_hash(data_dir)))
-    for r, (host, h) in enumerate(hashes):
-        if h != hashes[0][1]:
-            raise UserError(f"the data on rank {r} (host {host}) differs from rank 0's (host {hashes[0][0]}): "
-                            f"{data_dir}/meta.json does not match; run `hrmctl sync-data {host}`")
+    odd = [(r, host) for r, (host, h) in enumerate(hashes) if h != hashes[0][1]]
+    if odd:
+        hosts = ",".join(dict.fromkeys(host for _, host in odd))
+        raise UserError(f"the data on {', '.join(f'rank {r} (host {host})' for r, host in odd)} differs from rank 0's "
+                        f"(host {hashes[0][0]}): {data_dir}/meta.json does not match; run `hrmctl sync-data "
+                        f"{hosts if len(odd) == 1 else '--nodes ' + hosts}`")
     return data_dir, meta
 
 
@@ -109,6 +111,11 @@ def plan_output(cfg: Config) -> tuple[Path, list[Path]]:
     return Path(cfg.out_dir) if cfg.out_dir else found[0].parent, found
 
 
+def shape(resolved: dict) -> dict:
+    """What the weights of a checkpoint depend on: the model's shape (of a resolved config)."""
+    return {k: resolved["model"][k] for k in ("n_layer", "n_head", "n_embd", "block_size")}
+
+
 def resume(cfg: Config, d: distributed.Dist, log: RunLog, found: list[Path], model, optimizer, vocab) -> dict | None:
     """Rank 0 loads the newest whole checkpoint and broadcasts it; the checkpoint's state.json, or None."""
     state = rng = error = None
@@ -120,11 +127,10 @@ def resume(cfg: Config, d: distributed.Dist, log: RunLog, found: list[Path], mod
                     log.say(f"checkpoint {ckpt} is unusable ({why}); trying the previous one")
                     continue
                 state, rng = checkpoint.read_state(ckpt)
-                saved = state["config"]
-                now = config.to_dict(cfg)
-                if (saved["task"], saved["model"], state.get("vocab_size")) != (cfg.task, now["model"], vocab):
-                    raise UserError(f"checkpoint {ckpt} is for task={saved['task']} model {saved['model']} "
-                                    f"(vocabulary {state.get('vocab_size')}), not this run's model {now['model']} "
+                saved, now = state["config"], config.to_dict(cfg)
+                if (saved["task"], shape(saved), state.get("vocab_size")) != (cfg.task, shape(now), vocab):
+                    raise UserError(f"checkpoint {ckpt} is for task={saved['task']} model {shape(saved)} "
+                                    f"(vocabulary {state.get('vocab_size')}), not this run's model {shape(now)} "
                                     f"(vocabulary {vocab}): use a matching model or another out_dir")
                 try:
                     checkpoint.load_weights(ckpt, model, optimizer)
@@ -150,15 +156,15 @@ def resume(cfg: Config, d: distributed.Dist, log: RunLog, found: list[Path], mod
 
 
 @torch.no_grad()
-def evaluate(model, val, cfg: Config, d: distributed.Dist, meta: dict, data_dir: Path) -> dict:
+def evaluate(model, val, cfg: Config, device: torch.device, tokenizer=None) -> dict:
     """Rank 0: validation loss (and the task's accuracies, or a text sample) on the first batches of the split."""
     t = cfg.training
     model.eval()
     losses, cells, cells_right, solved, n = [], 0, 0, 0, 0
     for b in range(min(t.eval_batches, math.ceil(len(val) / t.batch_size))):
         x, y = val.batch(range(b * t.batch_size, min(len(val), (b + 1) * t.batch_size)))
-        x, y = x.to(d.device), y.to(d.device)
-        with autocast(t, d.device):
+        x, y = x.to(device), y.to(device)
+        with autocast(t, device):
             logits, loss = model(x, y)
         losses.append(loss.item())
         if cfg.task == "sudoku":
@@ -171,13 +177,10 @@ def evaluate(model, val, cfg: Config, d: distributed.Dist, meta: dict, data_dir:
     out = {"val_loss": sum(losses) / len(losses)}
     if cfg.task == "sudoku":
         out.update(cell_acc=cells_right / max(1, cells), puzzle_acc=solved / max(1, n))
-    elif t.sample_tokens:
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(data_dir / meta["tokenizer"]["path"])
-        prompt = tok(t.sample_prompt)["input_ids"] if t.sample_prompt else val.batch([0])[0][0, :16].tolist()
-        ids = model.generate(torch.tensor([prompt], device=d.device), t.sample_tokens)[0].tolist()
-        out["sample"] = tok.decode(ids)
+    elif tokenizer is not None:
+        prompt = tokenizer(t.sample_prompt)["input_ids"] if t.sample_prompt else val.batch([0])[0][0, :16].tolist()
+        ids = model.generate(torch.tensor([prompt], device=device), t.sample_tokens)[0].tolist()
+        out["sample"] = tokenizer.decode(ids)
     model.train()
     return out
 
@@ -195,10 +198,6 @@ def train(cfg: Config, d: distributed.Dist) -> torch.nn.Module:
             error = str(e)
     distributed.raise_if_any(d, error)
     log = RunLog(out_dir)
-    if d.world > 1:
-        log.event(0, "backend", f"backend: {'nccl requested, but ' if d.requested == 'nccl' and d.backend != 'nccl' else ''}"
-                  f"{d.why}; using {d.backend} on all {d.world} ranks, device {d.device.type}",
-                  backend=d.backend, requested=d.requested, reason=d.why)
 
     data_dir, meta = open_data(cfg, d)
     arch = config.resolved_model(cfg.model)
@@ -211,6 +210,8 @@ def train(cfg: Config, d: distributed.Dist) -> torch.nn.Module:
     torch.manual_seed(t.seed)  # the same initial weights on every rank
     raw = models.build(cfg.task, arch, vocab).to(d.device)
     raw.set_grad_checkpointing(t.grad_checkpoint)
+    tokenizer = data.load_tokenizer(data_dir / meta["tokenizer"]["path"]) \
+        if cfg.task == "lm" and t.sample_tokens and d.rank == 0 else None
     optimizer = make_optimizer(raw, t, d.device)
     guard = NanGuard(cfg.guard, d, raw, optimizer, log) if cfg.guard.enabled else None
     torch.manual_seed(t.seed + d.rank)  # each rank its own dropout
@@ -225,7 +226,12 @@ def train(cfg: Config, d: distributed.Dist) -> torch.nn.Module:
     if step >= t.max_steps:
         log.say(f"nothing to do: the checkpoint is at step {step}, training.max_steps={t.max_steps}")
         return raw
-    log.config(config.to_dict(cfg))
+    log.config(config.to_dict(cfg))  # from here on the run directory is written
+    if d.world > 1:
+        fell_back = d.requested == "nccl" and d.backend != "nccl"
+        log.event(0, "backend", f"backend: {'nccl requested, but ' if fell_back else ''}{d.why}; using {d.backend} "
+                  f"on all {d.world} ranks, device {d.device.type}", backend=d.backend, requested=d.requested,
+                  reason=d.why)
     model = DDP(raw, device_ids=[d.device.index] if d.device.type == "cuda" else None, process_group=d.group) \
         if d.world > 1 else raw
     batches = data.batches(train_set, t.batch_size, d.rank, d.world, t.seed, start=position)
@@ -279,7 +285,7 @@ def train(cfg: Config, d: distributed.Dist) -> torch.nn.Module:
             log.say(f"step {step}/{t.max_steps} | loss {float(loss):.4f} | lr {lr:.1e} | {rate:.0f} {unit}"
                     f" | mem {record['mem_gb']:.1f}G")
             if evaluating and d.rank == 0:
-                ev = evaluate(raw, val_set, cfg, d, meta, data_dir)
+                ev = evaluate(raw, val_set, cfg, d.device, tokenizer)
                 val_loss = ev["val_loss"]
                 best = min(best, val_loss)
                 record.update(ev)

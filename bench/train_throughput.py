@@ -5,9 +5,9 @@
 In one process, for each size, three measurements, interleaved `--repeats` times in a rotating
 order; the table shows medians, and for the ratios the median of the per-repeat ratios with
 their range:
-  trainer  `auralm.train.run` on the lm task (Spanish text from ../shared/data): the cost of a step
-           is the difference between a run of warmup+steps and a run of warmup steps (so start-up,
-           the final evaluation and checkpoint cancel out);
+  trainer  `auralm.train.run` on the lm task (Spanish text from ../shared/data), timed between its
+           optimizer steps (a global optimizer hook) after the warmup steps: everything its loop
+           does per step is in, start-up and the final evaluation and checkpoint are not;
   bare     the same model, batch, data and AdamW in a plain loop (forward, backward, clip, step),
            no logging, checkpoints or NaN guard;
   minimal  a minimal hand-written GPT of the same shape (SDPA attention, PyTorch's fused tanh
@@ -31,13 +31,14 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from auralm import config, data, models, train  # noqa: E402
 
 QUIJOTE = Path(__file__).resolve().parents[2] / "shared" / "data" / "quijote" / "pg2000.txt"
 # Shapes, and the timed steps per measurement (a 6x384 step takes about 100 times a tiny one).
-SHAPES = {"tiny": dict(config.SIZES["tiny"], batch=16, steps=40, warmup=5),
+SHAPES = {"tiny": dict(config.SIZES["tiny"], batch=16, steps=100, warmup=5),
           "6x384": dict(n_layer=6, n_head=6, n_embd=384, block_size=128, batch=8, steps=8, warmup=2)}
 
 
@@ -55,12 +56,17 @@ class MinimalGPT(nn.Module):
         self.ln_f = nn.LayerNorm(n_embd)
         self.head = nn.Linear(n_embd, vocab, bias=False)
         self.head.weight = self.wte.weight
+        for name, prm in self.named_parameters():  # GPT-2's initialisation, as nanoGPT does it
+            if name.endswith("bias"):
+                nn.init.zeros_(prm)
+            elif prm.dim() == 2:
+                nn.init.normal_(prm, std=0.02)
 
     def forward(self, x, y):
         B, T = x.shape
         h = self.wte(x) + self.wpe(torch.arange(T, device=x.device))
         for b in self.blocks:
-            q, k, v = b.qkv(b.ln1(h)).view(B, T, 3, self.n_head, -1).permute(2, 0, 3, 1, 4)
+            q, k, v = (t.view(B, T, self.n_head, -1).transpose(1, 2) for t in b.qkv(b.ln1(h)).chunk(3, dim=-1))
             a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             h = h + b.proj(a.transpose(1, 2).reshape(B, T, -1))
             h = h + b.out(F.gelu(b.fc(b.ln2(h)), approximate="tanh"))
@@ -85,20 +91,21 @@ def bare_loop(model, train_set, batch: int, steps: int, warmup: int) -> float:
     return (time.process_time() - start) / steps
 
 
+STAMPS: list[float] = []  # CPU time at every optimizer step in this process
+register_optimizer_step_post_hook(lambda *_: STAMPS.append(time.process_time()))
+
+
 def trainer(data_dir: Path, shape: dict, steps: int, warmup: int, out: Path) -> float:
-    """CPU seconds per step of ``auralm.train.run``: a run of warmup+steps minus a run of warmup."""
+    """CPU seconds per step of ``auralm.train.run``, between its optimizer steps after ``warmup``."""
     arch = [f"model.{k}={shape[k]}" for k in ("n_layer", "n_head", "n_embd", "block_size")]
-    cost = []
-    for n in (warmup, warmup + steps):
-        cfg = config.parse(["task=lm", f"data_dir={data_dir}", f"out_dir={out}-{n}", "model=tiny", *arch,
-                            f"training.batch_size={shape['batch']}", f"training.max_steps={n}",
-                            "training.log_interval=10", "training.eval_interval=0", "training.eval_batches=1",
-                            "training.checkpoint_interval=0", "training.sample_tokens=0"])
-        start = time.process_time()
-        with contextlib.redirect_stdout(io.StringIO()):  # its progress lines
-            train.run(cfg)
-        cost.append(time.process_time() - start)
-    return (cost[1] - cost[0]) / steps
+    cfg = config.parse(["task=lm", f"data_dir={data_dir}", f"out_dir={out}", "model=tiny", *arch,
+                        f"training.batch_size={shape['batch']}", f"training.max_steps={warmup + steps}",
+                        "training.log_interval=10", "training.eval_interval=0", "training.eval_batches=1",
+                        "training.checkpoint_interval=0", "training.sample_tokens=0"])
+    STAMPS.clear()
+    with contextlib.redirect_stdout(io.StringIO()):  # its progress lines
+        train.run(cfg)
+    return (STAMPS[-1] - STAMPS[warmup - 1]) / steps
 
 
 def main() -> None:
@@ -124,6 +131,7 @@ def main() -> None:
                                         steps, warmup),
             "minimal": lambda r: bare_loop(MinimalGPT(vocab, **arch), train_set, shape["batch"], steps, warmup),
         }
+        runs["trainer"]("warm")  # untimed: the first run in a process imports transformers' GPT-2 code
         sec = {name: [] for name in runs}
         names = list(runs)
         for r in range(a.repeats):
