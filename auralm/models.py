@@ -37,7 +37,9 @@ class GPT(nn.Module):
         self.hf = GPT2LMHeadModel(cfg)
 
     def set_grad_checkpointing(self, on: bool) -> None:
-        if on:
+        if on and hasattr(self.hf, "activation_checkpointing_enable"):  # transformers >= 5.x
+            self.hf.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        elif on:
             self.hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
     def forward(self, x, y=None):

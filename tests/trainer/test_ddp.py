@@ -19,16 +19,18 @@ def sudoku_dir(tmp_path_factory):
     return small_sudoku(tmp_path_factory.mktemp("data") / "sudoku")
 
 
-def test_two_ranks_end_with_identical_weights_after_seeing_disjoint_data(sudoku_dir, tmp_path):
+@pytest.mark.parametrize("accum", [1, 2])
+def test_two_ranks_end_with_identical_weights_after_seeing_disjoint_data(sudoku_dir, tmp_path, accum):
     steps, batch = 12, 16
-    r0, r1 = run_ranks(2, tiny_args(sudoku_dir, tmp_path / "run", f"training.max_steps={steps}"), tmp_path)
+    r0, r1 = run_ranks(2, tiny_args(sudoku_dir, tmp_path / "run", f"training.max_steps={steps}",
+                                    f"training.grad_accum={accum}"), tmp_path)
     assert r0["exit"] == r1["exit"] == 0, (r0.get("traceback"), r1.get("traceback"))
     assert r0["optimizer_steps"] == r1["optimizer_steps"] == steps
     for name, t in r0["state"].items():
         assert torch.equal(t, r1["state"][name]), name
     seen0, seen1 = set(r0["seen"]), set(r1["seen"])
-    assert len(r0["seen"]) == len(r1["seen"]) == steps * batch
-    assert len(seen0) == len(seen1) == steps * batch  # less than one epoch: no puzzle twice
+    assert len(r0["seen"]) == len(r1["seen"]) == steps * batch * accum
+    assert len(seen0) == len(seen1) == steps * batch * accum  # less than one epoch: no puzzle twice
     assert not seen0 & seen1
     final = [e for e in records(tmp_path / "run", "events.jsonl") if e["kind"] == "checksum"]
     assert final and final[0]["equal"] and len(set(final[0]["checksums"])) == 1

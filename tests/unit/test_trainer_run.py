@@ -112,3 +112,19 @@ def test_missing_data_and_too_little_data_are_clear_errors(sudoku_dir, tmp_path)
     shutil.copytree(sudoku_dir, tmp_path / "copy")
     with pytest.raises(UserError, match="holds 'sudoku' data but task=lm"):
         _run(*tiny_args(tmp_path / "copy", tmp_path / "run", "task=lm"))
+
+
+@pytest.mark.slow
+def test_gradient_accumulation_and_checkpointing_give_the_same_training(tmp_path):
+    lm = tmp_path / "quijote"
+    assert data.main([str(QUIJOTE), "--out", str(lm), "--vocab-size", "300", "--max-tokens", "20000"]) == 0
+    common = ["task=lm", f"data_dir={lm}", "model=tiny", "training.max_steps=4", "training.log_interval=1",
+              "training.eval_interval=0", "training.sample_tokens=0"]
+    _run(*common, f"out_dir={tmp_path / 'plain'}", "training.batch_size=8")
+    _run(*common, f"out_dir={tmp_path / 'accum'}", "training.batch_size=4", "training.grad_accum=2")
+    model = _run(*common, f"out_dir={tmp_path / 'ckpt'}", "training.batch_size=8", "training.grad_checkpoint=true")
+    assert model.hf.is_activation_checkpointing
+    plain, accum, ckpt = (by_step(tmp_path / n) for n in ("plain", "accum", "ckpt"))
+    for step in range(1, 5):  # the same 8 windows per step: as one batch, or as two micro-batches of 4
+        assert abs(plain[step]["loss"] - accum[step]["loss"]) < 1e-4, step
+        assert abs(plain[step]["loss"] - ckpt[step]["loss"]) < 1e-5, step
