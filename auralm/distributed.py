@@ -163,6 +163,13 @@ def broadcast_state(d: Dist, model: torch.nn.Module, optimizer: torch.optim.Opti
                 dist.broadcast(t, src=0, group=d.group_for(t))
 
 
+def compare_checksums(d: Dist, model: torch.nn.Module) -> tuple[str, list[str], bool]:
+    """Every rank's parameter checksum, gathered: (a phrase for the log, the checksums, all equal)."""
+    sums = gather_object(d, checksum(model))
+    equal = len(set(sums)) == 1
+    return f"parameter checksum {sums[0]} {'equal on all ranks' if equal else 'DIFFERS: ' + ' '.join(sums)}", sums, equal
+
+
 def checksum(model: torch.nn.Module) -> str:
     """sha256 over the bytes of every parameter and buffer, for comparing ranks bit for bit."""
     h = hashlib.sha256()

@@ -16,7 +16,7 @@ import copy
 import torch
 
 from auralm.config import GuardConfig
-from auralm.distributed import Dist, all_reduce_, broadcast_state, checksum, gather_object
+from auralm.distributed import Dist, all_reduce_, broadcast_state, compare_checksums
 from auralm.runlog import RunLog
 
 
@@ -76,12 +76,10 @@ class NanGuard:
         broadcast_state(self.d, self.model, self.optimizer)
         self.lr_low_until = step + self.cfg.lr_steps
         self.bad_steps = []
-        sums = gather_object(self.d, checksum(self.model))
-        equal = len(set(sums)) == 1
+        phrase, sums, equal = compare_checksums(self.d, self.model)
         self.log.event(step, "recovery", f"nan guard: step {step}: {self.cfg.max_bad} bad steps within"
                        f" {self.cfg.window}: restored the state of step {restored} on rank 0 and broadcast it to all"
-                       f" {self.d.world} ranks; lr x{self.cfg.lr_factor} until step {self.lr_low_until};"
-                       f" parameter checksum {sums[0]} {'equal on all ranks' if equal else 'DIFFERS: ' + ' '.join(sums)}",
+                       f" {self.d.world} ranks; lr x{self.cfg.lr_factor} until step {self.lr_low_until}; {phrase}",
                        rank=0, restored_step=restored, lr_low_until=self.lr_low_until, checksums=sums, equal=equal)
         if not equal:
             raise RuntimeError(f"ranks hold different parameters after the NaN recovery at step {step}: {sums}")

@@ -307,10 +307,8 @@ def train(cfg: Config, d: distributed.Dist) -> torch.nn.Module:
             clock += time.perf_counter() - began  # throughput counts training time only
 
     if d.world > 1:
-        sums = distributed.gather_object(d, distributed.checksum(raw))
-        log.event(step, "checksum", f"parameter checksum {sums[0]} "
-                  f"{'equal on all ranks' if len(set(sums)) == 1 else 'DIFFERS: ' + ' '.join(sums)}",
-                  checksums=sums, equal=len(set(sums)) == 1)
+        phrase, sums, equal = distributed.compare_checksums(d, raw)
+        log.event(step, "checksum", phrase, checksums=sums, equal=equal)
     return raw
 
 
