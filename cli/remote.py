@@ -174,7 +174,8 @@ class SSHJob(Job):
 class Pipe:
     """A command on a node with its stdin and stdout connected to us, for line-based exchanges.
 
-    send(text) writes to its stdin; readline(timeout) returns the next stdout line (without the
+    send(data) writes text or bytes to its stdin (over SSH: waiting at most `timeout` seconds, if
+    given, for the command to take them); readline(timeout) returns the next stdout line (without the
     newline), or None on timeout or end of output; close() closes its stdin (a well-behaved
     command then exits) and releases the channel.
     """
@@ -182,7 +183,7 @@ class Pipe:
     def __init__(self) -> None:
         self._buf = b""
 
-    def send(self, text: str) -> None:
+    def send(self, data: str | bytes, timeout: float | None = None) -> None:
         raise NotImplementedError
 
     def _recv(self, timeout: float) -> bytes | None:
@@ -217,8 +218,8 @@ class LocalPipe(Pipe):
         super().__init__()
         self.proc = proc
 
-    def send(self, text: str) -> None:
-        self.proc.stdin.write(text.encode())
+    def send(self, data: str | bytes, timeout: float | None = None) -> None:
+        self.proc.stdin.write(data.encode() if isinstance(data, str) else data)
         self.proc.stdin.flush()
 
     def _recv(self, timeout: float) -> bytes | None:
@@ -250,8 +251,10 @@ class SSHPipe(Pipe):
         super().__init__()
         self.chan = chan
 
-    def send(self, text: str) -> None:
-        self.chan.sendall(text.encode())
+    def send(self, data: str | bytes, timeout: float | None = None) -> None:
+        if timeout is not None:
+            self.chan.settimeout(timeout)
+        self.chan.sendall(data.encode() if isinstance(data, str) else data)
 
     def _recv(self, timeout: float) -> bytes | None:
         self.chan.settimeout(timeout)

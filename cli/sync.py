@@ -35,6 +35,7 @@ from .sync_plan import Source, SyncError, Transfer, check_source, make_plan, sca
 from .sync_remote import part_name
 from .sync_send import Finalizer, NodeAgent, Sender, Sinks
 from .sync_sftp import WRITE_SIZE, SFTPStalled
+from .sync_stream import stream_files, streamable
 
 DEFAULT_SRC = "data"
 
@@ -174,10 +175,17 @@ class _NodeSync:
 
         sender = Sender(sinks, root, on_bytes, finalizer.add, self.cancel)
         errors: list[BaseException] = []
+        # over SSH, small files go through the node agent (cli/sync_stream.py), the rest over SFTP
+        small = [t for t in todo if sinks.remote and streamable(t)]
+        big = [t for t in todo if not (sinks.remote and streamable(t))]
+        if big:
+            sinks.open_sftp()
 
         def worker() -> None:
             try:  # big files first: the files left at the end are small, and finalize quickly
-                sender.send_all(sorted(todo, key=lambda t: -t.file.size))
+                sender.send_all(sorted(big, key=lambda t: -t.file.size))
+                if small and not sender.stopped:
+                    stream_files(self.agent, root, small, sender, finalizer, on_bytes)
             except BaseException as exc:
                 errors.append(exc)
                 sender.stop.set()
@@ -221,6 +229,8 @@ class _NodeSync:
         if isinstance(exc, SFTPStalled):
             raise SyncError(f"{self.name}: the transfer stopped: {exc}; {len(finalizer.done)} files were completed "
                             "and partly sent files are kept: run the same command again to resume") from None
+        if isinstance(exc, SyncError):  # already names the node
+            raise exc
         if isinstance(exc, (HrmctlError, OSError)):
             raise SyncError(f"{self.name}: {exc}") from None
         raise exc
@@ -234,7 +244,7 @@ class _NodeSync:
                     "on a bigger disk")
             if sinks.sftp is not None:
                 sinks.sftp.remove(f"{root.rstrip('/')}/{part_name(t.file.rel)}")
-            else:
+            elif not sinks.remote:
                 Path(root, part_name(t.file.rel)).unlink(missing_ok=True)
         else:
             hint = "see the node's logs"

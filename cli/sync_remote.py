@@ -10,12 +10,18 @@ JSON line each on stdout, so one process serves a whole sync. Operations:
   mkdirs    the source's directories that the node lacks (parents first).
   finalize  for each sent file: hash the part file, compare with the source's SHA-256, set
             mtime and mode, rename it over the final name; remove stale part files; --delete.
+  put       small files whose bytes follow the job line on stdin (sizes in the job): each is
+            written to its part file and hashed as it is written; only a part whose SHA-256
+            equals the source's gets the source's mode and mtime and is renamed over the final
+            name. Every byte of the batch is read even after a failure, so the next job line
+            is where the other side expects it.
   space     free bytes at the destination (to explain a failed write).
 
 Every relative path that comes from the other side is checked here too: no absolute paths,
 no `..`, and no directory on the way that resolves outside the destination (a symlink).
 """
 
+import errno
 import hashlib
 import json
 import os
@@ -212,6 +218,77 @@ def finalize(job):
     return {"done": done, "bad": bad, "removed": removed}
 
 
+def read_exact(stream, n):
+    data = stream.read(n) if n else b""
+    if len(data) != n:
+        raise EOFError("the input ended inside a batch of files")
+    return data
+
+
+def put_one(root, checked, rel, data, mtime_ns, mode, digest):
+    """Write one small file to its part name, verify, rename it; the reason if it is bad."""
+    final = inside(root, rel, checked)
+    head, name = os.path.split(final)
+    part = os.path.join(head, "." + name + PART_SUFFIX)
+    h = hashlib.sha256()
+    fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        view, done = memoryview(data), 0
+        while done < len(data):
+            n = os.write(fd, view[done:done + BLOCK])
+            h.update(view[done:done + n])
+            done += n
+        got = h.hexdigest()
+        if got != digest:
+            os.close(fd)
+            fd = -1
+            os.unlink(part)
+            return "sha256 %s, expected %s" % (got[:12], digest[:12])
+        os.fchmod(fd, mode & 0o7777)
+        os.utime(fd, ns=(mtime_ns, mtime_ns))
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+            fd = -1
+        if os.path.lexists(part):
+            os.unlink(part)
+        raise
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    try:
+        os.replace(part, final)
+    except (IsADirectoryError, NotADirectoryError):
+        os.unlink(part)
+        return "a directory of that name is on the node"
+    return None
+
+
+def put(job):
+    root = os.path.realpath(os.path.expanduser(job["dest"]))
+    done, bad, checked = [], [], set()
+    failed = refused = None
+    stream = sys.stdin.buffer
+    for rel, size, mtime_ns, mode, digest in job["files"]:
+        data = read_exact(stream, size)  # always: the next job line follows the last file's bytes
+        if failed or refused:
+            continue
+        try:
+            why = put_one(root, checked, rel, data, mtime_ns, mode, digest)
+        except Refused as exc:
+            refused = str(exc)
+            continue
+        except OSError as exc:
+            code = 3 if exc.errno in (errno.EACCES, errno.EPERM) else 4
+            failed = [rel, "writing %s failed: %s" % (part_name(rel), exc.strerror or exc), code]
+            continue
+        if why is None:
+            done.append(rel)
+        else:
+            bad.append([rel, why])
+    return {"done": done, "bad": bad, "failed": failed, "refused": refused}
+
+
 def space(job):
     root = os.path.realpath(os.path.expanduser(job["dest"]))
     return {"free": free_bytes(root if os.path.isdir(root) else os.path.dirname(root))}
@@ -219,12 +296,14 @@ def space(job):
 
 def handle(job):
     try:
-        answer = {"scan": scan, "mkdirs": mkdirs, "finalize": finalize, "space": space}[job["op"]](job)
+        answer = {"scan": scan, "mkdirs": mkdirs, "finalize": finalize, "put": put, "space": space}[job["op"]](job)
         answer["ok"] = True
     except Refused as exc:
         answer = {"ok": False, "error": str(exc)}
     except OSError as exc:
         answer = {"ok": False, "error": "%s: %s" % (getattr(exc, "filename", None) or "", exc.strerror or exc)}
+    except EOFError:
+        raise
     except Exception as exc:  # a bug must still come back as an answer
         answer = {"ok": False, "error": "%s: %s" % (type(exc).__name__, exc)}
     return answer
@@ -236,7 +315,10 @@ def serve():
     While a job runs (hashing can take minutes), a line "." every HEARTBEAT_S seconds tells the
     other side that the node is alive, so that silence can mean a dead link."""
     import threading
-    for line in sys.stdin:
+    while True:
+        line = sys.stdin.buffer.readline()  # binary: a put job's file bytes follow its line
+        if not line:
+            return
         if not line.strip():
             continue
         job, box = json.loads(line), []
@@ -247,5 +329,7 @@ def serve():
             if worker.is_alive():
                 sys.stdout.write(".\n")
                 sys.stdout.flush()
+        if not box:  # the input ended inside a batch: the other side is gone
+            return
         sys.stdout.write(json.dumps(box[0]) + "\n")
         sys.stdout.flush()

@@ -16,7 +16,7 @@ import queue
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import paramiko
 
@@ -42,13 +42,44 @@ class NodeAgent:
         """Send one job and wait for its answer; the node says "." while it works, so a silence
         longer than stall_timeout means the node or the link is gone."""
         with self.lock:
-            try:
-                self.pipe.send(json.dumps(job) + "\n")
-                line = "."
-                while line == ".":
-                    line = self.pipe.readline(self.stall_timeout)
-            except (OSError, EOFError, paramiko.SSHException) as exc:
-                raise SyncError(f"{self.name}: the connection to the node was lost ({exc})") from None
+            self._send(json.dumps(job).encode() + b"\n")
+            return self._answer()
+
+    def call_many(self, jobs: Iterator[tuple[dict, bytes]], on_answer: Callable[[dict], bool], depth: int = 2) -> None:
+        """Jobs whose payload follows their line (put), up to `depth` in flight: the node works on
+        one while the next is on its way. on_answer(answer) False: send no more; the answers of
+        jobs already sent are still read (and given to on_answer), so the agent stays usable."""
+        with self.lock:
+            pending, more = 0, True
+            while True:
+                while more and pending < depth:
+                    item = next(jobs, None)
+                    if item is None:
+                        more = False
+                        break
+                    job, payload = item
+                    self._send(json.dumps(job).encode() + b"\n" + payload)
+                    pending += 1
+                if not pending:
+                    return
+                answer = self._answer()
+                pending -= 1
+                if not on_answer(answer):
+                    more = False
+
+    def _send(self, data: bytes) -> None:
+        try:
+            self.pipe.send(data, timeout=self.stall_timeout)
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            raise SyncError(f"{self.name}: the connection to the node was lost ({exc or type(exc).__name__})") from None
+
+    def _answer(self) -> dict:
+        try:
+            line = "."
+            while line == ".":
+                line = self.pipe.readline(self.stall_timeout)
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            raise SyncError(f"{self.name}: the connection to the node was lost ({exc})") from None
         if line is None:
             raise SyncError(f"{self.name}: no answer from the node's Python ({self.session.node.python}) within "
                             f"{self.stall_timeout:g}s; check `python` for this node in the inventory, and that "
@@ -66,16 +97,23 @@ class NodeAgent:
 
 
 class Sinks:
-    """Where part files are written: a pipelined SFTP channel, or this machine's filesystem."""
+    """Where part files are written: a pipelined SFTP channel (opened when first needed), or this
+    machine's filesystem (a local node)."""
 
     def __init__(self, session: Session, stall_timeout: float):
-        self.sftp = None
-        if isinstance(session, SSHSession):
-            try:
-                self.sftp = PipelinedSFTP(session.client.get_transport(), stall_timeout=stall_timeout)
-            except (paramiko.SSHException, EOFError, OSError) as exc:
-                raise SyncError(f"{session.node.name}: cannot start SFTP on the node ({exc or type(exc).__name__}); "
-                                "its sshd_config needs a `Subsystem sftp` line (internal-sftp or sftp-server)") from None
+        self.session, self.stall_timeout = session, stall_timeout
+        self.remote = isinstance(session, SSHSession)
+        self.sftp: PipelinedSFTP | None = None
+
+    def open_sftp(self) -> None:
+        if not self.remote or self.sftp is not None:
+            return
+        session = self.session
+        try:
+            self.sftp = PipelinedSFTP(session.client.get_transport(), stall_timeout=self.stall_timeout)
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise SyncError(f"{session.node.name}: cannot start SFTP on the node ({exc or type(exc).__name__}); "
+                            "its sshd_config needs a `Subsystem sftp` line (internal-sftp or sftp-server)") from None
 
     def close(self) -> None:
         if self.sftp is not None:
@@ -117,7 +155,7 @@ class Sender:
         fh.seek(0)
         return hashlib.sha256(), 0
 
-    def _fail(self, t: Transfer, why: str, code: int = 0) -> None:
+    def fail(self, t: Transfer, why: str, code: int = 0) -> None:
         with self.lock:
             self.failures.append((t, why, code))
         self.stop.set()
@@ -132,7 +170,7 @@ class Sender:
         it = iter(todo)
         try:
             while not self.stopped:
-                while len(ahead) < (LOOKAHEAD if self.sinks.sftp is not None else 1):
+                while len(ahead) < (LOOKAHEAD if self.sinks.remote else 1):
                     t = next(it, None)
                     if t is None:
                         break
@@ -141,7 +179,7 @@ class Sender:
                     return
                 opening = ahead.popleft()
                 try:
-                    if self.sinks.sftp is None:
+                    if not self.sinks.remote:
                         self._send_local(opening)
                     else:
                         self._send_sftp(opening)
@@ -169,7 +207,7 @@ class Sender:
                     out.write(chunk)
                     self.on_bytes(len(chunk))
         except OSError as exc:
-            self._fail(o.t, f"writing {path} failed: {exc.strerror}", 4)
+            self.fail(o.t, f"writing {path} failed: {exc.strerror}", 4)
             return
         self.on_sent(o.t, o.h.hexdigest())
 
@@ -177,7 +215,7 @@ class Sender:
         sftp, path, t = self.sinks.sftp, self.remote_part(o.t.file.rel), o.t
         sftp.wait_until(o.ready)
         if o.error is not None:
-            self._fail(t, f"cannot create {path}: {o.error}", o.error.code)
+            self.fail(t, f"cannot create {path}: {o.error}", o.error.code)
             return
         handle, h = o.handle, o.h
         errors: list[tuple[str, int]] = []
@@ -203,9 +241,9 @@ class Sender:
 
         def closed(kind: int, code: int, body: bytes) -> None:
             if errors:
-                self._fail(t, *errors[0])
+                self.fail(t, *errors[0])
             elif kind != STATUS or code != 0:
-                self._fail(t, f"closing {path} failed: {SFTPError(code, '')}", code)
+                self.fail(t, f"closing {path} failed: {SFTPError(code, '')}", code)
             elif complete and not self.stopped:
                 self.on_sent(t, digest)
 
