@@ -14,7 +14,7 @@ JSON line each on stdout, so one process serves a whole sync. Operations:
             written to its part file and hashed as it is written; only a part whose SHA-256
             equals the source's gets the source's mode and mtime and is renamed over the final
             name. Every byte of the batch is read even after a failure, so the next job line
-            is where the other side expects it.
+            is where the other side expects it (serve() reads them with the job line).
   space     free bytes at the destination (to explain a failed write).
 
 Every relative path that comes from the other side is checked here too: no absolute paths,
@@ -265,23 +265,22 @@ def put_one(root, checked, rel, data, mtime_ns, mode, digest):
 
 
 def put(job):
+    """job["data"]: the files' bytes back to back (read with the job line by serve())."""
     root = os.path.realpath(os.path.expanduser(job["dest"]))
     done, bad, checked = [], [], set()
     failed = refused = None
-    stream = sys.stdin.buffer
+    data, pos = memoryview(job["data"]), 0
     for rel, size, mtime_ns, mode, digest in job["files"]:
-        data = read_exact(stream, size)  # always: the next job line follows the last file's bytes
-        if failed or refused:
-            continue
+        chunk, pos = data[pos:pos + size], pos + size
         try:
-            why = put_one(root, checked, rel, data, mtime_ns, mode, digest)
+            why = put_one(root, checked, rel, chunk, mtime_ns, mode, digest)
         except Refused as exc:
             refused = str(exc)
-            continue
+            break
         except OSError as exc:
             code = 3 if exc.errno in (errno.EACCES, errno.EPERM) else 4
             failed = [rel, "writing %s failed: %s" % (part_name(rel), exc.strerror or exc), code]
-            continue
+            break
         if why is None:
             done.append(rel)
         else:
@@ -302,34 +301,64 @@ def handle(job):
         answer = {"ok": False, "error": str(exc)}
     except OSError as exc:
         answer = {"ok": False, "error": "%s: %s" % (getattr(exc, "filename", None) or "", exc.strerror or exc)}
-    except EOFError:
-        raise
     except Exception as exc:  # a bug must still come back as an answer
         answer = {"ok": False, "error": "%s: %s" % (type(exc).__name__, exc)}
     return answer
 
 
 def serve():
-    """One JSON job per stdin line, one JSON answer per stdout line, until stdin closes.
+    """One JSON job per stdin line, one JSON answer per stdout line, in order, until stdin closes.
 
-    While a job runs (hashing can take minutes), a line "." every HEARTBEAT_S seconds tells the
-    other side that the node is alive, so that silence can mean a dead link."""
+    A put job's file bytes follow its line; they are read here, so the next job (and its bytes)
+    is read while a worker thread handles this one. While a job runs (hashing can take minutes),
+    a line "." every HEARTBEAT_S seconds tells the other side that the node is alive, so that
+    silence can mean a dead link."""
+    import queue
     import threading
-    while True:
-        line = sys.stdin.buffer.readline()  # binary: a put job's file bytes follow its line
-        if not line:
-            return
-        if not line.strip():
-            continue
-        job, box = json.loads(line), []
-        worker = threading.Thread(target=lambda: box.append(handle(job)), daemon=True)
-        worker.start()
-        while worker.is_alive():
-            worker.join(HEARTBEAT_S)
-            if worker.is_alive():
-                sys.stdout.write(".\n")
-                sys.stdout.flush()
-        if not box:  # the input ended inside a batch: the other side is gone
-            return
-        sys.stdout.write(json.dumps(box[0]) + "\n")
-        sys.stdout.flush()
+    import time
+    jobs = queue.Queue(maxsize=1)   # one job read ahead while another is handled
+    out = threading.Lock()
+    busy = []                       # the start time of the job being handled
+
+    def say(text):
+        with out:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+
+    def work():
+        while True:
+            job = jobs.get()
+            if job is None:
+                return
+            busy.append(time.monotonic())
+            answer = json.dumps(handle(job)) + "\n"
+            busy.pop()
+            say(answer)
+
+    def beat():
+        while True:
+            time.sleep(HEARTBEAT_S / 2)
+            started = busy[0] if busy else None
+            if started is not None and time.monotonic() - started >= HEARTBEAT_S / 2:
+                say(".\n")
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    threading.Thread(target=beat, daemon=True).start()
+    stdin = sys.stdin.buffer
+    try:
+        while True:
+            line = stdin.readline()
+            if not line:
+                return
+            if not line.strip():
+                continue
+            job = json.loads(line)
+            if job.get("op") == "put":  # its files' bytes follow the line
+                job["data"] = read_exact(stdin, sum(f[1] for f in job["files"]))
+            jobs.put(job)
+    except EOFError:  # the other side is gone in the middle of a batch
+        return
+    finally:
+        jobs.put(None)
+        worker.join()
