@@ -225,13 +225,25 @@ def read_exact(stream, n):
     return data
 
 
+def umask(cache=[]):
+    if not cache:
+        cache.append(os.umask(0o022))
+        os.umask(cache[0])
+    return cache[0]
+
+
 def put_one(root, checked, rel, data, mtime_ns, mode, digest):
     """Write one small file to its part name, verify, rename it; the reason if it is bad."""
     final = inside(root, rel, checked)
     head, name = os.path.split(final)
     part = os.path.join(head, "." + name + PART_SUFFIX)
     h = hashlib.sha256()
-    fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    try:  # a new file, so its mode is known: (mode & 0o777) minus the umask
+        fd = os.open(part, flags, mode & 0o777)
+    except FileExistsError:  # left by an earlier run
+        os.unlink(part)
+        fd = os.open(part, flags, mode & 0o777)
     try:
         view, done = memoryview(data), 0
         while done < len(data):
@@ -244,7 +256,8 @@ def put_one(root, checked, rel, data, mtime_ns, mode, digest):
             fd = -1
             os.unlink(part)
             return "sha256 %s, expected %s" % (got[:12], digest[:12])
-        os.fchmod(fd, mode & 0o7777)
+        if mode & 0o7777 != mode & 0o777 & ~umask():
+            os.fchmod(fd, mode & 0o7777)
         os.utime(fd, ns=(mtime_ns, mtime_ns))
     except BaseException:
         if fd >= 0:

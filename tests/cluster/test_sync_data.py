@@ -322,3 +322,25 @@ def test_disk_filling_up_during_the_transfer(lab3, hrmctl, tmp_path, small_disk)
         if not p.name.endswith(PART):
             assert p.read_bytes() == (src / p.name).read_bytes()
     assert len([p for p in disk.iterdir() if not p.name.endswith(PART)]) < 40
+
+
+def test_small_files_keep_their_mode_and_replace_a_stale_part_file(lab3, hrmctl, tmp_path):
+    """Small files go through the node agent, not SFTP: modes, mtimes and leftovers still right."""
+    src = tmp_path / "data"
+    (src / "d").mkdir(parents=True)
+    modes = {"d/private.txt": 0o600, "d/tool.sh": 0o755, "d/group.txt": 0o664, "plain.txt": 0o644}
+    for rel, mode in modes.items():
+        (src / rel).write_text(f"{rel}\n" * 50)
+        (src / rel).chmod(mode)
+    dest = node_dir(lab3, "node1", "sync-modes")
+    (dest / "d").mkdir(parents=True)
+    stale = dest / "d" / f".tool.sh{PART}"
+    stale.write_bytes(b"left by an interrupted run, longer than the file itself\n" * 100)
+    pw = pwd.getpwnam(lab3.node("node1").user)
+    for p in (dest, dest / "d", stale):
+        os.chown(p, pw.pw_uid, pw.pw_gid)
+    code, doc, err = sync(hrmctl, lab3, "node1", "--src", str(src), "--dest", "~/sync-modes")
+    assert code == 0, err
+    assert node_of(doc, "node1")["sent_files"] == len(modes)
+    assert tree(dest) == tree(src) and not stale.exists()
+    assert {rel: (dest / rel).stat().st_mode & 0o7777 for rel in modes} == modes
