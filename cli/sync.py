@@ -9,10 +9,11 @@ For the launcher (`hrmctl train --sync-data`) and other callers:
 `nodes` are resolved inventory Nodes; each is synced to `dest` or its own `data_path`, all in
 parallel. Per node: its manifest is computed by its own Python (cli/sync_remote.py), compared
 with the source's (size + mtime, or SHA-256 with checksum=True; cli/sync_plan.py), and only new
-or changed files are written, with many SFTP requests in flight (cli/sync_send.py over
-cli/sync_sftp.py), to `.NAME.hrmctl-part` beside the target. The node then hashes each part file, and only a part
-whose SHA-256 matches the source's is renamed over the final name; a mismatch is sent again
-once, then reported. A partly sent file is resumed on the next run after its prefix hash is
+or changed files are written to `.NAME.hrmctl-part` beside the target: large files with many
+SFTP requests in flight (cli/sync_send.py over cli/sync_sftp.py), small ones in batches through
+the node agent (cli/sync_stream.py). The node hashes each part file (a small one as it writes
+it), and only a part whose SHA-256 matches the source's is renamed over the final name; a
+mismatch is sent again once, then reported. A partly sent file is resumed on the next run after its prefix hash is
 checked. Nothing is written outside the destination.
 """
 
@@ -221,7 +222,8 @@ class _NodeSync:
         for th in threads:
             while th.is_alive():
                 th.join(0.25)
-                if sinks.sftp is not None and sinks.sftp.stalled() and not errors:
+                sftp_stalled = sinks.sftp is not None and sinks.sftp.stalled()
+                if (sftp_stalled or self.agent.stalled()) and not errors:
                     errors.append(SFTPStalled(f"no reply from the node for {self.stall_timeout:g}s"))
                     self.session.close()
 

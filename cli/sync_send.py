@@ -1,6 +1,7 @@
 """Writing files to a node for `hrmctl sync-data`: the node agent, the sender, the finalizer.
 
-NodeAgent   cli/sync_remote.py running on the node for a whole sync (scan, mkdirs, finalize).
+NodeAgent   cli/sync_remote.py running on the node for a whole sync (scan, mkdirs, finalize, and
+            put: small files, see cli/sync_stream.py).
 Sender      streams files to `.NAME.hrmctl-part` over pipelined SFTP (or to a local directory),
             opening the next files' part files while earlier files are still being sent.
 Finalizer   batches the files that are complete and has the node verify and rename them,
@@ -27,6 +28,7 @@ from .sync_sftp import STATUS, WRITE_SIZE, PipelinedSFTP, SFTPError
 
 NODE_SNIPPET = Path(__file__).with_name("sync_remote.py").read_text(encoding="utf-8")
 BATCH_FILES, BATCH_WAIT_S = 500, 0.02   # how the node's verify-and-rename calls are batched
+SEND_PIECE = 256 * 1024         # a batch goes to the agent in pieces: each one taken is progress
 LOOKAHEAD = 32                  # files whose part file is being opened while earlier files are sent
 
 
@@ -36,6 +38,8 @@ class NodeAgent:
     def __init__(self, session: Session, stall_timeout: float):
         self.session, self.name, self.stall_timeout = session, session.node.name, stall_timeout
         self.lock = threading.Lock()
+        self.answered = False  # once it has answered, a silence means a lost link, not a bad python
+        self.waiting, self.progress = False, time.monotonic()   # see stalled()
         self.pipe = session.pipe([session.node.python, "-S", "-c", NODE_SNIPPET + "\nserve()\n"])
 
     def call(self, job: dict) -> dict:
@@ -67,19 +71,41 @@ class NodeAgent:
                 if not on_answer(answer):
                     more = False
 
+    def stalled(self) -> bool:
+        """True when a call has waited stall_timeout for the node to take or answer anything (a
+        send stuck on a dead TCP link does not time out by itself: the caller closes the session)."""
+        return self.waiting and time.monotonic() - self.progress > self.stall_timeout
+
     def _send(self, data: bytes) -> None:
+        self.waiting, self.progress = True, time.monotonic()
         try:
-            self.pipe.send(data, timeout=self.stall_timeout)
+            view = memoryview(data)
+            for start in range(0, len(data), SEND_PIECE):
+                self.pipe.send(view[start:start + SEND_PIECE].tobytes(), timeout=self.stall_timeout)
+                self.progress = time.monotonic()
+        except TimeoutError:
+            raise SyncError(f"{self.name}: the transfer stopped: the node took nothing for {self.stall_timeout:g}s; "
+                            "completed files are in place: run the same command again") from None
         except (OSError, EOFError, paramiko.SSHException) as exc:
             raise SyncError(f"{self.name}: the connection to the node was lost ({exc or type(exc).__name__})") from None
+        finally:
+            self.waiting = False
 
     def _answer(self) -> dict:
+        self.waiting, self.progress = True, time.monotonic()
         try:
             line = "."
             while line == ".":
                 line = self.pipe.readline(self.stall_timeout)
+                self.progress = time.monotonic()
         except (OSError, EOFError, paramiko.SSHException) as exc:
             raise SyncError(f"{self.name}: the connection to the node was lost ({exc})") from None
+        finally:
+            self.waiting = False
+        if line is None and self.answered:  # it was up: the link (or the node) went away since
+            raise SyncError(f"{self.name}: the transfer stopped: no reply from the node for {self.stall_timeout:g}s; "
+                            "completed files are in place and partly sent files are kept: run the same command "
+                            "again to resume")
         if line is None:
             raise SyncError(f"{self.name}: no answer from the node's Python ({self.session.node.python}) within "
                             f"{self.stall_timeout:g}s; check `python` for this node in the inventory, and that "
@@ -88,6 +114,7 @@ class NodeAgent:
             answer = json.loads(line)
         except ValueError:
             raise SyncError(f"{self.name}: unexpected answer from the node's Python: {line[-200:]!r}") from None
+        self.answered = True
         if not answer.get("ok"):
             raise SyncError(f"{self.name}: {answer.get('error')}")
         return answer

@@ -344,3 +344,38 @@ def test_small_files_keep_their_mode_and_replace_a_stale_part_file(lab3, hrmctl,
     assert node_of(doc, "node1")["sent_files"] == len(modes)
     assert tree(dest) == tree(src) and not stale.exists()
     assert {rel: (dest / rel).stat().st_mode & 0o7777 for rel in modes} == modes
+
+
+def test_stalled_link_while_streaming_small_files(lab3, hrmctl, tmp_path):
+    """The link dies while small files go through the node agent: one error line, never a half
+    file under a final name, and the rerun completes."""
+    src = tmp_path / "data"
+    src.mkdir()
+    for i in range(600):
+        (src / f"s{i:03d}.bin").write_bytes(os.urandom(8000))
+    node = lab3.node("node2")
+    dest = node.home / "sync-stall-small"
+    drop = ["iptables", "-I", "INPUT", "-p", "tcp", "--dport", "22", "-j", "DROP"]
+    with slow_link(node):
+        try:
+            proc = start_sync(lab3, tmp_path, "--src", str(src), "node2", "--dest", "~/sync-stall-small",
+                              "--stall-timeout", "2")
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and proc.poll() is None:
+                if dest.is_dir() and any(not p.name.endswith(PART) for p in dest.iterdir()):
+                    break
+                time.sleep(0.05)
+            node.netns(drop)                               # the link goes dead mid-stream
+            out, err = proc.communicate(timeout=60)        # never a hang
+        finally:
+            node.netns(["iptables", "-D", *drop[2:]], check=False)
+    assert proc.returncode not in (0, None), err
+    errors = [l for l in err.splitlines() if l.startswith("error:")]
+    assert len(errors) == 1 and "node2" in errors[0] and "run the same command again" in errors[0], err
+    assert "Traceback" not in out + err
+    finals = [p for p in dest.iterdir() if not p.name.endswith(PART)]
+    assert 0 < len(finals) < 600
+    assert all(p.read_bytes() == (src / p.name).read_bytes() for p in finals)
+    code, doc, err = sync(hrmctl, lab3, "node2", "--src", str(src), "--dest", "~/sync-stall-small")
+    assert code == 0, err
+    assert tree(dest) == tree(src) and not [p for p in dest.iterdir() if p.name.endswith(PART)]
