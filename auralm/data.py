@@ -397,7 +397,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = _Parser(prog="python -m auralm.data", description="Prepare training data for auralm.")
+    p = _Parser(prog=os.environ.get("AURALM_PROG", "python -m auralm.data"), description="Prepare training data for auralm.")
     p.add_argument("source", nargs="?", help="lm: a .txt/.jsonl/.parquet file, a directory of them, or a dataset name")
     p.add_argument("--task", choices=("lm", "sudoku"), default="lm")
     p.add_argument("--out", required=True, type=Path, help="the data directory to write")

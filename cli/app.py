@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -205,10 +206,19 @@ def train_cmd(
     raise typer.Exit(train(opts, sync_data=sync_data, as_json=as_json, console=out, err=err))
 
 
-@app.command("prepare-data", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def prepare_data_cmd() -> None:
-    """Turn a corpus (or generated sudoku puzzles) into training shards and a manifest."""
-    _not_built("prepare-data")
+@app.command("prepare-data", add_help_option=False,
+             context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def prepare_data_cmd(ctx: typer.Context) -> None:
+    """Turn a corpus (or generated sudoku puzzles) into training shards and a manifest.
+
+    SOURCE --out DIR [--vocab-size N] for lm; --task sudoku --out DIR [--count N]. `--help` lists all.
+    """
+    import subprocess
+
+    # The trainer's own data tool, run as a process like every other use of auralm by the cli.
+    code = subprocess.call([sys.executable, "-m", "auralm.data", *ctx.args],
+                           env=dict(os.environ, AURALM_PROG="hrmctl prepare-data"))
+    raise typer.Exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:
