@@ -78,10 +78,6 @@ def nodes_cmd(
     raise typer.Exit(code)
 
 
-def _not_built(name: str) -> None:
-    raise HrmctlError(f"`hrmctl {name}` is not built yet in this version; see the README for what works today")
-
-
 @app.command("doctor")
 def doctor_cmd(
     nodes: NodesOpt = None,
