@@ -9,9 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 from .fast_start import defer_module
 
 defer_module("invoke")  # paramiko needs it only for `Match exec` in ~/.ssh/config (see cli/fast_start.py)
-defer_module("click")   # typer has its own copy; main() needs click's exceptions only when one is raised
 
-import click  # noqa: E402
 import typer  # noqa: E402
 from rich.console import Console  # noqa: E402
 
@@ -217,6 +215,22 @@ def prepare_data_cmd(ctx: typer.Context) -> None:
     raise typer.Exit(code)
 
 
+def _usage_error_types() -> tuple[type, ...]:
+    """The click exceptions typer raises for bad usage: its vendored copy (typer >= 0.2x) and click's."""
+    found: list[type] = []
+    try:
+        from typer._click.exceptions import ClickException
+        found.append(ClickException)
+    except ImportError:
+        pass
+    try:
+        from click import ClickException as PlainClickException
+        found.append(PlainClickException)
+    except ImportError:
+        pass
+    return tuple(found)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: every expected failure is one line on stderr and a meaningful exit code."""
     try:
@@ -225,13 +239,20 @@ def main(argv: list[str] | None = None) -> int:
     except HrmctlError as exc:
         err.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
         return exc.exit_code
-    except click.exceptions.Exit as exc:
+    except typer.Exit as exc:
         return exc.exit_code
-    except click.exceptions.Abort:
+    except typer.Abort:
         err.print("aborted")
         return 130
-    except click.ClickException as exc:
-        exc.show()
+    except Exception as exc:  # usage errors, raised by typer's own (vendored) click
+        if not isinstance(exc, _usage_error_types()):
+            raise
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            exc.show()  # the help text
+            return exc.exit_code
+        where = getattr(getattr(exc, "ctx", None), "command_path", None) or "hrmctl"
+        err.print(f"error: {exc.format_message()} (see `{where} --help`)", markup=False, highlight=False,
+                  soft_wrap=True)
         return exc.exit_code
     except KeyboardInterrupt:
         err.print("interrupted")

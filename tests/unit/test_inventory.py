@@ -154,3 +154,16 @@ def test_command_line_quotes_everything():
     out = subprocess.run(["sh", "-c", command_line(["printf", "%s|", "a;b", "$(id)", "~/x"])],
                          capture_output=True, text=True, env={"HOME": "/h", "PATH": os.environ["PATH"]}).stdout
     assert out == "a;b|$(id)|/h/x|"
+
+
+@pytest.mark.parametrize("args,pattern", [
+    (("nodes", "--bogus"), "No such option: --bogus"),
+    (("nosuchcmd",), "No such command 'nosuchcmd'"),
+    (("doctor", "--master-port", "x"), "--master-port"),
+    (("sync-data", "node0", "--stall-timeout", "0"), "--stall-timeout"),
+])
+def test_cli_usage_errors_are_one_line(home, tmp_path, args, pattern):
+    res = run_cli(*args, cwd=tmp_path, home=home)
+    assert res.returncode == 2
+    assert res.stderr.startswith("error: ") and res.stderr.count("\n") == 1 and pattern in res.stderr
+    assert "Traceback" not in res.stderr
