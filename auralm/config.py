@@ -74,6 +74,8 @@ class GuardConfig:
 class FaultConfig:
     nan_at_step: tuple[int, ...] = ()  # e.g. 10,11,12 or 10-14
     nan_rank: int = 0
+    # kill_rank is SIGKILLed at kill_at_step, only in a run that did not resume from a checkpoint: the
+    # fault fires once, and a restart (hrmctl --max-restarts, which passes resume=latest) gets past it
     kill_at_step: tuple[int, ...] = ()
     kill_rank: int = 0
 

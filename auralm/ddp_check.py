@@ -8,8 +8,10 @@
 
 Rank 0 prints a table and one line `HRMCTL_RESULT {json}` that `hrmctl test-ddp` reads.
 Exit code: 0 when every check passed on every rank, 1 when any result was wrong.
-Works alone (world of one) and under torchrun; the backend comes from --backend, else
-HRMCTL_BACKEND (the launcher's choice), else NCCL when CUDA is usable, else gloo.
+Works alone (world of one) and under torchrun. The backend is agreed by all ranks as the trainer
+does it (auralm.distributed): the request (--backend, else HRMCTL_BACKEND, the launcher's choice,
+else auto) is gloo, or NCCL only when every rank has CUDA and NCCL and NCCL starts on every rank;
+otherwise gloo on all, with the reason (naming the rank) in the report.
 """
 
 from __future__ import annotations
@@ -20,12 +22,16 @@ import os
 import socket
 import sys
 import time
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
+from auralm import distributed
+from auralm.distributed import Dist
+from auralm.errors import UserError
+
 RESULT_TAG = "HRMCTL_RESULT "
+TIMEOUT_S = 120
 KIB = 1024
 DEFAULT_SIZES = [KIB * 4 ** i for i in range(9)]  # 1 KiB, 4 KiB, ... 64 MiB
 
@@ -40,7 +46,9 @@ def parse_size(text: str) -> int:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m auralm.ddp_check", description=__doc__.split("\n")[0])
-    p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default=None)
+    p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default=None,
+                   help="gloo, or nccl if every rank can (else gloo on all, the reason reported); "
+                        "default: HRMCTL_BACKEND, else auto")
     p.add_argument("--min-size", default="1KiB")
     p.add_argument("--max-size", default="64MiB")
     p.add_argument("--seconds", type=float, default=0.25,
@@ -56,139 +64,129 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def choose_backend(requested: str | None) -> str:
-    want = requested or os.environ.get("HRMCTL_BACKEND") or "auto"
-    if want == "auto":
-        return "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
-    return want
-
-
-def init(backend: str) -> tuple[int, int, torch.device]:
+def init(requested: str | None) -> Dist:
+    """Join the world and agree on the backend; d.group and d.device are what the checks use."""
     if "RANK" not in os.environ:  # alone, outside torchrun: a world of one on a free local port
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             os.environ["MASTER_PORT"] = str(s.getsockname()[1])
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if backend == "nccl":
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
-    else:
-        device = torch.device("cpu")
-    dist.init_process_group(backend, timeout=timedelta(seconds=120))
-    return dist.get_rank(), dist.get_world_size(), device
+    d = distributed.setup(requested or "auto", TIMEOUT_S, group_of_one=True)
+    if d.backend != "nccl":
+        d.device = torch.device("cpu")  # gloo: host memory, so the network is measured, not copies
+    return d
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def sync(d: Dist) -> None:
+    if d.device.type == "cuda":
+        torch.cuda.synchronize(d.device)
 
 
-def check_correctness(rank: int, world: int, device: torch.device, corrupt: bool = False) -> dict[str, bool]:
+def check_correctness(d: Dist, corrupt: bool = False) -> dict[str, bool]:
     ok: dict[str, bool] = {}
-    n = 1000
+    n, rank, world, device, group = 1000, d.rank, d.world, d.device, d.group
     base = torch.arange(n, dtype=torch.float64, device=device)
     t = base * (rank + 1)
-    dist.all_reduce(t)
+    dist.all_reduce(t, group=group)
     if corrupt:
         t[n // 2] += 1
     ok["all_reduce"] = bool(torch.equal(t, base * (world * (world + 1) / 2)))
 
     b = base + 7 if rank == 0 else torch.full((n,), -1.0, dtype=torch.float64, device=device)
-    dist.broadcast(b, src=0)
+    dist.broadcast(b, src=0, group=group)
     ok["broadcast"] = bool(torch.equal(b, base + 7))
 
     mine = torch.tensor([rank * 10 + 3, rank], dtype=torch.int64, device=device)
     gathered = [torch.zeros(2, dtype=torch.int64, device=device) for _ in range(world)]
-    dist.all_gather(gathered, mine)
+    dist.all_gather(gathered, mine, group=group)
     ok["all_gather"] = all(g.tolist() == [r * 10 + 3, r] for r, g in enumerate(gathered))
 
     # barrier: every rank bumps a counter before it, and after it each must see all of them
     before = torch.ones(1, device=device)
-    dist.all_reduce(before)
-    dist.barrier()
+    dist.all_reduce(before, group=group)
+    dist.barrier(group=group)
     ok["barrier"] = int(before.item()) == world
     return ok
 
 
-def agree(ok: dict[str, bool], device: torch.device) -> dict[str, list[int]]:
+def agree(ok: dict[str, bool], d: Dist) -> dict[str, list[int]]:
     """Which ranks failed each check (every rank learns the same answer)."""
-    world = dist.get_world_size()
     out = {}
     for name, good in ok.items():
-        flags = torch.zeros(world, dtype=torch.int32, device=device)
-        flags[dist.get_rank()] = 0 if good else 1
-        dist.all_reduce(flags)
-        out[name] = [r for r in range(world) if flags[r].item()]
+        flags = torch.zeros(d.world, dtype=torch.int32, device=d.device)
+        flags[d.rank] = 0 if good else 1
+        dist.all_reduce(flags, group=d.group)
+        out[name] = [r for r in range(d.world) if flags[r].item()]
     return out
 
 
-def _timed_all_reduce(t: torch.Tensor, iters: int, device: torch.device) -> float:
+def _timed_all_reduce(t: torch.Tensor, iters: int, d: Dist) -> float:
     """Seconds per all_reduce on the slowest rank."""
-    dist.barrier()
-    sync(device)
+    dist.barrier(group=d.group)
+    sync(d)
     t0 = time.perf_counter()
     for _ in range(iters):
-        dist.all_reduce(t)
-    sync(device)
-    elapsed = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64, device=device)
-    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        dist.all_reduce(t, group=d.group)
+    sync(d)
+    elapsed = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64, device=d.device)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=d.group)
     return float(elapsed.item())
 
 
-def bandwidth(sizes: list[int], world: int, device: torch.device, seconds: float, max_iters: int) -> list[dict]:
+def bandwidth(sizes: list[int], d: Dist, seconds: float, max_iters: int) -> list[dict]:
     rows = []
-    factor = 2 * (world - 1) / world if world > 1 else 0.0
+    factor = 2 * (d.world - 1) / d.world if d.world > 1 else 0.0
     for size in sizes:
-        t = torch.ones(max(1, size // 4), dtype=torch.float32, device=device)
-        per = _timed_all_reduce(t, 1, device)  # warm-up, and a first guess of the time per op
+        t = torch.ones(max(1, size // 4), dtype=torch.float32, device=d.device)
+        per = _timed_all_reduce(t, 1, d)  # warm-up, and a first guess of the time per op
         iters = max(3, min(max_iters, int(seconds / max(per, 1e-6))))
-        per = _timed_all_reduce(t, iters, device)
+        per = _timed_all_reduce(t, iters, d)
         algbw = size / per / 1e9
         rows.append({"bytes": size, "iters": iters, "time_us": per * 1e6,
                      "algbw_GBps": algbw, "busbw_GBps": algbw * factor})
     return rows
 
 
-def latency(device: torch.device, iters: int) -> dict:
-    t = torch.ones(1, dtype=torch.float32, device=device)
+def latency(d: Dist, iters: int) -> dict:
+    t = torch.ones(1, dtype=torch.float32, device=d.device)
     for _ in range(5):
-        dist.all_reduce(t)
+        dist.all_reduce(t, group=d.group)
     samples = []
-    dist.barrier()
+    dist.barrier(group=d.group)
     for _ in range(iters):
-        sync(device)
+        sync(d)
         t0 = time.perf_counter()
-        dist.all_reduce(t)
-        sync(device)
+        dist.all_reduce(t, group=d.group)
+        sync(d)
         samples.append(time.perf_counter() - t0)
     samples.sort()
     mine = torch.tensor([samples[len(samples) // 2], sum(samples) / len(samples)], dtype=torch.float64,
-                        device=device)
-    dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+                        device=d.device)
+    dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=d.group)
     return {"bytes": 4, "iters": iters, "p50_us": mine[0].item() * 1e6, "mean_us": mine[1].item() * 1e6}
 
 
-def soak(seconds: float, world: int, device: torch.device) -> bool:
+def soak(seconds: float, d: Dist) -> bool:
     """all_reduce rank-dependent values for `seconds` (the same number of rounds on every rank)."""
     good = True
-    base = torch.arange(4096, dtype=torch.float64, device=device)
+    base = torch.arange(4096, dtype=torch.float64, device=d.device)
     deadline = time.monotonic() + seconds
     while True:
-        t = base * (dist.get_rank() + 1)
-        dist.all_reduce(t)
-        good &= bool(torch.equal(t, base * (world * (world + 1) / 2)))
-        go = torch.tensor([1 if time.monotonic() < deadline else 0], device=device)
-        dist.all_reduce(go, op=dist.ReduceOp.MIN)
+        t = base * (d.rank + 1)
+        dist.all_reduce(t, group=d.group)
+        good &= bool(torch.equal(t, base * (d.world * (d.world + 1) / 2)))
+        go = torch.tensor([1 if time.monotonic() < deadline else 0], device=d.device)
+        dist.all_reduce(go, op=dist.ReduceOp.MIN, group=d.group)
         if not go.item():
             return good
         time.sleep(0.05)
 
 
 def table(result: dict) -> str:
-    lines = [f"world {result['world_size']}, backend {result['backend']}"]
+    lines = [f"world {result['world_size']}, backend {result['backend']} ({result['reason']})"]
     for r in result["ranks"]:
-        lines.append(f"  rank {r['rank']}: host {r['host']}, device {r['device']}, torch {r['torch']}")
+        lines.append(f"  rank {r['rank']}: host {r['host']}, device {r['device']}, torch {r['torch']}, "
+                     f"backend {r['backend']}")
     for name, bad in result["checks"].items():
         lines.append(f"  {name:<10} {'ok' if not bad else 'WRONG on ranks ' + ','.join(map(str, bad))}")
     if result.get("bandwidth"):
@@ -208,30 +206,33 @@ def size_label(n: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    backend = choose_backend(args.backend)
-    rank, world, device = init(backend)
     try:
-        me = {"rank": rank, "host": socket.gethostname(), "device": str(device), "torch": torch.__version__,
-              "local_rank": int(os.environ.get("LOCAL_RANK", "0"))}
-        ranks: list = [None] * world
-        dist.all_gather_object(ranks, me)
-        checks = agree(check_correctness(rank, world, device, corrupt=args.corrupt_rank == rank), device)
+        d = init(args.backend)
+    except UserError as e:  # a bad HRMCTL_BACKEND
+        if os.environ.get("RANK", "0") == "0":
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+    try:
+        me = {"rank": d.rank, "host": d.host, "device": str(d.device), "torch": torch.__version__,
+              "local_rank": d.local_rank, "backend": d.backend, "reason": d.reason}
+        ranks = distributed.gather_object(d, me)
+        checks = agree(check_correctness(d, corrupt=args.corrupt_rank == d.rank), d)
         lo, hi = parse_size(args.min_size), parse_size(args.max_size)
         sizes = [s for s in DEFAULT_SIZES if lo <= s <= hi] or [lo]
-        bw = [] if args.no_bandwidth else bandwidth(sizes, world, device, args.seconds, args.max_iters)
-        lat = None if args.no_bandwidth else latency(device, args.latency_iters)
+        bw = [] if args.no_bandwidth else bandwidth(sizes, d, args.seconds, args.max_iters)
+        lat = None if args.no_bandwidth else latency(d, args.latency_iters)
         if args.soak > 0:
-            checks.update(agree({"soak": soak(args.soak, world, device)}, device))
+            checks.update(agree({"soak": soak(args.soak, d)}, d))
         wrong = any(checks.values())
-        result = {"world_size": world, "backend": backend, "ranks": ranks, "checks": checks,
-                  "ok": not wrong, "bandwidth": bw, "latency": lat}
-        if rank == 0:
+        result = {"world_size": d.world, "backend": d.backend, "requested": d.requested, "reason": d.reason,
+                  "ranks": ranks, "checks": checks, "ok": not wrong, "bandwidth": bw, "latency": lat}
+        if d.rank == 0:
             if not args.no_table:
                 print(table(result), flush=True)
             print(RESULT_TAG + json.dumps(result), flush=True)
         return 1 if wrong else 0
     finally:
-        dist.destroy_process_group()
+        distributed.teardown(d)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ Every rank first joins a gloo group (it works on every machine); over it the ran
 other what they can do and agree on the backend for the model's collectives: NCCL only when every
 rank has a CUDA device and NCCL and a test all-reduce over NCCL succeeds on every rank, otherwise
 gloo on all of them. Object collectives (decisions, checksums) always go over gloo. One process
-(no WORLD_SIZE, or 1) runs without a process group; the helpers below then do nothing.
+(no WORLD_SIZE, or 1) runs without a process group; the helpers below then do nothing. The DDP
+self-test (auralm.ddp_check) uses the same agreement, with a group even for a world of one.
 """
 
 from __future__ import annotations
@@ -36,6 +37,12 @@ class Dist:
     def group_for(self, t: torch.Tensor):
         return self.group if t.is_cuda else None
 
+    @property
+    def reason(self) -> str:
+        """``why``, saying so when an NCCL request was turned down."""
+        refused = self.requested == "nccl" and self.backend != "nccl"
+        return ("nccl requested, but " if refused else "") + self.why
+
 
 def probe_device(local_rank: int) -> dict:
     """What this rank can do: a CUDA device of its own, and NCCL. The one thing tests may fake."""
@@ -59,13 +66,15 @@ def requested_backend(configured: str) -> str:
     return env
 
 
-def setup(configured_backend: str, timeout_s: int) -> Dist:
+def setup(configured_backend: str, timeout_s: int, *, group_of_one: bool = False) -> Dist:
+    """Join the world and agree on the backend. One process has no process group unless
+    ``group_of_one`` (the DDP self-test runs its collectives even alone)."""
     requested = requested_backend(configured_backend)
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     d = Dist(rank=rank, world=world, local_rank=local_rank, host=socket.gethostname(), requested=requested)
     cap = probe_device(local_rank)
-    if world == 1:
+    if world == 1 and not group_of_one:
         if cap["cuda"]:
             d.device = torch.device("cuda", local_rank)
         return d
@@ -108,7 +117,7 @@ def _start_nccl(d: Dist, caps: list[dict], timeout_s: int):
 
 
 def teardown(d: Dist) -> None:
-    if d.world > 1 and dist.is_initialized():
+    if dist.is_initialized():
         dist.destroy_process_group()
 
 

@@ -228,10 +228,8 @@ def train(cfg: Config, d: distributed.Dist) -> torch.nn.Module:
         return raw
     log.config(config.to_dict(cfg))  # from here on the run directory is written
     if d.world > 1:
-        fell_back = d.requested == "nccl" and d.backend != "nccl"
-        log.event(0, "backend", f"backend: {'nccl requested, but ' if fell_back else ''}{d.why}; using {d.backend} "
-                  f"on all {d.world} ranks, device {d.device.type}", backend=d.backend, requested=d.requested,
-                  reason=d.why)
+        log.event(0, "backend", f"backend: {d.reason}; using {d.backend} on all {d.world} ranks, device "
+                  f"{d.device.type}", backend=d.backend, requested=d.requested, reason=d.why)
     model = DDP(raw, device_ids=[d.device.index] if d.device.type == "cuda" else None, process_group=d.group) \
         if d.world > 1 else raw
     batches = data.batches(train_set, t.batch_size, d.rank, d.world, t.seed, start=position)
@@ -241,7 +239,7 @@ def train(cfg: Config, d: distributed.Dist) -> torch.nn.Module:
 
     while step < t.max_steps:
         step += 1
-        if d.rank == fault.kill_rank and step in fault.kill_at_step:
+        if d.rank == fault.kill_rank and step in fault.kill_at_step and state is None:  # not after a resume
             print(f"fault: killing rank {d.rank} at step {step}", file=sys.stderr, flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
         lr = lr_at(t, step) * (guard.lr_scale(step) if guard else 1.0)

@@ -242,11 +242,11 @@ def run(opts: LaunchOptions, prep: Prepared, console: Console) -> RunResult:
                 break
             attempt += 1
             log.note(f"{result.reason}; restart {attempt - 1} of {opts.max_restarts} from the last checkpoint")
-            if opts.module == TRAINER:
-                args = [a for a in opts.args if not a.startswith("resume=")] + ["resume=latest"]
-                entry = ["-m", opts.module, *args]
+            if opts.module == TRAINER:  # same arguments (out_dir too), resuming from the run's last checkpoint
                 for p in plans:
-                    p.argv = p.argv[: p.argv.index("-m", 2)] + entry
+                    start = p.argv.index("-m", 2) + 2  # after `-m auralm.train`
+                    p.argv = p.argv[:start] + [a for a in p.argv[start:] if not a.startswith("resume=")
+                                               and a != "--resume"] + ["resume=latest"]
         return result
     finally:
         log.close()

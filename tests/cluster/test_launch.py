@@ -61,6 +61,8 @@ def test_test_ddp_two_nodes_and_dry_run_equals_real_launch(lab3, hrmctl, tmp_pat
     res = doc["result"]
     assert res["ok"] and res["world_size"] == 2 and res["backend"] == "gloo"
     assert [r["host"] for r in res["ranks"]] == ["node0", "node1"]  # a rank on each node, really
+    # the launcher chose gloo (no CUDA on the nodes), and the ranks agreed on it
+    assert res["reason"] == "gloo requested" and [r["backend"] for r in res["ranks"]] == ["gloo", "gloo"]
     assert all(bad == [] for bad in res["checks"].values()) and set(res["checks"]) >= {
         "all_reduce", "broadcast", "all_gather", "barrier"}
     assert [r["bytes"] for r in res["bandwidth"]] == [1024, 4096, 16384, 65536]
@@ -232,6 +234,32 @@ def test_max_restarts_restarts_the_whole_job(hrmctl, tmp_path):
     assert "restart 1 of 1" in out and "second attempt ok" in out
     log = (tmp_path / "runs" / "flaky2" / "localhost.log").read_text()
     assert "attempt 1" in log and "attempt 2" in log
+
+
+def test_max_restarts_resumes_the_real_trainer_from_its_last_checkpoint(lab3, hrmctl, tmp_path):
+    """Rank 1 (node2) is killed once at step 6, after checkpoint-4 (rank 1 reaches step 6 only once
+    rank 0 has saved checkpoint-4); the restarted job resumes from it in the same run directory
+    (the fault fires only in a run that did not resume) and finishes."""
+    args = ["model=tiny", "training.max_steps=8", "training.batch_size=8", "training.log_interval=1",
+            "training.checkpoint_interval=2", "training.eval_interval=0", "training.eval_batches=1",
+            "fault.kill_at_step=6", "fault.kill_rank=1"]
+    code, out, err = hrmctl("train", "--nodes", "node1,node2", "--run-id", "rs1", "--max-restarts", "1", *args,
+                            inventory=lab3.inventory, timeout=240)
+    assert code == 0, out + err
+    assert "restart 1 of 1 from the last checkpoint" in out and "rank 1 on node2 failed first" in out, out
+    node1 = (tmp_path / "runs" / "rs1" / "node1.log").read_text()
+    node2 = (tmp_path / "runs" / "rs1" / "node2.log").read_text()
+    first, second = node1.split("# hrmctl launch, attempt 2,")
+    assert "[rank0]:saved runs/rs1/checkpoint-4" in first and "[rank0]:step 6/8" not in first
+    assert "resume=" not in first.split("# command: ")[1].splitlines()[0]
+    command = second.split("# command: ")[1].splitlines()[0]
+    assert command.endswith(" out_dir=runs/rs1 resume=latest"), command
+    assert "[rank0]:resuming from runs/rs1/checkpoint-4 (step 4)" in second
+    assert "[rank0]:step 5/8" in second and "[rank0]:step 8/8" in second
+    assert node2.count("fault: killing rank 1 at step 6") == 1 and "attempt 2" in node2
+    run_dir = lab3.node("node1").home / "hrmctl" / "runs" / "rs1"
+    assert (run_dir / "checkpoint-8").is_dir()
+    assert [json.loads(l)["step"] for l in (run_dir / "metrics.jsonl").read_text().splitlines()][-4:] == [5, 6, 7, 8]
 
 
 def test_sync_data_before_launch(lab3, hrmctl, tmp_path):
