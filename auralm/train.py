@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from auralm import checkpoint, config, data, distributed, models
+from auralm import checkpoint, config, cpu_memory, data, distributed, models
 from auralm.config import Config
 from auralm.errors import UserError
 from auralm.nan_guard import NanGuard
@@ -313,6 +313,8 @@ def train(cfg: Config, d: distributed.Dist) -> torch.nn.Module:
 def run(cfg: Config) -> torch.nn.Module:
     """Train under ``cfg`` in this process (one rank of torchrun's world, or alone); the trained model."""
     d = distributed.setup(cfg.backend, cfg.dist_timeout)
+    if d.device.type == "cpu":
+        cpu_memory.keep_freed_memory()
     model = train(cfg, d)
     distributed.teardown(d)
     return model

@@ -1,19 +1,22 @@
 """Throughput of `auralm.train` against a bare loop, and of its GPT against a minimal hand-written GPT.
 
-    python bench/train_throughput.py [--repeats 6] [--sizes tiny,6x384]
+    python bench/train_throughput.py [--repeats 3] [--sizes tiny,6x384]
 
-In one process, for each size, three measurements, interleaved `--repeats` times in a rotating
-order; the table shows medians, and for the ratios the median of the per-repeat ratios with
-their range:
-  trainer  `auralm.train.run` on the lm task (Spanish text from ../shared/data), timed between its
-           optimizer steps (a global optimizer hook) after the warmup steps: everything its loop
-           does per step is in, start-up and the final evaluation and checkpoint are not;
-  bare     the same model, batch, data and AdamW in a plain loop (forward, backward, clip, step),
-           no logging, checkpoints or NaN guard;
-  minimal  a minimal hand-written GPT of the same shape (SDPA attention, PyTorch's fused tanh
-           GELU, tied embeddings) in the same bare loop.
-Time is this process's CPU time with one thread: on a machine shared with other jobs the wall
-clock of a step swings by tens of percent, its CPU time by a few.
+For each size, `--repeats` runs of the trainer; during each, step by step in lock-step, three
+peers each take one step of their own, in a rotating order:
+  trainer      `auralm.train.run` on the lm task (Spanish text from ../shared/data): the time from
+               one of its optimizer steps to the next (a global optimizer hook) after the warmup
+               steps, so everything its loop does per step is in (data, guard, lr, logging), while
+               start-up, the final evaluation and the checkpoint are not;
+  bare         the same model, weights, batches, AdamW and lr schedule in a plain loop (forward,
+               backward, clip, step): no logging, checkpoints or NaN guard;
+  minimal      a minimal hand-written GPT of the same shape (SDPA attention, PyTorch's fused tanh
+               GELU, tied embeddings) in the same bare loop;
+  transformers transformers' GPT2LMHeadModel of the same shape (SDPA, gelu_pytorch_tanh) in the
+               same bare loop: the model auralm used before its own, shown for the comparison.
+The peers' steps run between the trainer's, so a slow spell of the machine falls on all of them
+alike. Time is the thread's CPU time with one thread; a ratio is the quotient of the summed step
+times of one run, the table shows the median over the runs with their range.
 Targets: trainer/bare >= 0.97, model/minimal >= 1.0.
 """
 
@@ -34,12 +37,13 @@ import torch.nn.functional as F
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from auralm import config, data, models, train  # noqa: E402
+from auralm import config, cpu_memory, data, models, train  # noqa: E402
 
 QUIJOTE = Path(__file__).resolve().parents[2] / "shared" / "data" / "quijote" / "pg2000.txt"
-# Shapes, and the timed steps per measurement (a 6x384 step takes about 100 times a tiny one).
+# Shapes, and the timed steps per run (a 6x384 step takes about 15 times a tiny one).
 SHAPES = {"tiny": dict(config.SIZES["tiny"], batch=16, steps=100, warmup=5),
-          "6x384": dict(n_layer=6, n_head=6, n_embd=384, block_size=128, batch=8, steps=8, warmup=2)}
+          "6x384": dict(n_layer=6, n_head=6, n_embd=384, block_size=128, batch=8, steps=12, warmup=2)}
+ARCH = ("n_layer", "n_head", "n_embd", "block_size")
 
 
 class MinimalGPT(nn.Module):
@@ -74,84 +78,138 @@ class MinimalGPT(nn.Module):
         return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1))
 
 
-def bare_loop(model, train_set, batch: int, steps: int, warmup: int) -> float:
-    """CPU seconds per step of a plain training loop, over ``steps`` steps after ``warmup`` untimed ones."""
-    t = config.TrainingConfig()
-    opt = train.make_optimizer(model, t, torch.device("cpu"))
-    batches = data.batches(train_set, batch, 0, 1, seed=0)
-    for i in range(warmup + steps):
-        if i == warmup:
-            start = time.process_time()
-        x, y = next(batches)
-        _, loss = model(x, y)
+class TransformersGPT(nn.Module):
+    """transformers' GPT-2 built from a config (no pretrained weights), as auralm's `lm` model once was."""
+
+    def __init__(self, vocab: int, n_layer: int, n_head: int, n_embd: int, block_size: int):
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        super().__init__()
+        cfg = GPT2Config(vocab_size=vocab, n_positions=block_size, n_embd=n_embd, n_layer=n_layer, n_head=n_head,
+                         activation_function="gelu_pytorch_tanh", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                         bos_token_id=0, eos_token_id=0, tie_word_embeddings=True)
+        cfg._attn_implementation = "sdpa"
+        self.hf = GPT2LMHeadModel(cfg)
+
+    def forward(self, x, y):
+        logits = self.hf(input_ids=x, use_cache=False).logits
+        return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1))
+
+
+class BareLoop:
+    """A plain training loop, one step at a time, as the trainer would run it: same seed, batches, AdamW, lr."""
+
+    def __init__(self, model: nn.Module, train_set, batch: int, t: config.TrainingConfig):
+        self.model, self.t = model, t
+        self.opt = train.make_optimizer(model, t, torch.device("cpu"))
+        self.batches = data.batches(train_set, batch, 0, 1, seed=t.seed)
+        self.step_no, self.seconds = 0, 0.0
+
+    def step(self, timed: bool) -> None:
+        began = time.thread_time()
+        self.step_no += 1
+        for g in self.opt.param_groups:
+            g["lr"] = train.lr_at(self.t, self.step_no)
+        x, y = next(self.batches)
+        _, loss = self.model(x, y)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    return (time.process_time() - start) / steps
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.t.grad_clip)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        if timed:
+            self.seconds += time.thread_time() - began
 
 
-STAMPS: list[float] = []  # CPU time at every optimizer step in this process
-register_optimizer_step_post_hook(lambda *_: STAMPS.append(time.process_time()))
+class LockStep:
+    """At each of the trainer's optimizer steps, every peer takes one step; times the trainer between them."""
+
+    def __init__(self, warmup: int):
+        self.warmup, self.peers, self.busy = warmup, {}, False
+        self.steps, self.trainer_seconds, self.left = 0, 0.0, None
+        register_optimizer_step_post_hook(self)
+
+    def start(self, peers: dict[str, BareLoop]) -> None:
+        self.peers, self.steps, self.trainer_seconds, self.left = peers, 0, 0.0, None
+
+    def __call__(self, optimizer, *_):
+        if self.busy or not self.peers or any(optimizer is p.opt for p in self.peers.values()):
+            return
+        now = time.thread_time()
+        self.steps += 1
+        if self.left is not None and self.steps > self.warmup:
+            self.trainer_seconds += now - self.left
+        self.busy = True
+        names = list(self.peers)
+        turn = self.steps % len(names)
+        for name in names[turn:] + names[:turn]:
+            self.peers[name].step(timed=self.steps > self.warmup)
+        self.busy = False
+        self.left = time.thread_time()
 
 
-def trainer(data_dir: Path, shape: dict, steps: int, warmup: int, out: Path) -> float:
-    """CPU seconds per step of ``auralm.train.run``, between its optimizer steps after ``warmup``."""
-    arch = [f"model.{k}={shape[k]}" for k in ("n_layer", "n_head", "n_embd", "block_size")]
-    cfg = config.parse(["task=lm", f"data_dir={data_dir}", f"out_dir={out}", "model=tiny", *arch,
-                        f"training.batch_size={shape['batch']}", f"training.max_steps={warmup + steps}",
-                        "training.log_interval=10", "training.eval_interval=0", "training.eval_batches=1",
-                        "training.checkpoint_interval=0", "training.sample_tokens=0"])
-    STAMPS.clear()
+def one_run(lock: LockStep, data_dir: Path, train_set, vocab: int, shape: dict, out: Path) -> dict[str, float]:
+    """One trainer run with its peers in lock-step: CPU seconds per timed step of each."""
+    arch = {k: shape[k] for k in ARCH}
+    steps, warmup = shape["steps"], shape["warmup"]
+    cfg = config.parse(["task=lm", f"data_dir={data_dir}", f"out_dir={out}", "model=tiny",
+                        *[f"model.{k}={v}" for k, v in arch.items()], f"training.batch_size={shape['batch']}",
+                        f"training.max_steps={warmup + steps}", "training.log_interval=10",
+                        "training.eval_interval=0", "training.eval_batches=1", "training.checkpoint_interval=0",
+                        "training.sample_tokens=0"])
+    peers = {}
+    for name, build in (("bare", lambda: models.GPT(dict(arch, dropout=0.0), vocab)),
+                        ("minimal", lambda: MinimalGPT(vocab, **arch)),
+                        ("transformers", lambda: TransformersGPT(vocab, **arch))):
+        torch.manual_seed(cfg.training.seed)  # the trainer's initial weights, for the bare loop
+        peers[name] = BareLoop(build(), train_set, shape["batch"], cfg.training)
+    lock.start(peers)
     with contextlib.redirect_stdout(io.StringIO()):  # its progress lines
         train.run(cfg)
-    return (STAMPS[-1] - STAMPS[warmup - 1]) / steps
+    assert lock.steps == warmup + steps, lock.steps
+    seconds = {"trainer": lock.trainer_seconds / steps, **{n: p.seconds / steps for n, p in peers.items()}}
+    lock.start({})
+    return seconds
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=6)
+    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--sizes", default="tiny,6x384")
     a = p.parse_args()
     torch.set_num_threads(1)
+    cpu_memory.keep_freed_memory()  # what the trainer does on CPU, here for every peer alike
+    lock = LockStep(warmup=0)
     tmp = Path(tempfile.mkdtemp(prefix="bench-train-"))
     data_dir = tmp / "quijote"
-    assert data.main([str(QUIJOTE), "--out", str(data_dir), "--vocab-size", "4096", "--max-tokens", "300000"]) == 0
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert data.main([str(QUIJOTE), "--out", str(data_dir), "--vocab-size", "4096", "--max-tokens", "300000"]) == 0
     meta = data.load_manifest(data_dir, "lm")
     vocab = meta["tokenizer"]["vocab_size"]
     rows = []
     for size in a.sizes.split(","):
         shape = SHAPES[size]
-        arch = {k: shape[k] for k in ("n_layer", "n_head", "n_embd", "block_size")}
         train_set = data.open_split(data_dir, meta, "train", shape["block_size"])
-        steps, warmup = shape["steps"], shape["warmup"]
-        runs = {
-            "trainer": lambda r: trainer(data_dir, shape, steps, warmup, tmp / f"run-{size}-{r}"),
-            "bare": lambda r: bare_loop(models.GPT(dict(arch, dropout=0.0), vocab), train_set, shape["batch"],
-                                        steps, warmup),
-            "minimal": lambda r: bare_loop(MinimalGPT(vocab, **arch), train_set, shape["batch"], steps, warmup),
-        }
-        runs["trainer"]("warm")  # untimed: the first run in a process imports transformers' GPT-2 code
-        sec = {name: [] for name in runs}
-        names = list(runs)
-        for r in range(a.repeats):
-            for name in names[r % 3:] + names[: r % 3]:  # a different order each repeat
-                torch.manual_seed(0)
-                sec[name].append(runs[name](r))
+        lock.warmup = shape["warmup"]
+        runs = [one_run(lock, data_dir, train_set, vocab, shape, tmp / f"run-{size}-{r}") for r in range(a.repeats)]
         tokens = shape["batch"] * shape["block_size"]
-        rate = {k: [tokens / s for s in v] for k, v in sec.items()}
-        ratios = {"trainer/bare": [t / b for t, b in zip(rate["trainer"], rate["bare"])],
-                  "model/minimal": [b / m for b, m in zip(rate["bare"], rate["minimal"])]}
-        rows.append((size, shape, {k: statistics.median(v) for k, v in rate.items()}, ratios))
-    print(f"\nlm task, vocabulary {vocab}, {a.repeats} repeats; tokens per CPU-second, 1 thread")
-    print(f"{'size':<7}{'shape':<23}{'trainer tok/s':>14}{'bare tok/s':>11}{'minimal tok/s':>14}"
-          f"{'trainer/bare [range]':>24}{'model/minimal [range]':>25}")
-    for size, shape, med, ratios in rows:
+        rate = {k: statistics.median(tokens / r[k] for r in runs) for k in runs[0]}
+        ratios = {"trainer/bare": [r["bare"] / r["trainer"] for r in runs],
+                  "model/minimal": [r["minimal"] / r["bare"] for r in runs],
+                  "model/transformers": [r["transformers"] / r["bare"] for r in runs]}
+        rows.append((size, shape, rate, ratios))
+        print(f"{size}: " + ", ".join(f"{k} {statistics.median(v):.3f}" for k, v in ratios.items()), file=sys.stderr)
+    print(f"\nlm task, vocabulary {vocab}, {a.repeats} runs; tokens per CPU-second, 1 thread")
+    print(f"{'size':<7}{'shape':<23}{'trainer':>9}{'bare':>8}{'minimal':>9}{'transf.':>9}"
+          f"{'trainer/bare [range]':>23}{'model/minimal [range]':>24}{'model/transf. [range]':>24}")
+    for size, shape, rate, ratios in rows:
         desc = f"{shape['n_layer']}x{shape['n_embd']} T{shape['block_size']} B{shape['batch']} S{shape['steps']}"
-        cells = [f"{statistics.median(v):.3f} [{min(v):.2f}-{max(v):.2f}]" for v in ratios.values()]
-        print(f"{size:<7}{desc:<23}{med['trainer']:>14.0f}{med['bare']:>11.0f}{med['minimal']:>14.0f}"
-              f"{cells[0]:>24}{cells[1]:>25}")
-    print("targets: trainer/bare >= 0.97, model/minimal >= 1.0")
+        cells = "".join(f"{statistics.median(v):.3f} [{min(v):.2f}-{max(v):.2f}]".rjust(w)
+                        for v, w in zip(ratios.values(), (23, 24, 24)))
+        print(f"{size:<7}{desc:<23}" + "".join(f"{rate[k]:>{w}.0f}" for k, w in
+                                               (("trainer", 9), ("bare", 8), ("minimal", 9), ("transformers", 9)))
+              + cells)
+    print("targets: trainer/bare >= 0.97, model/minimal >= 1.0 (model/transformers: auralm's GPT against the "
+          "transformers GPT-2 it replaced)")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,9 @@ def human_bytes(n: int) -> str:
 
 
 def show(result: dict, console: Console) -> None:
-    ranks = Table(title=f"test-ddp: world {result['world_size']}, backend {result['backend']}", title_justify="left")
+    why = f" ({result['reason']})" if result.get("reason") else ""
+    ranks = Table(title=f"test-ddp: world {result['world_size']}, backend {result['backend']}{why}",
+                  title_justify="left")
     for col in ("rank", "host", "device", "torch"):
         ranks.add_column(col)
     for r in result["ranks"]:

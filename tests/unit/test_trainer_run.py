@@ -123,7 +123,7 @@ def test_gradient_accumulation_and_checkpointing_give_the_same_training(tmp_path
     _run(*common, f"out_dir={tmp_path / 'plain'}", "training.batch_size=8")
     _run(*common, f"out_dir={tmp_path / 'accum'}", "training.batch_size=4", "training.grad_accum=2")
     model = _run(*common, f"out_dir={tmp_path / 'ckpt'}", "training.batch_size=8", "training.grad_checkpoint=true")
-    assert model.hf.is_activation_checkpointing
+    assert model.grad_checkpointing
     plain, accum, ckpt = (by_step(tmp_path / n) for n in ("plain", "accum", "ckpt"))
     for step in range(1, 5):  # the same 8 windows per step: as one batch, or as two micro-batches of 4
         assert abs(plain[step]["loss"] - accum[step]["loss"]) < 1e-4, step
