@@ -1,265 +1,232 @@
-"""The hrmctl command line. Each command is a thin layer over a module that holds its logic."""
+"""The hrmctl command line. Each command is a thin layer over a module that holds its logic.
+
+Parsed with the standard library's argparse, as torchrun and DeepSpeed's launcher do: typer,
+used before, imports pydantic and builds a validator for every option, about 0.15 s of every
+`hrmctl` process, which was half of a no-op `sync-data`.
+"""
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
-from typing import TYPE_CHECKING, Annotated, Optional
 
 from .fast_start import defer_module
 
 defer_module("invoke")  # paramiko needs it only for `Match exec` in ~/.ssh/config (see cli/fast_start.py)
 
-import typer  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from . import __version__  # noqa: E402
 from .errors import HrmctlError  # noqa: E402
 
-if TYPE_CHECKING:
-    from .inventory import Inventory
-
-app = typer.Typer(
-    name="hrmctl",
-    help="Turn a few machines on one LAN into one training cluster.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
 out = Console()
 err = Console(stderr=True)
-
-# Options shared by the commands that talk to nodes.
-InventoryOpt = Annotated[Optional[str], typer.Option(
-    "--inventory", "-i", envvar="HRMCTL_INVENTORY", help="Inventory file (default: ./hrmctl.toml).")]
-NodesOpt = Annotated[Optional[str], typer.Option(
-    "--nodes", "-n", help="Comma-separated node names; the first is the master unless the inventory says otherwise.")]
-AcceptNewOpt = Annotated[bool, typer.Option(
-    "--accept-new-host-keys", help="Record the host key of a node never seen before (a changed key is always refused).")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")]
+_quick_exit = False  # set by a command whose process may end without tearing down its modules
 
 
-def _version(value: bool) -> None:
-    if value:
-        out.print(f"hrmctl {__version__}")
-        raise typer.Exit(0)
+class UsageError(HrmctlError):
+    """Bad command-line usage: one line naming the command whose --help lists the options."""
 
 
-@app.callback()
-def root(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
-                                                 help="Show the version and exit.")] = False) -> None:
-    """hrmctl: doctor, sync-data, test-ddp and train across the nodes of hrmctl.toml."""
+class Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)  # --dry must not pass for --dry-run next to trainer overrides
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):  # one line, not argparse's usage block
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
 
 
-def inventory_and_nodes(inventory: str | None, nodes: str | None):
-    from .inventory import load_inventory  # imports paramiko: not needed for --help or --version
+def positive(kind, least: float):
+    """An argparse type: ``kind`` of at least ``least``."""
+    def convert(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid {kind.__name__} value: {text!r}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{text} is less than the minimum of {least:g}")
+        return value
+    return convert
 
-    inv: Inventory = load_inventory(inventory)
-    return inv, inv.select(nodes)
+
+# ---------------------------------------------------------------- the commands
 
 
-@app.command("nodes")
-def nodes_cmd(
-    nodes: NodesOpt = None,
-    inventory: InventoryOpt = None,
-    check: Annotated[bool, typer.Option("--check", help="Connect to every node in parallel and run a command there.")] = False,
-    accept_new_host_keys: AcceptNewOpt = False,
-    as_json: JsonOpt = False,
-) -> None:
-    """Show every node's resolved settings and where each value came from."""
+def cmd_nodes(a: argparse.Namespace) -> int:
+    from .inventory import load_inventory
     from .nodes_view import show_nodes
 
-    inv, selected = inventory_and_nodes(inventory, nodes)
-    code = show_nodes(inv, selected, check=check, accept_new_host_keys=accept_new_host_keys,
-                      as_json=as_json, console=out)
-    raise typer.Exit(code)
+    inv = load_inventory(a.inventory)
+    return show_nodes(inv, inv.select(a.nodes), check=a.check, accept_new_host_keys=a.accept_new_host_keys,
+                      as_json=a.json, console=out)
 
 
-@app.command("doctor")
-def doctor_cmd(
-    nodes: NodesOpt = None,
-    inventory: InventoryOpt = None,
-    master_port: Annotated[int, typer.Option("--master-port", help="The rendezvous port to check on the master.")] = 29500,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds each node may take to answer the probe.")] = 60.0,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Full details in every cell, and interfaces.")] = False,
-    accept_new_host_keys: AcceptNewOpt = False,
-    as_json: JsonOpt = False,
-) -> None:
-    """Preflight every node: reachability, ports, clocks, CUDA/NCCL, libuv, versions, interfaces."""
+def cmd_doctor(a: argparse.Namespace) -> int:
     from .doctor_cmd import doctor
 
-    raise typer.Exit(doctor(inventory, nodes, master_port=master_port, timeout=timeout, verbose=verbose,
-                            accept_new_host_keys=accept_new_host_keys, as_json=as_json, console=out))
+    return doctor(a.inventory, a.nodes, master_port=a.master_port, timeout=a.timeout, verbose=a.verbose,
+                  accept_new_host_keys=a.accept_new_host_keys, as_json=a.json, console=out)
 
 
-@app.command("sync-data")
-def sync_data_cmd(
-    node: Annotated[Optional[str], typer.Argument(help="The node to sync (or several with --nodes).")] = None,
-    nodes: NodesOpt = None,
-    src: Annotated[str, typer.Option("--src", help="Local data directory to send.")] = "data",
-    dest: Annotated[Optional[str], typer.Option(
-        "--dest", help="Directory on the node (default: the node's data_dir from the inventory).")] = None,
-    checksum: Annotated[bool, typer.Option("--checksum", "-c", help="Compare SHA-256 of every file, not size+mtime.")] = False,
-    delete: Annotated[bool, typer.Option("--delete", help="Remove files on the node that are not in the source.")] = False,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="List what would change; change nothing.")] = False,
-    stall_timeout: Annotated[float, typer.Option(
-        "--stall-timeout", min=1, help="Give up on a node that answers nothing for this many seconds.")] = 30.0,
-    inventory: InventoryOpt = None,
-    accept_new_host_keys: AcceptNewOpt = False,
-    as_json: JsonOpt = False,
-) -> None:
-    """Make a node's dataset match the local one over SSH: only changes, verified, resumable."""
+def cmd_sync_data(a: argparse.Namespace) -> int:
+    from .inventory import load_inventory
     from .sync import sync_nodes
     from .sync_view import show_report
 
-    if node and nodes:
-        raise HrmctlError(f"name the nodes once: either `sync-data {node}` or `--nodes {nodes}`, not both")
-    if not node and not nodes:
+    if a.node and a.nodes:
+        raise HrmctlError(f"name the nodes once: either `sync-data {a.node}` or `--nodes {a.nodes}`, not both")
+    if not a.node and not a.nodes:
         raise HrmctlError("name the node to sync: `hrmctl sync-data NODE` or `--nodes node1,node2`")
-    _, selected = inventory_and_nodes(inventory, node or nodes)
-    report = sync_nodes(selected, src, dest=dest, checksum=checksum, delete=delete, dry_run=dry_run,
-                        console=err, progress=not as_json, accept_new_host_keys=accept_new_host_keys,
-                        stall_timeout=stall_timeout)
-    code = show_report(report, as_json=as_json, console=out, err=err)
+    selected = load_inventory(a.inventory).select(a.node or a.nodes)
+    report = sync_nodes(selected, a.src, dest=a.dest, checksum=a.checksum, delete=a.delete, dry_run=a.dry_run,
+                        console=err, progress=not a.json, accept_new_host_keys=a.accept_new_host_keys,
+                        stall_timeout=a.stall_timeout)
     global _quick_exit
     _quick_exit = True  # every connection is closed, nothing left to clean up: see run()
-    raise typer.Exit(code)
+    return show_report(report, as_json=a.json, console=out, err=err)
 
 
-# Options shared by the two commands that launch torchrun (train, test-ddp); logic in cli/launch*.py.
-LaunchNodesOpt = Annotated[Optional[str], typer.Option(
-    "--nodes", "-n", help="Comma-separated node names, the master first. Default: this machine alone.")]
-MasterPortOpt = Annotated[Optional[int], typer.Option(
-    "--master-port", help="Rendezvous port on the master (default: 29500, or the next free one).")]
-NprocOpt = Annotated[Optional[int], typer.Option(
-    "--nproc", help="Processes per node (default: the inventory's nproc; auto = one per GPU, else 1).")]
-BackendOpt = Annotated[str, typer.Option("--backend", help="auto (NCCL only if every node has CUDA+NCCL), gloo or nccl.")]
-EnvOpt = Annotated[Optional[list[str]], typer.Option("--env", "-e", help="KEY=VALUE set on every node (repeatable).")]
-DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print each node's exact command and environment; run nothing.")]
-RunIdOpt = Annotated[Optional[str], typer.Option("--run-id", help="Name of the run (default: date-time-random).")]
-ReprobeOpt = Annotated[bool, typer.Option("--reprobe", help="Probe torch on every node again (ignore the cached facts).")]
+def _launch_options(a: argparse.Namespace, module: str, args: list[str], max_restarts: int):
+    from .launch_cmd import options
+
+    return options(inventory=a.inventory, nodes=a.nodes, master_port=a.master_port, nproc=a.nproc,
+                   backend=a.backend, env=a.env, max_restarts=max_restarts, dry_run=a.dry_run, run_id=a.run_id,
+                   accept_new_host_keys=a.accept_new_host_keys, reprobe=a.reprobe, module=module, args=args)
 
 
-@app.command("test-ddp")
-def test_ddp_cmd(
-    nodes: LaunchNodesOpt = None,
-    inventory: InventoryOpt = None,
-    master_port: MasterPortOpt = None,
-    nproc: NprocOpt = None,
-    backend: BackendOpt = "auto",
-    env: EnvOpt = None,
-    min_size: Annotated[str, typer.Option("--min-size", help="Smallest all_reduce message.")] = "1KiB",
-    max_size: Annotated[str, typer.Option("--max-size", help="Largest all_reduce message.")] = "64MiB",
-    seconds: Annotated[float, typer.Option("--seconds", help="Measuring time per message size.")] = 0.25,
-    soak: Annotated[float, typer.Option("--soak", help="Then keep checking all_reduce for this many seconds.")] = 0.0,
-    no_bandwidth: Annotated[bool, typer.Option("--no-bandwidth", help="Correctness only.")] = False,
-    dry_run: DryRunOpt = False,
-    run_id: RunIdOpt = None,
-    reprobe: ReprobeOpt = False,
-    accept_new_host_keys: AcceptNewOpt = False,
-    as_json: JsonOpt = False,
-) -> None:
-    """A real collective across the nodes: correctness and bandwidth."""
-    from .launch_cmd import DDP_CHECK, ddp_check_args, options, test_ddp
+def cmd_test_ddp(a: argparse.Namespace) -> int:
+    from .launch_cmd import DDP_CHECK, ddp_check_args, test_ddp
 
-    args = ddp_check_args(min_size=min_size, max_size=max_size, seconds=seconds, soak=soak, no_bandwidth=no_bandwidth)
-    opts = options(inventory=inventory, nodes=nodes, master_port=master_port, nproc=nproc, backend=backend, env=env,
-                   max_restarts=0, dry_run=dry_run, run_id=run_id, accept_new_host_keys=accept_new_host_keys,
-                   reprobe=reprobe, module=DDP_CHECK, args=args)
-    raise typer.Exit(test_ddp(opts, as_json=as_json, console=out, err=err))
+    args = ddp_check_args(min_size=a.min_size, max_size=a.max_size, seconds=a.seconds, soak=a.soak,
+                          no_bandwidth=a.no_bandwidth)
+    return test_ddp(_launch_options(a, DDP_CHECK, args, 0), as_json=a.json, console=out, err=err)
 
 
-@app.command("train", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def train_cmd(
-    ctx: typer.Context,
-    nodes: LaunchNodesOpt = None,
-    inventory: InventoryOpt = None,
-    master_port: MasterPortOpt = None,
-    nproc: NprocOpt = None,
-    backend: BackendOpt = "auto",
-    env: EnvOpt = None,
-    max_restarts: Annotated[int, typer.Option("--max-restarts", help="Restart the whole job from its last checkpoint after a failure, up to N times.")] = 0,
-    sync_data: Annotated[bool, typer.Option("--sync-data", help="Sync the local dataset to every other node first.")] = False,
-    module: Annotated[str, typer.Option("--module", help="The Python module torchrun starts on every rank.")] = "auralm.train",
-    dry_run: DryRunOpt = False,
-    run_id: RunIdOpt = None,
-    reprobe: ReprobeOpt = False,
-    accept_new_host_keys: AcceptNewOpt = False,
-    as_json: JsonOpt = False,
-) -> None:
-    """torchrun on every node, one merged log, one Ctrl-C. With no nodes: this machine alone.
+def cmd_train(a: argparse.Namespace) -> int:
+    from .launch_cmd import train
 
-    Trainer overrides follow as key=value (e.g. `hrmctl train --nodes node0,node1 max_steps=200`).
-    """
-    from .launch_cmd import options, train
-
-    opts = options(inventory=inventory, nodes=nodes, master_port=master_port, nproc=nproc, backend=backend, env=env,
-                   max_restarts=max_restarts, dry_run=dry_run, run_id=run_id,
-                   accept_new_host_keys=accept_new_host_keys, reprobe=reprobe, module=module, args=ctx.args)
-    raise typer.Exit(train(opts, sync_data=sync_data, as_json=as_json, console=out, err=err))
+    opts = _launch_options(a, a.module, a.extra, a.max_restarts)
+    return train(opts, sync_data=a.sync_data, as_json=a.json, console=out, err=err)
 
 
-@app.command("prepare-data", add_help_option=False,
-             context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def prepare_data_cmd(ctx: typer.Context) -> None:
-    """Turn a corpus (or generated sudoku puzzles) into training shards and a manifest.
-
-    SOURCE --out DIR [--vocab-size N] for lm; --task sudoku --out DIR [--count N]. `--help` lists all.
-    """
+def cmd_prepare_data(a: argparse.Namespace) -> int:
     import subprocess
 
     # The trainer's own data tool, run as a process like every other use of auralm by the cli.
-    code = subprocess.call([sys.executable, "-m", "auralm.data", *ctx.args],
+    return subprocess.call([sys.executable, "-m", "auralm.data", *a.extra],
                            env=dict(os.environ, AURALM_PROG="hrmctl prepare-data"))
-    raise typer.Exit(code)
 
 
-def _usage_error_types() -> tuple[type, ...]:
-    """The click exceptions typer raises for bad usage: its vendored copy (typer >= 0.2x) and click's."""
-    found: list[type] = []
-    try:
-        from typer._click.exceptions import ClickException
-        found.append(ClickException)
-    except ImportError:
-        pass
-    try:
-        from click import ClickException as PlainClickException
-        found.append(PlainClickException)
-    except ImportError:
-        pass
-    return tuple(found)
+# ---------------------------------------------------------------- the parser
+
+
+def _node_options(p: argparse.ArgumentParser, nodes_help: str) -> None:
+    p.add_argument("--nodes", "-n", help=nodes_help)
+    p.add_argument("--inventory", "-i",
+                   help="Inventory file (default: $HRMCTL_INVENTORY, else ./hrmctl.toml).")
+    p.add_argument("--accept-new-host-keys", action="store_true",
+                   help="Record the host key of a node never seen before (a changed key is always refused).")
+    p.add_argument("--json", action="store_true", help="Print JSON for scripts instead of a table.")
+
+
+def _launch_options_args(p: argparse.ArgumentParser) -> None:
+    _node_options(p, "Comma-separated node names, the master first. Default: this machine alone.")
+    p.add_argument("--master-port", type=int, help="Rendezvous port on the master (default: 29500, or the next free one).")
+    p.add_argument("--nproc", type=int, help="Processes per node (default: the inventory's nproc; auto = one per GPU, else 1).")
+    p.add_argument("--backend", default="auto", help="auto (NCCL only if every node has CUDA+NCCL), gloo or nccl.")
+    p.add_argument("--env", "-e", action="append", metavar="KEY=VALUE", help="Set on every node (repeatable).")
+    p.add_argument("--dry-run", action="store_true", help="Print each node's exact command and environment; run nothing.")
+    p.add_argument("--run-id", help="Name of the run (default: date-time-random).")
+    p.add_argument("--reprobe", action="store_true", help="Probe torch on every node again (ignore the cached facts).")
+
+
+def build_parser() -> Parser:
+    nodes_help = "Comma-separated node names; the first is the master unless the inventory says otherwise."
+    root = Parser(prog="hrmctl", description="Turn a few machines on one LAN into one training cluster.")
+    root.add_argument("--version", action="version", version=f"hrmctl {__version__}")
+    sub = root.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+
+    p = sub.add_parser("nodes", help="Show every node's resolved settings and where each value came from.",
+                       description="Show every node's resolved settings and where each value came from.")
+    _node_options(p, nodes_help)
+    p.add_argument("--check", action="store_true", help="Connect to every node in parallel and run a command there.")
+    p.set_defaults(func=cmd_nodes)
+
+    p = sub.add_parser("doctor", help="Preflight every node: reachability, ports, clocks, CUDA/NCCL, libuv, versions.",
+                       description="Preflight every node: reachability, ports, clocks, CUDA/NCCL, libuv, versions, "
+                                   "interfaces; a fix for every problem.")
+    _node_options(p, nodes_help)
+    p.add_argument("--master-port", type=int, default=29500, help="The rendezvous port to check on the master.")
+    p.add_argument("--timeout", type=float, default=60.0, help="Seconds each node may take to answer the probe.")
+    p.add_argument("--verbose", "-v", action="store_true", help="Full details in every cell, and interfaces.")
+    p.set_defaults(func=cmd_doctor)
+
+    p = sub.add_parser("sync-data", help="Make a node's dataset match the local one over SSH.",
+                       description="Make a node's dataset match the local one over SSH: only changes, verified, "
+                                   "resumable.")
+    p.add_argument("node", nargs="?", help="The node to sync (or several with --nodes).")
+    _node_options(p, "Comma-separated node names to sync, in parallel.")
+    p.add_argument("--src", default="data", help="Local data directory to send (default: data).")
+    p.add_argument("--dest", help="Directory on the node (default: the node's data_dir from the inventory).")
+    p.add_argument("--checksum", "-c", action="store_true", help="Compare SHA-256 of every file, not size+mtime.")
+    p.add_argument("--delete", action="store_true", help="Remove files on the node that are not in the source.")
+    p.add_argument("--dry-run", action="store_true", help="List what would change; change nothing.")
+    p.add_argument("--stall-timeout", type=positive(float, 1), default=30.0,
+                   help="Give up on a node that answers nothing for this many seconds (default: 30).")
+    p.set_defaults(func=cmd_sync_data)
+
+    p = sub.add_parser("test-ddp", help="A real collective across the nodes: correctness and bandwidth.",
+                       description="A real collective across the nodes: correctness and bandwidth.")
+    _launch_options_args(p)
+    p.add_argument("--min-size", default="1KiB", help="Smallest all_reduce message (default: 1KiB).")
+    p.add_argument("--max-size", default="64MiB", help="Largest all_reduce message (default: 64MiB).")
+    p.add_argument("--seconds", type=float, default=0.25, help="Measuring time per message size (default: 0.25).")
+    p.add_argument("--soak", type=float, default=0.0, help="Then keep checking all_reduce for this many seconds.")
+    p.add_argument("--no-bandwidth", action="store_true", help="Correctness only.")
+    p.set_defaults(func=cmd_test_ddp)
+
+    p = sub.add_parser("train", help="torchrun on every node, one merged log, one Ctrl-C.",
+                       usage="hrmctl train [options] [key=value ...]",
+                       description="torchrun on every node, one merged log, one Ctrl-C. With no --nodes: this "
+                                   "machine alone, on the default task. Trainer overrides follow as key=value "
+                                   "(e.g. `hrmctl train --nodes node0,node1 training.max_steps=200`).")
+    _launch_options_args(p)
+    p.add_argument("--max-restarts", type=positive(int, 0), default=0,
+                   help="Restart the whole job from its last checkpoint after a failure, up to N times.")
+    p.add_argument("--sync-data", action="store_true", help="Sync the local dataset to every other node first.")
+    p.add_argument("--module", default="auralm.train", help="The Python module torchrun starts on every rank.")
+    p.set_defaults(func=cmd_train, extra_ok=True)
+
+    p = sub.add_parser("prepare-data", add_help=False,
+                       help="Turn a corpus (or generated sudoku puzzles) into training shards and a manifest.")
+    p.set_defaults(func=cmd_prepare_data, extra_ok=True)
+    return root
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: every expected failure is one line on stderr and a meaningful exit code."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser()
     try:
-        code = app(args=argv, standalone_mode=False)
-        return code if isinstance(code, int) else 0
+        if not argv:
+            parser.print_help(sys.stderr)
+            return 2
+        a, extra = parser.parse_known_args(argv)
+        if extra and not getattr(a, "extra_ok", False):
+            where = f"hrmctl {a.command}" if a.command else "hrmctl"
+            raise UsageError(f"unrecognized arguments: {' '.join(extra)} (see `{where} --help`)")
+        a.extra = extra
+        return a.func(a)
     except HrmctlError as exc:
         err.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
         return exc.exit_code
-    except typer.Exit as exc:
-        return exc.exit_code
-    except typer.Abort:
-        err.print("aborted")
-        return 130
-    except Exception as exc:  # usage errors, raised by typer's own (vendored) click
-        if not isinstance(exc, _usage_error_types()):
-            raise
-        if type(exc).__name__ == "NoArgsIsHelpError":
-            exc.show()  # the help text
-            return exc.exit_code
-        where = getattr(getattr(exc, "ctx", None), "command_path", None) or "hrmctl"
-        err.print(f"error: {exc.format_message()} (see `{where} --help`)", markup=False, highlight=False,
-                  soft_wrap=True)
-        return exc.exit_code
+    except SystemExit as exc:  # --help, --version
+        return exc.code if isinstance(exc.code, int) else 0
     except KeyboardInterrupt:
         err.print("interrupted")
         return 130
-
-
-_quick_exit = False  # set by a command whose process may end without tearing down its modules
 
 
 def run() -> None:

@@ -253,16 +253,17 @@ class Sender:
             elif not errors:
                 errors.append((f"writing {path} failed: {SFTPError(code, '')}", code))
 
-        pos, left = o.offset, o.t.file.size - o.offset
-        while left > 0 and not self.stopped and not errors:  # the size is known: no read for EOF
-            chunk = o.fh.read(min(WRITE_SIZE, left))
-            if not chunk:
-                break
-            left -= len(chunk)
-            h.update(chunk)
-            n = len(chunk)
-            sftp.write(handle, pos, chunk, lambda k, c, b, n=n: wrote(k, c, b, n))
-            pos += n
+        pos = o.offset
+        chunks = ReadAhead(o.fh, h, o.t.file.size - o.offset, WRITE_SIZE)
+        try:
+            for chunk in chunks:
+                if self.stopped or errors:
+                    break
+                n = len(chunk)
+                sftp.write(handle, pos, chunk, lambda k, c, b, n=n: wrote(k, c, b, n))
+                pos += n
+        finally:
+            chunks.close()
         digest = h.hexdigest()
         complete = not self.stopped
 
@@ -275,6 +276,54 @@ class Sender:
                 self.on_sent(t, digest)
 
         sftp.close_handle(handle, closed)
+
+
+class ReadAhead:
+    """The chunks of a file, read and hashed by a thread of their own a few chunks ahead.
+
+    Reading and SHA-256 (which lets go of the GIL) then run beside the sending thread, whose
+    encryption and system calls are the slowest part of a large transfer; the hash ``h`` is
+    complete when iteration ends. The size is known, so no read waits for the end of the file.
+    """
+
+    def __init__(self, fh, h, size: int, chunk: int, depth: int = 8):
+        self.fh, self.h, self.left, self.chunk = fh, h, size, chunk
+        self.queue: queue.Queue = queue.Queue(depth)
+        self.closed = threading.Event()
+        self.thread = threading.Thread(target=self._read, name="sync-read", daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        try:
+            while self.left > 0 and not self.closed.is_set():
+                data = self.fh.read(min(self.chunk, self.left))
+                if not data:
+                    break
+                self.h.update(data)
+                self.left -= len(data)
+                self._put(data)
+        except OSError as exc:
+            self._put(exc)
+        self._put(None)
+
+    def _put(self, item) -> None:
+        while not self.closed.is_set():
+            try:
+                self.queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def __iter__(self):
+        while (item := self.queue.get()) is not None:
+            if isinstance(item, OSError):
+                raise item
+            yield item
+
+    def close(self) -> None:
+        """Stop reading (early, on a failure) and wait for the reader: ``h`` and the file are then ours again."""
+        self.closed.set()
+        self.thread.join()
 
 
 class _Opening:

@@ -26,7 +26,7 @@ FXF_WRITE, FXF_CREAT, FXF_TRUNC = 0x02, 0x08, 0x10
 STATUS_NAMES = {1: "end of file", 2: "no such file", 3: "permission denied", 4: "failure",
                 5: "bad message", 6: "no connection", 7: "connection lost", 8: "unsupported"}
 
-WRITE_SIZE = 128 * 1024      # data per WRITE request (OpenSSH's sftp-server takes up to 256 KB)
+WRITE_SIZE = 240 * 1024      # data per WRITE request (OpenSSH's sftp-server takes messages up to 256 KB)
 MAX_BYTES_IN_FLIGHT = 16 << 20
 MAX_REQUESTS_IN_FLIGHT = 1024
 

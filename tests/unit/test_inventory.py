@@ -157,8 +157,9 @@ def test_command_line_quotes_everything():
 
 
 @pytest.mark.parametrize("args,pattern", [
-    (("nodes", "--bogus"), "No such option: --bogus"),
-    (("nosuchcmd",), "No such command 'nosuchcmd'"),
+    (("nodes", "--bogus"), "unrecognized arguments: --bogus (see `hrmctl nodes --help`)"),
+    (("nosuchcmd",), "invalid choice: 'nosuchcmd'"),
+    (("train", "--max-restarts", "-1"), "--max-restarts"),
     (("doctor", "--master-port", "x"), "--master-port"),
     (("sync-data", "node0", "--stall-timeout", "0"), "--stall-timeout"),
 ])
