@@ -32,11 +32,14 @@ from rich.console import Console
 from .errors import HrmctlError
 from .inventory import Node
 from .remote import Session, connect
+from .sync_lane import HELPER_MIN_BYTES, HelperLane, SharedFiles
 from .sync_plan import Source, SyncError, Transfer, check_source, make_plan, scan_source
 from .sync_remote import part_name
 from .sync_send import Finalizer, NodeAgent, Sender, Sinks
 from .sync_sftp import WRITE_SIZE, SFTPStalled
 from .sync_stream import stream_files, streamable
+
+SECOND_AGENT_MIN_FILES = 2000  # small files worth a second node agent (its start costs ~50 ms)
 
 DEFAULT_SRC = "data"
 
@@ -98,8 +101,9 @@ def _human(n: float) -> str:
 class _NodeSync:
     def __init__(self, session: Session, source_future: Future, result: NodeSync, *, checksum: bool,
                  delete: bool, dry_run: bool, stall_timeout: float, progress: "_Progress",
-                 cancel: threading.Event):
+                 cancel: threading.Event, accept_new_host_keys: bool = False):
         self.session, self.source_future, self.r = session, source_future, result
+        self.accept_new_host_keys = accept_new_host_keys
         self.checksum, self.delete, self.dry_run = checksum, delete, dry_run
         self.stall_timeout, self.progress, self.cancel = stall_timeout, progress, cancel
         self.name = session.node.name
@@ -176,22 +180,58 @@ class _NodeSync:
 
         sender = Sender(sinks, root, on_bytes, finalizer.add, self.cancel)
         errors: list[BaseException] = []
-        # over SSH, small files go through the node agent (cli/sync_stream.py), the rest over SFTP
+        # over SSH, small files go through the node agent (cli/sync_stream.py), the rest over SFTP,
+        # largest first, shared with a helper process when there is a lot (cli/sync_lane.py)
         small = [t for t in todo if sinks.remote and streamable(t)]
-        big = [t for t in todo if not (sinks.remote and streamable(t))]
-        if big:
+        big = SharedFiles(sorted((t for t in todo if not (sinks.remote and streamable(t))), key=lambda t: -t.file.size))
+        if big.items:
             sinks.open_sftp()
+        lanes: list[threading.Thread] = []
+        if sinks.remote and len(big.items) >= 2 and sum(t.file.size - t.offset for t in big.items) >= HELPER_MIN_BYTES:
+            helper = HelperLane(self.session.node, accept_new_host_keys=self.accept_new_host_keys, root=root,
+                                stall_timeout=self.stall_timeout)
+            sender.lookahead = 2  # leave the next files to whichever lane is free first
+
+            def resumed(n: int) -> None:
+                with sender.lock:
+                    sender.resumed += n
+
+            lanes.append(threading.Thread(target=helper.run, args=(big,), daemon=True, name="sync-helper", kwargs=dict(
+                on_bytes=on_bytes, on_sent=finalizer.add, on_resumed=resumed, stopped=lambda: sender.stopped)))
+
+        # many small files: half of them through a second agent, so the node creates files on two cores
+        halves = [small]
+        if len(small) >= SECOND_AGENT_MIN_FILES:
+            halves = [small[:len(small) // 2], small[len(small) // 2:]]  # whole directories each, mostly
+
+        def stream(agent: NodeAgent, files: list[Transfer]) -> None:
+            if files and not sender.stopped:
+                stream_files(agent, root, files, sender, finalizer, on_bytes)
+
+        def second_half() -> None:
+            agent = NodeAgent(self.session, self.stall_timeout)
+            try:
+                stream(agent, halves[1])
+            except BaseException as exc:
+                errors.append(exc)
+                sender.stop.set()
+            finally:
+                agent.close()
 
         def worker() -> None:
             try:  # big files first: the files left at the end are small, and finalize quickly
-                sender.send_all(sorted(big, key=lambda t: -t.file.size))
-                if small and not sender.stopped:
-                    stream_files(self.agent, root, small, sender, finalizer, on_bytes)
+                sender.send_all(big)
+                stream(self.agent, halves[0])
+                for lane in lanes:
+                    lane.join()
+                sender.send_all(big)  # any file the helper gave back
             except BaseException as exc:
                 errors.append(exc)
                 sender.stop.set()
 
-        threads = [threading.Thread(target=worker, name="sync-send", daemon=True)]
+        if len(halves) > 1:
+            lanes.append(threading.Thread(target=second_half, name="sync-stream-2", daemon=True))
+        threads = [*lanes, threading.Thread(target=worker, name="sync-send", daemon=True)]
         for th in threads:
             th.start()
         self._join(threads, sinks, errors)
@@ -310,7 +350,8 @@ def sync_nodes(nodes: list[Node], src: str | os.PathLike = DEFAULT_SRC, *, dest:
         try:
             with connect(node, accept_new_host_keys=accept_new_host_keys) as session:
                 _NodeSync(session, source_future, result, checksum=checksum, delete=delete, dry_run=dry_run,
-                          stall_timeout=stall_timeout, progress=bar, cancel=cancel).run()
+                          stall_timeout=stall_timeout, progress=bar, cancel=cancel,
+                          accept_new_host_keys=accept_new_host_keys).run()
         except HrmctlError as exc:
             result.ok, result.error, result.exit_code = False, str(exc), exc.exit_code
         except Exception as exc:  # one node's surprise must not hide the others' results

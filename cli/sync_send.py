@@ -17,7 +17,7 @@ import queue
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import paramiko
 
@@ -151,8 +151,8 @@ class Sender:
     """Streams Transfers to part files; calls on_sent(transfer, sha256) once a file is complete."""
 
     def __init__(self, sinks: Sinks, root: str, on_bytes: Callable[[int], None],
-                 on_sent: Callable[[Transfer, str], None], cancel: threading.Event):
-        self.sinks, self.root = sinks, root
+                 on_sent: Callable[[Transfer, str], None], cancel: threading.Event, lookahead: int = LOOKAHEAD):
+        self.sinks, self.root, self.lookahead = sinks, root, lookahead
         self.on_bytes, self.on_sent = on_bytes, on_sent
         self.cancel = cancel                       # the user's Ctrl-C, for every node
         self.stop = threading.Event()              # this node's own failure
@@ -191,13 +191,13 @@ class Sender:
     def stopped(self) -> bool:
         return self.stop.is_set() or self.cancel.is_set()
 
-    def send_all(self, todo: list[Transfer]) -> None:
-        """Send every transfer in order; SFTP opens are issued LOOKAHEAD files ahead of the data."""
+    def send_all(self, todo: Iterable[Transfer]) -> None:
+        """Send every transfer in order; SFTP opens are issued `lookahead` files ahead of the data."""
         ahead: collections.deque[_Opening] = collections.deque()
         it = iter(todo)
         try:
             while not self.stopped:
-                while len(ahead) < (LOOKAHEAD if self.sinks.remote else 1):
+                while len(ahead) < (self.lookahead if self.sinks.remote else 1):
                     t = next(it, None)
                     if t is None:
                         break
