@@ -53,7 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-size", default="64MiB")
     p.add_argument("--seconds", type=float, default=0.25,
                    help="target time per message size (the iteration count is agreed across ranks)")
-    p.add_argument("--max-iters", type=int, default=200)
+    p.add_argument("--max-iters", type=int, default=5000,
+                   help="cap on the iterations per size (small messages then still run for --seconds)")
     p.add_argument("--latency-iters", type=int, default=100)
     p.add_argument("--no-bandwidth", action="store_true", help="correctness only")
     p.add_argument("--no-table", action="store_true", help="only the HRMCTL_RESULT line (hrmctl draws the table)")
@@ -236,4 +237,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    distributed.exit_process(main())
