@@ -186,19 +186,7 @@ class _NodeSync:
         big = SharedFiles(sorted((t for t in todo if not (sinks.remote and streamable(t))), key=lambda t: -t.file.size))
         if big.items:
             sinks.open_sftp()
-        lanes: list[threading.Thread] = []
-        if sinks.remote and len(big.items) >= 2 and sum(t.file.size - t.offset for t in big.items) >= HELPER_MIN_BYTES:
-            helper = HelperLane(self.session.node, accept_new_host_keys=self.accept_new_host_keys, root=root,
-                                stall_timeout=self.stall_timeout)
-            sender.lookahead = 2  # leave the next files to whichever lane is free first
-
-            def resumed(n: int) -> None:
-                with sender.lock:
-                    sender.resumed += n
-
-            lanes.append(threading.Thread(target=helper.run, args=(big,), daemon=True, name="sync-helper", kwargs=dict(
-                on_bytes=on_bytes, on_sent=finalizer.add, on_resumed=resumed, stopped=lambda: sender.stopped)))
-
+        lanes = [lane for lane in (self._helper_lane(big, root, sender, on_bytes, finalizer),) if lane]
         # many small files: half of them through a second agent, so the node creates files on two cores
         halves = [small]
         if len(small) >= SECOND_AGENT_MIN_FILES:
@@ -256,6 +244,22 @@ class _NodeSync:
             raise SyncError(f"{self.name}: interrupted; partly sent files are kept and the next run resumes them",
                             exit_code=130)
         return finalizer.bad
+
+    def _helper_lane(self, big: SharedFiles, root: str, sender: Sender, on_bytes, finalizer: Finalizer):
+        """A thread running a helper process that shares the large files (cli/sync_lane.py), when worth it."""
+        todo = list(big.items)
+        if not sender.sinks.remote or len(todo) < 2 or sum(t.file.size - t.offset for t in todo) < HELPER_MIN_BYTES:
+            return None
+        helper = HelperLane(self.session.node, accept_new_host_keys=self.accept_new_host_keys, root=root,
+                            stall_timeout=self.stall_timeout)
+        sender.lookahead = 2  # leave the next files to whichever lane is free first
+
+        def resumed(n: int) -> None:
+            with sender.lock:
+                sender.resumed += n
+
+        return threading.Thread(target=helper.run, args=(big,), daemon=True, name="sync-helper", kwargs=dict(
+            on_bytes=on_bytes, on_sent=finalizer.add, on_resumed=resumed, stopped=lambda: sender.stopped))
 
     def _join(self, threads: list[threading.Thread], sinks: Sinks, errors: list[BaseException]) -> None:
         """Wait for the workers; a stalled link (a worker stuck in a send) is cut so they all return."""
