@@ -23,12 +23,13 @@ import select
 import subprocess
 import sys
 import threading
+import time
 from typing import Callable
 
 from .sync_plan import SourceFile, Transfer
 
 HELPER_MIN_BYTES = 64 << 20   # large files worth a second connection (its start costs ~0.3 s of CPU)
-PROGRESS_EVERY = 4 << 20      # the helper reports sent bytes in steps of this much
+PROGRESS_EVERY = 4 << 20      # the helper reports sent bytes in steps of this much, or every second
 
 
 class SharedFiles:
@@ -69,8 +70,8 @@ class HelperLane:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
         self.proc = subprocess.Popen(self.command, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
-        self._write({"node": dataclasses.asdict(node), "accept_new_host_keys": accept_new_host_keys, "root": root,
-                     "stall_timeout": stall_timeout})
+        self.setup = {"node": dataclasses.asdict(node), "accept_new_host_keys": accept_new_host_keys, "root": root,
+                      "stall_timeout": stall_timeout}
         self.buf = b""
 
     def _write(self, msg: dict) -> None:
@@ -96,17 +97,26 @@ class HelperLane:
             on_resumed: Callable[[int], None], stopped: Callable[[], bool]) -> None:
         """Send files from the shared list until it is empty, the sync stops, or the helper fails."""
         try:
+            try:
+                self._write(self.setup)
+            except OSError:  # it ended at once
+                return
             hello = self._read()
-            if not hello or not hello.get("ready"):
+            if not hello or not hello.get("ready"):  # it could not connect: our own lane sends everything
                 return
             while not stopped():
                 t = next(files, None)
                 if t is None:
                     return
-                self._write({"send": _transfer_json(t)})
+                try:
+                    self._write({"send": _transfer_json(t)})
+                except OSError:  # the helper is gone
+                    files.put_back(t)
+                    return
                 while True:
                     msg = self._read()
-                    if msg is None or "failed" in msg:  # the helper is gone or stuck: our own lane sends it
+                    if msg is None or "failed" in msg:  # the helper is gone or stuck: our own lane sends
+                        self.close()                     # the file, once the helper cannot write it any more
                         files.put_back(t)
                         return
                     if "bytes" in msg:
@@ -166,12 +176,14 @@ def main() -> int:
         emit({"ready": True})
         pending = [0]
 
+        last = [time.monotonic()]
+
         def on_bytes(n: int) -> None:  # from the SFTP reader thread
             with out_lock:
                 pending[0] += n
-                if pending[0] < PROGRESS_EVERY:
+                if pending[0] < PROGRESS_EVERY and time.monotonic() - last[0] < 1.0:
                     return
-                n, pending[0] = pending[0], 0
+                n, pending[0], last[0] = pending[0], 0, time.monotonic()
             emit({"bytes": n})
 
         sent: dict[str, str] = {}
