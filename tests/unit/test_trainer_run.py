@@ -76,6 +76,24 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(sudoku_dir, tmp_path
 
 
 @pytest.mark.slow
+def test_lm_resume_with_dropout_continues_exactly(tmp_path, capsys):
+    """auralm's own GPT (dropout in attention and residuals, the chunked loss) resumes bit for bit."""
+    lm = tmp_path / "quijote"
+    assert data.main([str(QUIJOTE), "--out", str(lm), "--vocab-size", "300", "--max-tokens", "20000"]) == 0
+    common = ["task=lm", f"data_dir={lm}", "model=tiny", "model.dropout=0.1", "training.batch_size=8",
+              "training.max_steps=12", "training.log_interval=1", "training.eval_interval=0",
+              "training.sample_tokens=0"]
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    _run(*common, f"out_dir={whole}", "training.checkpoint_interval=6")
+    _run(*common, f"out_dir={resumed}", f"resume={whole / 'checkpoint-6'}")
+    assert f"resuming from {whole / 'checkpoint-6'} (step 6)" in capsys.readouterr().out
+    a, b = by_step(whole), by_step(resumed)
+    assert sorted(b) == list(range(7, 13))
+    for step in range(7, 13):
+        assert abs(a[step]["loss"] - b[step]["loss"]) < 1e-5, step
+
+
+@pytest.mark.slow
 def test_a_truncated_checkpoint_falls_back_to_the_previous_one(sudoku_dir, tmp_path, capsys):
     _run(*tiny_args(sudoku_dir, tmp_path, "training.max_steps=8", "training.checkpoint_interval=4"))
     weights = tmp_path / "checkpoint-8" / "model.safetensors"
