@@ -33,10 +33,56 @@ def planned_commands(lab: Lab, command: str, args: list[str], cwd: Path) -> dict
     return {n["node"]: n["command"] for n in doc["nodes"]}
 
 
-def ssh_popen(lab: Lab, node: str, line: str) -> subprocess.Popen:
-    n = lab.node(node)
-    return subprocess.Popen(["ssh", "-tt", "-i", str(lab.key), "-o", f"UserKnownHostsFile={lab.known_hosts}",
-                             "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR",
-                             f"{n.user}@{n.ip}", line],
+class InventoryNodes:
+    """Real machines of an inventory, where a benchmark would otherwise make a lab: the same
+    attributes the benchmarks use (inventory, node(name).ip/.user, python), and nothing to set up."""
+
+    def __init__(self, inventory: str, names: list[str]):
+        from cli.inventory import load_inventory
+
+        self.inventory = Path(inventory).expanduser().resolve()
+        self.nodes = {n.name: n for n in load_inventory(str(self.inventory)).select(",".join(names))}
+        self.names = list(self.nodes)
+
+    def up(self) -> "InventoryNodes":
+        return self
+
+    def down(self) -> None:
+        pass
+
+    def node(self, name: str):
+        return self.nodes[name]
+
+    def python_of(self, name: str) -> str:
+        return self.nodes[name].python
+
+    def address(self, name: str) -> str:
+        return self.nodes[name].host
+
+    def ssh_args(self, name: str) -> list[str]:
+        n = self.nodes[name]
+        args = ["-p", str(n.port)] + [a for key in n.identity_file[:1] for a in ("-i", key)]
+        args += [a for kh in n.known_hosts[:1] for a in ("-o", f"UserKnownHostsFile={kh}")]
+        return args + [f"{n.user}@{n.host}"]
+
+
+def ssh_args(lab, name: str) -> list[str]:
+    if isinstance(lab, InventoryNodes):
+        return lab.ssh_args(name)
+    n = lab.node(name)
+    return ["-i", str(lab.key), "-o", f"UserKnownHostsFile={lab.known_hosts}", f"{n.user}@{n.ip}"]
+
+
+def python_of(lab, name: str) -> str:
+    return lab.python_of(name) if isinstance(lab, InventoryNodes) else lab.python
+
+
+def address(lab, name: str) -> str:
+    return lab.address(name) if isinstance(lab, InventoryNodes) else lab.node(name).ip
+
+
+def ssh_popen(lab, node: str, line: str) -> subprocess.Popen:
+    return subprocess.Popen(["ssh", "-tt", "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes",
+                             "-o", "LogLevel=ERROR", *ssh_args(lab, node), line],
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             bufsize=1)

@@ -12,7 +12,9 @@ best over the rounds: on a shared machine anything else that runs only ever lowe
 of several rounds is each tool's undisturbed figure, as `timeit` takes the minimum. The median
 over the rounds is shown beside it.
 
-Root only (a lab of 2 real sshd nodes). Usage: python bench/collectives.py [--repeat 5] [--seconds 0.5]
+Usage: python bench/collectives.py [--repeat 7] [--seconds 0.5]        (root: a lab of 2 namespace nodes)
+       python bench/collectives.py --inventory hrmctl.toml --nodes a,b   (two real machines; the project in
+                                                                          each node's workdir, as hrmctl needs)
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _handrun import Lab, hrmctl, planned_commands, ssh_popen  # noqa: E402
+from _handrun import InventoryNodes, Lab, address, hrmctl, planned_commands, python_of, ssh_popen  # noqa: E402
 
 TCP_BYTES = 512 * 2 ** 20
 RECEIVER = ("import socket,sys,time\ns=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n"
@@ -42,28 +44,28 @@ def human(n: int) -> str:
     return f"{n >> 20} MiB" if n >= 2 ** 20 else f"{n >> 10} KiB"
 
 
-def test_ddp(lab: Lab, cwd: Path, seconds: float) -> dict[int, float]:
-    doc = json.loads(hrmctl(lab, "test-ddp", "--nodes", "node0,node1", "--json", "--seconds", str(seconds),
+def test_ddp(lab: Lab, names: list[str], cwd: Path, seconds: float) -> dict[int, float]:
+    doc = json.loads(hrmctl(lab, "test-ddp", "--nodes", ",".join(names), "--json", "--seconds", str(seconds),
                             cwd=cwd).stdout)
     return {r["bytes"]: r["busbw_GBps"] for r in doc["result"]["bandwidth"]}
 
 
-def plain(lab: Lab, cwd: Path, seconds: float, port: int) -> dict[int, float]:
-    lines = planned_commands(lab, "test-ddp", ["--nodes", "node0,node1", "--master-port", str(port)], cwd)
+def plain(lab: Lab, names: list[str], cwd: Path, seconds: float, port: int) -> dict[int, float]:
+    lines = planned_commands(lab, "test-ddp", ["--nodes", ",".join(names), "--master-port", str(port)], cwd)
     procs = {name: ssh_popen(lab, name, line.split(" -m auralm.ddp_check")[0] + f" bench/plain_allreduce.py {seconds}")
              for name, line in lines.items()}
     outs = {name: p.communicate()[0] for name, p in procs.items()}
-    rows = next((l.split("PLAIN ", 1)[1] for l in outs["node0"].splitlines() if "PLAIN " in l), None)
+    rows = next((l.split("PLAIN ", 1)[1] for l in outs[names[0]].splitlines() if "PLAIN " in l), None)
     if rows is None:
-        raise SystemExit(f"plain all_reduce failed: {outs['node0'][-800:]}")
+        raise SystemExit(f"plain all_reduce failed: {outs[names[0]][-800:]}")
     return {r["bytes"]: r["busbw_GBps"] for r in json.loads(rows)}
 
 
-def raw_tcp(lab: Lab) -> float:
-    py = lab.python
-    recv = ssh_popen(lab, "node1", f"{py} -c \"{RECEIVER.format(total=TCP_BYTES)}\"")
+def raw_tcp(lab: Lab, names: list[str]) -> float:
+    src, dst = names[0], names[1]
+    recv = ssh_popen(lab, dst, f"{python_of(lab, dst)} -c \"{RECEIVER.format(total=TCP_BYTES)}\"")
     assert "ready" in recv.stdout.readline()
-    send = ssh_popen(lab, "node0", f"{py} -c \"{SENDER.format(ip=lab.node('node1').ip, total=TCP_BYTES)}\"")
+    send = ssh_popen(lab, src, f"{python_of(lab, src)} -c \"{SENDER.format(ip=address(lab, dst), total=TCP_BYTES)}\"")
     send.communicate()
     out = recv.communicate()[0]
     return float(next(l for l in out.splitlines() if l.startswith("TCP")).split()[1])
@@ -71,10 +73,13 @@ def raw_tcp(lab: Lab) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--seconds", type=float, default=0.5)
+    ap.add_argument("--inventory", help="measure two real machines of this inventory instead of a lab")
+    ap.add_argument("--nodes", default="node0,node1", help="with --inventory: the two nodes, the master first")
     args = ap.parse_args()
-    lab = Lab(2).up()
+    names = args.nodes.split(",")
+    lab = InventoryNodes(args.inventory, names) if args.inventory else Lab(2).up()
     try:
         cwd = Path(tempfile.mkdtemp(prefix="bench-coll-"))
         runs: dict[str, list[dict[int, float]]] = {"test-ddp": [], "plain": []}
@@ -82,15 +87,16 @@ def main() -> int:
         for i in range(args.repeat):
             order = ["test-ddp", "plain"] if i % 2 == 0 else ["plain", "test-ddp"]
             for tool in order:
-                runs[tool].append(test_ddp(lab, cwd, args.seconds) if tool == "test-ddp"
-                                  else plain(lab, cwd, args.seconds, 29780 + i))
+                runs[tool].append(test_ddp(lab, names, cwd, args.seconds) if tool == "test-ddp"
+                                  else plain(lab, names, cwd, args.seconds, 29780 + i))
                 print(f"round {i + 1} {tool:>8}: " + " ".join(f"{v:.3f}" for _, v in sorted(runs[tool][-1].items())),
                       file=sys.stderr, flush=True)
-            tcps.append(raw_tcp(lab))
+            tcps.append(raw_tcp(lab, names))
         best = {tool: {s: max(r[s] for r in rs) for s in rs[0]} for tool, rs in runs.items()}
         median = {tool: {s: statistics.median(r[s] for r in rs) for s in rs[0]} for tool, rs in runs.items()}
         tcp = statistics.median(tcps)
-        print(f"all_reduce bus bandwidth, gloo, 2 namespace nodes, GB/s: best of {args.repeat} rounds "
+        where = f"nodes {args.nodes} of {args.inventory}" if args.inventory else "2 namespace nodes"
+        print(f"all_reduce bus bandwidth, {where}, GB/s: best of {args.repeat} rounds "
               "(median in parentheses)")
         print(f"{'size':>8} {'test-ddp':>16} {'plain':>16} {'ratio':>14} {'raw TCP':>8}")
         worst = 9.9
