@@ -223,10 +223,12 @@ def _plan(plans: list[NodeLaunch], name: str) -> NodeLaunch:
 
 def _failure(plans: list[NodeLaunch], log: MergedLog, jobs: dict[str, Job], ended: dict[str, int],
              first: str) -> RunResult:
-    """Who failed first. When one rank dies, its peers fail a moment later on a broken connection;
-    so the other nodes get REPORT_WINDOW_S to report too, and a worker killed by a signal (torchrun's
-    report: a negative exit code) is the root cause over one that exited on a broken connection;
-    otherwise the first node to end. The rank comes from torchrun's "Root Cause" report."""
+    """Who failed first. When one rank dies, its peers fail a moment later on a broken connection,
+    and may end before the killed rank's node has reported; so the other nodes get up to
+    REPORT_WINDOW_S to end too (less once a killed worker has shown up, or everyone has ended), and a
+    worker killed by a signal (torchrun's report: a negative exit code) is the root cause over one
+    that exited on a broken connection; otherwise the first node to end. The rank comes from
+    torchrun's "Root Cause" report."""
     deadline = time.monotonic() + REPORT_WINDOW_S
     while time.monotonic() < deadline:
         for p in plans:
@@ -234,8 +236,10 @@ def _failure(plans: list[NodeLaunch], log: MergedLog, jobs: dict[str, Job], ende
                 code = jobs[p.node.name].wait(0)
                 if code is not None:
                     ended[p.node.name] = code
-        if first in log.failed_rank and all(n in log.failed_rank for n, c in ended.items() if c):
-            break
+        if any(c and log.exitcode.get(n, 0) < 0 for n, c in ended.items()):
+            break  # a killed worker: the root cause is known
+        if len(ended) == len(plans) and all(n in log.failed_rank for n, c in ended.items() if c):
+            break  # everyone has ended and reported
         time.sleep(0.05)
     failed = [n for n, c in ended.items() if c]  # in the order they ended
     killed = [n for n in failed if log.exitcode.get(n, 0) < 0]
