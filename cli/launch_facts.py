@@ -5,7 +5,7 @@ torchrun starts. So the probe runs first without torch (route to the master, int
 hostname, python, project: a fraction of a second); torch's answers (GPUs, NCCL, libuv) are
 taken from ~/.cache/hrmctl/torch-facts.json when the same node, Python and torch version were
 probed in the last day, and otherwise the probe runs once more with torch (once per node per
-command). The trainer rechecks the backend collectively at start, so a stale GPU count costs a
+command); a node never probed at all gets one probe, with torch, straight away. The trainer rechecks the backend collectively at start, so a stale GPU count costs a
 fallback to gloo, never a hang.
 """
 
@@ -30,8 +30,9 @@ CACHE_TTL_S = 24 * 3600
 PROBE_TIMEOUT_S = 60
 
 
-def _key(node: Node, probe: NodeProbe) -> str:
-    torch_v = ((probe.raw.get("project") or {}).get("versions") or {}).get("torch")
+def _key(node: Node, probe: NodeProbe | None) -> str:
+    """The cache key of a node's torch facts; without a probe, the part that names the node (a prefix)."""
+    torch_v = ((probe.raw.get("project") or {}).get("versions") or {}).get("torch") if probe else ""
     return f"{node.name}|{node.host}|{node.port}|{node.user}|{node.python}|{torch_v}"
 
 
@@ -86,13 +87,15 @@ def gather(sessions: dict[str, Session], nodes: list[Node], master_addr: str, *,
 
     def probe_one(session: Session) -> tuple[NodeProbe, dict]:
         node = session.node
-        probe = run_probe(session, route_to=master_addr, timeout=PROBE_TIMEOUT_S, with_torch=False)
+        known = any(k.startswith(_key(node, None)) for k in cache)
+        probe = run_probe(session, route_to=master_addr, timeout=PROBE_TIMEOUT_S, with_torch=not known)
         _check(node, probe)
         key = _key(node, probe)
         hit = cache.get(key)
-        if hit and now - hit.get("at", 0) < CACHE_TTL_S and not hit.get("error"):
+        if known and hit and now - hit.get("at", 0) < CACHE_TTL_S and not hit.get("error"):
             return probe, hit
-        probe = run_probe(session, route_to=master_addr, timeout=PROBE_TIMEOUT_S, with_torch=True)
+        if known:  # cached for another torch, or too old: once more, with torch
+            probe = run_probe(session, route_to=master_addr, timeout=PROBE_TIMEOUT_S, with_torch=True)
         tf = _torch_facts(probe)
         fresh[key] = dict(tf, at=now)
         return probe, tf
