@@ -38,7 +38,7 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see `{self.prog} --help`)")
 
 
-def positive(kind, least: float):
+def at_least(kind, least: float):
     """An argparse type: ``kind`` of at least ``least``."""
     def convert(text: str):
         try:
@@ -173,7 +173,7 @@ def build_parser() -> Parser:
     p.add_argument("--checksum", "-c", action="store_true", help="Compare SHA-256 of every file, not size+mtime.")
     p.add_argument("--delete", action="store_true", help="Remove files on the node that are not in the source.")
     p.add_argument("--dry-run", action="store_true", help="List what would change; change nothing.")
-    p.add_argument("--stall-timeout", type=positive(float, 1), default=30.0,
+    p.add_argument("--stall-timeout", type=at_least(float, 1), default=30.0,
                    help="Give up on a node that answers nothing for this many seconds (default: 30).")
     p.set_defaults(func=cmd_sync_data)
 
@@ -193,7 +193,7 @@ def build_parser() -> Parser:
                                    "machine alone, on the default task. Trainer overrides follow as key=value "
                                    "(e.g. `hrmctl train --nodes node0,node1 training.max_steps=200`).")
     _launch_options_args(p)
-    p.add_argument("--max-restarts", type=positive(int, 0), default=0,
+    p.add_argument("--max-restarts", type=at_least(int, 0), default=0,
                    help="Restart the whole job from its last checkpoint after a failure, up to N times.")
     p.add_argument("--sync-data", action="store_true", help="Sync the local dataset to every other node first.")
     p.add_argument("--module", default="auralm.train", help="The Python module torchrun starts on every rank.")

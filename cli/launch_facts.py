@@ -92,7 +92,7 @@ def gather(sessions: dict[str, Session], nodes: list[Node], master_addr: str, *,
         _check(node, probe)
         key = _key(node, probe)
         hit = cache.get(key)
-        if known and hit and now - hit.get("at", 0) < CACHE_TTL_S and not hit.get("error"):
+        if hit and now - hit.get("at", 0) < CACHE_TTL_S and not hit.get("error"):
             return probe, hit
         if known:  # cached for another torch, or too old: once more, with torch
             probe = run_probe(session, route_to=master_addr, timeout=PROBE_TIMEOUT_S, with_torch=True)
