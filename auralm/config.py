@@ -216,8 +216,35 @@ def parse(overrides: list[str]) -> Config:
     return apply(Config(), overrides)
 
 
+def parse_command_line(args: list[str]) -> tuple[Config, bool]:
+    """The trainer's command line, `[--check] [--resume] key=value ...` -> (config, only check it)."""
+    overrides, check = [], False
+    for a in args:
+        if a == "--check":
+            check = True
+        elif a == "--resume":
+            overrides.append("resume=latest")
+        elif a.startswith("-"):
+            raise UserError(f"unknown option {a} (options: --check, --resume; everything else is key=value)")
+        else:
+            overrides.append(a)
+    return parse(overrides), check
+
+
 def to_dict(cfg: Config) -> dict:
     """The resolved config (model shape filled in), as saved with a run."""
     d = dataclasses.asdict(cfg)
     d["model"].update(resolved_model(cfg.model))
     return d
+
+
+if __name__ == "__main__":
+    # `python -m auralm.config [args]`: the trainer's --check without importing torch (a fraction of a
+    # second instead of seconds), which is what the launcher runs before anything starts on any node.
+    import sys
+
+    try:
+        parse_command_line(sys.argv[1:])
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

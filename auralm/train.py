@@ -323,21 +323,11 @@ def run(cfg: Config) -> torch.nn.Module:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     rank = int(os.environ.get("RANK", 0))
-    overrides, check = [], False
     try:
-        for a in args:
-            if a in ("-h", "--help"):
-                print(__doc__.strip())
-                return 0
-            if a == "--check":
-                check = True
-            elif a == "--resume":
-                overrides.append("resume=latest")
-            elif a.startswith("-"):
-                raise UserError(f"unknown option {a} (options: --check, --resume; everything else is key=value)")
-            else:
-                overrides.append(a)
-        cfg = config.parse(overrides)
+        if any(a in ("-h", "--help") for a in args):
+            print(__doc__.strip())
+            return 0
+        cfg, check = config.parse_command_line(args)
         if check:
             return 0
         run(cfg)

@@ -1,7 +1,7 @@
 """`hrmctl train` / `hrmctl test-ddp`: preflight, plan, dry-run or run (with restarts), summary.
 
 Order of a launch, so that nothing starts anywhere when something is wrong:
-  1. the trainer's own check of the overrides (`python -m auralm.train --check ...`), here;
+  1. the trainer's own check of the overrides (its parser, `python -m auralm.config --check ...`), here;
   2. the master address (an IP the workers reach; never loopback with other nodes);
   3. every node probed in parallel (netcheck's probe; torch facts cached, see launch_facts);
   4. the master port: free on the master and reachable from every worker (netcheck);
@@ -10,6 +10,7 @@ Order of a launch, so that nothing starts anywhere when something is wrong:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import secrets
 import subprocess
@@ -26,13 +27,15 @@ from netcheck import MasterAddressError, check_master_port, master_address
 
 from .errors import HrmctlError, InventoryError
 from .inventory import Node
-from .launch_facts import CACHE_DIR, gather, load_cache, save_cache
+from .launch_facts import CACHE_DIR, gather, load_cache, remember, save_cache
 from .launch_log import MergedLog
 from .launch_plan import NodeFacts, NodeLaunch, build_plan, choose_backend, nproc_for, redacted
 from .launch_run import RunResult, connect_all, run_once
+from .node_torchrun import FACTS_DIFFER
 from .remote import Session
 
 TRAINER = "auralm.train"
+TRAINER_CHECK = "auralm.config"  # the trainer's --check without `import torch`: same parser, a tenth of the time
 DEFAULT_PORTS = range(29500, 29510)
 TRAINER_CHECKS = CACHE_DIR / "trainer-checks.json"  # torchrun's default first, then its neighbours
 
@@ -102,8 +105,8 @@ def _trainer_check_key(args: list[str]) -> str | None:
 
 
 def check_trainer_args(module: str, args: list[str]) -> None:
-    """The trainer validates its overrides here, before anything starts on any node. A verdict
-    "valid" is remembered (it costs a local `import torch`); a rejection is never cached."""
+    """The trainer's parser validates its overrides here, before anything starts on any node. A
+    verdict "valid" is remembered; a rejection is never cached."""
     if module != TRAINER:
         return
     key = _trainer_check_key(args)
@@ -118,15 +121,15 @@ def check_trainer_args(module: str, args: list[str]) -> None:
 
 def _run_trainer_check(args: list[str]) -> None:
     try:
-        res = subprocess.run([sys.executable, "-m", TRAINER, "--check", *args], capture_output=True, text=True,
-                             timeout=120)
+        res = subprocess.run([sys.executable, "-m", TRAINER_CHECK, "--check", *args], capture_output=True,
+                             text=True, timeout=120)
     except subprocess.TimeoutExpired:
-        raise HrmctlError(f"`python -m {TRAINER} --check` did not answer in 120 s; run it by hand to see why")
+        raise HrmctlError(f"`python -m {TRAINER_CHECK} --check` did not answer in 120 s; run it by hand to see why")
     if res.returncode == 0:
         return
     lines = (res.stderr.strip() or res.stdout.strip() or f"exit code {res.returncode}").splitlines()
     msg = lines[-1].removeprefix("error: ")
-    if "No module named" in msg and TRAINER in msg:
+    if "No module named" in msg and "auralm" in msg:
         msg = f"the trainer {TRAINER} is not installed here; install the project (scripts/install.sh)"
     raise HrmctlError(f"trainer overrides rejected: {msg}")
 
@@ -178,7 +181,7 @@ def prepare(opts: LaunchOptions, console: Console) -> Prepared:
     try:
         with ThreadPoolExecutor(max_workers=3) as pool:
             check = pool.submit(check_trainer_args, opts.module, opts.args)
-            probes = pool.submit(gather, sessions, nodes, addr, use_cache=opts.use_cache)
+            probes = pool.submit(gather, sessions, nodes, addr, use_cache=opts.use_cache, guess=not opts.dry_run)
             port_f = pool.submit(_port, sessions, nodes, addr, opts.master_port)
             check.result()
             facts, _ = probes.result()
@@ -235,9 +238,19 @@ def run(opts: LaunchOptions, prep: Prepared, console: Console) -> RunResult:
     plans = prep.plans
     try:
         log.note(f"run {prep.run_id}: {len(plans)} node(s), backend {prep.backend} ({prep.why}); logs in {run_dir}/")
-        attempt = 1
+        attempt, replanned = 1, False
         while True:
             result = run_once(plans, log, attempt=attempt, accept_new_host_keys=opts.accept_new_host_keys)
+            reported = dict(log.node_facts)
+            remember(reported, opts.nodes)
+            if result.code == FACTS_DIFFER and result.failed_node in reported and not replanned:
+                # a first launch's guess was wrong on that node (nothing ran there): plan again from
+                # what it reported (now cached), once; this is not a restart
+                log.note(f"{result.failed_node}: torch's answers differ from the first-launch guess; planning again")
+                prep = prepare(dataclasses.replace(opts, run_id=prep.run_id), console)
+                plans, replanned = prep.plans, True
+                log.note(f"backend {prep.backend} ({prep.why})")
+                continue
             if result.code == 0 or result.interrupted or attempt > opts.max_restarts:
                 break
             attempt += 1

@@ -1,12 +1,15 @@
 """The fast preflight's view of each node: netcheck's probe, with torch's answers cached.
 
 `import torch` costs seconds on a small machine, and a launch pays it again on every node when
-torchrun starts. So the probe runs first without torch (route to the master, interfaces,
-hostname, python, project: a fraction of a second); torch's answers (GPUs, NCCL, libuv) are
-taken from ~/.cache/hrmctl/torch-facts.json when the same node, Python and torch version were
-probed in the last day, and otherwise the probe runs once more with torch (once per node per
-command); a node never probed at all gets one probe, with torch, straight away. The trainer rechecks the backend collectively at start, so a stale GPU count costs a
-fallback to gloo, never a hang.
+torchrun starts. So the probe runs without torch (route to the master, interfaces, hostname,
+python, project, the driver's GPU count: a fraction of a second), and torch's answers (GPUs,
+NCCL, libuv) are taken from ~/.cache/hrmctl/torch-facts.json when the same node, Python and torch
+version were seen in the last day. A node not seen yet is launched on a guess (`guessed` facts:
+the driver's GPUs, NCCL with them, libuv on) through cli.node_torchrun, which checks the guess
+with torchrun's own import of torch and reports the real answers (`remember` caches them); a
+wrong guess makes the launcher plan again (launch.run). `guess=False` (the dry run, `--no-cache`)
+probes torch instead, so what is printed is exact. The trainer rechecks the backend collectively
+at start, so a stale GPU count costs a fallback to gloo, never a hang.
 """
 
 from __future__ import annotations
@@ -30,10 +33,13 @@ CACHE_TTL_S = 24 * 3600
 PROBE_TIMEOUT_S = 60
 
 
-def _key(node: Node, probe: NodeProbe | None) -> str:
-    """The cache key of a node's torch facts; without a probe, the part that names the node (a prefix)."""
-    torch_v = ((probe.raw.get("project") or {}).get("versions") or {}).get("torch") if probe else ""
-    return f"{node.name}|{node.host}|{node.port}|{node.user}|{node.python}|{torch_v}"
+def _key(node: Node, torch_version: str | None) -> str:
+    """The cache key of a node's torch facts (torch as its distribution names itself)."""
+    return f"{node.name}|{node.host}|{node.port}|{node.user}|{node.python}|{torch_version or ''}"
+
+
+def _torch_version(probe: NodeProbe) -> str | None:
+    return ((probe.raw.get("project") or {}).get("versions") or {}).get("torch")
 
 
 def load_cache(path: Path) -> dict:
@@ -71,11 +77,29 @@ def _torch_facts(probe: NodeProbe) -> dict:
             "libuv_ok": probe.libuv_ok is not False, "error": probe.torch_error}
 
 
+def _guess(probe: NodeProbe) -> dict:
+    """torch's answers as far as they can be told without torch; cli.node_torchrun checks them."""
+    gpus = int(probe.raw.get("nvidia_gpus") or 0)
+    return {"torch": _torch_version(probe), "gpus": gpus, "nccl": gpus > 0, "libuv_ok": True, "error": None,
+            "guessed": True}
+
+
+def remember(reported: dict[str, dict], nodes: list[Node]) -> None:
+    """Cache what cli.node_torchrun reported, by node name: the next launch needs no guess."""
+    now = time.time()
+    fresh = {_key(n, reported[n.name].get("torch")): dict(reported[n.name], at=now)
+             for n in nodes if n.name in reported and not reported[n.name].get("error")}
+    if fresh:
+        save_cache(CACHE, {**load_cache(CACHE), **fresh})
+
+
 def gather(sessions: dict[str, Session], nodes: list[Node], master_addr: str, *,
-           use_cache: bool = True) -> tuple[dict[str, NodeFacts], dict[str, NodeProbe]]:
+           use_cache: bool = True, guess: bool = True) -> tuple[dict[str, NodeFacts], dict[str, NodeProbe]]:
     """NodeFacts per node (and the probes), or the first node's problem as one HrmctlError.
-    `sessions` are open sessions by node name (one connection per node serves the whole preflight)."""
+    `sessions` are open sessions by node name (one connection per node serves the whole preflight).
+    Without `guess`, a node whose torch facts are not cached is probed with torch."""
     cache = load_cache(CACHE) if use_cache else {}
+    guess = guess and use_cache
     now = time.time()
     fresh: dict[str, dict] = {}
 
@@ -87,17 +111,19 @@ def gather(sessions: dict[str, Session], nodes: list[Node], master_addr: str, *,
 
     def probe_one(session: Session) -> tuple[NodeProbe, dict]:
         node = session.node
-        known = any(k.startswith(_key(node, None)) for k in cache)
-        probe = run_probe(session, route_to=master_addr, timeout=PROBE_TIMEOUT_S, with_torch=not known)
+        known = any(k.startswith(_key(node, "")) for k in cache)
+        probe = run_probe(session, route_to=master_addr, timeout=PROBE_TIMEOUT_S, with_torch=not (known or guess))
         _check(node, probe)
-        key = _key(node, probe)
-        hit = cache.get(key)
-        if hit and now - hit.get("at", 0) < CACHE_TTL_S and not hit.get("error"):
-            return probe, hit
-        if known:  # cached for another torch, or too old: once more, with torch
+        if probe.raw.get("torch") is None:  # probed without torch
+            hit = cache.get(_key(node, _torch_version(probe)))
+            if hit and now - hit.get("at", 0) < CACHE_TTL_S and not hit.get("error"):
+                return probe, hit
+            if guess and _torch_version(probe):
+                return probe, _guess(probe)
+            # not cached (or torch not installed: the probe with torch says why), and no guessing
             probe = run_probe(session, route_to=master_addr, timeout=PROBE_TIMEOUT_S, with_torch=True)
         tf = _torch_facts(probe)
-        fresh[key] = dict(tf, at=now)
+        fresh[_key(node, _torch_version(probe))] = dict(tf, at=now)
         return probe, tf
 
     with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
@@ -120,7 +146,7 @@ def gather(sessions: dict[str, Session], nodes: list[Node], master_addr: str, *,
             raise HrmctlError(f"{node.name}: {probe.route_error}; the node cannot reach the master {master_addr}")
         facts[node.name] = NodeFacts(cpus=probe.cpu_count or 1, gpus=tf["gpus"], nccl=tf["nccl"],
                                      libuv_ok=tf["libuv_ok"], ifname=probe.route_ifname, torch=tf["torch"],
-                                     slow_dns=_slow_dns(probe))
+                                     slow_dns=_slow_dns(probe), guessed=bool(tf.get("guessed")))
         probes[node.name] = probe
     return facts, probes
 

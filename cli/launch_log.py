@@ -5,6 +5,7 @@ runs/<run-id>/<node>.log, which starts with the exact command and environment (s
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -16,6 +17,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from .launch_plan import NodeLaunch, redacted
+from .node_torchrun import FACTS_TAG
 
 COLOURS = ["cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan", "bright_magenta"]
 RANK_RE = re.compile(r"^\[rank(\d+)\]:")
@@ -56,6 +58,7 @@ class MergedLog:
         self.files = {}
         self.failed_rank: dict[str, int] = {}  # node -> first rank torchrun blamed (its "Root Cause")
         self.exitcode: dict[str, int] = {}
+        self.node_facts: dict[str, dict] = {}  # what cli.node_torchrun reported, by node
         self.first_step_at: float | None = None
         self.progress: Progress | None = None
         self.task = None
@@ -70,6 +73,7 @@ class MergedLog:
             fh.flush()
         self.failed_rank.clear()
         self.exitcode.clear()
+        self.node_facts.clear()
 
     def handler(self, plan: NodeLaunch) -> Callable[[str, str], None]:
         name = plan.node.name
@@ -87,6 +91,9 @@ class MergedLog:
                 fh.write(f"{_stamp()} {text}\n")
                 fh.flush()
             self._watch_failure(node, body)
+            if body.startswith(FACTS_TAG):  # for the launcher, not for the reader
+                self._node_facts(node, body[len(FACTS_TAG):])
+                return
             if self.result_tag and body.startswith(self.result_tag):
                 if self.on_result:
                     self.on_result(node, body[len(self.result_tag):])
@@ -108,6 +115,12 @@ class MergedLog:
         m = EXITCODE_RE.match(body)
         if m and node not in self.exitcode:
             self.exitcode[node] = int(m.group(1))
+
+    def _node_facts(self, node: str, text: str) -> None:
+        try:
+            self.node_facts[node] = json.loads(text)
+        except ValueError:
+            pass
 
     def _step(self, step: int, total: int) -> None:
         if self.first_step_at is None:

@@ -22,6 +22,7 @@ use_libuv=False (the `?use_libuv=0` of an init URL, applied where no URL exists)
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from .inventory import Node
 from .remote import command_line
 
 TORCHRUN = ["-m", "torch.distributed.run"]
+CHECKED_TORCHRUN = ["-m", "cli.node_torchrun"]  # torchrun, once the node's torch confirms the guessed facts
 SECRET_RE = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_?KEY|PRIVATE|AUTH", re.I)
 RANK_PREFIX = "[rank${rank}]:"  # torchrun --tee prefixes every worker line with it
 SHUTDOWN_TIMEOUT_S = 3  # torchrun: SIGTERM to workers, then SIGKILL after this
@@ -47,6 +49,7 @@ class NodeFacts:
     ifname: str | None = None  # the interface of the node's route to the master
     torch: str | None = None
     slow_dns: bool = False  # reverse lookups wait on a nameserver that does not answer
+    guessed: bool = False  # gpus/nccl/libuv_ok guessed without torch: cli.node_torchrun checks them
 
 
 @dataclass
@@ -128,7 +131,9 @@ def build_plan(nodes: list[Node], facts: dict[str, NodeFacts], *, master_addr: s
             env["RES_OPTIONS"] = "timeout:1 attempts:1"
             notes.append("DNS does not answer: resolver timeout cut to 1 s")
         env.update(user_env or {})
-        argv = [node.python, *TORCHRUN,
+        if f.guessed:
+            notes.append("first launch here: torch's answers guessed, confirmed on the node before torchrun starts")
+        argv = [node.python, *(_checked(f) if f.guessed else TORCHRUN),
                 f"--nnodes={len(nodes)}", f"--node-rank={rank}", f"--nproc-per-node={count}",
                 "--rdzv-backend=static", f"--rdzv-id={run_id}",
                 f"--master-addr={master_addr}", f"--master-port={master_port}",
@@ -138,6 +143,11 @@ def build_plan(nodes: list[Node], facts: dict[str, NodeFacts], *, master_addr: s
                                 cwd=node.workdir, notes=notes))
         first += count
     return plans
+
+
+def _checked(f: NodeFacts) -> list[str]:
+    expect = json.dumps({"gpus": f.gpus, "nccl": f.nccl, "libuv_ok": f.libuv_ok}, separators=(",", ":"))
+    return [*CHECKED_TORCHRUN, "--expect", expect, "--"]
 
 
 def parse_env_options(items: list[str]) -> dict[str, str]:

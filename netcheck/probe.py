@@ -369,6 +369,24 @@ def gpu_driver() -> str | None:
     return lines[0].strip() if res.returncode == 0 and lines else None
 
 
+def nvidia_gpu_count() -> int:
+    """NVIDIA GPUs the driver shows, without torch: /proc/driver/nvidia/gpus on Linux, else
+    `nvidia-smi -L` (WSL2 has no /proc/driver/nvidia). 0 when there is no driver."""
+    try:
+        return len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        pass
+    smi = shutil.which("nvidia-smi") or ("/usr/lib/wsl/lib/nvidia-smi" if os.path.exists("/usr/lib/wsl/lib/nvidia-smi")
+                                         else None)
+    if not smi:
+        return 0
+    try:
+        res = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in res.stdout.splitlines() if line.startswith("GPU ")) if res.returncode == 0 else 0
+
+
 def torch_facts() -> dict:
     """torch, CUDA, NCCL, gloo and libuv, from ONE import of torch."""
     out = {"version": None, "error": None, "cuda_version": None, "cuda_devices": 0, "gpus": [],
@@ -446,6 +464,7 @@ def collect(args: argparse.Namespace) -> dict:
     doc["python"] = {"version": platform.python_version(), "executable": sys.executable,
                      "implementation": platform.python_implementation()}
     doc["cpu_count"] = os.cpu_count()
+    doc["nvidia_gpus"] = nvidia_gpu_count()
     doc["ram_gb"] = memory_gb()
     doc["interfaces"] = interfaces
     doc["route"] = route_to(args.route_to, interfaces) if args.route_to else None

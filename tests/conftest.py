@@ -20,6 +20,12 @@ def _require_lab() -> None:
         pytest.skip(why)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def own_cache(tmp_path_factory):
+    """hrmctl's cache (torch facts, trainer checks) of this test session, not the user's."""
+    os.environ.setdefault("HRMCTL_CACHE", str(tmp_path_factory.mktemp("hrmctl-cache")))
+
+
 @pytest.fixture(scope="session")
 def make_lab():
     """Factory: make_lab(n) gives a Lab of n real SSH nodes, torn down at the end of the session."""

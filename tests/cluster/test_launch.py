@@ -26,6 +26,11 @@ def job_pids(lab_node, run_id: str) -> list[tuple[int, str]]:
     return [(int(l.split()[0]), l.split(" ", 1)[1] if " " in l else "") for l in out.splitlines() if l.strip()]
 
 
+def is_worker(cmdline: str, module: str) -> bool:
+    """A rank's process, not torchrun's agent (started plainly or through cli.node_torchrun)."""
+    return module in cmdline and "torch.distributed.run" not in cmdline and "cli.node_torchrun" not in cmdline
+
+
 def wait_for(predicate, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -76,6 +81,46 @@ def test_test_ddp_two_nodes_and_dry_run_equals_real_launch(lab3, hrmctl, tmp_pat
         assert f"# command: {n['command']}\n" in log
 
 
+def test_first_launch_checks_its_guess_on_the_nodes_and_caches_the_answers(lab3, hrmctl, tmp_path):
+    """Nodes never launched on: the plan guesses torch's answers without torch, cli.node_torchrun
+    confirms them with torchrun's own import, and the next launch runs plain torchrun from the cache."""
+    cache = tmp_path / "cache"
+    common = ["--nodes", "node1,node2", "--no-bandwidth", "--json"]
+    for run_id, starter in (("cold", "-m cli.node_torchrun --expect"), ("warm", "-m torch.distributed.run")):
+        code, out, err = hrmctl("test-ddp", *common, "--run-id", run_id, inventory=lab3.inventory,
+                                env={"HRMCTL_CACHE": str(cache)})
+        assert code == 0, out + err
+        assert json.loads(out)["result"]["ok"]
+        for name in ("node1", "node2"):
+            log = (tmp_path / "runs" / run_id / f"{name}.log").read_text()
+            assert log.count("# command: ") == 1 and starter in log, log[:2000]
+        if run_id == "cold":
+            facts = json.loads((cache / "torch-facts.json").read_text())
+            assert sorted(k.split("|")[0] for k in facts) == ["node1", "node2"]
+            assert all(f["gpus"] == 0 and f["libuv_ok"] and not f["nccl"] for f in facts.values())
+
+
+def test_a_wrong_first_launch_guess_is_planned_again(hrmctl, tmp_path):
+    """A GPU the driver lists but torch cannot use (a CPU-only torch on a GPU machine): the guess
+    says NCCL, the node's torch says no, and the launcher plans again with gloo before anything ran.
+    The driver is the one mocked part (no NVIDIA driver here): an `nvidia-smi` that lists one GPU."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: Mock GPU (UUID: GPU-0)'\n")
+    (fake / "nvidia-smi").chmod(0o755)
+    cache = tmp_path / "cache"
+    code, out, err = hrmctl("test-ddp", "--no-bandwidth", "--json", "--run-id", "guess", env={
+        "HRMCTL_CACHE": str(cache), "PATH": f"{fake}:{os.environ['PATH']}"})
+    assert code == 0, out + err
+    res = json.loads(out)["result"]
+    assert res["ok"] and res["backend"] == "gloo"
+    assert "differ from the first-launch guess; planning again" in err and "gloo for all" in err
+    log = (tmp_path / "runs" / "guess" / "localhost.log").read_text()
+    assert "gpus 1 -> 0" in log and log.count("# command: ") == 2
+    [facts] = json.loads((cache / "torch-facts.json").read_text()).values()
+    assert facts["gpus"] == 0 and facts["nccl"] is False
+
+
 def test_test_ddp_three_nodes(lab3, hrmctl):
     code, out, err = hrmctl("test-ddp", "--nodes", "node2,node0,node1", "--no-bandwidth", "--json",
                             inventory=lab3.inventory)
@@ -90,8 +135,7 @@ def test_sigint_stops_every_node_and_leaves_no_process(lab3, tmp_path):
                          "--run-id", "sigint"], lab3.inventory, tmp_path)
     try:
         for n in lab3.nodes[:2]:  # the job really runs on both nodes: agent and worker
-            wait_for(lambda: any("auralm.ddp_check" in c and "torch.distributed.run" not in c
-                                 for _, c in job_pids(n, "sigint")), 60, f"the worker on {n.name}")
+            wait_for(lambda: any(is_worker(c, "auralm.ddp_check") for _, c in job_pids(n, "sigint")), 60, f"the worker on {n.name}")
         t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)
@@ -117,7 +161,7 @@ def test_killed_trainer_on_one_node_stops_the_others(lab3, tmp_path):
                 pytest.fail(f"hrmctl ended before the first step: {proc.communicate()[1][-2000:]}")
             return log.exists() and "[rank0]:step " in log.read_text()
         wait_for(first_step, 120, "the first training step")
-        workers = [p for p, c in job_pids(lab3.nodes[2], "kill1") if "auralm.train" in c and "torch.distributed.run" not in c]
+        workers = [p for p, c in job_pids(lab3.nodes[2], "kill1") if is_worker(c, "auralm.train")]
         assert workers, "no trainer process on node2"
         t0 = time.monotonic()
         lab3.nodes[2].as_user(f"kill -9 {workers[0]}")

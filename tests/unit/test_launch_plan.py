@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -43,6 +44,27 @@ def test_each_node_gets_its_rank_nproc_and_interface():
     assert b.env["GLOO_SOCKET_IFNAME"] == b.env["NCCL_SOCKET_IFNAME"] == "wlan0"  # the inventory wins
     assert a.env["OMP_NUM_THREADS"] == "8" and b.env["OMP_NUM_THREADS"] == "2"
     assert a.env["HRMCTL_JOB"] != b.env["HRMCTL_JOB"]
+
+
+def test_guessed_facts_start_torchrun_through_the_check_of_the_guess():
+    facts = {"a": NodeFacts(cpus=8, guessed=True), "b": NodeFacts(cpus=4, gpus=2, nccl=True)}
+    a, b = plan(facts=facts)
+    assert a.argv[1:6] == ["-m", "cli.node_torchrun", "--expect", '{"gpus":0,"nccl":false,"libuv_ok":true}', "--"]
+    assert b.argv[1:3] == ["-m", "torch.distributed.run"]
+    plain, _ = plan(facts={"a": NodeFacts(cpus=8), "b": facts["b"]})
+    assert a.argv[6:] == plain.argv[3:] and a.env == plain.env  # the same torchrun either way
+    assert any("guessed" in n for n in a.notes) and not any("guessed" in n for n in b.notes)
+
+
+def test_the_node_check_refuses_a_wrong_guess_before_torchrun_starts():
+    res = subprocess.run([sys.executable, "-m", "cli.node_torchrun", "--expect",
+                          '{"gpus": 3, "nccl": true, "libuv_ok": true}', "--", "--nnodes=1", "-m", "nothing.here"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert res.returncode == 75, res.stdout + res.stderr
+    tag, _, doc = res.stdout.splitlines()[0].partition(": ")
+    assert tag == "hrmctl-node-facts" and json.loads(doc)["gpus"] == 0
+    assert "gpus 3 -> 0" in res.stdout and "nccl True -> False" in res.stdout
+    assert "Traceback" not in res.stderr
 
 
 def test_secrets_are_left_out_of_what_is_shown_but_not_of_what_runs():
