@@ -188,18 +188,19 @@ class _NodeSync:
         if big.items:
             sinks.open_sftp()
         lanes = [lane for lane in (self._helper_lane(big, root, sender, on_bytes, finalizer),) if lane]
-        # many small files: shared by more node agents, so the node creates files on more cores
-        n = SMALL_FILE_AGENTS if len(small) >= SECOND_AGENT_MIN_FILES else 1
-        parts = [small[i * len(small) // n:(i + 1) * len(small) // n] for i in range(n)]  # whole directories, mostly
+        # many small files: taken in turn by more node agents, so the node creates files on more cores
+        # and the agents end together
+        agents = SMALL_FILE_AGENTS if len(small) >= SECOND_AGENT_MIN_FILES else 1
+        small = SharedFiles(small)
 
-        def stream(agent: NodeAgent, files: list[Transfer]) -> None:
-            if files and not sender.stopped:
-                stream_files(agent, root, files, sender, finalizer, on_bytes)
+        def stream(agent: NodeAgent) -> None:
+            if small.items and not sender.stopped:
+                stream_files(agent, root, small, sender, finalizer, on_bytes)
 
-        def other_agent(part: list[Transfer]) -> None:
+        def other_agent() -> None:
             agent = NodeAgent(self.session, self.stall_timeout)
             try:
-                stream(agent, part)
+                stream(agent)
             except BaseException as exc:
                 errors.append(exc)
                 sender.stop.set()
@@ -209,7 +210,7 @@ class _NodeSync:
         def worker() -> None:
             try:  # big files first: the files left at the end are small, and finalize quickly
                 sender.send_all(big)
-                stream(self.agent, parts[0])
+                stream(self.agent)
                 for lane in lanes:
                     lane.join()
                 sender.send_all(big)  # any file the helper gave back
@@ -217,7 +218,7 @@ class _NodeSync:
                 errors.append(exc)
                 sender.stop.set()
 
-        lanes += [threading.Thread(target=other_agent, args=(part,), name="sync-stream", daemon=True) for part in parts[1:]]
+        lanes += [threading.Thread(target=other_agent, name="sync-stream", daemon=True) for _ in range(agents - 1)]
         threads = [*lanes, threading.Thread(target=worker, name="sync-send", daemon=True)]
         for th in threads:
             th.start()

@@ -12,7 +12,7 @@ while the next is on its way. Larger files keep going over SFTP, where a cut tra
 from __future__ import annotations
 
 import hashlib
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from .sync_plan import SyncError, Transfer
 from .sync_send import Finalizer, NodeAgent, Sender
@@ -26,11 +26,12 @@ def streamable(t: Transfer) -> bool:
     return t.file.size <= STREAM_MAX
 
 
-def stream_files(agent: NodeAgent, root: str, todo: list[Transfer], sender: Sender, finalizer: Finalizer,
+def stream_files(agent: NodeAgent, root: str, todo: Iterable[Transfer], sender: Sender, finalizer: Finalizer,
                  on_bytes: Callable[[int], None]) -> None:
     """Send todo through the agent. Results go where SFTP's go: verified files to finalizer.done,
-    mismatches to finalizer.bad (sent again by the caller), a failed write to sender's failures."""
-    by_rel = {t.file.rel: t for t in todo}
+    mismatches to finalizer.bad (sent again by the caller), a failed write to sender's failures.
+    `todo` may be shared with other agents (a SharedFiles): each takes files as it makes batches."""
+    by_rel: dict[str, Transfer] = {}
     sizes: list[int] = []           # payload bytes of each batch in flight, oldest first
     refused: list[str] = []
 
@@ -47,6 +48,7 @@ def stream_files(agent: NodeAgent, root: str, todo: list[Transfer], sender: Send
             if len(data) != f.size:
                 finalizer.bad.append((t, f"its size changed while it was read ({f.size} -> {len(data)})"))
                 continue
+            by_rel[f.rel] = t
             files.append([f.rel, f.size, f.mtime_ns, f.mode, hashlib.sha256(data).hexdigest()])
             chunks.append(data)
             size += f.size

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from cli import sync as sync_mod
+from cli import sync_stream
 from cli.inventory import load_inventory
 from cli.sync import sync_nodes
 from cli.sync_lane import HelperLane, SharedFiles
@@ -61,6 +62,17 @@ def test_a_helper_that_dies_gives_its_file_back(lab3, tmp_path, monkeypatch):
 def test_sync_with_every_lane_and_a_failing_helper_gives_identical_trees(lab3, tmp_path, monkeypatch):
     monkeypatch.setattr(sync_mod, "HELPER_MIN_BYTES", 1)
     monkeypatch.setattr(sync_mod, "SECOND_AGENT_MIN_FILES", 10)
+    monkeypatch.setattr(sync_stream, "BATCH_FILES", 3)  # many batches, so that both node agents take some
+    streamed: dict[int, list[str]] = {}  # files sent, by node agent
+
+    def stream_files(agent, root, todo, *args):
+        def taken():
+            for t in todo:
+                streamed.setdefault(id(agent), []).append(t.file.rel)
+                yield t
+        sync_stream.stream_files(agent, root, taken(), *args)
+
+    monkeypatch.setattr(sync_mod, "stream_files", stream_files)
     src = tmp_path / "data"
     for i in range(4):
         source_file(src, f"shards/big-{i}.bin", 700_000 + 1000 * i)
@@ -77,3 +89,6 @@ def test_sync_with_every_lane_and_a_failing_helper_gives_identical_trees(lab3, t
         assert n.sent_files == len(want) and n.sent_bytes == sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
         got = {str(p.relative_to(home / dest)): digest(p) for p in (home / dest).rglob("*") if p.is_file()}
         assert got == want  # every file once, under its final name; no part file left
+        assert len(streamed) == 2 and all(streamed.values()), "the small files were not shared by two agents"
+        assert sorted(sum(streamed.values(), [])) == sorted(r for r in want if "/many/" in f"/{r}")
+        streamed.clear()
