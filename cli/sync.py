@@ -25,7 +25,7 @@ import time
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from rich.console import Console
 
@@ -41,6 +41,7 @@ from .sync_stream import stream_files, streamable
 
 SECOND_AGENT_MIN_FILES = 2000  # small files worth more than one node agent (each start costs ~50 ms)
 SMALL_FILE_AGENTS = 2  # more did not help on 2 cores (measured: 3 and 4 swung between 0.6 and 1.6 s)
+SHARE_FILES = 250  # small files are shared among the agents in runs of at most this many, one directory each
 
 DEFAULT_SRC = "data"
 
@@ -188,14 +189,19 @@ class _NodeSync:
         if big.items:
             sinks.open_sftp()
         lanes = [lane for lane in (self._helper_lane(big, root, sender, on_bytes, finalizer),) if lane]
-        # many small files: taken in turn by more node agents, so the node creates files on more cores
-        # and the agents end together
+        # many small files: more node agents, so the node creates files on more cores; they take a
+        # directory (or a run of SHARE_FILES of it) at a time, so they end together and seldom
+        # write into the same directory at once
         agents = SMALL_FILE_AGENTS if len(small) >= SECOND_AGENT_MIN_FILES else 1
-        small = SharedFiles(small)
+        runs = SharedFiles(_directory_runs(small))
+
+        def taken() -> Iterator[Transfer]:
+            for run in runs:
+                yield from run
 
         def stream(agent: NodeAgent) -> None:
-            if small.items and not sender.stopped:
-                stream_files(agent, root, small, sender, finalizer, on_bytes)
+            if runs.items and not sender.stopped:
+                stream_files(agent, root, taken(), sender, finalizer, on_bytes)
 
         def other_agent() -> None:
             agent = NodeAgent(self.session, self.stall_timeout)
@@ -295,6 +301,18 @@ class _NodeSync:
         else:
             hint = "see the node's logs"
         raise SyncError(f"{self.name}: {why}: {hint}; completed files are in place and no partial file is under a final name")
+
+
+def _directory_runs(todo: list[Transfer]) -> list[list[Transfer]]:
+    """todo in runs of consecutive files of one directory, at most SHARE_FILES each."""
+    runs: list[list[Transfer]] = []
+    for t in todo:
+        run = runs[-1] if runs else None
+        if run and len(run) < SHARE_FILES and os.path.dirname(run[0].file.rel) == os.path.dirname(t.file.rel):
+            run.append(t)
+        else:
+            runs.append([t])
+    return runs
 
 
 # ---------------------------------------------------------------- progress
