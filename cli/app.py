@@ -15,13 +15,36 @@ from .fast_start import defer_module
 
 defer_module("invoke")  # paramiko needs it only for `Match exec` in ~/.ssh/config (see cli/fast_start.py)
 
-from rich.console import Console  # noqa: E402
-
 from . import __version__  # noqa: E402
 from .errors import HrmctlError  # noqa: E402
 
-out = Console()
-err = Console(stderr=True)
+
+class LazyConsole:
+    """rich's Console, made on first use. Importing rich costs about 45 ms of every process, and a
+    command writing --json to a pipe (a script's `hrmctl sync-data --json`) never needs it."""
+
+    def __init__(self, **kwargs):
+        self._kwargs, self._console = kwargs, None
+
+    @property
+    def console(self):
+        if self._console is None:
+            from rich.console import Console
+            self._console = Console(**self._kwargs)
+        return self._console
+
+    def __getattr__(self, name: str):
+        return getattr(self.console, name)
+
+    def __enter__(self):  # rich's Live uses its console as a context manager (special names skip __getattr__)
+        return self.console.__enter__()
+
+    def __exit__(self, *exc):
+        return self.console.__exit__(*exc)
+
+
+out = LazyConsole()
+err = LazyConsole(stderr=True)
 _quick_exit = False  # set by a command whose process may end without tearing down its modules
 
 

@@ -25,9 +25,7 @@ import time
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
-
-from rich.console import Console
+from typing import TYPE_CHECKING, Any, Iterator
 
 from .errors import HrmctlError
 from .inventory import Node
@@ -38,6 +36,9 @@ from .sync_remote import part_name
 from .sync_send import Finalizer, NodeAgent, Sender, Sinks
 from .sync_sftp import WRITE_SIZE, SFTPStalled
 from .sync_stream import stream_files, streamable
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 SECOND_AGENT_MIN_FILES = 2000  # small files worth more than one node agent (each start costs ~50 ms)
 SMALL_FILE_AGENTS = 2  # more did not help on 2 cores (measured: 3 and 4 swung between 0.6 and 1.6 s)
@@ -320,7 +321,7 @@ def _directory_runs(todo: list[Transfer]) -> list[list[Transfer]]:
 class _Progress:
     """One bar per node (bytes, rate, ETA); silent when not wanted."""
 
-    def __init__(self, console: Console | None, enabled: bool):
+    def __init__(self, console: "Console | None", enabled: bool):
         self.tasks: dict[str, Any] = {}
         self.bar = None
         if enabled and console is not None:
@@ -356,7 +357,7 @@ class _Progress:
 
 def sync_nodes(nodes: list[Node], src: str | os.PathLike = DEFAULT_SRC, *, dest: str | None = None,
                checksum: bool = False, delete: bool = False, dry_run: bool = False,
-               console: Console | None = None, progress: bool = True, accept_new_host_keys: bool = False,
+               console: "Console | None" = None, progress: bool = True, accept_new_host_keys: bool = False,
                stall_timeout: float = 30.0) -> SyncReport:
     """Sync `src` to every node (in parallel); see the module docstring. Never raises for one node's
     failure: it is in that node's NodeSync (ok, error, exit_code). Bad local input raises SyncError."""
