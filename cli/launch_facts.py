@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -84,6 +85,11 @@ def _guess(probe: NodeProbe) -> dict:
             "guessed": True}
 
 
+def _can_check(node: Node, probe: NodeProbe) -> bool:
+    """cli.node_torchrun runs there: the node's project has it, or this very hrmctl runs it locally."""
+    return bool((probe.raw.get("project") or {}).get("launch_check")) or (node.is_local and node.python == sys.executable)
+
+
 def remember(reported: dict[str, dict], nodes: list[Node]) -> None:
     """Cache what cli.node_torchrun reported, by node name: the next launch needs no guess."""
     now = time.time()
@@ -118,7 +124,7 @@ def gather(sessions: dict[str, Session], nodes: list[Node], master_addr: str, *,
             hit = cache.get(_key(node, _torch_version(probe)))
             if hit and now - hit.get("at", 0) < CACHE_TTL_S and not hit.get("error"):
                 return probe, hit
-            if guess and _torch_version(probe):
+            if guess and _torch_version(probe) and _can_check(node, probe):
                 return probe, _guess(probe)
             # not cached (or torch not installed: the probe with torch says why), and no guessing
             probe = run_probe(session, route_to=master_addr, timeout=PROBE_TIMEOUT_S, with_torch=True)

@@ -312,7 +312,7 @@ def project_facts(workdir: str | None) -> dict:
             versions[dist] = metadata.version(dist)
         except Exception:
             versions[dist] = None
-    out = {"workdir": None, "present": False, "commit": None, "dirty": None, "versions": versions,
+    out = {"workdir": None, "present": False, "launch_check": False, "commit": None, "dirty": None, "versions": versions,
            "installed": None}
     try:
         import importlib.util
@@ -325,6 +325,9 @@ def project_facts(workdir: str | None) -> dict:
     path = os.path.expanduser(workdir)
     out["workdir"] = path
     out["present"] = os.path.isdir(os.path.join(path, "auralm")) or os.path.isfile(os.path.join(path, "pyproject.toml"))
+    # hrmctl's check of a first launch's guess (cli/node_torchrun.py) is there: an older copy of the
+    # project is launched with probed facts instead
+    out["launch_check"] = os.path.isfile(os.path.join(path, "cli", "node_torchrun.py"))
     if out["present"] and shutil.which("git"):
         head = _git(path, "rev-parse", "HEAD")
         if head:
