@@ -80,12 +80,31 @@ class RunResult:
     seconds: float = 0.0
 
 
-class _Interrupted(Exception):
-    pass
+class _Signals:
+    """Ctrl-C, SIGTERM and SIGHUP noted, not raised. An exception raised wherever the main thread
+    happens to be can leave a lock held (one inside paramiko's Event.wait, say), and the stop after
+    it would then wait on that lock for ever; so the wait loop looks at `got` every POLL_S instead.
+    Signals during the stop are noted too, so a second Ctrl-C cannot cut it short."""
 
+    WATCHED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
-def _raise_interrupt(signum, frame):
-    raise _Interrupted(signal.Signals(signum).name)
+    def __init__(self) -> None:
+        self.got: str | None = None
+
+    def __enter__(self) -> "_Signals":
+        self.old = {s: signal.signal(s, self._note) for s in self.WATCHED}
+        return self
+
+    def _note(self, signum, frame) -> None:
+        self.got = self.got or signal.Signals(signum).name
+
+    def __exit__(self, *exc) -> None:
+        for s, h in self.old.items():
+            signal.signal(s, h)
+
+    def result(self) -> RunResult:
+        why = "interrupted (Ctrl-C)" if self.got == "SIGINT" else f"interrupted ({self.got})"
+        return RunResult(130, why, interrupted=True)
 
 
 def connect_all(nodes: list[Node], accept_new_host_keys: bool) -> dict[str, Session]:
@@ -164,55 +183,50 @@ def run_once(plans: list[NodeLaunch], log: MergedLog, *, attempt: int = 1,
     ended: dict[str, int] = {}
     beats: dict[str, _Heartbeat] = {}
     result: RunResult | None = None
-    old = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        log.start(plans, attempt)
-        for p in plans:
-            session = sessions[p.node.name]
-            jobs[p.node.name] = session.start(p.argv, log.handler(p), env=p.env, cwd=p.cwd, pty=not p.node.is_local)
-            if not p.node.is_local:
-                beats[p.node.name] = _Heartbeat(session)
-        for b in beats.values():
-            b.start()
-        while result is None:
-            for p in plans:
-                name = p.node.name
-                if name in ended:
-                    continue
-                code = jobs[name].wait(0)
-                if code is not None:
-                    ended[name] = code
-                    if code != 0:
-                        result = _failure(plans, log, jobs, ended, name)
-                        break
-            if result is None and len(ended) == len(plans):
-                result = RunResult(0, "every node finished")
-            silent = [n for n, b in beats.items() if n not in ended and b.silent_for() > HEARTBEAT_TIMEOUT_S]
-            if result is None and silent:
-                name = silent[0]
-                result = RunResult(LOST_CODE, f"{name} stopped answering (no SSH keep-alive reply for "
-                                   f"{beats[name].silent_for():.0f}s)", failed_node=name,
-                                   failed_rank=_plan(plans, name).first_rank)
-            if result is None:
-                time.sleep(POLL_S)
-    except (KeyboardInterrupt, _Interrupted) as exc:
-        why = "interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt) else f"interrupted ({exc})"
-        result = RunResult(130, why, interrupted=True)
-    finally:
-        for b in beats.values():
-            b.halt.set()
-        prev_int = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the stop short
+    with _Signals() as signals:
         try:
+            log.start(plans, attempt)
+            for p in plans:
+                session = sessions[p.node.name]
+                jobs[p.node.name] = session.start(p.argv, log.handler(p), env=p.env, cwd=p.cwd,
+                                                  pty=not p.node.is_local)
+                if not p.node.is_local:
+                    beats[p.node.name] = _Heartbeat(session)
+            for b in beats.values():
+                b.start()
+            while result is None:
+                if signals.got:
+                    result = signals.result()
+                    break
+                for p in plans:
+                    name = p.node.name
+                    if name in ended:
+                        continue
+                    code = jobs[name].wait(0)
+                    if code is not None:
+                        ended[name] = code
+                        if code != 0:
+                            result = _failure(plans, log, jobs, ended, name)
+                            break
+                if result is None and len(ended) == len(plans):
+                    result = RunResult(0, "every node finished")
+                silent = [n for n, b in beats.items() if n not in ended and b.silent_for() > HEARTBEAT_TIMEOUT_S]
+                if result is None and silent:
+                    name = silent[0]
+                    result = RunResult(LOST_CODE, f"{name} stopped answering (no SSH keep-alive reply for "
+                                       f"{beats[name].silent_for():.0f}s)", failed_node=name,
+                                       failed_rank=_plan(plans, name).first_rank)
+                if result is None:
+                    time.sleep(POLL_S)
+        finally:
+            for b in beats.values():
+                b.halt.set()
             if result is None or result.code != 0:
                 log.note(f"{(result.reason if result else 'stopping')}: stopping the job on every node")
                 result = result or RunResult(1, "launcher error")
                 result.left_running = stop_everywhere(plans, jobs, accept_new_host_keys)
             for s in sessions.values():
                 s.close()
-        finally:
-            signal.signal(signal.SIGINT, prev_int)
-            for s, h in old.items():
-                signal.signal(s, h)
     result.seconds = time.monotonic() - t0
     return result
 
