@@ -476,9 +476,12 @@ class SSHSession(Session):
 
     def run(self, argv, *, timeout=60, input=None, env=None, cwd=None) -> Result:
         chan = self._open(command_line(argv, cwd, env), pty=False)
-        if input is not None:
-            chan.sendall(input.encode() if isinstance(input, str) else input)
-        chan.shutdown_write()
+        try:
+            if input is not None:
+                chan.sendall(input.encode() if isinstance(input, str) else input)
+            chan.shutdown_write()
+        except OSError:  # it ended before taking all its input (no such python, say): its exit code and stderr say why
+            pass
         out, err = bytearray(), bytearray()
         deadline = None if timeout is None else time.monotonic() + timeout
         exited_at = None

@@ -62,6 +62,16 @@ def test_run_python_and_copy_files(lab3, tmp_path):
     assert (tmp_path / "back").read_bytes() == src.read_bytes()
 
 
+def test_a_command_that_ends_before_taking_its_input_reports_its_exit(lab3):
+    """A missing python ends at once; the probe's source still on its way must not turn that into
+    "Socket is closed" (seen when the cluster tier ran on a loaded machine)."""
+    node = load_inventory(lab3.inventory).select("node1")[0]
+    with connect(node) as s:
+        res = s.run(["/nope/python3", "-"], input="pass\n" * 2_000_000, timeout=20)  # 10 MB: more than a window
+        assert s.run(["true"], timeout=10).ok  # the connection is still good
+    assert res.code == 127 and "No such file" in res.stderr
+
+
 def test_unknown_host_key_refused_then_accepted(lab3, hrmctl, tmp_path):
     inv = tmp_path / "hrmctl.toml"
     kh = tmp_path / "known_hosts"
