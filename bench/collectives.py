@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -33,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _handrun import InventoryNodes, Lab, address, hrmctl, planned_commands, python_of, ssh_popen  # noqa: E402
+from _handrun import InventoryNodes, Lab, address, hrmctl, pin_nodes, planned_commands, python_of, ssh_popen  # noqa: E402
 
 TCP_BYTES = 512 * 2 ** 20
 RECEIVER = ("import socket,sys,time\ns=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n"
@@ -73,18 +72,6 @@ def raw_tcp(lab: Lab, names: list[str]) -> float:
     send.communicate()
     out = recv.communicate()[0]
     return float(next(l for l in out.splitlines() if l.startswith("TCP")).split()[1])
-
-
-def pin_nodes(lab: Lab) -> None:
-    """Lab only: node i's sshd, and so everything started on that node, on core i, so each node is a
-    machine of its own (one core each here) instead of two nodes whose ranks fight over the same
-    cores, which swings a round's figure by tens of percent."""
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < len(lab.nodes):
-        return
-    for node, core in zip(lab.nodes, cores):
-        os.sched_setaffinity(node.sshd.pid, {core})
-    print(f"nodes pinned: {', '.join(f'{n.name} on core {c}' for n, c in zip(lab.nodes, cores))}", file=sys.stderr)
 
 
 def main() -> int:

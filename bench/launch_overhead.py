@@ -9,6 +9,7 @@ on the nodes once before timing. "warm" runs use the torch facts cached by an ea
 "cold" runs start with an empty cache (a first launch: torch's answers guessed without torch and
 confirmed on each node by cli.node_torchrun, with torchrun's own import of torch).
 
+Each lab node is pinned to a core of its own (bench/_handrun.pin_nodes; `--no-pin` to not).
 Root only (it makes a lab of 2 real sshd nodes). Usage: python bench/launch_overhead.py [--repeat 3]
 """
 
@@ -23,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _handrun import Lab, hrmctl, planned_commands, ssh_popen  # noqa: E402
+from _handrun import Lab, hrmctl, pin_nodes, planned_commands, ssh_popen  # noqa: E402
 
 TRAIN = ["model=tiny", "training.max_steps=3", "training.batch_size=8", "training.log_interval=1",
          "training.checkpoint_interval=0", "training.eval_interval=0", "training.eval_batches=1"]
@@ -71,8 +72,11 @@ def time_by_hand(lab: Lab, cwd: Path, run_id: str, port: int) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--no-pin", action="store_true", help="let both lab nodes use every core")
     args = ap.parse_args()
     lab = Lab(2).up()
+    if not args.no_pin:
+        pin_nodes(lab)
     try:
         cwd = Path(tempfile.mkdtemp(prefix="bench-launch-"))
         time_hrmctl(lab, cwd, "warmup", 29650)  # makes the data on both nodes and fills the facts cache

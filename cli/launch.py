@@ -83,6 +83,7 @@ class Prepared:
     backend: str
     why: str
     run_id: str
+    sessions: dict[str, Session] | None = None  # the preflight's connections, for the first attempt
 
 
 def new_run_id() -> str:
@@ -178,6 +179,7 @@ def prepare(opts: LaunchOptions, console: Console) -> Prepared:
     # (chosen on the master, then tried from every worker). Nothing starts before all three pass;
     # the trainer's verdict is reported first, then the nodes', then the port's.
     sessions = connect_all(nodes, opts.accept_new_host_keys)
+    keep = False
     try:
         with ThreadPoolExecutor(max_workers=3) as pool:
             check = pool.submit(check_trainer_args, opts.module, opts.args)
@@ -186,18 +188,20 @@ def prepare(opts: LaunchOptions, console: Console) -> Prepared:
             check.result()
             facts, _ = probes.result()
             port = port_f.result()
+        _check_nproc(nodes, facts, opts.nproc)
+        backend, why = choose_backend(opts.backend, facts)
+        run_id = opts.run_id or new_run_id()
+        args = list(opts.args)
+        if opts.module == TRAINER and not any(a.startswith("out_dir=") for a in args):
+            args.append(f"out_dir=runs/{run_id}")  # checkpoints beside the logs; restarts resume from there
+        plans = build_plan(nodes, facts, master_addr=addr, master_port=port, backend=backend,
+                           entry=["-m", opts.module, *args], run_id=run_id, user_env=opts.env, nproc=opts.nproc)
+        keep = not opts.dry_run  # the launch starts the jobs over these connections: no second handshake
+        return Prepared(plans, backend, why, run_id, sessions if keep else None)
     finally:
-        for s in sessions.values():
-            s.close()
-    _check_nproc(nodes, facts, opts.nproc)
-    backend, why = choose_backend(opts.backend, facts)
-    run_id = opts.run_id or new_run_id()
-    args = list(opts.args)
-    if opts.module == TRAINER and not any(a.startswith("out_dir=") for a in args):
-        args.append(f"out_dir=runs/{run_id}")  # checkpoints beside the logs; restarts resume from there
-    plans = build_plan(nodes, facts, master_addr=addr, master_port=port, backend=backend,
-                       entry=["-m", opts.module, *args], run_id=run_id, user_env=opts.env, nproc=opts.nproc)
-    return Prepared(plans, backend, why, run_id)
+        if not keep:
+            for s in sessions.values():
+                s.close()
 
 
 def _check_nproc(nodes: list[Node], facts: dict[str, NodeFacts], nproc: int | None) -> None:
@@ -240,7 +244,9 @@ def run(opts: LaunchOptions, prep: Prepared, console: Console) -> RunResult:
         log.note(f"run {prep.run_id}: {len(plans)} node(s), backend {prep.backend} ({prep.why}); logs in {run_dir}/")
         attempt, replanned = 1, False
         while True:
-            result = run_once(plans, log, attempt=attempt, accept_new_host_keys=opts.accept_new_host_keys)
+            result = run_once(plans, log, attempt=attempt, accept_new_host_keys=opts.accept_new_host_keys,
+                              sessions=prep.sessions)
+            prep.sessions = None  # closed by run_once
             reported = dict(log.node_facts)
             remember(reported, opts.nodes)
             if result.code == FACTS_DIFFER and result.failed_node in reported and not replanned:

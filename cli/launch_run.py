@@ -174,11 +174,12 @@ class _Heartbeat(threading.Thread):
         return time.monotonic() - self.last
 
 
-def run_once(plans: list[NodeLaunch], log: MergedLog, *, attempt: int = 1,
-             accept_new_host_keys: bool = False) -> RunResult:
-    """Start every node's command, wait, and stop everything on the first failure or interrupt."""
+def run_once(plans: list[NodeLaunch], log: MergedLog, *, attempt: int = 1, accept_new_host_keys: bool = False,
+             sessions: dict[str, Session] | None = None) -> RunResult:
+    """Start every node's command, wait, and stop everything on the first failure or interrupt.
+    `sessions` (one per node, closed here) are the preflight's; without them, new ones are made."""
     t0 = time.monotonic()
-    sessions = connect_all([p.node for p in plans], accept_new_host_keys)
+    sessions = sessions or connect_all([p.node for p in plans], accept_new_host_keys)
     jobs: dict[str, Job] = {}
     ended: dict[str, int] = {}
     beats: dict[str, _Heartbeat] = {}
