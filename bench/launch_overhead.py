@@ -10,7 +10,7 @@ on the nodes once before timing. "warm" runs use the torch facts cached by an ea
 confirmed on each node by cli.node_torchrun, with torchrun's own import of torch).
 
 Each lab node is pinned to a core of its own (bench/_handrun.pin_nodes; `--no-pin` to not).
-Root only (it makes a lab of 2 real sshd nodes). Usage: python bench/launch_overhead.py [--repeat 3]
+Root only (it makes a lab of 2 real sshd nodes). Usage: python bench/launch_overhead.py [--repeat 5]
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def time_by_hand(lab: Lab, cwd: Path, run_id: str, port: int) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--no-pin", action="store_true", help="let both lab nodes use every core")
     args = ap.parse_args()
     lab = Lab(2).up()
