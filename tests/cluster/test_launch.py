@@ -11,11 +11,9 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from cli.inventory import load_inventory
 
 
 def job_pids(lab_node, run_id: str) -> list[tuple[int, str]]:
