@@ -81,17 +81,13 @@ def test_plan_sends_only_changes_resumes_parts_and_orders_deletes(tmp_path):
     assert plan.bytes_to_send == sum(x.file.size for x in plan.send) - 50
 
 
-def test_small_files_are_shared_in_runs_of_one_directory():
+def test_small_files_are_shared_in_runs_of_one_directory(monkeypatch):
     from cli import sync
     from cli.sync_plan import SourceFile, Transfer
 
     rels = [f"a/{i}" for i in range(5)] + ["b/0", "b/1", "top"] + [f"a/{i}" for i in range(5, 7)]
     todo = [Transfer(SourceFile(rel, rel, 1, 0, 0o644)) for rel in rels]
-    old = sync.SHARE_FILES
-    sync.SHARE_FILES = 3
-    try:
-        runs = sync._directory_runs(todo)
-    finally:
-        sync.SHARE_FILES = old
+    monkeypatch.setattr(sync, "SHARE_FILES", 3)
+    runs = sync._directory_runs(todo)
     assert [[t.file.rel for t in run] for run in runs] == [
         ["a/0", "a/1", "a/2"], ["a/3", "a/4"], ["b/0", "b/1"], ["top"], ["a/5", "a/6"]]
