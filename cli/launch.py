@@ -252,7 +252,7 @@ def run(opts: LaunchOptions, prep: Prepared, console: Console) -> RunResult:
             if result.code == FACTS_DIFFER and result.failed_node in reported and not replanned:
                 # a first launch's guess was wrong on that node (nothing ran there): plan again from
                 # what it reported (now cached), once; this is not a restart
-                log.note(f"{result.failed_node}: torch's answers differ from the first-launch guess; planning again")
+                log.note(f"planning again with {result.failed_node}'s answers")
                 prep = prepare(dataclasses.replace(opts, run_id=prep.run_id), console)
                 plans, replanned = prep.plans, True
                 log.note(f"backend {prep.backend} ({prep.why})")

@@ -24,6 +24,7 @@ from .errors import HrmctlError
 from .inventory import Node
 from .launch_log import MergedLog
 from .launch_plan import NodeLaunch
+from .node_torchrun import FACTS_DIFFER
 from .remote import Job, Session, connect, for_each
 
 HEARTBEAT_S = 2.0
@@ -263,6 +264,8 @@ def _failure(plans: list[NodeLaunch], log: MergedLog, jobs: dict[str, Job], ende
     plan = _plan(plans, name)
     rank = log.failed_rank.get(name, plan.first_rank if plan.nproc == 1 else None)
     who = f"rank {rank}" if rank is not None else f"ranks {plan.ranks.start}-{plan.ranks.stop - 1}"
+    if code == FACTS_DIFFER and name in log.node_facts:  # cli.node_torchrun: nothing ran there
+        return RunResult(code, f"{name}: its torch differs from the first launch's guess", failed_node=name)
     worker_code = log.exitcode.get(name)
     detail = f", worker exit code {worker_code}" if worker_code not in (None, code) else ""
     return RunResult(code, f"{who} on {name} failed first (exit code {code}{detail})", failed_node=name,

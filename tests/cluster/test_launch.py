@@ -112,7 +112,7 @@ def test_a_wrong_first_launch_guess_is_planned_again(hrmctl, tmp_path):
     assert code == 0, out + err
     res = json.loads(out)["result"]
     assert res["ok"] and res["backend"] == "gloo"
-    assert "differ from the first-launch guess; planning again" in err and "gloo for all" in err
+    assert "differs from the first launch's guess" in err and "planning again" in err and "gloo for all" in err
     log = (tmp_path / "runs" / "guess" / "localhost.log").read_text()
     assert "gpus 1 -> 0" in log and log.count("# command: ") == 2
     [facts] = json.loads((cache / "torch-facts.json").read_text()).values()
