@@ -467,7 +467,7 @@ def collect(args: argparse.Namespace) -> dict:
     doc["python"] = {"version": platform.python_version(), "executable": sys.executable,
                      "implementation": platform.python_implementation()}
     doc["cpu_count"] = os.cpu_count()
-    doc["nvidia_gpus"] = nvidia_gpu_count()
+    doc["nvidia_gpus"] = nvidia_gpu_count() if args.no_torch else None  # with torch, torch counts them
     doc["ram_gb"] = memory_gb()
     doc["interfaces"] = interfaces
     doc["route"] = route_to(args.route_to, interfaces) if args.route_to else None
