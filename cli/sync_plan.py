@@ -5,14 +5,13 @@ Pure functions over local files and the node's scan (see cli/sync_remote.py); no
 
 from __future__ import annotations
 
-import hashlib
 import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import HrmctlError
-from .sync_remote import BLOCK, final_of_part
+from .sync_remote import final_of_part, sha256_file
 
 # Two mtimes this close are the same (NTFS keeps 100 ns; os.utime on the node sets ns).
 MTIME_WINDOW_NS = 1_000
@@ -64,14 +63,6 @@ class Plan:
     @property
     def bytes_to_send(self) -> int:
         return sum(t.file.size - t.offset for t in self.send)
-
-
-def sha256_of(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(BLOCK):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _inside(root: str, target: str) -> bool:
@@ -133,7 +124,7 @@ def scan_source(src: str | os.PathLike, *, checksum: bool) -> Source:
             files[rel] = SourceFile(rel, path, st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode))
     if checksum:
         for f in files.values():
-            f.sha256 = sha256_of(f.path)
+            f.sha256 = sha256_file(f.path, size=f.size)
     return Source(root=root, files=files, dirs=dirs, skipped=skipped)
 
 

@@ -15,6 +15,7 @@ import hashlib
 from typing import Callable, Iterable, Iterator
 
 from .sync_plan import SyncError, Transfer
+from .sync_remote import read_small
 from .sync_send import Finalizer, NodeAgent, Sender
 
 STREAM_MAX = 256 * 1024         # files up to this size are streamed; bigger ones go over SFTP
@@ -43,8 +44,7 @@ def stream_files(agent: NodeAgent, root: str, todo: Iterable[Transfer], sender: 
             if sender.stopped:
                 return
             f = t.file
-            with open(f.path, "rb") as fh:
-                data = fh.read(f.size + 1)          # + 1: a file that grew since the scan is seen
+            data = read_small(f.path, f.size)       # + 1 byte: a file that grew since the scan is seen
             if len(data) != f.size:
                 finalizer.bad.append((t, f"its size changed while it was read ({f.size} -> {len(data)})"))
                 continue
