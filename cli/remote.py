@@ -15,6 +15,7 @@ starts with `~/` is expanded by the node's shell to its home directory, nothing 
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 import signal
@@ -28,6 +29,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 import paramiko
+
+# paramiko logs a failed handshake with its traceback at ERROR; with no handler configured,
+# Python's last-resort handler would print that on stderr next to our one-line error.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 from .errors import (AuthError, HostKeyError, HrmctlError, RemoteError, RemoteTimeout,
                      UnreachableError)
@@ -395,6 +400,32 @@ def _transport(sock, **kwargs) -> paramiko.Transport:
     return transport
 
 
+class _PromptSocket(socket.socket):
+    """A TCP socket whose writes go out at once (TCP_NODELAY) and whose ACKs too (TCP_QUICKACK,
+    which Linux turns off again by itself, so it is set before every read).
+
+    Without them every SSH exchange of small messages can wait for a delayed ACK: sshd writes
+    one message, Nagle holds its next one until the first is acknowledged, and this side holds
+    that ACK back for up to 40 ms. Measured on the lab: connecting took 65 to 110 ms instead of
+    about 22 ms, and opening the first channel 44 ms instead of 2 ms."""
+
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        if _QUICKACK is not None:
+            self.setsockopt(socket.IPPROTO_TCP, _QUICKACK, 1)
+        return super().recv(bufsize, flags)
+
+
+_QUICKACK = getattr(socket, "TCP_QUICKACK", None)  # Linux (and WSL) only
+
+
+def _dial(host: str, port: int, timeout: float) -> socket.socket:
+    plain = socket.create_connection((host, port), timeout=timeout)
+    sock = _PromptSocket(fileno=plain.detach())
+    sock.settimeout(timeout)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
 def _fingerprint(key: paramiko.PKey) -> str:
     import base64
     import hashlib
@@ -421,15 +452,21 @@ class SSHSession(Session):
     def _connect(self, timeout: float, known: str) -> None:
         n = self.node
         target = n.host if n.port == 22 else f"[{n.host}]:{n.port}"
-        sock = None
-        if n.proxy_command:
-            sock = paramiko.ProxyCommand(n.proxy_command.replace("%h", n.host).replace("%p", str(n.port)))
         try:
-            self.client.connect(
-                n.host, port=n.port, username=n.user, key_filename=n.identity_file or None,
-                timeout=timeout, banner_timeout=timeout, auth_timeout=timeout, allow_agent=True,
-                look_for_keys=not n.identity_file, sock=sock, transport_factory=_transport,
-            )
+            if n.proxy_command:
+                sock = paramiko.ProxyCommand(n.proxy_command.replace("%h", n.host).replace("%p", str(n.port)))
+            else:
+                sock = _dial(n.host, n.port, timeout)
+            try:
+                self.client.connect(
+                    n.host, port=n.port, username=n.user, key_filename=n.identity_file or None,
+                    timeout=timeout, banner_timeout=timeout, auth_timeout=timeout, allow_agent=True,
+                    look_for_keys=not n.identity_file, sock=sock, transport_factory=_transport,
+                )
+            except BaseException:
+                self.client.close()
+                sock.close()
+                raise
         except _UnknownHostKey as exc:
             raise HostKeyError(
                 f"{n.name}: unknown host key for {target} ({exc.key.get_name()} {_fingerprint(exc.key)}); "
