@@ -51,6 +51,22 @@ def test_source_scan_skips_escaping_symlinks_and_reserved_names(tmp_path):
     assert {rel for rel, _ in got.skipped} == {"out", "dirlink", ".x.hrmctl-part"}
 
 
+def test_source_scan_order_and_what_it_cannot_send(tmp_path):
+    src = tmp_path / "data"
+    for d in ("b/y", "a/z", "a/x"):
+        (src / d).mkdir(parents=True)
+    for f in ("b/y/2", "a/1", "a/z/3", "a/x/4", "0"):
+        (src / f).write_text(f)
+    os.mkfifo(src / "a" / "pipe")
+    (src / "b" / "dangling").symlink_to("gone")
+    got = scan_source(src, checksum=False)
+    assert got.dirs == ["a", "b", "a/x", "a/z", "b/y"]            # parents before their children
+    assert list(got.files) == ["0", "a/1", "a/x/4", "a/z/3", "b/y/2"]
+    assert got.files["a/x/4"].path == str(src / "a" / "x" / "4")
+    why = dict(got.skipped)
+    assert why["a/pipe"] == "not a regular file" and why["b/dangling"].startswith("cannot read")
+
+
 def test_missing_source_is_one_line(tmp_path):
     with pytest.raises(SyncError, match="does not exist.*--src DIR"):
         scan_source(tmp_path / "nope", checksum=False)
