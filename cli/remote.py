@@ -30,13 +30,13 @@ from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 import paramiko
 
-# paramiko logs a failed handshake with its traceback at ERROR; with no handler configured,
-# Python's last-resort handler would print that on stderr next to our one-line error.
-logging.getLogger("paramiko").addHandler(logging.NullHandler())
-
 from .errors import (AuthError, HostKeyError, HrmctlError, RemoteError, RemoteTimeout,
                      UnreachableError)
 from .inventory import Node
+
+# paramiko logs a failed handshake with its traceback at ERROR; with no handler configured,
+# Python's last-resort handler would print that on stderr next to our one-line error.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 CONNECT_TIMEOUT = 10.0
 KEEPALIVE_S = 5
