@@ -13,7 +13,8 @@ Arguments:
   --route-to HOST      the peer whose route matters (workers: the master; master: a worker)
   --workdir DIR        the project's directory on the node (git commit, dirty tree)
   --data-dir DIR       the node's data directory (free disk, dataset manifest checksum)
-  --tcp-rtt HOST:PORT  time TCP connects to this peer (RTT and loss from this node), in a thread
+  --tcp-rtt HOST:PORT  time TCP connects to this peer (RTT and loss from this node), in a child
+                       process while the rest of the probe runs
   --samples N          how many connects for --tcp-rtt (default 5)
   --no-torch           skip torch (a cheap probe)
 """
@@ -207,6 +208,52 @@ def tcp_rtt(host: str, port: int, samples: int = 5, timeout: float = 2.0) -> dic
         if i + 1 < samples:
             time.sleep(0.02)
     return rtt_summary(f"{host}:{port}", "tcp", times, samples)
+
+
+def tcp_rtt_aside(host: str, port: int, samples: int):
+    """Start tcp_rtt in a forked child, so that this process's own work cannot lengthen its
+    timings (importing torch holds the GIL for long stretches: a thread's connects measured a
+    0.1 ms link as 35 ms on average). Call this before starting any thread. Returns a function
+    wait(timeout) -> the tcp_rtt dict, or None if it did not finish in time."""
+    if not hasattr(os, "fork"):
+        box: dict = {}
+        th = threading.Thread(target=lambda: box.update(tcp_rtt(host, port, samples)), daemon=True)
+        th.start()
+        return lambda timeout: (th.join(timeout), box or None)[1]
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            os.write(w, json.dumps(tcp_rtt(host, port, samples)).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+
+    def wait(timeout: float) -> dict | None:
+        import select
+        data = b""
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([r], [], [], left)[0]:
+                    os.kill(pid, 9)
+                    data = b""
+                    break
+                chunk = os.read(r, 65536)
+                if not chunk:
+                    break
+                data += chunk
+        finally:
+            os.close(r)
+            os.waitpid(pid, 0)
+        try:
+            return json.loads(data) if data else None
+        except ValueError:
+            return None
+
+    return wait
 
 
 def rtt_summary(target: str, method: str, times_ms: list[float], sent: int) -> dict:
@@ -450,13 +497,10 @@ def libuv_check(dist) -> tuple[bool, str | None]:
 
 def collect(args: argparse.Namespace) -> dict:
     t0 = time.monotonic()
-    rtt_box: dict = {}
-    rtt_thread = None
-    if args.tcp_rtt:
+    rtt_wait = None
+    if args.tcp_rtt:  # first: it forks, and a fork must not copy a process that runs threads
         host, _, port = args.tcp_rtt.rpartition(":")
-        rtt_thread = threading.Thread(target=lambda: rtt_box.update(tcp_rtt(host, int(port), args.samples)),
-                                      daemon=True)
-        rtt_thread.start()
+        rtt_wait = tcp_rtt_aside(host, int(port), args.samples)
     dns_box: dict = {}
     dns_thread = threading.Thread(target=dns_facts, args=(dns_box,), daemon=True)
     dns_thread.start()
@@ -477,9 +521,9 @@ def collect(args: argparse.Namespace) -> dict:
     dns_thread.join(max(0.0, DNS_HANG_S - (time.monotonic() - t0)))
     doc["dns"] = {"nameservers": nameservers(read("/etc/resolv.conf")),
                   "reverse_lookup_ms": dns_box.get("reverse_lookup_ms"), "hang": not dns_box}
-    if rtt_thread is not None:
-        rtt_thread.join(args.samples * 2.5 + 1)
-        doc["peer_rtt"] = rtt_box or {"target": args.tcp_rtt, "method": "tcp", "error": "timed out"}
+    if rtt_wait is not None:
+        left = args.samples * 2.5 + 1 - (time.monotonic() - t0)
+        doc["peer_rtt"] = rtt_wait(max(left, 0.5)) or {"target": args.tcp_rtt, "method": "tcp", "error": "timed out"}
     doc["seconds"] = round(time.monotonic() - t0, 3)
     return doc
 
