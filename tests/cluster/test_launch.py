@@ -220,6 +220,26 @@ def test_train_two_nodes_checkpoints_only_on_rank0_node(lab3, hrmctl, tmp_path):
     assert not list(other.glob("*/checkpoint-*")), "only global rank 0 writes checkpoints"
 
 
+def test_nans_on_one_node_are_skipped_everywhere_then_recovered_from_rank_0_over_the_network(lab3, hrmctl, tmp_path):
+    """The NaN guard across two machines: rank 1 (node2) has non-finite gradients at steps 3-5;
+    every rank skips those updates, then rank 0 (node1) restores its snapshot of step 2 and
+    broadcasts it over gloo, and both nodes end with the same parameters."""
+    args = [*TINY, "training.max_steps=7", "training.checkpoint_interval=0", "guard.snapshot_every=2",
+            "guard.max_bad=3", "fault.nan_at_step=3-5", "fault.nan_rank=1"]
+    code, out, err = hrmctl("train", "--nodes", "node1,node2", "--run-id", "nan2", *args, inventory=lab3.inventory,
+                            timeout=240)
+    assert code == 0, out + err
+    run = lab3.node("node1").home / "hrmctl" / "runs" / "nan2"
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    guard = [(e["kind"], e["step"]) for e in events if e["kind"] in ("nan_skip", "recovery")]
+    assert guard == [("nan_skip", 3), ("nan_skip", 4), ("nan_skip", 5), ("recovery", 5)], events
+    assert all(e["rank"] == [1] for e in events if e["kind"] == "nan_skip")
+    recovery = next(e for e in events if e["kind"] == "recovery")
+    assert recovery["restored_step"] == 2 and recovery["equal"], recovery
+    assert len(recovery["checksums"]) == 2 and len(set(recovery["checksums"])) == 1
+    assert "node1 r0 │ step 7/7" in out and "nan guard" in out
+
+
 def test_train_with_no_nodes_runs_here_on_the_default_task(hrmctl, tmp_path):
     code, out, err = hrmctl("train", "--run-id", "solo", *TINY, timeout=240)
     assert code == 0, out + err
