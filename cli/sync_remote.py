@@ -56,7 +56,6 @@ def check_rel(rel):
     parts = rel.split("/")
     if "" in parts or "." in parts or ".." in parts:
         raise Refused("refusing path %r: empty, '.' or '..' component" % (rel,))
-    return parts
 
 
 def inside(root, rel, checked=None):

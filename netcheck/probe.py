@@ -30,6 +30,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -213,13 +214,9 @@ def tcp_rtt(host: str, port: int, samples: int = 5, timeout: float = 2.0) -> dic
 def tcp_rtt_aside(host: str, port: int, samples: int):
     """Start tcp_rtt in a forked child, so that this process's own work cannot lengthen its
     timings (importing torch holds the GIL for long stretches: a thread's connects measured a
-    0.1 ms link as 35 ms on average). Call this before starting any thread. Returns a function
-    wait(timeout) -> the tcp_rtt dict, or None if it did not finish in time."""
-    if not hasattr(os, "fork"):
-        box: dict = {}
-        th = threading.Thread(target=lambda: box.update(tcp_rtt(host, port, samples)), daemon=True)
-        th.start()
-        return lambda timeout: (th.join(timeout), box or None)[1]
+    0.1 ms link as 35 ms on average). Call this before starting any thread (nodes are Linux or
+    WSL: os.fork is there). Returns a function wait(timeout) -> the tcp_rtt dict, or None if it
+    did not finish in time."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -238,7 +235,7 @@ def tcp_rtt_aside(host: str, port: int, samples: int):
             while True:
                 left = deadline - time.monotonic()
                 if left <= 0 or not select.select([r], [], [], left)[0]:
-                    os.kill(pid, 9)
+                    os.kill(pid, signal.SIGKILL)
                     data = b""
                     break
                 chunk = os.read(r, 65536)
