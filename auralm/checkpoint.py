@@ -44,7 +44,9 @@ def _fsync(path: Path) -> None:
 
 
 def save(run_dir: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, rng: list,
-         state: dict, keep_last: int) -> Path:
+         state: dict, keep_last: int, extra: dict | None = None) -> Path:
+    """Write ``checkpoint-<step>`` atomically. ``extra``: more objects, each saved as ``<name>.pt`` and
+    checksummed with the rest (the ACT carries of every rank, the EMA weights)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     final = run_dir / f"checkpoint-{step}"
     tmp = run_dir / f".checkpoint-{step}.tmp"
@@ -53,8 +55,12 @@ def save(run_dir: Path, step: int, model: torch.nn.Module, optimizer: torch.opti
     safetensors.torch.save_model(model, str(tmp / "model.safetensors"))
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save(rng, tmp / "rng.pt")
-    (tmp / "state.json").write_text(json.dumps(dict(state, step=step), indent=2) + "\n")
-    (tmp / "checksums.json").write_text(json.dumps({f: sha256_file(tmp / f) for f in FILES}, indent=2) + "\n")
+    for name, obj in (extra or {}).items():
+        torch.save(obj, tmp / f"{name}.pt")
+    extras = sorted(f"{name}.pt" for name in extra or {})
+    (tmp / "state.json").write_text(json.dumps(dict(state, step=step, extra_files=extras), indent=2) + "\n")
+    (tmp / "checksums.json").write_text(json.dumps({f: sha256_file(tmp / f) for f in (*FILES, *extras)},
+                                                   indent=2) + "\n")
     for f in tmp.iterdir():
         _fsync(f)
     _fsync(tmp)
@@ -94,7 +100,7 @@ def problem(ckpt: Path) -> str | None:
         sums = json.loads((ckpt / "checksums.json").read_text())
     except (OSError, ValueError):
         return "checksums.json is missing or unreadable"
-    for f in FILES:
+    for f in sums if set(FILES) <= set(sums) else FILES:
         if not (ckpt / f).exists():
             return f"{f} is missing"
         if sha256_file(ckpt / f) != sums.get(f):
@@ -119,3 +125,9 @@ def load_weights(ckpt: Path, model: torch.nn.Module, optimizer: torch.optim.Opti
     if missing or unexpected:
         raise ValueError(f"parameters differ: missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]}")
     optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=True, map_location="cpu"))
+
+
+def read_extra(ckpt: Path, name: str):
+    """An object saved with ``extra=`` (None when this checkpoint has none of that name)."""
+    path = ckpt / f"{name}.pt"
+    return torch.load(path, weights_only=True, map_location="cpu") if path.exists() else None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import types
 import typing
 from dataclasses import dataclass, field
 
@@ -17,13 +18,58 @@ TASKS = ("sudoku", "lm")
 BACKENDS = ("auto", "nccl", "gloo")
 DTYPES = ("auto", "fp32", "bf16")
 
-# Named model sizes: layers, heads, width, and the lm context length.
+# Named model sizes. The plain ones (no family) are GPT-2 on lm and a small transformer on sudoku;
+# hrm-* and trm-* are the recurrent reasoning models (n_embd = hidden size, n_head = heads).
 SIZES = {
     "tiny": dict(n_layer=2, n_head=2, n_embd=64, block_size=64),
     "mini": dict(n_layer=4, n_head=4, n_embd=128, block_size=128),
     "small": dict(n_layer=6, n_head=6, n_embd=384, block_size=256),
     "124m": dict(n_layer=12, n_head=12, n_embd=768, block_size=1024),
 }
+_RECURRENT = dict(expansion=4.0, halt_exploration_prob=0.1, puzzle_emb_ndim=0, pos_encodings="rope", mlp_t=False,
+                  loss_type="softmax", dropout=0.0)
+SIZES.update({
+    # trains on a CPU in minutes; the sudoku positions (row + column + box) as the position encoding
+    "hrm-tiny": dict(_RECURRENT, family="hrm", n_embd=128, n_head=4, H_layers=2, L_layers=2, H_cycles=2, L_cycles=2,
+                     halt_max_steps=8, pos_encodings="sudoku", block_size=128),
+    # the paper's Sudoku / ARC model: about 27M parameters
+    "hrm-27m": dict(_RECURRENT, family="hrm", n_embd=512, n_head=8, H_layers=4, L_layers=4, H_cycles=2, L_cycles=2,
+                    halt_max_steps=16, puzzle_emb_ndim=512, block_size=512, loss_type="stablemax"),
+    # the language-model sizes (counts with a 32k vocabulary, untied input and output embeddings)
+    "hrm-50m": dict(_RECURRENT, family="hrm", n_embd=512, n_head=8, H_layers=6, L_layers=6, H_cycles=2, L_cycles=2,
+                    halt_max_steps=4, block_size=1024),
+    "hrm-100m": dict(_RECURRENT, family="hrm", n_embd=768, n_head=12, H_layers=6, L_layers=6, H_cycles=2, L_cycles=2,
+                     halt_max_steps=4, block_size=1024),
+    "trm-tiny": dict(_RECURRENT, family="trm", n_embd=128, n_head=4, H_layers=0, L_layers=2, H_cycles=2, L_cycles=3,
+                     halt_max_steps=8, pos_encodings="sudoku", block_size=128),
+    # the paper's Sudoku-Extreme model: MLP mixing over the positions, no position encoding, T=3, n=6
+    "trm-5m-mlp": dict(_RECURRENT, family="trm", n_embd=512, n_head=8, H_layers=0, L_layers=2, H_cycles=3,
+                       L_cycles=6, halt_max_steps=16, puzzle_emb_ndim=512, pos_encodings="none", mlp_t=True,
+                       block_size=512, loss_type="stablemax"),
+    # the paper's attention variant (about 7M parameters)
+    "trm-7m": dict(_RECURRENT, family="trm", n_embd=512, n_head=8, H_layers=0, L_layers=2, H_cycles=3, L_cycles=6,
+                   halt_max_steps=16, puzzle_emb_ndim=512, block_size=512, loss_type="stablemax"),
+})
+RECURRENT_KEYS = ("expansion", "H_layers", "L_layers", "H_cycles", "L_cycles", "halt_max_steps",
+                  "halt_exploration_prob", "puzzle_emb_ndim", "pos_encodings", "mlp_t", "loss_type")
+POSITIONS = ("rope", "learned", "sudoku", "none")
+LOSS_TYPES = ("softmax", "stablemax")
+OPTIMIZERS = ("adamw", "adam_atan2")
+
+# What the HRM and TRM guides type, as the keys they stand for (``arch.*`` is ``model.*`` throughout).
+ALIASES = {
+    "arch.hidden_size": "model.n_embd", "arch.num_heads": "model.n_head", "arch.seq_len": "model.block_size",
+    "lr": "training.lr", "puzzle_emb_lr": "training.puzzle_emb_lr", "weight_decay": "training.weight_decay",
+    "puzzle_emb_weight_decay": "training.puzzle_emb_weight_decay", "global_batch_size": "training.global_batch_size",
+    "epochs": "training.epochs", "eval_interval": "training.eval_every_epochs", "data_path": "data_dir",
+    "data_paths": "data_dir", "lr_warmup_steps": "training.warmup_steps", "lr_min_ratio": "training.min_lr_ratio",
+    "beta1": "training.beta1", "beta2": "training.beta2", "seed": "training.seed", "ema": "training.ema",
+    "ema_rate": "training.ema_decay", "checkpoint_path": "out_dir",
+}
+# ``arch=NAME`` as in the guides: the paper's model of that family.
+ARCH_NAMES = {"hrm": "hrm-27m", "hrm_v1": "hrm-27m", "trm": "trm-7m"}
+# Keys the guides pass that only matter to their own tooling: accepted with these values only.
+ACCEPTED = {"evaluators": ("[]",)}
 
 
 @dataclass
@@ -33,7 +79,19 @@ class ModelConfig:
     n_head: int | None = None
     n_embd: int | None = None
     block_size: int | None = None  # lm context length (sudoku always sees 81 cells)
-    dropout: float = 0.0
+    dropout: float | None = None
+    # hrm / trm only (arch.* in the guides)
+    expansion: float | None = None  # SwiGLU width, as the parameters of an MLP this many times the hidden size
+    H_layers: int | None = None
+    L_layers: int | None = None
+    H_cycles: int | None = None  # TRM: T
+    L_cycles: int | None = None  # TRM: n
+    halt_max_steps: int | None = None  # segments at most (1: ACT off)
+    halt_exploration_prob: float | None = None
+    puzzle_emb_ndim: int | None = None  # 0: no puzzle embedding
+    pos_encodings: str | None = None  # rope, learned, sudoku, none
+    mlp_t: bool | None = None  # TRM: an MLP across the positions instead of attention
+    loss_type: str | None = None  # softmax or stablemax cross-entropy
 
 
 @dataclass
@@ -58,6 +116,14 @@ class TrainingConfig:
     keep_last: int = 3  # plus the best by validation loss
     sample_prompt: str = ""  # lm: text to continue at each evaluation ("" = start of the validation split)
     sample_tokens: int = 32
+    global_batch_size: int = 0  # >0: batch_size = global_batch_size / (grad_accum x ranks)
+    epochs: float = 0  # >0: max_steps = epochs over the train split
+    eval_every_epochs: float = 0  # >0: eval_interval in epochs (the HRM guides' eval_interval)
+    optimizer: str = "adamw"  # or adam_atan2 (package adam-atan2-pytorch)
+    puzzle_emb_lr: float | None = None  # None: lr
+    puzzle_emb_weight_decay: float | None = None  # None: weight_decay
+    ema: bool = False  # evaluate and save an exponential moving average of the weights (TRM)
+    ema_decay: float = 0.999
 
 
 @dataclass
@@ -120,6 +186,12 @@ def parse_steps(text: str) -> tuple[int, ...]:
 
 
 def _convert(text: str, typ):
+    optional = typing.get_origin(typ) is types.UnionType and type(None) in typing.get_args(typ)
+    if optional:
+        base = next(t for t in typing.get_args(typ) if t is not type(None))
+        if base is not str and text.lower() in ("", "none", "null"):
+            return None
+        typ = base
     if typ is bool:
         low = text.lower()
         if low in ("1", "true", "yes", "on"):
@@ -127,16 +199,32 @@ def _convert(text: str, typ):
         if low in ("0", "false", "no", "off"):
             return False
         raise ValueError(text)
-    if typ == (int | None):
-        return None if text.lower() in ("", "none") else int(text)
     if typ == tuple[int, ...]:
         return parse_steps(text)
     return typ(text)
 
 
 def _type_name(typ) -> str:
-    return {bool: "true or false", int: "an integer", float: "a number", (int | None): "an integer",
+    if typing.get_origin(typ) is types.UnionType:
+        typ = next(t for t in typing.get_args(typ) if t is not type(None))
+    return {bool: "true or false", int: "an integer", float: "a number",
             tuple[int, ...]: "steps like 10,11,12 or 10-14"}.get(typ, "a string")
+
+
+def _canonical(key: str, text: str) -> tuple[str, str]:
+    """A guide's spelling of a key (``+key``, an alias, ``arch.*``, ``arch=trm``, ``data_paths=[d]``) as ours."""
+    key = key.lstrip("+")
+    if key == "arch":
+        return "model", ARCH_NAMES.get(text, text)
+    if key == "data_paths":
+        items = [t.strip().strip("'\"") for t in text.strip().strip("[]").split(",") if t.strip()]
+        if len(items) != 1:
+            raise UserError(f"data_paths={text}: give exactly one data directory (data_paths=[DIR] or data_dir=DIR)")
+        text = items[0]
+    key = ALIASES.get(key, key)
+    if key.startswith("arch."):
+        key = "model." + key[len("arch."):]
+    return key, text
 
 
 def apply(cfg: Config, overrides: list[str]) -> Config:
@@ -144,17 +232,24 @@ def apply(cfg: Config, overrides: list[str]) -> Config:
     keys = _keys(cfg)
     for item in overrides:
         key, eq, text = item.partition("=")
-        key = key.strip()
-        if not eq or not key:
+        key, text = key.strip(), text.strip()
+        if not eq or not key.lstrip("+"):
             raise UserError(f"expected key=value, got {item!r}")
+        if key.lstrip("+") in ACCEPTED:
+            if text not in ACCEPTED[key.lstrip("+")]:
+                raise UserError(f"{key}={text}: only {' or '.join(ACCEPTED[key.lstrip('+')])} is supported")
+            continue
+        given = key
+        key, text = _canonical(key, text)
         if key not in keys:
-            near = difflib.get_close_matches(key, list(keys), n=1, cutoff=0.5)
+            known = list(keys) + list(ALIASES) + ["arch." + k for k in RECURRENT_KEYS]
+            near = difflib.get_close_matches(given.lstrip("+"), known, n=1, cutoff=0.5)
             hint = f" (did you mean {near[0]!r}?)" if near else f" (known keys: {', '.join(sorted(keys))})"
-            raise UserError(f"unknown key {key!r}{hint}")
+            raise UserError(f"unknown key {given!r}{hint}")
         try:
-            value = _convert(text.strip(), keys[key])
+            value = _convert(text, keys[key])
         except ValueError:
-            raise UserError(f"{key}={text!r}: expected {_type_name(keys[key])}") from None
+            raise UserError(f"{given}={text!r}: expected {_type_name(keys[key])}") from None
         target = cfg
         *path, last = key.split(".")
         for part in path:
@@ -188,7 +283,7 @@ def check(cfg: Config) -> None:
                     "training.grad_clip": t.grad_clip, "training.eval_interval": t.eval_interval,
                     "training.checkpoint_interval": t.checkpoint_interval, "training.sample_tokens": t.sample_tokens,
                     "training.min_lr_ratio": t.min_lr_ratio, "guard.lr_steps": cfg.guard.lr_steps,
-                    "model.dropout": cfg.model.dropout, "fault.nan_rank": cfg.fault.nan_rank,
+                    "model.dropout": cfg.model.dropout or 0, "fault.nan_rank": cfg.fault.nan_rank,
                     "fault.kill_rank": cfg.fault.kill_rank}
     for key, value in positive.items():
         if value <= 0:
@@ -196,19 +291,51 @@ def check(cfg: Config) -> None:
     for key, value in non_negative.items():
         if value < 0:
             raise UserError(f"{key}={value}: must not be negative")
+    _one_of("training.optimizer", t.optimizer, OPTIMIZERS)
+    for key, value in {"training.global_batch_size": t.global_batch_size, "training.epochs": t.epochs,
+                       "training.eval_every_epochs": t.eval_every_epochs,
+                       "training.puzzle_emb_lr": t.puzzle_emb_lr or 0,
+                       "training.puzzle_emb_weight_decay": t.puzzle_emb_weight_decay or 0}.items():
+        if value < 0:
+            raise UserError(f"{key}={value}: must not be negative")
+    if not 0 < t.ema_decay < 1:
+        raise UserError(f"training.ema_decay={t.ema_decay}: must be between 0 and 1")
     arch = resolved_model(cfg.model)
-    for key in ("n_layer", "n_head", "n_embd", "block_size"):
-        if arch[key] <= 0:
+    recurrent = "family" in arch
+    if not recurrent:
+        given = [k for k in RECURRENT_KEYS if getattr(cfg.model, k) is not None]
+        if given:
+            raise UserError(f"model.{given[0]} (arch.{given[0]}) applies to the hrm-* and trm-* models, not "
+                            f"model={cfg.model.name}: pick one, e.g. model=hrm-tiny")
+    for key in ("n_layer", "n_head", "n_embd", "block_size") + (("L_layers", "H_cycles", "L_cycles",
+                                                                 "halt_max_steps") if recurrent else ()):
+        if key in arch and arch[key] <= 0:
             raise UserError(f"model.{key}={arch[key]}: must be greater than 0")
     if arch["n_embd"] % arch["n_head"]:
         raise UserError(f"model.n_embd={arch['n_embd']} is not a multiple of model.n_head={arch['n_head']}")
+    if recurrent:
+        if arch["family"] == "hrm" and arch["H_layers"] <= 0:
+            raise UserError(f"model.H_layers={arch['H_layers']}: must be greater than 0")
+        if arch["expansion"] <= 0 or not 0 <= arch["halt_exploration_prob"] <= 1 or arch["puzzle_emb_ndim"] < 0:
+            raise UserError("model.expansion must be > 0, model.halt_exploration_prob in [0, 1], "
+                            "model.puzzle_emb_ndim >= 0")
+        _one_of("model.pos_encodings", arch["pos_encodings"], POSITIONS)
+        _one_of("model.loss_type", arch["loss_type"], LOSS_TYPES)
+        if cfg.task == "lm" and (arch["pos_encodings"] == "sudoku" or arch["mlp_t"]):
+            what = "pos_encodings=sudoku" if arch["pos_encodings"] == "sudoku" else "mlp_t=true"
+            raise UserError(f"model={cfg.model.name} with {what} is for task=sudoku; on text use "
+                            f"model.pos_encodings=rope and model.mlp_t=false")
+        if arch["pos_encodings"] == "rope" and (arch["n_embd"] // arch["n_head"]) % 2:
+            raise UserError(f"rotary positions need an even head size, not {arch['n_embd'] // arch['n_head']}")
 
 
 def resolved_model(m: ModelConfig) -> dict:
     """The model's shape: the named size with the explicitly set fields on top."""
     arch = dict(SIZES[m.name])
-    arch.update({k: getattr(m, k) for k in arch if getattr(m, k) is not None})
-    arch["dropout"] = m.dropout
+    arch.setdefault("dropout", 0.0)
+    for f in dataclasses.fields(m):
+        if f.name != "name" and getattr(m, f.name) is not None and f.name in arch:
+            arch[f.name] = getattr(m, f.name)
     return arch
 
 
@@ -234,7 +361,7 @@ def parse_command_line(args: list[str]) -> tuple[Config, bool]:
 def to_dict(cfg: Config) -> dict:
     """The resolved config (model shape filled in), as saved with a run."""
     d = dataclasses.asdict(cfg)
-    d["model"].update(resolved_model(cfg.model))
+    d["model"] = {"name": cfg.model.name, **resolved_model(cfg.model)}
     return d
 
 

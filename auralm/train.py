@@ -19,27 +19,13 @@ from pathlib import Path
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from auralm import checkpoint, config, cpu_memory, data, distributed, models
+from auralm import checkpoint, config, cpu_memory, data, distributed, models, objective, optim
 from auralm.config import Config
+from auralm.ema import EMA
+from auralm.evaluate import evaluate as evaluate_split
 from auralm.errors import UserError
 from auralm.nan_guard import NanGuard
 from auralm.runlog import RunLog
-
-
-def lr_at(t: config.TrainingConfig, step: int) -> float:
-    """Linear warmup to ``lr`` over ``warmup_steps``, then a cosine down to ``lr * min_lr_ratio`` at ``max_steps``."""
-    if step <= t.warmup_steps:
-        return t.lr * step / t.warmup_steps
-    progress = min(1.0, (step - t.warmup_steps) / max(1, t.max_steps - t.warmup_steps))
-    low = t.lr * t.min_lr_ratio
-    return low + 0.5 * (1 + math.cos(math.pi * progress)) * (t.lr - low)
-
-
-def make_optimizer(model: torch.nn.Module, t: config.TrainingConfig, device: torch.device) -> torch.optim.AdamW:
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    rest = [p for p in model.parameters() if p.dim() < 2]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay}, {"params": rest, "weight_decay": 0.0}],
-                             lr=t.lr, betas=(t.beta1, t.beta2), fused=device.type == "cuda")
 
 
 def autocast(t: config.TrainingConfig, device: torch.device):
@@ -113,12 +99,15 @@ def plan_output(cfg: Config) -> tuple[Path, list[Path]]:
 
 def shape(resolved: dict) -> dict:
     """What the weights of a checkpoint depend on: the model's shape (of a resolved config)."""
-    return {k: resolved["model"][k] for k in ("n_layer", "n_head", "n_embd", "block_size")}
+    skip = ("name", "dropout", "halt_max_steps", "halt_exploration_prob", "loss_type")
+    return {k: v for k, v in resolved["model"].items() if k not in skip}
 
 
-def resume(cfg: Config, d: distributed.Dist, log: RunLog, found: list[Path], model, optimizer, vocab) -> dict | None:
-    """Rank 0 loads the newest whole checkpoint and broadcasts it; the checkpoint's state.json, or None."""
-    state = rng = error = None
+def resume(cfg: Config, d: distributed.Dist, log: RunLog, found: list[Path], model, optimizer, vocab,
+           step_kind, ema: EMA | None) -> dict | None:
+    """Rank 0 loads the newest whole checkpoint and broadcasts it; the checkpoint's state.json, or None.
+    Each rank gets its own ACT carries back (when the world is the same size), and the EMA weights."""
+    state = rng = error = carries = ema_state = None
     if d.rank == 0:
         try:
             for ckpt in found:
@@ -136,6 +125,7 @@ def resume(cfg: Config, d: distributed.Dist, log: RunLog, found: list[Path], mod
                     checkpoint.load_weights(ckpt, model, optimizer)
                 except (RuntimeError, ValueError) as e:
                     raise UserError(f"checkpoint {ckpt} does not fit this model: {str(e).splitlines()[0]}") from None
+                carries, ema_state = checkpoint.read_extra(ckpt, "carry"), checkpoint.read_extra(ckpt, "ema")
                 log.say(f"resuming from {ckpt} (step {state['step']})")
                 break
             else:
@@ -143,12 +133,19 @@ def resume(cfg: Config, d: distributed.Dist, log: RunLog, found: list[Path], mod
         except UserError as e:
             error = str(e)
     distributed.raise_if_any(d, error)
-    state, rng = distributed.broadcast_object(d, (state, rng))
+    state, rng, carries, ema_state = distributed.broadcast_object(d, (state, rng, carries, ema_state))
     if state is None:
         return None
     distributed.broadcast_state(d, model, optimizer)
     if len(rng) == d.world:
         set_rng_state(rng[d.rank], d.device)
+    if carries is not None and len(carries) == d.world:
+        step_kind.load_state_dict(carries[d.rank])
+    if ema is not None:
+        if ema_state:
+            ema.load_state_dict(ema_state)
+        else:
+            ema.__init__(model, ema.decay)  # the checkpoint kept none: start the average from its weights
     return state
 
 
@@ -157,32 +154,44 @@ def resume(cfg: Config, d: distributed.Dist, log: RunLog, found: list[Path], mod
 
 @torch.no_grad()
 def evaluate(model, val, cfg: Config, device: torch.device, tokenizer=None) -> dict:
-    """Rank 0: validation loss (and the task's accuracies, or a text sample) on the first batches of the split."""
+    """Rank 0: the validation metrics on the first batches of the split (and a text sample for a GPT)."""
     t = cfg.training
-    model.eval()
-    losses, cells, cells_right, solved, n = [], 0, 0, 0, 0
-    for b in range(min(t.eval_batches, math.ceil(len(val) / t.batch_size))):
-        x, y = val.batch(range(b * t.batch_size, min(len(val), (b + 1) * t.batch_size)))
-        x, y = x.to(device), y.to(device)
-        with autocast(t, device):
-            logits, loss = model(x, y)
-        losses.append(loss.item())
-        if cfg.task == "sudoku":
-            blank = y != -100
-            right = (logits.argmax(-1) == y) & blank
-            cells += int(blank.sum())
-            cells_right += int(right.sum())
-            solved += int((right | ~blank).all(dim=1).sum())
-            n += x.shape[0]
-    out = {"val_loss": sum(losses) / len(losses)}
-    if cfg.task == "sudoku":
-        out.update(cell_acc=cells_right / max(1, cells), puzzle_acc=solved / max(1, n))
-    elif tokenizer is not None:
+    out = evaluate_split(model, val, cfg.task, t.batch_size, t.eval_batches, device, autocast(t, device))
+    if tokenizer is not None and hasattr(model, "generate"):
+        model.eval()
         prompt = tokenizer(t.sample_prompt)["input_ids"] if t.sample_prompt else val.batch([0])[0][0, :16].tolist()
         ids = model.generate(torch.tensor([prompt], device=device), t.sample_tokens)[0].tolist()
         out["sample"] = tokenizer.decode(ids)
-    model.train()
+        model.train()
     return out
+
+
+def _format(ev: dict) -> str:
+    return " | ".join(f"{k} {v:.4f}" for k, v in ev.items() if isinstance(v, float))
+
+
+# ---------------------------------------------------------------- sizes in epochs
+
+
+def resolve_schedule(cfg: Config, d: distributed.Dist, n_train: int, log: RunLog) -> None:
+    """``global_batch_size``, ``epochs`` and ``eval_every_epochs`` (the HRM guides' keys) as this run's batch
+    size per rank, max_steps and eval_interval, now that the world and the train split are known."""
+    t = cfg.training
+    if t.global_batch_size:
+        per = t.global_batch_size // (t.grad_accum * d.world)
+        if per < 1 or per * t.grad_accum * d.world != t.global_batch_size:
+            raise UserError(f"global_batch_size={t.global_batch_size} does not split into {d.world} ranks x "
+                            f"grad_accum {t.grad_accum}: use a multiple of {t.grad_accum * d.world}")
+        t.batch_size = per
+    global_batch = t.batch_size * t.grad_accum * d.world
+    if t.epochs:
+        t.max_steps = max(1, round(t.epochs * n_train / global_batch))
+    if t.eval_every_epochs:
+        t.eval_interval = max(1, round(t.eval_every_epochs * n_train / global_batch))
+    if t.global_batch_size or t.epochs or t.eval_every_epochs:
+        log.say(f"schedule: {t.batch_size} per rank x {t.grad_accum} x {d.world} ranks = {global_batch} a step; "
+                f"{t.max_steps} steps ({global_batch * t.max_steps / n_train:.2f} epochs of {n_train}), "
+                f"eval every {t.eval_interval} steps")
 
 
 # ---------------------------------------------------------------- the loop
@@ -206,16 +215,22 @@ def train(cfg: Config, d: distributed.Dist) -> torch.nn.Module:
     val_set = data.open_split(data_dir, meta, "val", arch["block_size"])
     if len(val_set) == 0:
         raise UserError(f"the validation split of {data_dir} is shorter than one window of {arch['block_size']} tokens")
+    resolve_schedule(cfg, d, len(train_set), log)
 
     torch.manual_seed(t.seed)  # the same initial weights on every rank
-    raw = models.build(cfg.task, arch, vocab).to(d.device)
+    try:
+        raw = models.build(cfg.task, arch, vocab).to(d.device)
+    except ValueError as e:
+        raise UserError(f"model={cfg.model.name}: {e}") from None
     raw.set_grad_checkpointing(t.grad_checkpoint)
     tokenizer = data.load_tokenizer(data_dir / meta["tokenizer"]["path"]) \
-        if cfg.task == "lm" and t.sample_tokens and d.rank == 0 else None
-    optimizer = make_optimizer(raw, t, d.device)
+        if cfg.task == "lm" and t.sample_tokens and d.rank == 0 and hasattr(raw, "generate") else None
+    optimizer = optim.make_optimizer(raw, t, d.device)
+    step_kind = objective.make(raw, cfg)
+    ema = EMA(raw, t.ema_decay) if t.ema else None
     guard = NanGuard(cfg.guard, d, raw, optimizer, log) if cfg.guard.enabled else None
-    torch.manual_seed(t.seed + d.rank)  # each rank its own dropout
-    state = resume(cfg, d, log, found, raw, optimizer, vocab) if cfg.resume else None
+    torch.manual_seed(t.seed + d.rank)  # each rank its own dropout and halting exploration
+    state = resume(cfg, d, log, found, raw, optimizer, vocab, step_kind, ema) if cfg.resume else None
     step = state["step"] if state else 0
     position = state["data_position"] if state else 0  # batches this rank has consumed
     best = state.get("best_val_loss", float("inf")) if state else float("inf")
@@ -227,13 +242,17 @@ def train(cfg: Config, d: distributed.Dist) -> torch.nn.Module:
         log.say(f"nothing to do: the checkpoint is at step {step}, training.max_steps={t.max_steps}")
         return raw
     log.config(config.to_dict(cfg))  # from here on the run directory is written
+    if d.rank == 0 and not state:
+        n = sum(p.numel() for p in raw.parameters())
+        log.say(f"model {cfg.model.name} ({models.family_of(cfg.task, arch)}): {n / 1e6:.2f}M parameters")
     if d.world > 1:
         log.event(0, "backend", f"backend: {d.reason}; using {d.backend} on all {d.world} ranks, device "
                   f"{d.device.type}", backend=d.backend, requested=d.requested, reason=d.why)
-    model = DDP(raw, device_ids=[d.device.index] if d.device.type == "cuda" else None, process_group=d.group) \
-        if d.world > 1 else raw
+    model = DDP(raw, device_ids=[d.device.index] if d.device.type == "cuda" else None, process_group=d.group,
+                broadcast_buffers=False) if d.world > 1 else raw
     batches = data.batches(train_set, t.batch_size, d.rank, d.world, t.seed, start=position)
-    params = [p for p in raw.parameters()]
+    params = [p for p in raw.parameters() if p.requires_grad]
+    meter = objective.Meter()
     unit = "tok/s" if train_set.unit == "tokens" else "puzzles/s"
     done, clock = 0, time.perf_counter()
 
@@ -242,9 +261,8 @@ def train(cfg: Config, d: distributed.Dist) -> torch.nn.Module:
         if d.rank == fault.kill_rank and step in fault.kill_at_step and state is None:  # not after a resume
             print(f"fault: killing rank {d.rank} at step {step}", file=sys.stderr, flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
-        lr = lr_at(t, step) * (guard.lr_scale(step) if guard else 1.0)
-        for g in optimizer.param_groups:
-            g["lr"] = lr
+        lr = optim.lr_at(t, step) * (guard.lr_scale(step) if guard else 1.0)
+        optim.set_lr(optimizer, lr)
         loss_sum = torch.zeros((), device=d.device)
         for micro in range(t.grad_accum):
             x, y = next(batches)
@@ -252,9 +270,10 @@ def train(cfg: Config, d: distributed.Dist) -> torch.nn.Module:
             last = micro == t.grad_accum - 1
             with (model.no_sync() if d.world > 1 and not last else contextlib.nullcontext()):
                 with autocast(t, d.device):
-                    _, loss = model(x, y)
+                    loss, metrics = step_kind.loss(model, x, y, micro)
                 (loss / t.grad_accum).backward()
             loss_sum += loss.detach()
+            meter.add(metrics)
             done += train_set.units(x) * d.world
         position += t.grad_accum
         if d.rank == fault.nan_rank and step in fault.nan_at_step:
@@ -268,6 +287,10 @@ def train(cfg: Config, d: distributed.Dist) -> torch.nn.Module:
         ok, loss = guard.check(step, loss, norm) if guard else (True, loss)
         if ok:
             optimizer.step()
+            if ema:
+                ema.update()
+        else:  # the carries came from a bad step: every row starts afresh, on every rank alike
+            step_kind.reset()
         optimizer.zero_grad(set_to_none=True)
         if guard:
             guard.after_step(step, ok)
@@ -279,16 +302,20 @@ def train(cfg: Config, d: distributed.Dist) -> torch.nn.Module:
             elapsed = time.perf_counter() - clock
             rate = done / elapsed
             record = {"step": step, "loss": float(loss) if math.isfinite(loss) else None, "lr": lr,
-                      ("tokens_per_s" if unit == "tok/s" else "samples_per_s"): rate, "mem_gb": memory_gb(d.device)}
+                      ("tokens_per_s" if unit == "tok/s" else "samples_per_s"): rate, "mem_gb": memory_gb(d.device),
+                      "grad_norm": float(norm)}
+            act = meter.read(d, arch)
+            record.update(act)
+            extra = f" | ponder {act['ponder']:.2f} | exact {act['train_exact_accuracy']:.3f}" if act else ""
             log.say(f"step {step}/{t.max_steps} | loss {float(loss):.4f} | lr {lr:.1e} | {rate:.0f} {unit}"
-                    f" | mem {record['mem_gb']:.1f}G")
+                    f"{extra} | mem {record['mem_gb']:.1f}G")
             if evaluating and d.rank == 0:
-                ev = evaluate(raw, val_set, cfg, d.device, tokenizer)
+                with (ema.applied() if ema else contextlib.nullcontext()):
+                    ev = evaluate(raw, val_set, cfg, d.device, tokenizer)
                 val_loss = ev["val_loss"]
                 best = min(best, val_loss)
-                record.update(ev)
-                log.say(f"eval {step}/{t.max_steps} | " + " | ".join(
-                    f"{k} {v:.4f}" for k, v in ev.items() if k != "sample"))
+                record.update({k: v for k, v in ev.items() if k != "sample"})
+                log.say(f"eval {step}/{t.max_steps} | " + _format(ev))
                 if "sample" in ev:
                     log.say("sample: " + json.dumps(ev["sample"], ensure_ascii=False))
             log.metrics(record)
@@ -296,11 +323,16 @@ def train(cfg: Config, d: distributed.Dist) -> torch.nn.Module:
         if saving:
             began = time.perf_counter()
             rng = distributed.gather_object(d, rng_state(d.device))
+            carries = distributed.gather_object(d, step_kind.state_dict()) if isinstance(
+                step_kind, objective.Recurrent) else None
             if d.rank == 0:
+                extra = {"carry": carries} if carries is not None else {}
+                if ema:
+                    extra["ema"] = ema.state_dict()
                 path = checkpoint.save(out_dir, step, raw, optimizer, rng, {
                     "data_position": position, "val_loss": val_loss, "best_val_loss": best, "vocab_size": vocab,
                     "world": d.world, "guard": guard.state_dict() if guard else {}, "config": config.to_dict(cfg)},
-                    t.keep_last)
+                    t.keep_last, extra)
                 log.say(f"saved {path}")
             clock += time.perf_counter() - began  # throughput counts training time only
 

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from auralm import config, cpu_memory, data, models, train  # noqa: E402
+from auralm import config, cpu_memory, data, models, optim, train  # noqa: E402
 
 QUIJOTE = Path(__file__).resolve().parents[2] / "shared" / "data" / "quijote" / "pg2000.txt"
 # Shapes, and the timed steps per run (a 6x384 step takes about 15 times a tiny one).
@@ -101,7 +101,7 @@ class BareLoop:
 
     def __init__(self, model: nn.Module, train_set, batch: int, t: config.TrainingConfig):
         self.model, self.t = model, t
-        self.opt = train.make_optimizer(model, t, torch.device("cpu"))
+        self.opt = optim.make_optimizer(model, t, torch.device("cpu"))
         self.batches = data.batches(train_set, batch, 0, 1, seed=t.seed)
         self.step_no, self.seconds = 0, 0.0
 
@@ -109,7 +109,7 @@ class BareLoop:
         began = time.thread_time()
         self.step_no += 1
         for g in self.opt.param_groups:
-            g["lr"] = train.lr_at(self.t, self.step_no)
+            g["lr"] = optim.lr_at(self.t, self.step_no)
         x, y = next(self.batches)
         _, loss = self.model(x, y)
         loss.backward()

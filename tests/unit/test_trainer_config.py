@@ -33,7 +33,7 @@ def test_defaults_are_the_embedded_sudoku_run():
     ("fault.nan_step=3", "did you mean 'fault.nan_at_step'"),
     ("training.lr=fast", "training.lr='fast': expected a number"),
     ("training.max_steps=0", "training.max_steps=0: must be greater than 0"),
-    ("model=huge", "model='huge': expected one of tiny, mini, small, 124m"),
+    ("model=huge", "model='huge': expected one of tiny, mini, small, 124m, hrm-tiny"),
     ("backend=mpi", "backend='mpi': expected one of auto, nccl, gloo"),
     ("fault.nan_at_step=9-3", "expected steps like 10,11,12 or 10-14"),
     ("model.n_embd=65", "not a multiple of model.n_head"),

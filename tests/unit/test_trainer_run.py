@@ -41,7 +41,7 @@ def test_sudoku_loss_and_accuracy_improve(sudoku_dir, tmp_path, capsys):
     assert [int(re.match(r"^step (\d+)/(\d+) ", l).group(1)) for l in lines] == [20, 40, 60, 80]
     assert all(re.match(r"^step \d+/80 \| loss \d+\.\d{4} \| lr \S+ \| \d+ puzzles/s \| mem \S+G$", l) for l in lines)
     last = by_step(tmp_path)[80]
-    assert set(last) >= {"step", "loss", "lr", "samples_per_s", "val_loss", "cell_acc", "puzzle_acc"}
+    assert set(last) >= {"step", "loss", "lr", "samples_per_s", "val_loss", "cell_acc", "exact_accuracy"}
     assert last["val_loss"] < math.log(9) - 0.25  # well below the uniform guess over 9 digits (2.197)
     assert last["cell_acc"] > 0.28  # a random digit is right 1 time in 9
     assert (tmp_path / "config.json").exists() and (tmp_path / "checkpoint-80").exists()

@@ -1,8 +1,4 @@
-"""The models: a GPT-2-style causal LM for ``lm``, a small non-causal transformer for ``sudoku``.
-
-Both take ``(x, y)`` and return ``(logits, loss)``; ``y`` uses -100 for positions without a target.
-Attention goes through PyTorch's scaled_dot_product_attention in both.
-"""
+"""GPT-2 for ``task=lm``: takes ``(x, y)`` and returns ``(logits, loss)``; ``y`` is -100 where there is no target."""
 
 from __future__ import annotations
 
@@ -14,12 +10,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from auralm.chunked_loss import linear_cross_entropy
-
-
-def _loss(logits: torch.Tensor, y: torch.Tensor | None) -> torch.Tensor | None:
-    if y is None:
-        return None
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1), ignore_index=-100)
+from auralm.models.layers import token_loss
 
 
 class Block(nn.Module):
@@ -80,7 +71,7 @@ class GPT(nn.Module):
         if y is not None and torch.is_grad_enabled():
             return None, linear_cross_entropy(h.reshape(-1, h.shape[-1]), self.wte.weight, y.reshape(-1))
         logits = F.linear(h, self.wte.weight)
-        return logits, _loss(logits, y)
+        return logits, token_loss(logits, y)
 
     @torch.no_grad()
     def generate(self, x: torch.Tensor, n: int) -> torch.Tensor:
@@ -89,43 +80,3 @@ class GPT(nn.Module):
             h = self.hidden(x[:, -self.block_size:])
             x = torch.cat([x, F.linear(h[:, -1:], self.wte.weight).argmax(-1)], dim=1)
         return x
-
-
-class SudokuNet(nn.Module):
-    """A non-causal transformer over the 81 cells that predicts every cell's digit.
-
-    A cell's position is the sum of its row, column and box embeddings, so the model is told
-    which cells constrain each other; with one learned embedding per cell it barely learns at
-    this size in a few hundred steps.
-    """
-
-    def __init__(self, arch: dict):
-        super().__init__()
-        d = arch["n_embd"]
-        self.cell = nn.Embedding(10, d)  # 0 = blank, 1..9 = given digit
-        self.row, self.col, self.box = (nn.Parameter(torch.randn(9, d)) for _ in range(3))  # as nn.Embedding
-        self.layers = nn.ModuleList(
-            nn.TransformerEncoderLayer(d, arch["n_head"], 4 * d, arch["dropout"], activation="gelu",
-                                       batch_first=True, norm_first=True)
-            for _ in range(arch["n_layer"]))
-        self.norm = nn.LayerNorm(d)
-        self.head = nn.Linear(d, 9)
-        self.grad_checkpointing = False
-
-    def set_grad_checkpointing(self, on: bool) -> None:
-        self.grad_checkpointing = on
-
-    def forward(self, x, y=None):
-        d = self.row.shape[1]
-        # cell i = 9 * row + col; its box is 3 * (row // 3) + col // 3 (no index buffer: DDP would sync it every step)
-        where = (self.row.repeat_interleave(9, dim=0) + self.col.repeat(9, 1)
-                 + self.box.view(3, 1, 3, 1, d).expand(3, 3, 3, 3, d).reshape(81, d))
-        h = self.cell(x) + where
-        for layer in self.layers:
-            h = checkpoint(layer, h, use_reentrant=False) if self.grad_checkpointing and self.training else layer(h)
-        logits = self.head(self.norm(h))
-        return logits, _loss(logits, y)
-
-
-def build(task: str, arch: dict, vocab_size: int | None = None) -> nn.Module:
-    return SudokuNet(arch) if task == "sudoku" else GPT(arch, vocab_size)

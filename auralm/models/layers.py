@@ -1,0 +1,147 @@
+"""Layers the model families share: norms, rotary positions, SwiGLU, attention, the post-norm block, losses.
+
+HRM and TRM use the weightless RMSNorm after each residual add (post-norm), rotary or learned
+positions, SwiGLU and bias-free projections with LeCun-normal initialisation; the sudoku
+positions (row + column + box embeddings) are this project's option for a 9x9 grid.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+IGNORE = -100
+
+
+def token_loss(logits: torch.Tensor, y: torch.Tensor | None) -> torch.Tensor | None:
+    """Mean cross-entropy over the positions of ``y`` that are not -100 (None without targets)."""
+    if y is None:
+        return None
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1), ignore_index=IGNORE)
+
+
+def _log_stablemax(x: torch.Tensor) -> torch.Tensor:
+    s = torch.where(x >= 0, x + 1, 1 / (1 - x))  # s(x): linear above 0, 1/(1-x) below; never overflows
+    return torch.log(s / s.sum(-1, keepdim=True))
+
+
+def per_token_loss(logits: torch.Tensor, y: torch.Tensor, kind: str = "softmax") -> torch.Tensor:
+    """Cross-entropy per position, shape of ``y``, 0 where ``y`` is -100; ``kind="stablemax"`` is the
+    numerically stable variant of the HRM code (s(x) in place of exp(x))."""
+    if kind == "stablemax":
+        logp = _log_stablemax(logits.float())
+        safe = torch.where(y == IGNORE, 0, y)
+        nll = -logp.gather(-1, safe.unsqueeze(-1)).squeeze(-1)
+        return torch.where(y == IGNORE, 0.0, nll)
+    flat = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1), ignore_index=IGNORE,
+                           reduction="none")
+    return flat.view(y.shape)
+
+
+def rms_norm(x: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """RMSNorm without a learned scale (HRM's post-norm)."""
+    return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps).to(x.dtype)
+
+
+def lecun_(t: torch.Tensor, fan_in: int | None = None) -> torch.Tensor:
+    """Truncated normal (at 2 std) with std 1/sqrt(fan_in), in place."""
+    std = 1.0 / math.sqrt(fan_in or t.shape[-1])
+    return nn.init.trunc_normal_(t, std=std, a=-2 * std, b=2 * std)
+
+
+def linear(d_in: int, d_out: int, bias: bool = False) -> nn.Linear:
+    layer = nn.Linear(d_in, d_out, bias=bias)
+    lecun_(layer.weight.data)
+    if bias:
+        nn.init.zeros_(layer.bias)
+    return layer
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding tables for ``length`` positions (kept as plain tensors, not buffers:
+    DDP would broadcast buffers every step)."""
+
+    def __init__(self, head_dim: int, length: int, base: float = 10000.0):
+        super().__init__()
+        inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        freqs = torch.outer(torch.arange(length, dtype=torch.float32), inv)
+        emb = torch.cat([freqs, freqs], dim=-1)
+        self.tables = {torch.device("cpu"): (emb.cos(), emb.sin())}
+
+    def forward(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if device not in self.tables:
+            cos, sin = self.tables[torch.device("cpu")]
+            self.tables[device] = (cos.to(device), sin.to(device))
+        return self.tables[device]
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``x`` is (B, T, heads, head_dim); the tables are (T, head_dim)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    cos, sin = cos[: x.shape[1], None, :].to(x.dtype), sin[: x.shape[1], None, :].to(x.dtype)
+    return x * cos + rotated * sin
+
+
+def swiglu_width(d: int, expansion: float) -> int:
+    """The hidden width of a SwiGLU with the parameters of a ``expansion``x MLP, rounded up to a multiple of 64
+    (256 from width 512 on, as in the HRM code)."""
+    multiple = 256 if d >= 512 else 64
+    return -(-round(expansion * d * 2 / 3) // multiple) * multiple
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, d: int, expansion: float):
+        super().__init__()
+        inter = swiglu_width(d, expansion)
+        self.gate_up, self.down = linear(d, 2 * inter), linear(inter, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention through ``scaled_dot_product_attention``, bias-free, optional rotary positions."""
+
+    def __init__(self, d: int, n_head: int, causal: bool):
+        super().__init__()
+        self.n_head, self.causal = n_head, causal
+        self.qkv, self.out = linear(d, 3 * d), linear(d, d)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).unbind(2)
+        if rope is not None:
+            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                           is_causal=self.causal)
+        return self.out(a.transpose(1, 2).reshape(B, T, C))
+
+
+class PostNormBlock(nn.Module):
+    """HRM's block: ``x = norm(x + mix(x)); x = norm(x + mlp(x))``. ``mix`` is attention, or (TRM's
+    ``mlp_t``) a SwiGLU across the sequence positions, for a fixed-length input such as a sudoku grid."""
+
+    def __init__(self, d: int, n_head: int, expansion: float, causal: bool, mlp_t_len: int = 0):
+        super().__init__()
+        self.attn = Attention(d, n_head, causal) if not mlp_t_len else None
+        self.mix_t = SwiGLU(mlp_t_len, expansion) if mlp_t_len else None
+        self.mlp = SwiGLU(d, expansion)
+
+    def forward(self, x: torch.Tensor, rope=None) -> torch.Tensor:
+        if self.mix_t is not None:
+            x = rms_norm(x + self.mix_t(x.transpose(1, 2)).transpose(1, 2))
+        else:
+            x = rms_norm(x + self.attn(x, rope))
+        return rms_norm(x + self.mlp(x))
+
+
+def sudoku_positions(row: torch.Tensor, col: torch.Tensor, box: torch.Tensor) -> torch.Tensor:
+    """Cell i = 9 * r + c gets row[r] + col[c] + box[3 * (r // 3) + c // 3]: (81, d), no index buffer."""
+    d = row.shape[1]
+    return (row.repeat_interleave(9, dim=0) + col.repeat(9, 1)
+            + box.view(3, 1, 3, 1, d).expand(3, 3, 3, 3, d).reshape(81, d))

@@ -1,0 +1,101 @@
+"""What one micro-step computes, per model kind, and the training metrics summed over ranks.
+
+``Plain``: the model maps a batch to its loss (GPT, the sudoku transformer). ``Recurrent``: an ACT
+model (HRM, TRM) runs one segment on its carry, one carry per micro-step of gradient accumulation;
+halted rows take their fresh example from the batch the step was given. For sudoku every cell is
+a target of the recurrent models (the givens are copied), so "exact" means the whole grid.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from auralm import distributed
+from auralm.models import Carry
+from auralm.models.layers import IGNORE
+
+
+def full_targets(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Sudoku targets for every cell: the given digit (minus 1) where ``y`` has no target."""
+    return torch.where(y == IGNORE, x - 1, y)
+
+
+class Plain:
+    def __init__(self, raw: torch.nn.Module, cfg):
+        self.raw = raw
+
+    def loss(self, model, x, y, micro: int):
+        _, loss = model(x, y)
+        return loss, {}
+
+    def reset(self) -> None:
+        pass
+
+    def state_dict(self):
+        return None
+
+    def load_state_dict(self, state) -> None:
+        pass
+
+
+class Recurrent:
+    def __init__(self, raw: torch.nn.Module, cfg):
+        self.raw, self.sudoku = raw, cfg.task == "sudoku"
+        self.carries: list[Carry | None] = [None] * cfg.training.grad_accum
+
+    def loss(self, model, x, y, micro: int):
+        if self.sudoku:
+            y = full_targets(x, y)
+        carry = self.carries[micro] or self.raw.initial_carry(x, y)
+        carry, logits, q, target = model(carry, x, y)
+        self.carries[micro] = carry
+        return self.raw.loss(carry, logits, q, target)
+
+    def reset(self) -> None:
+        """Every row takes a fresh example and state at the next step (after a skipped or restored step,
+        whose states may hold non-finite values or come from other weights)."""
+        self.carries = [None] * len(self.carries)
+
+    def state_dict(self):
+        return [None if c is None else {k: (tuple(t.cpu() for t in v) if isinstance(v, tuple) else v.cpu())
+                                        for k, v in c.state_dict().items()} for c in self.carries]
+
+    def load_state_dict(self, state) -> None:
+        if state is not None and len(state) == len(self.carries):
+            device = next(self.raw.parameters()).device
+            self.carries = [None if c is None else Carry.from_state_dict(c, device) for c in state]
+
+
+def make(raw: torch.nn.Module, cfg):
+    return (Recurrent if getattr(raw, "recurrent", False) else Plain)(raw, cfg)
+
+
+class Meter:
+    """Sums the micro-steps' metric tensors between two log lines; ``read`` sums them over ranks (one
+    all-reduce, at log steps only, which every rank reaches together) and turns them into rates."""
+
+    def __init__(self):
+        self.sums: dict[str, torch.Tensor] = {}
+        self.n = 0
+
+    def add(self, metrics: dict) -> None:
+        for k, v in metrics.items():
+            self.sums[k] = self.sums.get(k, 0) + v.detach().float()
+        self.n += bool(metrics)
+
+    def read(self, d: distributed.Dist, arch: dict) -> dict:
+        if not self.sums:
+            return {}
+        keys = sorted(self.sums)
+        v = distributed.all_reduce_(d, torch.stack([self.sums[k] for k in keys]).to(d.device)).tolist()
+        s = dict(zip(keys, v))
+        per_step = self.n * d.world
+        halted = max(1.0, s["halted"])
+        out = {k: s[k] / per_step for k in ("lm_loss", "q_halt_loss", "q_continue_loss")}
+        out.update(train_accuracy=s["accuracy"] / halted, train_exact_accuracy=s["exact_accuracy"] / halted,
+                   q_halt_accuracy=s["q_halt_accuracy"] / halted, ponder=s["steps"] / halted)
+        # updates of each token's state per example: H_cycles H-updates and H_cycles x L_cycles L-steps a segment
+        out["h_updates"] = out["ponder"] * arch["H_cycles"]
+        out["l_steps"] = out["ponder"] * arch["H_cycles"] * arch["L_cycles"]
+        self.sums, self.n = {}, 0
+        return out
