@@ -27,7 +27,7 @@ SIZES = {
     "124m": dict(n_layer=12, n_head=12, n_embd=768, block_size=1024),
 }
 _RECURRENT = dict(expansion=4.0, halt_exploration_prob=0.1, puzzle_emb_ndim=0, pos_encodings="rope", mlp_t=False,
-                  loss_type="softmax", dropout=0.0)
+                  loss_type="softmax", norm="post", dropout=0.0)
 SIZES.update({
     # trains on a CPU in minutes; the sudoku positions (row + column + box) as the position encoding
     "hrm-tiny": dict(_RECURRENT, family="hrm", n_embd=128, n_head=4, H_layers=2, L_layers=2, H_cycles=2, L_cycles=2,
@@ -36,9 +36,9 @@ SIZES.update({
     "hrm-27m": dict(_RECURRENT, family="hrm", n_embd=512, n_head=8, H_layers=4, L_layers=4, H_cycles=2, L_cycles=2,
                     halt_max_steps=16, puzzle_emb_ndim=512, block_size=512, loss_type="stablemax"),
     # the language-model sizes (counts with a 32k vocabulary, untied input and output embeddings)
-    "hrm-50m": dict(_RECURRENT, family="hrm", n_embd=512, n_head=8, H_layers=6, L_layers=6, H_cycles=2, L_cycles=2,
+    "hrm-50m": dict(_RECURRENT, family="hrm", n_embd=512, n_head=8, H_layers=3, L_layers=3, H_cycles=2, L_cycles=2,
                     halt_max_steps=4, block_size=1024),
-    "hrm-100m": dict(_RECURRENT, family="hrm", n_embd=768, n_head=12, H_layers=6, L_layers=6, H_cycles=2, L_cycles=2,
+    "hrm-100m": dict(_RECURRENT, family="hrm", n_embd=768, n_head=12, H_layers=4, L_layers=4, H_cycles=2, L_cycles=2,
                      halt_max_steps=4, block_size=1024),
     "trm-tiny": dict(_RECURRENT, family="trm", n_embd=128, n_head=4, H_layers=0, L_layers=2, H_cycles=2, L_cycles=3,
                      halt_max_steps=8, pos_encodings="sudoku", block_size=128),
@@ -51,7 +51,8 @@ SIZES.update({
                    halt_max_steps=16, puzzle_emb_ndim=512, block_size=512, loss_type="stablemax"),
 })
 RECURRENT_KEYS = ("expansion", "H_layers", "L_layers", "H_cycles", "L_cycles", "halt_max_steps",
-                  "halt_exploration_prob", "puzzle_emb_ndim", "pos_encodings", "mlp_t", "loss_type")
+                  "halt_exploration_prob", "puzzle_emb_ndim", "pos_encodings", "mlp_t", "loss_type", "norm")
+NORMS = ("post", "pre")
 POSITIONS = ("rope", "learned", "sudoku", "none")
 LOSS_TYPES = ("softmax", "stablemax")
 OPTIMIZERS = ("adamw", "adam_atan2")
@@ -64,7 +65,7 @@ ALIASES = {
     "epochs": "training.epochs", "eval_interval": "training.eval_every_epochs", "data_path": "data_dir",
     "data_paths": "data_dir", "lr_warmup_steps": "training.warmup_steps", "lr_min_ratio": "training.min_lr_ratio",
     "beta1": "training.beta1", "beta2": "training.beta2", "seed": "training.seed", "ema": "training.ema",
-    "ema_rate": "training.ema_decay", "checkpoint_path": "out_dir",
+    "ema_rate": "training.ema_decay", "checkpoint_path": "out_dir", "run_name": "run_name",
 }
 # ``arch=NAME`` as in the guides: the paper's model of that family.
 ARCH_NAMES = {"hrm": "hrm-27m", "hrm_v1": "hrm-27m", "trm": "trm-7m"}
@@ -92,6 +93,7 @@ class ModelConfig:
     pos_encodings: str | None = None  # rope, learned, sudoku, none
     mlp_t: bool | None = None  # TRM: an MLP across the positions instead of attention
     loss_type: str | None = None  # softmax or stablemax cross-entropy
+    norm: str | None = None  # post (the papers': norm after each residual add) or pre (norm before each sublayer)
 
 
 @dataclass
@@ -151,6 +153,7 @@ class Config:
     task: str = "sudoku"
     data_dir: str = ""  # "": data/<task>
     out_dir: str = ""  # "": runs/<run-id>
+    run_name: str = ""  # "": a time stamp; the run directory is runs/<run_name> unless out_dir is given
     resume: str = ""  # "", "latest", or a checkpoint (or run) directory
     backend: str = "auto"
     dist_timeout: int = 300  # seconds a collective may wait for a peer
@@ -321,6 +324,7 @@ def check(cfg: Config) -> None:
                             "model.puzzle_emb_ndim >= 0")
         _one_of("model.pos_encodings", arch["pos_encodings"], POSITIONS)
         _one_of("model.loss_type", arch["loss_type"], LOSS_TYPES)
+        _one_of("model.norm", arch["norm"], NORMS)
         if cfg.task == "lm" and (arch["pos_encodings"] == "sudoku" or arch["mlp_t"]):
             what = "pos_encodings=sudoku" if arch["pos_encodings"] == "sudoku" else "mlp_t=true"
             raise UserError(f"model={cfg.model.name} with {what} is for task=sudoku; on text use "

@@ -81,8 +81,8 @@ def open_data(cfg: Config, d: distributed.Dist) -> tuple[Path, dict]:
 def plan_output(cfg: Config) -> tuple[Path, list[Path]]:
     """Rank 0: the run directory, and the checkpoints to resume from (best first; empty: start fresh)."""
     if cfg.resume in ("", "latest"):
-        if cfg.out_dir:
-            out = Path(cfg.out_dir)
+        if cfg.out_dir or cfg.run_name:
+            out = Path(cfg.out_dir or Path("runs") / cfg.run_name)
         else:
             runs = [p for p in Path("runs").glob("*") if checkpoint.list_checkpoints(p)] if cfg.resume else []
             out = max(runs, key=lambda p: checkpoint.list_checkpoints(p)[0].stat().st_mtime) if runs else \

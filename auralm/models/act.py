@@ -27,7 +27,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from auralm.models.layers import IGNORE, PostNormBlock, Rotary, lecun_, linear, per_token_loss, sudoku_positions
+from auralm.models.layers import (IGNORE, SUDOKU_RELATIONS, Block, Rotary, lecun_, linear, per_token_loss, rms_norm,
+                                 sudoku_positions, sudoku_relations)
 
 POSITIONS = ("rope", "learned", "sudoku", "none")
 
@@ -51,21 +52,24 @@ class Carry:
 
 
 class Level(nn.Module):
-    """A stack of post-norm blocks that takes its input injection first: ``h = blocks(h + injection)``."""
+    """A stack of blocks that takes its input injection first: ``h = blocks(h + injection)``. With pre-norm
+    blocks the level's output is normalised, so the state keeps its scale however often it is updated."""
 
-    def __init__(self, n_layers: int, d: int, n_head: int, expansion: float, causal: bool, mlp_t_len: int = 0):
+    def __init__(self, n_layers: int, d: int, n_head: int, expansion: float, causal: bool, mlp_t_len: int = 0,
+                 pre_norm: bool = False):
         super().__init__()
-        self.layers = nn.ModuleList(PostNormBlock(d, n_head, expansion, causal, mlp_t_len) for _ in range(n_layers))
+        self.layers = nn.ModuleList(Block(d, n_head, expansion, causal, mlp_t_len, pre_norm) for _ in range(n_layers))
+        self.pre_norm = pre_norm
         self.grad_checkpointing = False
 
-    def forward(self, h: torch.Tensor, injection: torch.Tensor, rope=None) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, injection: torch.Tensor, rope=None, bias=None) -> torch.Tensor:
         h = h + injection
         for layer in self.layers:
             if self.grad_checkpointing and torch.is_grad_enabled():
-                h = checkpoint(layer, h, rope, use_reentrant=False)
+                h = checkpoint(layer, h, rope, bias, use_reentrant=False)
             else:
-                h = layer(h, rope)
-        return h
+                h = layer(h, rope, bias)
+        return rms_norm(h) if self.pre_norm else h
 
 
 class RecurrentCore(nn.Module):
@@ -93,6 +97,12 @@ class RecurrentCore(nn.Module):
             if seq_len != 81:
                 raise ValueError("pos_encodings=sudoku needs the 81 cells of a sudoku grid")
             self.row, self.col, self.box = (nn.Parameter(lecun_(torch.empty(9, d), fan_in=d)) for _ in range(3))
+            # and a learned attention bias per head for each relation between two cells (row, column, box, ...)
+            # (at init a cell attends to the 20 cells it shares a row, column or box with, and to itself)
+            bias = torch.zeros(arch["n_head"], SUDOKU_RELATIONS)
+            bias[:, 4] = -4.0
+            self.relation_bias = nn.Parameter(bias)
+            self.relations = {torch.device("cpu"): sudoku_relations(self.n_prefix)}  # not a buffer: DDP
         self.head = linear(d, n_out)
         self.q_head = nn.Linear(d, 2)  # q_halt, q_continue: zero weights and a negative bias, so it continues at first
         nn.init.zeros_(self.q_head.weight)
@@ -120,14 +130,22 @@ class RecurrentCore(nn.Module):
     def initial_states(self, batch: int, length: int) -> tuple[torch.Tensor, ...]:
         return tuple(self.z_init[i].expand(batch, length + self.n_prefix, self.d) for i in range(self.n_states))
 
-    def reason(self, z: tuple[torch.Tensor, ...], emb: torch.Tensor, rope) -> tuple[torch.Tensor, ...]:
+    def attention_bias(self, device: torch.device) -> torch.Tensor | None:
+        if self.positions != "sudoku":
+            return None
+        if device not in self.relations:
+            self.relations[device] = self.relations[torch.device("cpu")].to(device)
+        return self.relation_bias[:, self.relations[device]]
+
+    def reason(self, z: tuple[torch.Tensor, ...], emb: torch.Tensor, pos: dict) -> tuple[torch.Tensor, ...]:
         raise NotImplementedError
 
     def forward(self, z: tuple[torch.Tensor, ...], x: torch.Tensor):
         """One segment: (new states, detached; logits over the output classes; Q logits (B, 2) in fp32)."""
         emb = self.embed_inputs(x)
-        rope = self.rotary(x.device) if self.rotary is not None else None
-        z = self.reason(z, emb, rope)
+        pos = {"rope": self.rotary(x.device) if self.rotary is not None else None,
+               "bias": self.attention_bias(x.device)}
+        z = self.reason(z, emb, pos)
         out = z[0]
         return tuple(s.detach() for s in z), self.head(out[:, self.n_prefix:]), self.q_head(out[:, 0]).float()
 

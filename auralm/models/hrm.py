@@ -18,20 +18,21 @@ class HRMCore(RecurrentCore):
         super().__init__(arch, vocab, n_out, seq_len, causal)
         d, heads, exp = arch["n_embd"], arch["n_head"], arch["expansion"]
         self.H_cycles, self.L_cycles = arch["H_cycles"], arch["L_cycles"]
-        self.H = Level(arch["H_layers"], d, heads, exp, causal)
-        self.L = Level(arch["L_layers"], d, heads, exp, causal)
+        pre = arch.get("norm") == "pre"
+        self.H = Level(arch["H_layers"], d, heads, exp, causal, pre_norm=pre)
+        self.L = Level(arch["L_layers"], d, heads, exp, causal, pre_norm=pre)
 
-    def reason(self, z, emb, rope):
+    def reason(self, z, emb, pos):
         z_H, z_L = z
         with torch.no_grad():
             for h in range(self.H_cycles):
                 for i in range(self.L_cycles):
                     if h < self.H_cycles - 1 or i < self.L_cycles - 1:
-                        z_L = self.L(z_L, z_H + emb, rope)
+                        z_L = self.L(z_L, z_H + emb, **pos)
                 if h < self.H_cycles - 1:
-                    z_H = self.H(z_H, z_L, rope)
-        z_L = self.L(z_L, z_H + emb, rope)  # the one step with gradient
-        z_H = self.H(z_H, z_L, rope)
+                    z_H = self.H(z_H, z_L, **pos)
+        z_L = self.L(z_L, z_H + emb, **pos)  # the one step with gradient
+        z_H = self.H(z_H, z_L, **pos)
         return z_H, z_L
 
 

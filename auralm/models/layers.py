@@ -1,4 +1,4 @@
-"""Layers the model families share: norms, rotary positions, SwiGLU, attention, the post-norm block, losses.
+"""Layers the model families share: norms, rotary positions, SwiGLU, attention, the block (post- or pre-norm), losses.
 
 HRM and TRM use the weightless RMSNorm after each residual add (post-norm), rotary or learned
 positions, SwiGLU and bias-free projections with LeCun-normal initialisation; the sudoku
@@ -112,32 +112,60 @@ class Attention(nn.Module):
         self.n_head, self.causal = n_head, causal
         self.qkv, self.out = linear(d, 3 * d), linear(d, d)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``bias``: (heads, T, T) added to the attention logits (the sudoku relations), or None."""
         B, T, C = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).unbind(2)
         if rope is not None:
             q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                           is_causal=self.causal)
+                                           attn_mask=None if bias is None else bias.to(q.dtype),
+                                           is_causal=self.causal and bias is None)
         return self.out(a.transpose(1, 2).reshape(B, T, C))
 
 
-class PostNormBlock(nn.Module):
-    """HRM's block: ``x = norm(x + mix(x)); x = norm(x + mlp(x))``. ``mix`` is attention, or (TRM's
+class Block(nn.Module):
+    """HRM's post-norm block, ``x = norm(x + mix(x)); x = norm(x + mlp(x))``, or with ``pre_norm`` the
+    pre-norm order, ``x = x + mix(norm(x)); x = x + mlp(norm(x))``. ``mix`` is attention, or (TRM's
     ``mlp_t``) a SwiGLU across the sequence positions, for a fixed-length input such as a sudoku grid."""
 
-    def __init__(self, d: int, n_head: int, expansion: float, causal: bool, mlp_t_len: int = 0):
+    def __init__(self, d: int, n_head: int, expansion: float, causal: bool, mlp_t_len: int = 0,
+                 pre_norm: bool = False):
         super().__init__()
         self.attn = Attention(d, n_head, causal) if not mlp_t_len else None
         self.mix_t = SwiGLU(mlp_t_len, expansion) if mlp_t_len else None
         self.mlp = SwiGLU(d, expansion)
+        self.pre_norm = pre_norm
 
-    def forward(self, x: torch.Tensor, rope=None) -> torch.Tensor:
+    def mix(self, x: torch.Tensor, rope, bias) -> torch.Tensor:
         if self.mix_t is not None:
-            x = rms_norm(x + self.mix_t(x.transpose(1, 2)).transpose(1, 2))
-        else:
-            x = rms_norm(x + self.attn(x, rope))
+            return self.mix_t(x.transpose(1, 2)).transpose(1, 2)
+        return self.attn(x, rope, bias)
+
+    def forward(self, x: torch.Tensor, rope=None, bias=None) -> torch.Tensor:
+        if self.pre_norm:
+            x = x + self.mix(rms_norm(x), rope, bias)
+            return x + self.mlp(rms_norm(x))
+        x = rms_norm(x + self.mix(x, rope, bias))
         return rms_norm(x + self.mlp(x))
+
+
+SUDOKU_RELATIONS = 6  # self, same row, same column, same box (not row or column), no relation, a prefix position
+
+
+def sudoku_relations(n_prefix: int = 0) -> torch.Tensor:
+    """(81 + n_prefix)^2 relation ids between positions: which constraint, if any, joins two cells."""
+    i = torch.arange(81)
+    r, c = i // 9, i % 9
+    b = 3 * (r // 3) + c // 3
+    same_r, same_c, same_b = r[:, None] == r, c[:, None] == c, b[:, None] == b
+    rel = torch.full((81, 81), 4)
+    rel[same_b] = 3
+    rel[same_c] = 2
+    rel[same_r] = 1
+    rel[i, i] = 0
+    return F.pad(rel, (n_prefix, 0, n_prefix, 0), value=5)
 
 
 def sudoku_positions(row: torch.Tensor, col: torch.Tensor, box: torch.Tensor) -> torch.Tensor:

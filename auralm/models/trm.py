@@ -21,19 +21,20 @@ class TRMCore(RecurrentCore):
         if arch.get("mlp_t") and causal:
             raise ValueError("mlp_t mixes every position with every other: not for a causal (lm) model")
         self.net = Level(arch["L_layers"], arch["n_embd"], arch["n_head"], arch["expansion"], causal,
-                         mlp_t_len=seq_len + self.n_prefix if arch.get("mlp_t") else 0)
+                         mlp_t_len=seq_len + self.n_prefix if arch.get("mlp_t") else 0,
+                         pre_norm=arch.get("norm") == "pre")
 
-    def cycle(self, y, z, emb, rope):
+    def cycle(self, y, z, emb, pos):
         for _ in range(self.n):
-            z = self.net(z, y + emb, rope)
-        return self.net(y, z, rope), z
+            z = self.net(z, y + emb, **pos)
+        return self.net(y, z, **pos), z
 
-    def reason(self, z, emb, rope):
+    def reason(self, z, emb, pos):
         y, z = z
         with torch.no_grad():
             for _ in range(self.T - 1):
-                y, z = self.cycle(y, z, emb, rope)
-        return self.cycle(y, z, emb, rope)
+                y, z = self.cycle(y, z, emb, pos)
+        return self.cycle(y, z, emb, pos)
 
 
 def build(arch: dict, vocab: int, n_out: int, seq_len: int, causal: bool) -> ACT:

@@ -68,3 +68,55 @@ def test_check_rejects_a_typo_in_one_line_with_exit_2():
 def test_unknown_option_is_one_line():
     res = _train_cli("--check", "--fast")
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and res.stderr.startswith("error: unknown option --fast")
+
+
+def test_a_line_pasted_from_the_hrm_guide_parses_into_our_keys():
+    cfg = config.parse("model=hrm-27m data_path=data/sudoku-extreme-1k-aug-1000 epochs=20000 eval_interval=2000 "
+                       "global_batch_size=384 lr=7e-5 puzzle_emb_lr=7e-5 weight_decay=1.0 "
+                       "puzzle_emb_weight_decay=1.0 arch.L_cycles=8 arch.halt_max_steps=8".split())
+    t = cfg.training
+    assert cfg.data_dir == "data/sudoku-extreme-1k-aug-1000"
+    assert (t.epochs, t.eval_every_epochs, t.global_batch_size) == (20000, 2000, 384)
+    assert (t.lr, t.puzzle_emb_lr, t.weight_decay, t.puzzle_emb_weight_decay) == (7e-5, 7e-5, 1.0, 1.0)
+    arch = config.resolved_model(cfg.model)
+    assert (arch["family"], arch["n_embd"], arch["L_cycles"], arch["halt_max_steps"]) == ("hrm", 512, 8, 8)
+
+
+def test_a_line_pasted_from_the_trm_guide_parses_into_our_keys():
+    line = ('arch=trm data_paths="[data/sudoku-extreme-1k-aug-1000]" evaluators="[]" epochs=50000 '
+            'eval_interval=5000 lr=1e-4 puzzle_emb_lr=1e-4 weight_decay=1.0 puzzle_emb_weight_decay=1.0 '
+            'arch.mlp_t=True arch.pos_encodings=none arch.L_layers=2 arch.H_cycles=3 arch.L_cycles=6 '
+            '+run_name=pretrain_mlp_t_sudoku ema=True')
+    import shlex
+
+    cfg = config.parse(shlex.split(line))
+    arch = config.resolved_model(cfg.model)
+    assert cfg.model.name == "trm-7m" and arch["family"] == "trm" and arch["mlp_t"] is True
+    assert (arch["pos_encodings"], arch["H_cycles"], arch["L_cycles"]) == ("none", 3, 6)
+    assert cfg.data_dir == "data/sudoku-extreme-1k-aug-1000" and cfg.training.ema is True
+    assert cfg.run_name == "pretrain_mlp_t_sudoku"
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("arch.hiden_size=64", "did you mean 'arch.hidden_size'"),
+    ("arch.H_cycle=2", "did you mean 'arch.H_cycles'"),
+    ("puzle_emb_lr=1e-4", "did you mean 'puzzle_emb_lr'"),
+    ("arch.H_cycles=2", "applies to the hrm-* and trm-* models, not model=mini"),
+    ("evaluators=[arc]", "evaluators=[arc]: only [] is supported"),
+    ('data_paths=[a,b]', "give exactly one data directory"),
+])
+def test_guide_keys_give_clear_errors(override, expected):
+    with pytest.raises(UserError, match=None) as e:
+        config.parse([override])
+    assert expected in str(e.value)
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("arch.pos_encodings=alibi", "model.pos_encodings='alibi': expected one of rope, learned, sudoku, none"),
+    ("arch.halt_max_steps=0", "model.halt_max_steps=0: must be greater than 0"),
+    ("arch.loss_type=focal", "expected one of softmax, stablemax"),
+])
+def test_recurrent_keys_are_checked(override, expected):
+    with pytest.raises(UserError) as e:
+        config.parse(["model=hrm-tiny", override])
+    assert expected in str(e.value)

@@ -1,0 +1,76 @@
+"""What a model costs before it runs: parameters (counted on the meta device, nothing allocated) and a
+per-rank memory estimate, for ``hrmctl train --dry-run``: ``python -m auralm.sizing [key=value ...]``.
+
+The estimate: weights, gradients and AdamW's two moments in fp32 (16 bytes a parameter, 4 more with an
+EMA), plus the activations autograd keeps for one micro-batch: per block in the graph about
+``(10 d + 3 w) x tokens`` values (qkv, attention out, residuals and norms; the SwiGLU's gate, up and
+product of width ``w``) and ``heads x T x T`` attention weights when the attention is not fused.
+For HRM only the last L and H updates are in the graph, for TRM the last cycle (``L_cycles + 1``
+net calls), so it does not grow with the cycles. A rough figure (within a factor of about 1.5 of
+what was measured on the CPU), to tell a model that fits from one that does not.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from auralm import config, models
+from auralm.errors import UserError
+from auralm.models.layers import swiglu_width
+
+
+def count_parameters(task: str, arch: dict, vocab: int | None) -> int:
+    with torch.device("meta"):
+        model = models.build(task, arch, vocab)
+    return sum(p.numel() for p in model.parameters())
+
+
+def blocks_in_graph(task: str, arch: dict) -> int:
+    family = models.family_of(task, arch)
+    if family == "hrm":
+        return arch["H_layers"] + arch["L_layers"]
+    if family == "trm":
+        return (arch["L_cycles"] + 1) * arch["L_layers"]
+    return arch["n_layer"]
+
+
+def estimate(cfg: config.Config, vocab: int | None = None) -> dict:
+    """Parameters and per-rank bytes: {"parameters", "states_bytes", "activation_bytes", "total_bytes"}."""
+    arch = config.resolved_model(cfg.model)
+    vocab = vocab or (32000 if cfg.task == "lm" else None)
+    n = count_parameters(cfg.task, arch, vocab)
+    d, heads = arch["n_embd"], arch["n_head"]
+    T = 81 + (-(-(arch.get("puzzle_emb_ndim") or 0) // d)) if cfg.task == "sudoku" else arch["block_size"]
+    width = swiglu_width(d, arch.get("expansion", 4 * 1.5))
+    tokens = cfg.training.batch_size * T
+    per_block = (10 * d + 3 * width) * tokens + heads * T * T * cfg.training.batch_size
+    out_classes = 9 if cfg.task == "sudoku" else vocab
+    act = 4 * (blocks_in_graph(cfg.task, arch) * per_block + 2 * tokens * out_classes)
+    if cfg.training.grad_checkpoint:
+        act = 4 * (blocks_in_graph(cfg.task, arch) * d * tokens + per_block + 2 * tokens * out_classes)
+    states = n * (16 + (4 if cfg.training.ema else 0))
+    return {"parameters": n, "states_bytes": states, "activation_bytes": act, "total_bytes": states + act}
+
+
+def describe(cfg: config.Config, vocab: int | None = None) -> str:
+    e = estimate(cfg, vocab)
+    gb = 1 << 30
+    return (f"model {cfg.model.name}: {e['parameters'] / 1e6:.2f}M parameters; per rank about "
+            f"{e['total_bytes'] / gb:.2f} GiB ({e['states_bytes'] / gb:.2f} weights, gradients and optimizer; "
+            f"{e['activation_bytes'] / gb:.2f} activations at batch {cfg.training.batch_size})")
+
+
+if __name__ == "__main__":
+    try:
+        cfg, _ = config.parse_command_line([a for a in sys.argv[1:] if a != "--json"])
+        if "--json" in sys.argv:
+            import json
+
+            print(json.dumps(estimate(cfg)))
+        else:
+            print(describe(cfg))
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
