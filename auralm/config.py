@@ -27,11 +27,12 @@ SIZES = {
     "124m": dict(n_layer=12, n_head=12, n_embd=768, block_size=1024),
 }
 _RECURRENT = dict(expansion=4.0, halt_exploration_prob=0.1, puzzle_emb_ndim=0, pos_encodings="rope", mlp_t=False,
-                  loss_type="softmax", norm="post", dropout=0.0)
+                  loss_type="softmax", norm="post", eval_segments=0, dropout=0.0)
 SIZES.update({
-    # trains on a CPU in minutes; the sudoku positions (row + column + box) as the position encoding
+    # trains on a CPU in minutes: pre-norm (learns faster here), 2 segments in training, 8 at evaluation
+    # (pos_encodings=auto: the sudoku positions and relations on sudoku, rotary on text)
     "hrm-tiny": dict(_RECURRENT, family="hrm", n_embd=128, n_head=4, H_layers=2, L_layers=2, H_cycles=2, L_cycles=2,
-                     halt_max_steps=8, pos_encodings="sudoku", block_size=128),
+                     halt_max_steps=2, eval_segments=8, pos_encodings="auto", norm="pre", block_size=128),
     # the paper's Sudoku / ARC model: about 27M parameters
     "hrm-27m": dict(_RECURRENT, family="hrm", n_embd=512, n_head=8, H_layers=4, L_layers=4, H_cycles=2, L_cycles=2,
                     halt_max_steps=16, puzzle_emb_ndim=512, block_size=512, loss_type="stablemax"),
@@ -41,7 +42,7 @@ SIZES.update({
     "hrm-100m": dict(_RECURRENT, family="hrm", n_embd=768, n_head=12, H_layers=4, L_layers=4, H_cycles=2, L_cycles=2,
                      halt_max_steps=4, block_size=1024),
     "trm-tiny": dict(_RECURRENT, family="trm", n_embd=128, n_head=4, H_layers=0, L_layers=2, H_cycles=2, L_cycles=3,
-                     halt_max_steps=8, pos_encodings="sudoku", block_size=128),
+                     halt_max_steps=2, eval_segments=8, pos_encodings="auto", norm="pre", block_size=128),
     # the paper's Sudoku-Extreme model: MLP mixing over the positions, no position encoding, T=3, n=6
     "trm-5m-mlp": dict(_RECURRENT, family="trm", n_embd=512, n_head=8, H_layers=0, L_layers=2, H_cycles=3,
                        L_cycles=6, halt_max_steps=16, puzzle_emb_ndim=512, pos_encodings="none", mlp_t=True,
@@ -51,9 +52,10 @@ SIZES.update({
                    halt_max_steps=16, puzzle_emb_ndim=512, block_size=512, loss_type="stablemax"),
 })
 RECURRENT_KEYS = ("expansion", "H_layers", "L_layers", "H_cycles", "L_cycles", "halt_max_steps",
-                  "halt_exploration_prob", "puzzle_emb_ndim", "pos_encodings", "mlp_t", "loss_type", "norm")
+                  "halt_exploration_prob", "puzzle_emb_ndim", "pos_encodings", "mlp_t", "loss_type", "norm",
+                  "eval_segments")
 NORMS = ("post", "pre")
-POSITIONS = ("rope", "learned", "sudoku", "none")
+POSITIONS = ("auto", "rope", "learned", "sudoku", "none")
 LOSS_TYPES = ("softmax", "stablemax")
 OPTIMIZERS = ("adamw", "adam_atan2")
 
@@ -67,6 +69,8 @@ ALIASES = {
     "beta1": "training.beta1", "beta2": "training.beta2", "seed": "training.seed", "ema": "training.ema",
     "ema_rate": "training.ema_decay", "checkpoint_path": "out_dir", "run_name": "run_name",
 }
+# The HRM language-model launcher's ``--model 50m|100m``, as model names.
+MODEL_ALIASES = {"50m": "hrm-50m", "100m": "hrm-100m", "27m": "hrm-27m"}
 # ``arch=NAME`` as in the guides: the paper's model of that family.
 ARCH_NAMES = {"hrm": "hrm-27m", "hrm_v1": "hrm-27m", "trm": "trm-7m"}
 # Keys the guides pass that only matter to their own tooling: accepted with these values only.
@@ -94,6 +98,7 @@ class ModelConfig:
     mlp_t: bool | None = None  # TRM: an MLP across the positions instead of attention
     loss_type: str | None = None  # softmax or stablemax cross-entropy
     norm: str | None = None  # post (the papers': norm after each residual add) or pre (norm before each sublayer)
+    eval_segments: int | None = None  # segments at evaluation and solving (0: halt_max_steps; more can solve more)
 
 
 @dataclass
@@ -109,7 +114,7 @@ class TrainingConfig:
     beta2: float = 0.95
     grad_clip: float = 1.0  # 0: no clipping
     grad_checkpoint: bool = False
-    dtype: str = "auto"  # auto: bf16 on CUDA where supported, else fp32
+    dtype: str = "auto"  # auto: bf16 on CUDA where supported and on CPUs with native bf16 (AVX512-BF16, AMX), else fp32
     seed: int = 1337
     log_interval: int = 10
     eval_interval: int = 50  # 0: only at the end
@@ -219,6 +224,8 @@ def _canonical(key: str, text: str) -> tuple[str, str]:
     key = key.lstrip("+")
     if key == "arch":
         return "model", ARCH_NAMES.get(text, text)
+    if key == "model":
+        return "model", MODEL_ALIASES.get(text, text)
     if key == "data_paths":
         items = [t.strip().strip("'\"") for t in text.strip().strip("[]").split(",") if t.strip()]
         if len(items) != 1:
@@ -319,9 +326,10 @@ def check(cfg: Config) -> None:
     if recurrent:
         if arch["family"] == "hrm" and arch["H_layers"] <= 0:
             raise UserError(f"model.H_layers={arch['H_layers']}: must be greater than 0")
-        if arch["expansion"] <= 0 or not 0 <= arch["halt_exploration_prob"] <= 1 or arch["puzzle_emb_ndim"] < 0:
+        if arch["expansion"] <= 0 or not 0 <= arch["halt_exploration_prob"] <= 1 or arch["puzzle_emb_ndim"] < 0 \
+                or arch["eval_segments"] < 0:
             raise UserError("model.expansion must be > 0, model.halt_exploration_prob in [0, 1], "
-                            "model.puzzle_emb_ndim >= 0")
+                            "model.puzzle_emb_ndim and model.eval_segments >= 0")
         _one_of("model.pos_encodings", arch["pos_encodings"], POSITIONS)
         _one_of("model.loss_type", arch["loss_type"], LOSS_TYPES)
         _one_of("model.norm", arch["norm"], NORMS)

@@ -5,7 +5,7 @@ models run ``halt_max_steps`` segments from a fresh state; they also report what
 Q-head halting gives (``exact_accuracy_qhalt``, ``halt_steps``: mean segments at which it halts)
 and the exact accuracy after each number of segments (``exact_by_segments``).
 
-``python -m auralm.evaluate CHECKPOINT [--data DIR] [--split val] [--batches N] [--json]``.
+``python -m auralm.evaluate CHECKPOINT [--data DIR] [--split val] [--batches N] [--segments N] [--json]``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def _batches(val, batch_size: int, max_batches: int | None):
 
 
 @torch.no_grad()
-def _plain(model, val, task: str, batch_size: int, max_batches, device, autocast) -> dict:
+def _plain(model, val, task: str, batch_size: int, max_batches, device, autocast, segments=None) -> dict:
     losses, cells, cells_right, solved, n = [], 0, 0, 0, 0
     for x, y in _batches(val, batch_size, max_batches):
         x, y = x.to(device), y.to(device)
@@ -52,14 +52,14 @@ def _plain(model, val, task: str, batch_size: int, max_batches, device, autocast
 
 
 @torch.no_grad()
-def _recurrent(model, val, task: str, batch_size: int, max_batches, device, autocast) -> dict:
+def _recurrent(model, val, task: str, batch_size: int, max_batches, device, autocast, segments=None) -> dict:
     loss_sum, tokens, cells, cells_right, n, exact_q, halt_sum = 0.0, 0, 0, 0, 0, 0, 0
     by_segment = None
     for x, y in _batches(val, batch_size, max_batches):
         x, y = x.to(device), y.to(device)
         target = full_targets(x, y) if task == "sudoku" else y
         with autocast:
-            preds, qs, logits = model.solve(x)
+            preds, qs, logits = model.solve(x, segments)
         mask = target != IGNORE
         loss_sum += float(per_token_loss(logits, target, model.loss_type).sum())
         tokens += int(mask.sum())
@@ -83,13 +83,14 @@ def _recurrent(model, val, task: str, batch_size: int, max_batches, device, auto
 
 
 def evaluate(model, val, task: str, batch_size: int, max_batches: int | None, device: torch.device,
-             autocast) -> dict:
-    """The split's metrics over its first ``max_batches`` batches (None: all of it)."""
+             autocast, segments: int | None = None) -> dict:
+    """The split's metrics over its first ``max_batches`` batches (None: all of it); a recurrent model runs
+    ``segments`` segments (None: its halt_max_steps)."""
     was = model.training
     model.eval()
     try:
         run = _recurrent if getattr(model, "recurrent", False) else _plain
-        return run(model, val, task, batch_size, max_batches, device, autocast)
+        return run(model, val, task, batch_size, max_batches, device, autocast, segments)
     finally:
         model.train(was)
 
@@ -112,11 +113,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--split", default="val", help="the split to evaluate (default: val, the held-out puzzles)")
     p.add_argument("--batches", type=int, default=None, help="evaluate only this many batches")
     p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--segments", type=int, default=None,
+                   help="HRM/TRM: segments to run (default: the model's halt_max_steps; more may solve more)")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     try:
         a = p.parse_args(argv)
-        if a.batch_size <= 0 or (a.batches is not None and a.batches <= 0):
-            raise UserError("--batch-size and --batches must be greater than 0")
+        if a.batch_size <= 0 or any(v is not None and v <= 0 for v in (a.batches, a.segments)):
+            raise UserError("--batch-size, --batches and --segments must be greater than 0")
         loaded = load(Path(a.checkpoint))
         data_dir = Path(a.data) if a.data else loaded.data_dir
         meta = data.load_manifest(data_dir, loaded.task)
@@ -126,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         if len(val) == 0:
             raise UserError(f"the {a.split} split of {data_dir} is empty")
         out = evaluate(loaded.model, val, loaded.task, a.batch_size, a.batches, torch.device("cpu"),
-                       contextlib.nullcontext())
+                       contextlib.nullcontext(), a.segments)
         out = {"checkpoint": str(loaded.path), "data": str(data_dir), "split": a.split,
                "examples": min(len(val), (a.batches or len(val)) * a.batch_size), **out}
     except UserError as e:

@@ -71,8 +71,8 @@ def make(raw: torch.nn.Module, cfg):
 
 
 class Meter:
-    """Sums the micro-steps' metric tensors between two log lines; ``read`` sums them over ranks (one
-    all-reduce, at log steps only, which every rank reaches together) and turns them into rates."""
+    """Sums the micro-steps' metric tensors between two log lines; ``read`` gathers them from every rank (one
+    all-reduce, at log steps only, which every rank reaches together) and turns the sums into rates."""
 
     def __init__(self):
         self.sums: dict[str, torch.Tensor] = {}
@@ -87,8 +87,11 @@ class Meter:
         if not self.sums:
             return {}
         keys = sorted(self.sums)
-        v = distributed.all_reduce_(d, torch.stack([self.sums[k] for k in keys]).to(d.device)).tolist()
-        s = dict(zip(keys, v))
+        table = torch.zeros(d.world, len(keys), device=d.device)  # each rank fills its own row: an all-gather
+        table[d.rank] = torch.stack([self.sums[k] for k in keys]).to(d.device)
+        table = distributed.all_reduce_(d, table)
+        s = dict(zip(keys, table.sum(dim=0).tolist()))
+        by_rank = table[:, keys.index("halted")].tolist()
         per_step = self.n * d.world
         halted = max(1.0, s["halted"])
         out = {k: s[k] / per_step for k in ("lm_loss", "q_halt_loss", "q_continue_loss")}
@@ -97,5 +100,6 @@ class Meter:
         # updates of each token's state per example: H_cycles H-updates and H_cycles x L_cycles L-steps a segment
         out["h_updates"] = out["ponder"] * arch["H_cycles"]
         out["l_steps"] = out["ponder"] * arch["H_cycles"] * arch["L_cycles"]
+        out["halted_by_rank"] = [int(h) for h in by_rank]  # rows that finished, per rank: they differ between ranks
         self.sums, self.n = {}, 0
         return out

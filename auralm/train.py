@@ -28,8 +28,19 @@ from auralm.nan_guard import NanGuard
 from auralm.runlog import RunLog
 
 
+def cpu_has_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX), where bf16 autocast is faster than fp32."""
+    try:
+        flags = next((l for l in open("/proc/cpuinfo") if l.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def autocast(t: config.TrainingConfig, device: torch.device):
-    bf16 = t.dtype == "bf16" or (t.dtype == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported())
+    """bf16 autocast when asked, or with ``dtype=auto`` on a CUDA device that supports it or a CPU with native bf16."""
+    native = torch.cuda.is_bf16_supported() if device.type == "cuda" else cpu_has_bf16()
+    bf16 = t.dtype == "bf16" or (t.dtype == "auto" and native)
     return torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
 
 
@@ -153,10 +164,11 @@ def resume(cfg: Config, d: distributed.Dist, log: RunLog, found: list[Path], mod
 
 
 @torch.no_grad()
-def evaluate(model, val, cfg: Config, device: torch.device, tokenizer=None) -> dict:
-    """Rank 0: the validation metrics on the first batches of the split (and a text sample for a GPT)."""
+def evaluate(model, val, cfg: Config, device: torch.device, tokenizer=None, whole: bool = False) -> dict:
+    """Rank 0: the validation metrics on the first batches of the split, or all of it (and a text sample for a GPT)."""
     t = cfg.training
-    out = evaluate_split(model, val, cfg.task, t.batch_size, t.eval_batches, device, autocast(t, device))
+    out = evaluate_split(model, val, cfg.task, t.batch_size, None if whole else t.eval_batches, device,
+                         autocast(t, device))
     if tokenizer is not None and hasattr(model, "generate"):
         model.eval()
         prompt = tokenizer(t.sample_prompt)["input_ids"] if t.sample_prompt else val.batch([0])[0][0, :16].tolist()
@@ -255,6 +267,7 @@ def train(cfg: Config, d: distributed.Dist) -> torch.nn.Module:
     meter = objective.Meter()
     unit = "tok/s" if train_set.unit == "tokens" else "puzzles/s"
     done, clock = 0, time.perf_counter()
+    train_s = state.get("train_s", 0.0) if state else 0.0  # training time so far, without evaluations and saving
 
     while step < t.max_steps:
         step += 1
@@ -301,21 +314,28 @@ def train(cfg: Config, d: distributed.Dist) -> torch.nn.Module:
         if step % t.log_interval == 0 or evaluating:
             elapsed = time.perf_counter() - clock
             rate = done / elapsed
-            record = {"step": step, "loss": float(loss) if math.isfinite(loss) else None, "lr": lr,
+            train_s += elapsed
+            record = {"step": step, "train_s": round(train_s, 3), "loss": float(loss) if math.isfinite(loss) else None,
+                      "lr": lr,
                       ("tokens_per_s" if unit == "tok/s" else "samples_per_s"): rate, "mem_gb": memory_gb(d.device),
                       "grad_norm": float(norm)}
             act = meter.read(d, arch)
             record.update(act)
-            extra = f" | ponder {act['ponder']:.2f} | exact {act['train_exact_accuracy']:.3f}" if act else ""
+            extra = "" if not act else f" | ponder {act['ponder']:.2f} | " + (
+                f"exact {act['train_exact_accuracy']:.3f}" if cfg.task == "sudoku" else f"lm_loss {act['lm_loss']:.4f}")
             log.say(f"step {step}/{t.max_steps} | loss {float(loss):.4f} | lr {lr:.1e} | {rate:.0f} {unit}"
                     f"{extra} | mem {record['mem_gb']:.1f}G")
             if evaluating and d.rank == 0:
                 with (ema.applied() if ema else contextlib.nullcontext()):
-                    ev = evaluate(raw, val_set, cfg, d.device, tokenizer)
+                    ev = evaluate(raw, val_set, cfg, d.device, tokenizer, whole=final and cfg.task == "sudoku")
                 val_loss = ev["val_loss"]
                 best = min(best, val_loss)
                 record.update({k: v for k, v in ev.items() if k != "sample"})
                 log.say(f"eval {step}/{t.max_steps} | " + _format(ev))
+                if final and cfg.task == "sudoku":
+                    log.say(f"held-out exact accuracy {ev['exact_accuracy']:.3f} on all {len(val_set)} test puzzles "
+                            f"of {data_dir} (cell accuracy {ev['cell_acc']:.3f}) after {train_s / 60:.1f} min of "
+                            f"training")
                 if "sample" in ev:
                     log.say("sample: " + json.dumps(ev["sample"], ensure_ascii=False))
             log.metrics(record)
@@ -331,6 +351,7 @@ def train(cfg: Config, d: distributed.Dist) -> torch.nn.Module:
                     extra["ema"] = ema.state_dict()
                 path = checkpoint.save(out_dir, step, raw, optimizer, rng, {
                     "data_position": position, "val_loss": val_loss, "best_val_loss": best, "vocab_size": vocab,
+                    "train_s": train_s,
                     "world": d.world, "guard": guard.state_dict() if guard else {}, "config": config.to_dict(cfg)},
                     t.keep_last, extra)
                 log.say(f"saved {path}")

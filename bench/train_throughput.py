@@ -15,7 +15,8 @@ peers each take one step of their own, in a rotating order:
   transformers transformers' GPT2LMHeadModel of the same shape (SDPA, gelu_pytorch_tanh) in the
                same bare loop: the model auralm used before its own, shown for the comparison.
 The peers' steps run between the trainer's, so a slow spell of the machine falls on all of them
-alike. Time is the thread's CPU time with one thread; a ratio is the quotient of the summed step
+alike. All in fp32 (the trainer's bf16 on a CPU with native bf16 is off here, as the
+peers have none). Time is the thread's CPU time with one thread; a ratio is the quotient of the summed step
 times of one run, the table shows the median over the runs with their range.
 Targets: trainer/bare >= 0.97, model/minimal >= 1.0.
 """
@@ -34,10 +35,10 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.optim.optimizer import register_optimizer_step_post_hook
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from auralm import config, cpu_memory, data, models, optim, train  # noqa: E402
+from bench._lockstep import LockStep  # noqa: E402
 
 QUIJOTE = Path(__file__).resolve().parents[2] / "shared" / "data" / "quijote" / "pg2000.txt"
 # Shapes, and the timed steps per run (a 6x384 step takes about 15 times a tiny one).
@@ -120,33 +121,6 @@ class BareLoop:
             self.seconds += time.thread_time() - began
 
 
-class LockStep:
-    """At each of the trainer's optimizer steps, every peer takes one step; times the trainer between them."""
-
-    def __init__(self, warmup: int):
-        self.warmup, self.peers, self.busy = warmup, {}, False
-        self.steps, self.trainer_seconds, self.left = 0, 0.0, None
-        register_optimizer_step_post_hook(self)
-
-    def start(self, peers: dict[str, BareLoop]) -> None:
-        self.peers, self.steps, self.trainer_seconds, self.left = peers, 0, 0.0, None
-
-    def __call__(self, optimizer, *_):
-        if self.busy or not self.peers or any(optimizer is p.opt for p in self.peers.values()):
-            return
-        now = time.thread_time()
-        self.steps += 1
-        if self.left is not None and self.steps > self.warmup:
-            self.trainer_seconds += now - self.left
-        self.busy = True
-        names = list(self.peers)
-        turn = self.steps % len(names)
-        for name in names[turn:] + names[:turn]:
-            self.peers[name].step(timed=self.steps > self.warmup)
-        self.busy = False
-        self.left = time.thread_time()
-
-
 def one_run(lock: LockStep, data_dir: Path, train_set, vocab: int, shape: dict, out: Path) -> dict[str, float]:
     """One trainer run with its peers in lock-step: CPU seconds per timed step of each."""
     arch = {k: shape[k] for k in ARCH}
@@ -155,7 +129,7 @@ def one_run(lock: LockStep, data_dir: Path, train_set, vocab: int, shape: dict, 
                         *[f"model.{k}={v}" for k, v in arch.items()], f"training.batch_size={shape['batch']}",
                         f"training.max_steps={warmup + steps}", "training.log_interval=10",
                         "training.eval_interval=0", "training.eval_batches=1", "training.checkpoint_interval=0",
-                        "training.sample_tokens=0"])
+                        "training.sample_tokens=0", "training.dtype=fp32"])
     peers = {}
     for name, build in (("bare", lambda: models.GPT(dict(arch, dropout=0.0), vocab)),
                         ("minimal", lambda: MinimalGPT(vocab, **arch)),

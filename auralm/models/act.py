@@ -30,7 +30,6 @@ from torch.utils.checkpoint import checkpoint
 from auralm.models.layers import (IGNORE, SUDOKU_RELATIONS, Block, Rotary, lecun_, linear, per_token_loss, rms_norm,
                                  sudoku_positions, sudoku_relations)
 
-POSITIONS = ("rope", "learned", "sudoku", "none")
 
 
 @dataclass
@@ -88,7 +87,9 @@ class RecurrentCore(nn.Module):
         if self.n_prefix:  # one learned prefix per puzzle id, zero at init (own lr and weight decay)
             self.puzzle_emb = nn.Embedding(num_puzzle_ids, self.n_prefix * d)
             nn.init.zeros_(self.puzzle_emb.weight)
-        self.positions = arch.get("pos_encodings") or "rope"
+        self.positions = arch.get("pos_encodings") or "auto"
+        if self.positions == "auto":  # a sudoku grid's own positions, else rotary
+            self.positions = "sudoku" if seq_len == 81 and not causal else "rope"
         total = seq_len + self.n_prefix
         self.rotary = Rotary(d // arch["n_head"], total) if self.positions == "rope" else None
         if self.positions == "learned":
@@ -159,6 +160,7 @@ class ACT(nn.Module):
         super().__init__()
         self.core, self.q_continue = core, q_continue
         self.halt_max_steps = arch["halt_max_steps"]
+        self.eval_segments = arch.get("eval_segments") or self.halt_max_steps
         self.exploration = arch["halt_exploration_prob"]
         self.loss_type = arch.get("loss_type") or "softmax"
         self.family = arch["family"]
@@ -227,11 +229,11 @@ class ACT(nn.Module):
 
     @torch.no_grad()
     def solve(self, x: torch.Tensor, segments: int | None = None):
-        """Evaluation: run ``segments`` (default ``halt_max_steps``) segments from a fresh state.
+        """Evaluation: run ``segments`` (default ``eval_segments``: halt_max_steps unless set) segments from a fresh state.
         Returns the predictions after each segment (S, B, T), the Q logits (S, B, 2) and the last logits."""
         z = tuple(s.clone() for s in self.core.initial_states(x.shape[0], x.shape[1]))
         preds, qs = [], []
-        for _ in range(segments or self.halt_max_steps):
+        for _ in range(segments or self.eval_segments):
             z, logits, q = self.core(z, x)
             preds.append(logits.argmax(-1))
             qs.append(q)

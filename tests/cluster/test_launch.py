@@ -351,3 +351,34 @@ def test_master_port_in_use_is_refused(lab3, hrmctl, tmp_path):
     assert code != 0 and len(err.strip().splitlines()) == 1, err
     assert "master port 29644 is already in use on node0" in err and "--master-port" in err
     assert not (tmp_path / "runs").exists()
+
+
+def test_hrm_trains_across_two_nodes_with_rows_halting_differently_on_each(lab3, hrmctl, tmp_path):
+    """HRM with ACT on two lab nodes: one segment a step on every rank, whatever halted where; its Q-head is
+    made to halt by input (a fresh one halts no row before halt_max_steps), so the two ranks' rows finish at
+    different steps; both nodes end with the same parameters."""
+    args = ["model=hrm-tiny", "model.n_embd=32", "model.n_head=2", "model.halt_max_steps=4",
+            "training.batch_size=8", "training.log_interval=1", "training.eval_interval=0", "training.dtype=fp32",
+            "training.checkpoint_interval=2"]
+    code, out, err = hrmctl("train", "--nodes", "node1,node2", "--run-id", "hrm2", *args, "training.max_steps=2",
+                            inventory=lab3.inventory, timeout=240)
+    assert code == 0, out + err
+    node1 = lab3.node("node1")
+    ckpt = node1.home / "hrmctl" / "runs" / "hrm2" / "checkpoint-2"
+    assert (ckpt / "carry.pt").is_file()
+    from tests.trainer.test_hrm_training import q_head_that_halts_by_input
+
+    owner = (ckpt / "model.safetensors").stat()
+    q_head_that_halts_by_input(ckpt.parent, 2)
+    for f in ("model.safetensors", "checksums.json"):
+        os.chown(ckpt / f, owner.st_uid, owner.st_gid)
+    code, out, err = hrmctl("train", "--nodes", "node1,node2", "--run-id", "hrm2b", *args, "training.max_steps=10",
+                            "resume=runs/hrm2/checkpoint-2", inventory=lab3.inventory, timeout=240)
+    assert code == 0, out + err
+    assert "resuming from runs/hrm2/checkpoint-2 (step 2)" in out
+    run = node1.home / "hrmctl" / "runs" / "hrm2b"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    by_rank = [r["halted_by_rank"] for r in rows if r["step"] > 2]
+    assert len(by_rank) == 8 and any(a != b for a, b in by_rank), by_rank
+    final = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines() if '"checksum"' in line]
+    assert final[-1]["equal"] and len(set(final[-1]["checksums"])) == 1

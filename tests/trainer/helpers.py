@@ -66,10 +66,13 @@ def _rank_main(rank: int, world: int, port: int, args: list[str], result_dir: st
         Path(opts["cwd"][rank]).mkdir(parents=True, exist_ok=True)
         os.chdir(opts["cwd"][rank])
     seen: list[bytes] = []  # every input row the model was trained on (a spy: records, changes nothing)
+    halted: list[list[bool]] = []  # ACT models: which rows of the carry halted before each training segment
 
     def record_inputs(module, inputs):
         if module.training and isinstance(module, (models.SudokuNet, models.GPT)):
             seen.extend(row.numpy().tobytes() for row in inputs[0])
+        if module.training and isinstance(module, models.ACT) and inputs:
+            halted.append(inputs[0].halted.tolist())
 
     steps = [0]
     torch.nn.modules.module.register_module_forward_pre_hook(record_inputs)
@@ -81,7 +84,7 @@ def _rank_main(rank: int, world: int, port: int, args: list[str], result_dir: st
             out.update(backend=d.backend, why=d.why, device=str(d.device), exit=0)
         else:
             model = train.run(config.parse(args))
-            out.update(state=model.state_dict(), seen=seen, optimizer_steps=steps[0], exit=0)
+            out.update(state=model.state_dict(), seen=seen, halted=halted, optimizer_steps=steps[0], exit=0)
     except Exception as e:
         out.update(error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc(), exit=1)
     torch.save(out, Path(result_dir) / f"rank{rank}.pt")

@@ -18,7 +18,7 @@ def run(tmp_path_factory):
     data_dir = small_sudoku(base / "data", count=300)
     out = base / "run"
     train.run(parse([f"data_dir={data_dir}", f"out_dir={out}", "model=hrm-tiny", "model.n_embd=32",
-                     "model.halt_max_steps=3", "training.batch_size=16", "training.max_steps=4",
+                     "model.halt_max_steps=3", "model.eval_segments=3", "training.batch_size=16", "training.max_steps=4",
                      "training.eval_interval=0", "training.ema=true"]))
     return base, out
 
@@ -44,6 +44,7 @@ def test_eval_reports_exact_and_cell_accuracy_halting_and_accuracy_by_segments(r
     (["{data}"], "no whole checkpoint-<step> directory there"),
     (["{out}", "--split", "test"], "--split test: "),
     (["{out}", "--batches", "0"], "must be greater than 0"),
+    (["{out}", "--segments", "0"], "must be greater than 0"),
 ])
 def test_eval_bad_input_is_one_line_and_exit_2(run, args, expected):
     base, out = run
@@ -91,11 +92,11 @@ def test_solve_names_the_line_that_is_not_a_puzzle(run, stdin, expected):
 
 
 def test_solve_refuses_a_checkpoint_that_is_not_a_sudoku_model(tmp_path):
+    from auralm import data
     from tests.trainer.helpers import QUIJOTE
-    from auralm.data import prepare_lm
 
     data_dir = tmp_path / "text"
-    prepare_lm(str(QUIJOTE), data_dir, vocab_size=300, tokenizer=None, max_tokens=20000)
+    assert data.main([str(QUIJOTE), "--out", str(data_dir), "--vocab-size", "300", "--max-tokens", "20000"]) == 0
     train.run(parse(["task=lm", f"data_dir={data_dir}", f"out_dir={tmp_path / 'lm'}", "model=tiny",
                      "training.max_steps=1", "training.eval_interval=0", "training.sample_tokens=0"]))
     res = cli("auralm.solve", str(tmp_path / "lm"), stdin="." * 81 + "\n")

@@ -112,7 +112,7 @@ def test_guide_keys_give_clear_errors(override, expected):
 
 
 @pytest.mark.parametrize("override, expected", [
-    ("arch.pos_encodings=alibi", "model.pos_encodings='alibi': expected one of rope, learned, sudoku, none"),
+    ("arch.pos_encodings=alibi", "model.pos_encodings='alibi': expected one of auto, rope, learned, sudoku, none"),
     ("arch.halt_max_steps=0", "model.halt_max_steps=0: must be greater than 0"),
     ("arch.loss_type=focal", "expected one of softmax, stablemax"),
 ])
