@@ -129,6 +129,7 @@ class TrainingConfig:
     optimizer: str = "adamw"  # or adam_atan2 (package adam-atan2-pytorch)
     puzzle_emb_lr: float | None = None  # None: lr
     puzzle_emb_weight_decay: float | None = None  # None: weight_decay
+    augment: bool = True  # sudoku: each training batch under random validity-preserving transforms
     ema: bool = False  # evaluate and save an exponential moving average of the weights (TRM)
     ema_decay: float = 0.999
 

@@ -19,6 +19,7 @@ import fcntl
 import hashlib
 import json
 import os
+import random
 import shutil
 import socket
 import sys
@@ -34,7 +35,7 @@ from auralm.errors import UserError
 
 FORMAT = "auralm-data/1"
 EOS = "<|endoftext|>"
-SUDOKU_DEFAULTS = dict(count=10000, seed=0, min_givens=50, max_givens=60)
+SUDOKU_DEFAULTS = dict(difficulty="medium", train=3000, test=1000, aug=0, seed=0)  # the embedded default
 
 
 def sha256_file(path: Path) -> str:
@@ -98,30 +99,113 @@ def _up_to_date(out: Path, fp: str) -> bool:
     return True
 
 
-def prepare_sudoku(out: Path, count: int, seed: int, min_givens: int, max_givens: int,
-                   val_fraction: float = 0.1) -> str:
-    if not 17 <= min_givens <= max_givens <= 80:
-        raise UserError(f"givens must satisfy 17 <= min ({min_givens}) <= max ({max_givens}) <= 80")
-    n_val = max(1, int(count * val_fraction))
-    if count - n_val < 1:
-        raise UserError(f"--count {count} is too small: need at least 2 puzzles (train and validation)")
-    options = dict(count=count, seed=seed, min_givens=min_givens, max_givens=max_givens, val_fraction=val_fraction)
+PRESETS = {  # named like the HRM guide's data sets; with --from-csv they are read from the public CSVs instead
+    "sudoku-extreme-1k-aug-1000": dict(difficulty="extreme", train=1000, test=1000, aug=1000),
+    "sudoku-extreme-small": dict(difficulty="extreme", train=200, test=100, aug=20),
+    "sudoku-medium": dict(SUDOKU_DEFAULTS),
+}
+
+
+def _without_leaks(train: list, test: list) -> tuple[list, int]:
+    """The test puzzles that are no transform of any train puzzle (invariants, then an exact check)."""
+    by_signature: dict[tuple, list] = {}
+    for puzzle, *_ in train:
+        by_signature.setdefault(sudoku.signature(puzzle), []).append(puzzle)
+    kept = [t for t in test if not any(sudoku.equivalent(p, t[0]) for p in by_signature.get(sudoku.signature(t[0]), ()))]
+    return kept, len(test) - len(kept)
+
+
+def prepare_sudoku(out: Path, train: int | None = None, test: int | None = None, difficulty: str = "medium",
+                   aug: int = 0, seed: int = 0, from_csv: str | None = None, test_csv: str | None = None,
+                   count: int | None = None, min_givens: int | None = None, max_givens: int | None = None,
+                   val_fraction: float = 0.1, workers: int = 2) -> str:
+    """Write a sudoku data directory: ``train`` puzzles (each with ``aug`` transformed copies) and ``test`` held-out
+    ones (stored as the split ``val``), generated at ``difficulty`` or read from ``from_csv`` (and ``test_csv``).
+    No test puzzle is a transform of a train puzzle. ``count``/``min_givens``/``max_givens``: puzzles with a
+    givens range instead of a difficulty, split by ``val_fraction``."""
+    custom = count is not None
+    if custom:
+        lo, hi = sudoku.DIFFICULTIES.get(difficulty, (50, 60))
+        min_givens = lo if min_givens is None else min_givens
+        max_givens = max(hi, min_givens) if max_givens is None else max_givens
+        if not 17 <= min_givens <= max_givens <= 80:
+            raise UserError(f"givens must satisfy 17 <= min ({min_givens}) <= max ({max_givens}) <= 80")
+        test = max(1, int(count * val_fraction))
+        train = count - test
+        if train < 1:
+            raise UserError(f"--count {count} is too small: need at least 2 puzzles (train and validation)")
+    elif difficulty not in sudoku.DIFFICULTIES:
+        raise UserError(f"--difficulty {difficulty}: expected one of {', '.join(sudoku.DIFFICULTIES)}")
+    for name, value in (("--train", train), ("--test", test)):
+        if value is not None and value < 1:
+            raise UserError(f"{name} must be at least 1")
+    if aug < 0:
+        raise UserError("--aug must not be negative")
+    sources = [f for f in (from_csv, test_csv) if f]
+    for f in sources:
+        if not Path(f).is_file():
+            raise UserError(f"{f}: no such file (a CSV of question,answer[,rating] rows)")
+    if test_csv and not from_csv:
+        raise UserError("--test-csv needs --from-csv for the train puzzles")
+    options = dict(train=train, test=test, difficulty=None if (custom or from_csv) else difficulty, aug=aug, seed=seed,
+                   givens=[min_givens, max_givens] if custom else None,
+                   csv=[(Path(f).name, sha256_file(Path(f))) for f in sources] or None)
     fp = fingerprint({"format": FORMAT, "task": "sudoku", "options": options})
     if _up_to_date(out, fp):
         return f"up to date: {out}"
 
+    if from_csv:
+        try:
+            rows = sudoku.read_csv(from_csv)
+            test_rows = sudoku.read_csv(test_csv) if test_csv else None
+        except sudoku.CSVError as e:
+            raise UserError(str(e)) from None
+        random.Random(seed).shuffle(rows)
+        if test_rows is None:
+            test = test or max(1, len(rows) // 10)
+            test_rows, rows = rows[:test], rows[test:]
+        else:
+            random.Random(seed + 1).shuffle(test_rows)
+            test_rows = test_rows[:test] if test else test_rows
+        train_rows = rows[:train] if train else rows
+        if not train_rows or not test_rows:
+            raise UserError(f"{from_csv}: {len(rows) + len(test_rows or [])} puzzles are too few for a train and a "
+                            "test split")
+    elif custom:
+        puzzles, solutions = sudoku.generate(train + test, seed, min_givens, max_givens)
+        made = [(p, s, None) for p, s in zip(puzzles, solutions)]
+        test_rows, train_rows = made[:test], made[test:]
+    else:
+        made = sudoku.generate_rated(train + test, seed, difficulty, workers)
+        test_rows, train_rows = made[:test], made[test:]
+    test_rows, leaks = _without_leaks(train_rows, test_rows)
+
     def fill(tmp: Path) -> None:
-        puzzles, solutions = sudoku.generate(count, seed, min_givens, max_givens)
-        records = np.stack([np.array(puzzles, np.uint8), np.array(solutions, np.uint8)], axis=1)
-        records[n_val:].tofile(tmp / "train_000.bin")
-        records[:n_val].tofile(tmp / "val_000.bin")
-        splits = {"train": {"files": ["train_000.bin"], "puzzles": count - n_val},
-                  "val": {"files": ["val_000.bin"], "puzzles": n_val}}
-        _manifest(tmp, "sudoku", splits, dtype="uint8", record=[2, 81], options=options,
-                  source={"generator": "auralm.sudoku"}, fingerprint=fp)
+        base = np.array([[p, s] for p, s, _ in train_rows], np.uint8)
+        parts = [base]
+        rng = np.random.default_rng(seed)
+        for _ in range(aug):
+            parts.append(sudoku.augment_batch(base, rng).astype(np.uint8))
+        np.concatenate(parts).tofile(tmp / "train_000.bin")
+        np.array([[p, s] for p, s, _ in test_rows], np.uint8).tofile(tmp / "val_000.bin")
+        givens = [sum(1 for v in p if v) for p, _, _ in train_rows + test_rows]
+        ratings = [r for *_, r in train_rows + test_rows if r is not None]
+        stats = {"givens": {"min": min(givens), "mean": round(sum(givens) / len(givens), 2), "max": max(givens)}}
+        if ratings:
+            stats["rating"] = {"min": min(ratings), "mean": round(sum(ratings) / len(ratings), 2), "max": max(ratings),
+                               "kind": "guesses of auralm.sudoku.rate" if not from_csv else "the CSV's rating"}
+        splits = {"train": {"files": ["train_000.bin"], "puzzles": len(base) * (aug + 1), "base_puzzles": len(base)},
+                  "val": {"files": ["val_000.bin"], "puzzles": len(test_rows)}}
+        source = {"csv": [Path(f).name for f in sources]} if from_csv else {"generator": "auralm.sudoku"}
+        _manifest(tmp, "sudoku", splits, dtype="uint8", record=[2, 81], options=options, source=source,
+                  fingerprint=fp, difficulty=options["difficulty"], leaks_removed=leaks, **stats)
 
     _write_atomically(out, fill)
-    return f"wrote {count} puzzles ({count - n_val} train, {n_val} val) to {out}"
+    what = f"{difficulty} " if options["difficulty"] else ""
+    copies = f" x {aug + 1} with augmented copies" if aug else ""
+    dropped = f"; {leaks} test puzzles were transforms of train puzzles and are left out" if leaks else ""
+    return (f"wrote {len(train_rows)} {what}train puzzles{copies} and {len(test_rows)} held-out test puzzles "
+            f"to {out}{dropped}")
 
 
 def ensure_sudoku(data_dir: Path) -> None:
@@ -355,8 +439,12 @@ class Puzzles:
     def __len__(self) -> int:
         return len(self.records)
 
-    def batch(self, indices) -> tuple[torch.Tensor, torch.Tensor]:
-        rec = torch.from_numpy(self.records[np.asarray(indices)].astype(np.int64))
+    def batch(self, indices, rng: np.random.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs and targets; with ``rng``, each puzzle under its own random validity-preserving transform."""
+        records = self.records[np.asarray(indices)]
+        if rng is not None:
+            records = sudoku.augment_batch(records, rng)
+        rec = torch.from_numpy(records.astype(np.int64))
         x, y = rec[:, 0], rec[:, 1] - 1
         return x, y.masked_fill(x != 0, -100)
 
@@ -368,11 +456,13 @@ def open_split(data_dir: Path, meta: dict, split: str, block_size: int):
     return Puzzles(data_dir, meta, split) if meta["task"] == "sudoku" else TokenWindows(data_dir, meta, split, block_size)
 
 
-def batches(ds, batch_size: int, rank: int, world: int, seed: int, start: int = 0):
+def batches(ds, batch_size: int, rank: int, world: int, seed: int, start: int = 0, augment: bool = False):
     """Endless batches for this rank, from batch number ``start`` on.
 
     Each epoch is a fresh permutation (seed + epoch) split into disjoint per-rank parts by
     DistributedSampler, so the order depends only on (seed, world, batch size) and the position.
+    ``augment`` (sudoku): every batch transformed by a generator seeded from (seed, rank, its position),
+    so a resumed run sees the same puzzles.
     """
     sampler = DistributedSampler(range(len(ds)), num_replicas=world, rank=rank, shuffle=True, seed=seed, drop_last=True)
     per_epoch = len(sampler) // batch_size
@@ -384,7 +474,11 @@ def batches(ds, batch_size: int, rank: int, world: int, seed: int, start: int = 
         sampler.set_epoch(epoch)
         order = list(sampler)
         for b in range(first, per_epoch):
-            yield ds.batch(order[b * batch_size: (b + 1) * batch_size])
+            rows = order[b * batch_size: (b + 1) * batch_size]
+            if augment:
+                yield ds.batch(rows, np.random.default_rng([seed, rank, epoch * per_epoch + b]))
+            else:
+                yield ds.batch(rows)
         epoch, first = epoch + 1, 0
 
 
@@ -410,16 +504,42 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--split", default="train", help="split of a named dataset")
     p.add_argument("--dtype", choices=("auto", "uint16", "uint32"), default="auto", help="shard width")
     p.add_argument("--shard-tokens", type=int, default=100_000_000)
-    p.add_argument("--count", type=int, default=SUDOKU_DEFAULTS["count"], help="sudoku: number of puzzles")
-    p.add_argument("--min-givens", type=int, default=SUDOKU_DEFAULTS["min_givens"])
-    p.add_argument("--max-givens", type=int, default=SUDOKU_DEFAULTS["max_givens"])
-    p.add_argument("--seed", type=int, default=SUDOKU_DEFAULTS["seed"])
+    p.add_argument("--difficulty", help="sudoku (default %s): " % SUDOKU_DEFAULTS["difficulty"] + ", ".join(
+        f"{k} ({lo}-{hi} givens{', needs search' if k == 'extreme' else ''})"
+        for k, (lo, hi) in sudoku.DIFFICULTIES.items()))
+    p.add_argument("--train", type=int, help="sudoku: train puzzles (default %d)" % SUDOKU_DEFAULTS["train"])
+    p.add_argument("--test", type=int, help="sudoku: held-out test puzzles, never augmented, no transform of a train "
+                   "puzzle (default %d; stored as the split 'val')" % SUDOKU_DEFAULTS["test"])
+    p.add_argument("--aug", type=int, default=0, help="sudoku: augmented copies of each train puzzle")
+    p.add_argument("--from-csv", help="sudoku: read puzzles from a CSV (source,question,answer,rating) instead")
+    p.add_argument("--test-csv", help="sudoku: the test puzzles from this CSV (with --from-csv)")
+    p.add_argument("--preset", choices=sorted(PRESETS), help="sudoku: a named data set of the HRM guides")
+    p.add_argument("--workers", type=int, default=2, help="sudoku: processes that generate puzzles")
+    p.add_argument("--count", type=int, help="sudoku: puzzles with a givens range instead of a difficulty")
+    p.add_argument("--min-givens", type=int)
+    p.add_argument("--max-givens", type=int)
+    p.add_argument("--seed", type=int, default=0)
     try:
         a = p.parse_args(argv)
         if a.task == "sudoku":
             if a.source:
-                raise UserError("--task sudoku takes no SOURCE: the puzzles are generated")
-            msg = prepare_sudoku(a.out, a.count, a.seed, a.min_givens, a.max_givens)
+                raise UserError("--task sudoku takes no SOURCE: the puzzles are generated (or --from-csv FILE)")
+            if a.workers < 1:
+                raise UserError("--workers must be at least 1")
+            if a.count is None and (a.min_givens is not None or a.max_givens is not None):
+                raise UserError("--min-givens/--max-givens go with --count N (or use --difficulty)")
+            opts = dict(PRESETS[a.preset]) if a.preset else dict(SUDOKU_DEFAULTS)
+            for key in ("train", "test"):
+                if getattr(a, key) is not None:
+                    opts[key] = getattr(a, key)
+            if a.aug:
+                opts["aug"] = a.aug
+            if a.difficulty:
+                opts["difficulty"] = a.difficulty
+            opts["seed"] = a.seed
+            if a.count is not None:
+                opts.update(count=a.count, min_givens=a.min_givens, max_givens=a.max_givens)
+            msg = prepare_sudoku(a.out, from_csv=a.from_csv, test_csv=a.test_csv, workers=a.workers, **opts)
         else:
             if not a.source:
                 raise UserError("missing SOURCE: a .txt/.jsonl/.parquet file, a directory of them, or a dataset name")

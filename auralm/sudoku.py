@@ -1,91 +1,195 @@
-"""Sudoku puzzles made offline: a generator of puzzles with a unique solution, and the solver it uses.
+"""Sudoku puzzles made offline: the generator, a rater, the validity-preserving transforms, and the CSV reader.
 
-A grid is a list of 81 ints in row-major order, 0 for a blank cell. Difficulty is the number of
-givens: fewer givens, harder puzzle.
+A grid is a list of 81 ints in row-major order, 0 for a blank cell.
+
+- Generation: a full grid by a randomised fill, then cells blanked in random order, each kept blank
+  only if the solution stays unique. ``DIFFICULTIES`` names the givens range; ``extreme`` blanks
+  until no more cell can go (a minimal puzzle), and keeps it only with at most 25 givens and a
+  rating of at least ``EXTREME_MIN_GUESSES``.
+- Rating: :func:`rate` solves with constraint propagation (naked and hidden singles) and counts the
+  guesses its search makes to find the solution and prove it unique; 0 means singles alone solve it.
+- Transforms that keep a puzzle valid (and its solution unique): digit relabelling, transposition,
+  band permutation, row-within-band, stack permutation, column-within-stack. :func:`augment` for one
+  puzzle, :func:`augment_batch` for a batch of records with numpy (the trainer's on-the-fly augmentation).
+- Equivalence: :func:`equivalent` tells whether one puzzle is a transform of another, exactly
+  (invariants first, :func:`signature`, then a search over the symmetry group), so a test split can
+  be kept free of every train puzzle's transforms.
+- :func:`read_csv`: the public Sudoku-Extreme CSV format.
 """
 
 from __future__ import annotations
 
+import csv
+import itertools
 import random
+
+import numpy as np
 
 ALL = 0x3FE  # bits 1..9
 _ROW = [i // 9 for i in range(81)]
 _COL = [i % 9 for i in range(81)]
 _BOX = [(i // 27) * 3 + (i % 9) // 3 for i in range(81)]
+UNITS = ([[r * 9 + c for c in range(9)] for r in range(9)] + [[r * 9 + c for r in range(9)] for c in range(9)]
+         + [[(br * 3 + r) * 9 + bc * 3 + c for r in range(3) for c in range(3)] for br in range(3) for bc in range(3)])
+PEERS = [sorted({j for u in UNITS if i in u for j in u} - {i}) for i in range(81)]
+
+# name -> (min givens, max givens); extreme is also rated (see make_puzzle)
+DIFFICULTIES = {"easy": (50, 60), "medium": (30, 36), "hard": (26, 29), "extreme": (17, 25)}
+EXTREME_MIN_GUESSES = 2  # an extreme puzzle needs at least this many guesses of the rater's search
+
+
+def is_valid_grid(grid) -> bool:
+    return all(sorted(grid[i] for i in u) == list(range(1, 10)) for u in UNITS)
 
 
 def count_solutions(grid: list[int], limit: int = 2) -> tuple[int, list[int] | None]:
     """Count solutions up to ``limit``; also return the first one found (None if there is none)."""
+    n, first, _ = _search(grid, limit)
+    return n, first
+
+
+def rate(grid: list[int]) -> int:
+    """Guesses the search makes, with naked and hidden singles propagated at every node, to find the solution and
+    prove it unique (0: singles alone solve the puzzle)."""
+    return _search(grid, 2)[2]
+
+
+def _search(grid: list[int], limit: int) -> tuple[int, list[int] | None, int]:
+    """(solutions up to ``limit``, the first, guesses made). Singles are propagated at every node."""
     rows, cols, boxes = [0] * 9, [0] * 9, [0] * 9
-    for i, v in enumerate(grid):
+    cells = list(grid)
+    for i, v in enumerate(cells):
         if v:
             bit = 1 << v
             if (rows[_ROW[i]] | cols[_COL[i]] | boxes[_BOX[i]]) & bit:
-                return 0, None  # the givens already clash
+                return 0, None, 0  # the givens already clash
             rows[_ROW[i]] |= bit
             cols[_COL[i]] |= bit
             boxes[_BOX[i]] |= bit
-    cells = list(grid)
-    blanks = [i for i, v in enumerate(cells) if not v]
     found: list[list[int]] = []
+    guesses = [0]
+
+    def place(i, v, trail):
+        bit = 1 << v
+        cells[i] = v
+        rows[_ROW[i]] |= bit
+        cols[_COL[i]] |= bit
+        boxes[_BOX[i]] |= bit
+        trail.append(i)
+
+    def undo(trail):
+        for i in trail:
+            bit = 1 << cells[i]
+            rows[_ROW[i]] ^= bit
+            cols[_COL[i]] ^= bit
+            boxes[_BOX[i]] ^= bit
+            cells[i] = 0
+
+    def propagate(trail) -> int:
+        """Place naked and hidden singles until none is left. -1: contradiction; else the best cell to branch on
+        (-2: solved)."""
+        while True:
+            progress, best, best_n = False, -2, 10
+            for i in range(81):
+                if cells[i]:
+                    continue
+                free = ALL & ~(rows[_ROW[i]] | cols[_COL[i]] | boxes[_BOX[i]])
+                if not free:
+                    return -1
+                if free & (free - 1) == 0:
+                    place(i, free.bit_length() - 1, trail)
+                    progress = True
+                else:
+                    n = bin(free).count("1")
+                    if n < best_n:
+                        best, best_n = i, n
+            if progress:
+                continue
+            for unit in UNITS:  # hidden singles: a digit with one place left in a unit
+                where: dict[int, int] = {}
+                seen = 0
+                for i in unit:
+                    if cells[i]:
+                        seen |= 1 << cells[i]
+                        continue
+                    free = ALL & ~(rows[_ROW[i]] | cols[_COL[i]] | boxes[_BOX[i]])
+                    for v in range(1, 10):
+                        if free >> v & 1:
+                            where[v] = -1 if v in where else i
+                for v in range(1, 10):
+                    if not seen >> v & 1:
+                        i = where.get(v)
+                        if i is None:
+                            return -1  # the digit has no place left in this unit
+                        if i >= 0 and not cells[i]:
+                            free = ALL & ~(rows[_ROW[i]] | cols[_COL[i]] | boxes[_BOX[i]])
+                            if not free >> v & 1:
+                                return -1
+                            place(i, v, trail)
+                            progress = True
+                if progress:
+                    break
+            if not progress:
+                return best
 
     def search(count: int) -> int:
-        # Most constrained blank first; a cell with no candidate ends this branch.
-        best, best_free, best_n = -1, 0, 10
-        for i in blanks:
-            if cells[i]:
-                continue
-            free = ALL & ~(rows[_ROW[i]] | cols[_COL[i]] | boxes[_BOX[i]])
-            n = bin(free).count("1")
-            if n < best_n:
-                best, best_free, best_n = i, free, n
-                if n <= 1:
-                    break
-        if best < 0:
+        trail: list[int] = []
+        best = propagate(trail)
+        if best == -2:
             if not found:
                 found.append(list(cells))
-            return count + 1
-        r, c, b = _ROW[best], _COL[best], _BOX[best]
-        free = best_free
-        while free and count < limit:
-            bit = free & -free
-            free ^= bit
-            rows[r] |= bit
-            cols[c] |= bit
-            boxes[b] |= bit
-            cells[best] = bit.bit_length() - 1
-            count = search(count)
-            cells[best] = 0
-            rows[r] ^= bit
-            cols[c] ^= bit
-            boxes[b] ^= bit
+            count += 1
+        elif best >= 0:
+            free = ALL & ~(rows[_ROW[best]] | cols[_COL[best]] | boxes[_BOX[best]])
+            while free and count < limit:
+                bit = free & -free
+                free ^= bit
+                guesses[0] += 1
+                inner: list[int] = []
+                place(best, bit.bit_length() - 1, inner)
+                count = search(count)
+                undo(inner)
+        undo(trail)
         return count
 
     n = search(0)
-    return n, (found[0] if found else None)
+    return n, (found[0] if found else None), guesses[0]
 
 
 def random_solution(rng: random.Random) -> list[int]:
-    """A full valid grid: the canonical pattern under random digit, row, column and band permutations."""
-    digits = list(range(1, 10))
-    rng.shuffle(digits)
+    """A full valid grid, by a randomised fill (cells in order, digits in random order, with backtracking)."""
+    cells = [0] * 81
+    rows, cols, boxes = [0] * 9, [0] * 9, [0] * 9
 
-    def order() -> list[int]:
-        bands = rng.sample(range(3), 3)
-        return [b * 3 + r for b in bands for r in rng.sample(range(3), 3)]
+    def fill(i: int) -> bool:
+        if i == 81:
+            return True
+        r, c, b = _ROW[i], _COL[i], _BOX[i]
+        for v in rng.sample(range(1, 10), 9):
+            bit = 1 << v
+            if (rows[r] | cols[c] | boxes[b]) & bit:
+                continue
+            rows[r] |= bit
+            cols[c] |= bit
+            boxes[b] |= bit
+            cells[i] = v
+            if fill(i + 1):
+                return True
+            rows[r] ^= bit
+            cols[c] ^= bit
+            boxes[b] ^= bit
+        cells[i] = 0
+        return False
 
-    rows, cols = order(), order()
-    grid = [digits[(3 * (r % 3) + r // 3 + c) % 9] for r in rows for c in cols]
-    if rng.random() < 0.5:  # transpose
-        grid = [grid[c * 9 + r] for r in range(9) for c in range(9)]
-    return grid
+    fill(0)
+    return cells
 
 
 def make_puzzle(rng: random.Random, givens: int) -> tuple[list[int], list[int]]:
     """A puzzle with a unique solution and (at least, near) ``givens`` givens, and its solution.
 
-    Cells are blanked in random order, each kept only if the solution stays unique; when no more
-    can go the puzzle keeps more givens than asked (rare above 25 givens).
+    Cells are blanked in random order, each kept blank only if the solution stays unique; when no more
+    can go the puzzle keeps more givens than asked (usual below 24 givens: the puzzle is then minimal).
     """
     solution = random_solution(rng)
     puzzle = list(solution)
@@ -101,8 +205,43 @@ def make_puzzle(rng: random.Random, givens: int) -> tuple[list[int], list[int]]:
     return puzzle, solution
 
 
+def make_rated(rng: random.Random, difficulty: str) -> tuple[list[int], list[int], int]:
+    """A puzzle of ``difficulty``, its solution and its rating. ``extreme``: tries minimal puzzles until one has
+    at most 25 givens and needs at least EXTREME_MIN_GUESSES guesses."""
+    lo, hi = DIFFICULTIES[difficulty]
+    while True:
+        puzzle, solution = make_puzzle(rng, lo if difficulty == "extreme" else rng.randint(lo, hi))
+        givens = sum(1 for v in puzzle if v)
+        if difficulty != "extreme":
+            return puzzle, solution, rate(puzzle)
+        if givens <= hi:
+            r = rate(puzzle)
+            if r >= EXTREME_MIN_GUESSES:
+                return puzzle, solution, r
+
+
+def _make_batch(args: tuple[str, int, int]) -> list[tuple[list[int], list[int], int]]:
+    difficulty, seed, count = args
+    rng = random.Random(seed)
+    return [make_rated(rng, difficulty) for _ in range(count)]
+
+
+def generate_rated(count: int, seed: int, difficulty: str, workers: int = 1) -> list[tuple[list[int], list[int], int]]:
+    """``count`` (puzzle, solution, rating) of ``difficulty``: the same for the same seed, whatever ``workers``
+    (puzzles are made in fixed chunks of 25, each from its own seed)."""
+    chunks = [(difficulty, seed * 1_000_003 + k, min(25, count - k * 25)) for k in range(-(-count // 25))]
+    if workers > 1 and len(chunks) > 1:
+        import multiprocessing
+
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            parts = pool.map(_make_batch, chunks)
+    else:
+        parts = [_make_batch(c) for c in chunks]
+    return [p for part in parts for p in part]
+
+
 def generate(count: int, seed: int, min_givens: int, max_givens: int) -> tuple[list[list[int]], list[list[int]]]:
-    """``count`` puzzles and their solutions, the same for the same arguments."""
+    """``count`` puzzles and their solutions with a givens count in the range, the same for the same arguments."""
     rng = random.Random(seed)
     puzzles, solutions = [], []
     for _ in range(count):
@@ -110,3 +249,161 @@ def generate(count: int, seed: int, min_givens: int, max_givens: int) -> tuple[l
         puzzles.append(p)
         solutions.append(s)
     return puzzles, solutions
+
+
+# ---------------------------------------------------------------- transforms
+
+
+def random_transform(rng) -> tuple[list[int], list[int]]:
+    """(cell map, digit map): new cell i takes old cell ``cells[i]``; digit d becomes ``digits[d]`` (0 stays 0)."""
+    bands = rng.sample(range(3), 3)
+    rows = [b * 3 + r for b in bands for r in rng.sample(range(3), 3)]
+    stacks = rng.sample(range(3), 3)
+    cols = [s * 3 + c for s in stacks for c in rng.sample(range(3), 3)]
+    cells = [rows[r] * 9 + cols[c] for r in range(9) for c in range(9)]
+    if rng.random() < 0.5:
+        cells = [cells[c * 9 + r] for r in range(9) for c in range(9)]
+    digits = [0] + rng.sample(range(1, 10), 9)
+    return cells, digits
+
+
+def augment(puzzle: list[int], solution: list[int], rng: random.Random) -> tuple[list[int], list[int]]:
+    """The puzzle and its solution under one random validity-preserving transform."""
+    cells, digits = random_transform(rng)
+    return [digits[puzzle[j]] for j in cells], [digits[solution[j]] for j in cells]
+
+
+def augment_batch(records: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Records (B, 2, 81) uint8 (puzzle, solution), each under its own random transform, vectorised."""
+    B = records.shape[0]
+    perm3 = np.array(list(itertools.permutations(range(3))))  # the 6 orders of 3
+    bands = perm3[rng.integers(0, 6, B)]  # (B, 3)
+    within = perm3[rng.integers(0, 6, (B, 3))]  # (B, 3, 3)
+    rows = (bands[:, :, None] * 3 + within).reshape(B, 9)
+    stacks = perm3[rng.integers(0, 6, B)]
+    cwithin = perm3[rng.integers(0, 6, (B, 3))]
+    cols = (stacks[:, :, None] * 3 + cwithin).reshape(B, 9)
+    cells = rows[:, :, None] * 9 + cols[:, None, :]  # (B, 9, 9): new (r, c) takes old cells[r, c]
+    flip = rng.random(B) < 0.5
+    cells[flip] = cells[flip].transpose(0, 2, 1)
+    cells = cells.reshape(B, 81)
+    digits = np.concatenate([np.zeros((B, 1), np.uint8), np.argsort(rng.random((B, 9)), axis=1).astype(np.uint8) + 1],
+                            axis=1)  # (B, 10): 0 stays 0
+    moved = np.take_along_axis(records, cells[:, None, :].repeat(2, axis=1), axis=2)
+    return np.take_along_axis(digits[:, None, :].repeat(2, axis=1), moved.astype(np.int64), axis=2)
+
+
+# ---------------------------------------------------------------- equivalence under the transforms
+
+
+def _digit_profile(p) -> tuple:
+    return tuple(sorted(p.count(d) for d in range(1, 10)))
+
+
+def signature(p: list[int]) -> tuple:
+    """An invariant of the transforms: equal for equivalent puzzles (so unequal ones are different puzzles)."""
+
+    def side(q):
+        counts = [sum(1 for c in range(9) if q[r * 9 + c]) for r in range(9)]
+        return tuple(sorted(tuple(sorted(counts[b * 3: b * 3 + 3])) for b in range(3)))
+
+    t = [p[c * 9 + r] for r in range(9) for c in range(9)]
+    return tuple(sorted((side(p), side(t)))) + (_digit_profile(p),)
+
+
+def _orders() -> list[list[int]]:
+    out = []
+    for bands in itertools.permutations(range(3)):
+        for within in itertools.product(itertools.permutations(range(3)), repeat=3):
+            out.append([bands[k] * 3 + within[k][j] for k in range(3) for j in range(3)])
+    return out
+
+
+_ORDERS = _orders()  # the 1,296 row (or column) orders of the group
+
+
+def equivalent(a: list[int], b: list[int]) -> bool:
+    """Whether ``b`` is ``a`` under some transform (exact: a search over rows, columns, transposition, digits)."""
+    if signature(a) != signature(b):
+        return False
+    brows = [b[r * 9: r * 9 + 9] for r in range(9)]
+    bmask = [[1 if v else 0 for v in row] for row in brows]
+    bcount = [sum(m) for m in bmask]
+    for src in (a, [a[c * 9 + r] for r in range(9) for c in range(9)]):
+        arows = [src[r * 9: r * 9 + 9] for r in range(9)]
+        acount = [sum(1 for v in row if v) for row in arows]
+        for rows in _ORDERS:
+            if [acount[r] for r in rows] != bcount:
+                continue
+            placed = [arows[r] for r in rows]
+            colsets = [tuple(1 if placed[r][c] else 0 for r in range(9)) for c in range(9)]
+            bcols = [tuple(bmask[r][c] for r in range(9)) for c in range(9)]
+            for cols in _ORDERS:
+                if any(colsets[cols[c]] != bcols[c] for c in range(9)):
+                    continue
+                mapping: dict[int, int] = {}
+                ok = True
+                for r in range(9):
+                    for c in range(9):
+                        v = placed[r][cols[c]]
+                        if v and mapping.setdefault(v, brows[r][c]) != brows[r][c]:
+                            ok = False
+                            break
+                    if not ok:
+                        break
+                if ok and len(set(mapping.values())) == len(mapping):
+                    return True
+    return False
+
+
+# ---------------------------------------------------------------- CSV
+
+
+class CSVError(ValueError):
+    """A line of a puzzle CSV that is not a puzzle; the message names the file and the line."""
+
+
+def _grid(text: str, blanks: str) -> list[int] | None:
+    text = text.strip()
+    if len(text) != 81 or any(ch not in "123456789" + blanks for ch in text):
+        return None
+    return [0 if ch in blanks else int(ch) for ch in text]
+
+
+def read_csv(path: str) -> list[tuple[list[int], list[int], float | None]]:
+    """(puzzle, solution, rating or None) per row of ``path``: the public Sudoku-Extreme format (a header
+    ``source,question,answer,rating``; question and answer of 81 characters, ``.`` or ``0`` for a blank),
+    or rows of ``question,answer[,rating]`` without a header. Every row is checked: CSVError names the line."""
+    out = []
+    with open(path, newline="") as f:
+        reader = csv.reader(f)
+        columns = None
+        for n, row in enumerate(reader, 1):
+            if not row or all(not c.strip() for c in row):
+                continue
+            if columns is None:
+                names = [c.strip().lower() for c in row]
+                if "question" in names and "answer" in names:
+                    columns = (names.index("question"), names.index("answer"),
+                               names.index("rating") if "rating" in names else None)
+                    continue
+                columns = (0, 1, 2 if len(row) > 2 else None)
+            q_at, a_at, r_at = columns
+            if len(row) <= max(q_at, a_at):
+                raise CSVError(f"{path} line {n}: expected a question and an answer column, got {len(row)} column(s)")
+            puzzle, solution = _grid(row[q_at], ".0"), _grid(row[a_at], "")
+            if puzzle is None:
+                raise CSVError(f"{path} line {n}: the question is not 81 characters of digits and '.' or '0'")
+            if solution is None or not is_valid_grid(solution):
+                raise CSVError(f"{path} line {n}: the answer is not a solved sudoku grid (81 digits 1-9, every row, "
+                               "column and box once each)")
+            if any(p and p != s for p, s in zip(puzzle, solution)):
+                raise CSVError(f"{path} line {n}: the answer does not keep the question's givens")
+            rating = None
+            if r_at is not None and r_at < len(row) and row[r_at].strip():
+                try:
+                    rating = float(row[r_at])
+                except ValueError:
+                    raise CSVError(f"{path} line {n}: the rating {row[r_at]!r} is not a number") from None
+            out.append((puzzle, solution, rating))
+    return out

@@ -262,7 +262,8 @@ def train(cfg: Config, d: distributed.Dist) -> torch.nn.Module:
                   f"{d.device.type}", backend=d.backend, requested=d.requested, reason=d.why)
     model = DDP(raw, device_ids=[d.device.index] if d.device.type == "cuda" else None, process_group=d.group,
                 broadcast_buffers=False) if d.world > 1 else raw
-    batches = data.batches(train_set, t.batch_size, d.rank, d.world, t.seed, start=position)
+    batches = data.batches(train_set, t.batch_size, d.rank, d.world, t.seed, start=position,
+                           augment=t.augment and cfg.task == "sudoku")
     params = [p for p in raw.parameters() if p.requires_grad]
     meter = objective.Meter()
     unit = "tok/s" if train_set.unit == "tokens" else "puzzles/s"

@@ -61,7 +61,7 @@ def _rank_main(rank: int, world: int, port: int, args: list[str], result_dir: st
     if str(rank) in opts.get("fake_probe", {}):  # the one faked part: what this rank's device can do
         distributed.probe_device = lambda local_rank: opts["fake_probe"][str(rank)]
     if "sudoku_count" in opts:  # a smaller embedded default data set, to keep the test short
-        data.SUDOKU_DEFAULTS["count"] = opts["sudoku_count"]
+        data.SUDOKU_DEFAULTS.update(train=opts["sudoku_count"], test=max(1, opts["sudoku_count"] // 10))
     if "cwd" in opts:
         Path(opts["cwd"][rank]).mkdir(parents=True, exist_ok=True)
         os.chdir(opts["cwd"][rank])
