@@ -79,7 +79,7 @@ ACCEPTED = {"evaluators": ("[]",)}
 
 @dataclass
 class ModelConfig:
-    name: str = "mini"
+    name: str = "trm-tiny"  # the embedded default: TRM on medium sudoku (docs/hrm.md says why TRM)
     n_layer: int | None = None  # None: from the named size
     n_head: int | None = None
     n_embd: int | None = None
@@ -103,7 +103,7 @@ class ModelConfig:
 
 @dataclass
 class TrainingConfig:
-    max_steps: int = 300
+    max_steps: int = 1000
     batch_size: int = 64  # per rank and micro-step; global batch = batch_size * grad_accum * world
     grad_accum: int = 1
     lr: float = 2e-3
@@ -117,9 +117,9 @@ class TrainingConfig:
     dtype: str = "auto"  # auto: bf16 on CUDA where supported and on CPUs with native bf16 (AVX512-BF16, AMX), else fp32
     seed: int = 1337
     log_interval: int = 10
-    eval_interval: int = 50  # 0: only at the end
+    eval_interval: int = 200  # 0: only at the end
     eval_batches: int = 8
-    checkpoint_interval: int = 100  # 0: only at the end
+    checkpoint_interval: int = 200  # 0: only at the end
     keep_last: int = 3  # plus the best by validation loss
     sample_prompt: str = ""  # lm: text to continue at each evaluation ("" = start of the validation split)
     sample_tokens: int = 32

@@ -51,7 +51,8 @@ def estimate(cfg: config.Config, vocab: int | None = None) -> dict:
     if cfg.training.grad_checkpoint:
         act = 4 * (blocks_in_graph(cfg.task, arch) * d * tokens + per_block + 2 * tokens * out_classes)
     states = n * (16 + (4 if cfg.training.ema else 0))
-    return {"parameters": n, "states_bytes": states, "activation_bytes": act, "total_bytes": states + act}
+    return {"name": cfg.model.name, "parameters": n, "batch_size": cfg.training.batch_size, "states_bytes": states,
+            "activation_bytes": act, "total_bytes": states + act}
 
 
 def describe(cfg: config.Config, vocab: int | None = None) -> str:
@@ -62,9 +63,23 @@ def describe(cfg: config.Config, vocab: int | None = None) -> str:
             f"{e['activation_bytes'] / gb:.2f} activations at batch {cfg.training.batch_size})")
 
 
+def per_rank(cfg: config.Config, world: int) -> None:
+    """``global_batch_size`` as this world's batch per rank (as the trainer resolves it at start)."""
+    t = cfg.training
+    if t.global_batch_size:
+        t.batch_size = max(1, t.global_batch_size // (t.grad_accum * world))
+
+
 if __name__ == "__main__":
+    # python -m auralm.sizing [--json] [--world N] key=value ...
     try:
-        cfg, _ = config.parse_command_line([a for a in sys.argv[1:] if a != "--json"])
+        args, world = sys.argv[1:], 1
+        if "--world" in args:
+            i = args.index("--world")
+            world = int(args[i + 1])
+            del args[i: i + 2]
+        cfg, _ = config.parse_command_line([a for a in args if a != "--json"])
+        per_rank(cfg, world)
         if "--json" in sys.argv:
             import json
 

@@ -40,7 +40,7 @@ from auralm.objective import full_targets  # noqa: E402
 from bench._lockstep import LockStep  # noqa: E402
 
 DATA = {"medium": ["--difficulty", "medium", "--train", "3000", "--test", "500"],
-        "extreme": ["--difficulty", "extreme", "--train", "1000", "--test", "200"]}
+        "extreme": ["--difficulty", "extreme", "--train", "500", "--test", "200"]}
 PAPER = """# On a machine with 8 GPUs (the papers' setting; fewer GPUs: lower global_batch_size or add grad_accum).
 # The data: the public Sudoku-Extreme CSVs (train.csv, test.csv), 1,000 training puzzles x 1,000 augmentations.
 hrmctl prepare-data --task sudoku --preset sudoku-extreme-1k-aug-1000 --from-csv train.csv --test-csv test.csv \\

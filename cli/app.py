@@ -134,12 +134,14 @@ def cmd_train(a: argparse.Namespace) -> int:
     return train(opts, sync_data=a.sync_data, as_json=a.json, console=out, err=err)
 
 
-def cmd_prepare_data(a: argparse.Namespace) -> int:
-    import subprocess
+def _trainer_tool(module: str, prog: str):
+    """A command that is one of the trainer's own tools, run as a process like every other use of auralm by
+    the cli (its options, help and errors are the tool's)."""
+    def command(a: argparse.Namespace) -> int:
+        import subprocess
 
-    # The trainer's own data tool, run as a process like every other use of auralm by the cli.
-    return subprocess.call([sys.executable, "-m", "auralm.data", *a.extra],
-                           env=dict(os.environ, AURALM_PROG="hrmctl prepare-data"))
+        return subprocess.call([sys.executable, "-m", module, *a.extra], env=dict(os.environ, AURALM_PROG=prog))
+    return command
 
 
 # ---------------------------------------------------------------- the parser
@@ -222,9 +224,14 @@ def build_parser() -> Parser:
     p.add_argument("--module", default="auralm.train", help="The Python module torchrun starts on every rank.")
     p.set_defaults(func=cmd_train, extra_ok=True)
 
-    p = sub.add_parser("prepare-data", add_help=False,
-                       help="Turn a corpus (or generated sudoku puzzles) into training shards and a manifest.")
-    p.set_defaults(func=cmd_prepare_data, extra_ok=True)
+    for name, module, text in (
+            ("prepare-data", "auralm.data", "Turn a corpus (or generated sudoku puzzles) into training shards and a "
+                                            "manifest."),
+            ("eval", "auralm.evaluate", "Evaluate a checkpoint: exact and cell accuracy, halting, accuracy by "
+                                        "segments."),
+            ("solve", "auralm.solve", "Solve sudoku puzzles (one per line) with a trained model.")):
+        p = sub.add_parser(name, add_help=False, help=text)
+        p.set_defaults(func=_trainer_tool(module, f"hrmctl {name}"), extra_ok=True)
     return root
 
 

@@ -9,7 +9,7 @@ from rich.markup import escape
 
 from .errors import HrmctlError
 from .inventory import Node, load_inventory, local_node
-from .launch import LaunchOptions, dry_run_json, dry_run_text, prepare, run, summary_line
+from .launch import TRAINER, LaunchOptions, dry_run_json, dry_run_text, prepare, run, summary_line
 from .launch_plan import parse_env_options
 
 DDP_CHECK = "auralm.ddp_check"
@@ -39,13 +39,36 @@ def options(*, inventory, nodes, master_port, nproc, backend, env, max_restarts,
                          accept_new_host_keys=accept_new_host_keys, use_cache=not reprobe)
 
 
+def model_size(opts: LaunchOptions, world: int) -> dict | None:
+    """The trainer's model: parameters and a per-rank memory estimate (``python -m auralm.sizing``, run here as a
+    process: on the meta device, nothing allocated). None for another module, or when it cannot say."""
+    if opts.module != TRAINER:
+        return None
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "auralm.sizing", "--json", "--world", str(world), *opts.args],
+                         capture_output=True, text=True, timeout=120)
+    if res.returncode:
+        raise HrmctlError((res.stderr.strip().splitlines() or ["the model's size could not be computed"])[-1]
+                          .removeprefix("error: "))
+    return json.loads(res.stdout)
+
+
 def _dry_run(opts: LaunchOptions, as_json: bool, console: Console) -> int:
     prep = prepare(opts, console)
+    size = model_size(opts, sum(p.nproc for p in prep.plans))
     if as_json:
-        console.print_json(json.dumps(dry_run_json(prep)))
-    else:
-        for line in dry_run_text(prep):
-            console.print(escape(line), highlight=False, soft_wrap=True)
+        console.print_json(json.dumps({**dry_run_json(prep), "model": size}))
+        return 0
+    for line in dry_run_text(prep):
+        console.print(escape(line), highlight=False, soft_wrap=True)
+    if size:
+        gib = 1 << 30
+        console.print(f"# model {size['name']}: {size['parameters'] / 1e6:.2f}M parameters; per rank about "
+                      f"{size['total_bytes'] / gib:.2f} GiB ({size['states_bytes'] / gib:.2f} weights, gradients and "
+                      f"optimizer states, {size['activation_bytes'] / gib:.2f} activations at batch "
+                      f"{size['batch_size']} per rank)", highlight=False, soft_wrap=True)
     return 0
 
 
