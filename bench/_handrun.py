@@ -38,7 +38,7 @@ class InventoryNodes:
     attributes the benchmarks use (inventory, node(name).ip/.user, python), and nothing to set up."""
 
     def __init__(self, inventory: str, names: list[str]):
-        from cli.inventory import load_inventory
+        from cli.nodes.inventory import load_inventory
 
         self.inventory = Path(inventory).expanduser().resolve()
         self.nodes = {n.name: n for n in load_inventory(str(self.inventory)).select(",".join(names))}

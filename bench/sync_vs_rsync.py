@@ -34,8 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cli.inventory import load_inventory  # noqa: E402
-from cli.sync import sync_nodes  # noqa: E402
+from cli.nodes.inventory import load_inventory  # noqa: E402
+from cli.sync.run import sync_nodes  # noqa: E402
 from tests.lab import Lab  # noqa: E402
 
 TOOLS = ("hrmctl", "library", "rsync")
@@ -203,7 +203,7 @@ def main() -> None:
     where = "a fresh ext4 of its own" if args.node_disk == "ext4" else "its home on this machine's filesystem"
     print(f"sync-data vs rsync -a over ssh, same lab node ({where}), medians of {args.repeat}; ratios against rsync")
     print("  hrmctl  = the CLI (`hrmctl sync-data`, a new process: Python start and imports included)")
-    print("  library = cli.sync.sync_nodes() in a running process (what `hrmctl train --sync-data` pays)")
+    print("  library = cli.sync.run.sync_nodes() in a running process (what `hrmctl train --sync-data` pays)")
     print(f"{'dataset':24} {'tool':8} {'full copy':>10} {'MB/s':>7} {'ratio':>6}  {'no-op':>7} {'ratio':>6}")
     for r in results:
         for tool in TOOLS:

@@ -1,3 +1,3 @@
-from .app import run
+from cli.app import run
 
 run()

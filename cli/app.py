@@ -11,12 +11,12 @@ import argparse
 import os
 import sys
 
-from .fast_start import defer_module
+from cli.fast_start import defer_module
 
 defer_module("invoke")  # paramiko needs it only for `Match exec` in ~/.ssh/config (see cli/fast_start.py)
 
-from . import __version__  # noqa: E402
-from .errors import HrmctlError  # noqa: E402
+from cli import __version__  # noqa: E402
+from cli.errors import HrmctlError  # noqa: E402
 
 
 class LazyConsole:
@@ -78,8 +78,8 @@ def at_least(kind, least: float):
 
 
 def cmd_nodes(a: argparse.Namespace) -> int:
-    from .inventory import load_inventory
-    from .nodes_view import show_nodes
+    from cli.nodes.inventory import load_inventory
+    from cli.nodes.view import show_nodes
 
     inv = load_inventory(a.inventory)
     return show_nodes(inv, inv.select(a.nodes), check=a.check, accept_new_host_keys=a.accept_new_host_keys,
@@ -87,16 +87,16 @@ def cmd_nodes(a: argparse.Namespace) -> int:
 
 
 def cmd_doctor(a: argparse.Namespace) -> int:
-    from .doctor_cmd import doctor
+    from cli.doctor.command import doctor
 
     return doctor(a.inventory, a.nodes, master_port=a.master_port, timeout=a.timeout, verbose=a.verbose,
                   accept_new_host_keys=a.accept_new_host_keys, as_json=a.json, console=out)
 
 
 def cmd_sync_data(a: argparse.Namespace) -> int:
-    from .inventory import load_inventory
-    from .sync import sync_nodes
-    from .sync_view import show_report
+    from cli.nodes.inventory import load_inventory
+    from cli.sync.run import sync_nodes
+    from cli.sync.view import show_report
 
     if a.node and a.nodes:
         raise HrmctlError(f"name the nodes once: either `sync-data {a.node}` or `--nodes {a.nodes}`, not both")
@@ -112,7 +112,7 @@ def cmd_sync_data(a: argparse.Namespace) -> int:
 
 
 def _launch_options(a: argparse.Namespace, module: str, args: list[str], max_restarts: int):
-    from .launch_cmd import options
+    from cli.launch.command import options
 
     return options(inventory=a.inventory, nodes=a.nodes, master_port=a.master_port, nproc=a.nproc,
                    backend=a.backend, env=a.env, max_restarts=max_restarts, dry_run=a.dry_run, run_id=a.run_id,
@@ -120,7 +120,7 @@ def _launch_options(a: argparse.Namespace, module: str, args: list[str], max_res
 
 
 def cmd_test_ddp(a: argparse.Namespace) -> int:
-    from .launch_cmd import DDP_CHECK, ddp_check_args, test_ddp
+    from cli.launch.command import DDP_CHECK, ddp_check_args, test_ddp
 
     args = ddp_check_args(min_size=a.min_size, max_size=a.max_size, seconds=a.seconds, soak=a.soak,
                           no_bandwidth=a.no_bandwidth)
@@ -128,7 +128,7 @@ def cmd_test_ddp(a: argparse.Namespace) -> int:
 
 
 def cmd_train(a: argparse.Namespace) -> int:
-    from .launch_cmd import train
+    from cli.launch.command import train
 
     opts = _launch_options(a, a.module, a.extra, a.max_restarts)
     return train(opts, sync_data=a.sync_data, as_json=a.json, console=out, err=err)
@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
 def run() -> None:
     code = main()
     if _quick_exit:
-        from .fast_start import quick_exit
+        from cli.fast_start import quick_exit
         quick_exit(code)  # about 90 ms less than the interpreter's own teardown
     sys.exit(code)
 

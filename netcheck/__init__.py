@@ -8,7 +8,7 @@ The split (arrows point one way: cli uses netcheck, netcheck never imports cli):
     agent.py   a line-based agent on a node's stdin/stdout: wall-clock samples, temporary listeners,
                parallel connects (the master port and the full mesh of high ports)
 - Run here on Session-like objects passed in by cli (duck typing: `.node` with name/python/workdir/
-  data_path, `.run_python(code, args, timeout=)`, `.pipe(argv)` -- cli.remote.Session has them):
+  data_path, `.run_python(code, args, timeout=)`, `.pipe(argv)` -- cli.nodes.remote.Session has them):
     nodeprobe.run_probe(session, route_to=, timeout=) -> NodeProbe      (raises ProbeError)
     ports.check_master_port(master_session, worker_sessions, address=, port=) -> PortCheck
     ports.check_ports(agents, addresses, master=, master_port=)         (master port + mesh)
@@ -19,8 +19,7 @@ The split (arrows point one way: cli uses netcheck, netcheck never imports cli):
     checks: turn probe results into ok / warn / fail rows, each with a one-line fix
 
 Probing many nodes in parallel (connect, run the probe, one result per node) is orchestration
-over SSH and lives in cli: `cli.preflight.probe_nodes(nodes, master_host=, timeout=,
-accept_new_host_keys=) -> dict[node name, NodeProbe | ProbeError]`.
+over SSH and lives in cli (the doctor's run, the launcher's facts).
 """
 
 from .address import MasterAddressError, master_address

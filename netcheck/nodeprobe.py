@@ -2,7 +2,7 @@
 
 A Session-like object has `.node` (with `.name`, `.python`, `.workdir`, `.data_path`) and
 `.run_python(code, args, timeout=)` returning something with `.code`, `.stdout`, `.stderr`
-(cli.remote.Session is one). Nothing here imports cli.
+(cli.nodes.remote.Session is one). Nothing here imports cli.
 """
 
 from __future__ import annotations

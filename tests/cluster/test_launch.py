@@ -25,8 +25,8 @@ def job_pids(lab_node, run_id: str) -> list[tuple[int, str]]:
 
 
 def is_worker(cmdline: str, module: str) -> bool:
-    """A rank's process, not torchrun's agent (started plainly or through cli.node_torchrun)."""
-    return module in cmdline and "torch.distributed.run" not in cmdline and "cli.node_torchrun" not in cmdline
+    """A rank's process, not torchrun's agent (started plainly or through cli.launch.node_torchrun)."""
+    return module in cmdline and "torch.distributed.run" not in cmdline and "cli.launch.node_torchrun" not in cmdline
 
 
 def wait_for(predicate, timeout: float, what: str):
@@ -80,11 +80,11 @@ def test_test_ddp_two_nodes_and_dry_run_equals_real_launch(lab3, hrmctl, tmp_pat
 
 
 def test_first_launch_checks_its_guess_on_the_nodes_and_caches_the_answers(lab3, hrmctl, tmp_path):
-    """Nodes never launched on: the plan guesses torch's answers without torch, cli.node_torchrun
+    """Nodes never launched on: the plan guesses torch's answers without torch, cli.launch.node_torchrun
     confirms them with torchrun's own import, and the next launch runs plain torchrun from the cache."""
     cache = tmp_path / "cache"
     common = ["--nodes", "node1,node2", "--no-bandwidth", "--json"]
-    for run_id, starter in (("cold", "-m cli.node_torchrun --expect"), ("warm", "-m torch.distributed.run")):
+    for run_id, starter in (("cold", "-m cli.launch.node_torchrun --expect"), ("warm", "-m torch.distributed.run")):
         code, out, err = hrmctl("test-ddp", *common, "--run-id", run_id, inventory=lab3.inventory,
                                 env={"HRMCTL_CACHE": str(cache)})
         assert code == 0, out + err

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from cli.errors import AuthError, HostKeyError, UnreachableError
-from cli.inventory import load_inventory
-from cli.remote import connect, for_each
+from cli.nodes.inventory import load_inventory
+from cli.nodes.remote import connect, for_each
 
 
 def test_nodes_json_against_the_lab(lab3, hrmctl):

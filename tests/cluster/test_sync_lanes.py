@@ -8,13 +8,13 @@ import os
 import sys
 from pathlib import Path
 
-from cli import sync as sync_mod
-from cli import sync_stream
-from cli.inventory import load_inventory
-from cli.sync import sync_nodes
-from cli.sync_lane import HelperLane, SharedFiles
-from cli.sync_plan import SourceFile, Transfer
-from cli.sync_remote import part_name
+from cli.sync import run as sync_mod
+from cli.sync import stream as sync_stream
+from cli.nodes.inventory import load_inventory
+from cli.sync.run import sync_nodes
+from cli.sync.lane import HelperLane, SharedFiles
+from cli.sync.plan import SourceFile, Transfer
+from cli.sync.agent import part_name
 
 
 def source_file(root: Path, rel: str, size: int) -> SourceFile:

@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from cli.errors import InventoryError
-from cli.inventory import load_inventory
-from cli.remote import command_line
+from cli.nodes.inventory import load_inventory
+from cli.nodes.remote import command_line
 
 GOOD = """
 master = "desk"

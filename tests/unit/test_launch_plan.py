@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from cli.inventory import Node
-from cli.launch_plan import NodeFacts, build_plan, choose_backend, parse_env_options
+from cli.nodes.inventory import Node
+from cli.launch.plan import NodeFacts, build_plan, choose_backend, parse_env_options
 from cli.errors import HrmctlError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,7 +49,7 @@ def test_each_node_gets_its_rank_nproc_and_interface():
 def test_guessed_facts_start_torchrun_through_the_check_of_the_guess():
     facts = {"a": NodeFacts(cpus=8, guessed=True), "b": NodeFacts(cpus=4, gpus=2, nccl=True)}
     a, b = plan(facts=facts)
-    assert a.argv[1:6] == ["-m", "cli.node_torchrun", "--expect", '{"gpus":0,"nccl":false,"libuv_ok":true}', "--"]
+    assert a.argv[1:6] == ["-m", "cli.launch.node_torchrun", "--expect", '{"gpus":0,"nccl":false,"libuv_ok":true}', "--"]
     assert b.argv[1:3] == ["-m", "torch.distributed.run"]
     plain, _ = plan(facts={"a": NodeFacts(cpus=8), "b": facts["b"]})
     assert a.argv[6:] == plain.argv[3:] and a.env == plain.env  # the same torchrun either way
@@ -57,7 +57,7 @@ def test_guessed_facts_start_torchrun_through_the_check_of_the_guess():
 
 
 def test_the_node_check_refuses_a_wrong_guess_before_torchrun_starts():
-    res = subprocess.run([sys.executable, "-m", "cli.node_torchrun", "--expect",
+    res = subprocess.run([sys.executable, "-m", "cli.launch.node_torchrun", "--expect",
                           '{"gpus": 3, "nccl": true, "libuv_ok": true}', "--", "--nnodes=1", "-m", "nothing.here"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert res.returncode == 75, res.stdout + res.stderr
@@ -76,7 +76,7 @@ def test_secrets_are_left_out_of_what_is_shown_but_not_of_what_runs():
 def test_libuv_off_and_slow_dns_only_where_the_probe_says_so():
     facts = {"a": NodeFacts(libuv_ok=False, slow_dns=True), "b": NodeFacts()}
     a, b = plan(facts=facts)
-    assert a.env["USE_LIBUV"] == "0" and a.env["PYTHONPATH"] == "cli/nolibuv" and "RES_OPTIONS" in a.env
+    assert a.env["USE_LIBUV"] == "0" and a.env["PYTHONPATH"] == "cli/launch/nolibuv" and "RES_OPTIONS" in a.env
     assert "USE_LIBUV" not in b.env and "PYTHONPATH" not in b.env and "RES_OPTIONS" not in b.env
 
 
@@ -101,7 +101,7 @@ def test_nolibuv_sitecustomize_turns_libuv_off_in_the_static_rendezvous():
             "s = importlib.import_module('torch.distributed.elastic.rendezvous.static_tcp_rendezvous')\n"
             "st = s.TCPStore('127.0.0.1', 0, 1, True, datetime.timedelta(seconds=5), multi_tenant=True)\n"
             "print(st.libuvBackend)")
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "cli" / "nolibuv"))
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "cli" / "launch" / "nolibuv"))
     out = {v: subprocess.run([sys.executable, "-c", code], env=dict(env, USE_LIBUV=v), capture_output=True,
                              text=True, timeout=120).stdout.strip() for v in ("0", "1")}
     assert out == {"0": "False", "1": "True"}

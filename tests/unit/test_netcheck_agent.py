@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import socket
 
-from cli.inventory import local_node
-from cli.remote import connect
+from cli.nodes.inventory import local_node
+from cli.nodes.remote import connect
 from netcheck.agent_client import start_agent
 from netcheck.clock import measure_skew
 from netcheck.ports import check_ports

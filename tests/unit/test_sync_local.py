@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 import os
 
-from cli.inventory import local_node
-from cli.sync import sync_nodes
+from cli.nodes.inventory import local_node
+from cli.sync.run import sync_nodes
 
 
 def digest_tree(root):
@@ -38,7 +38,7 @@ def test_local_sync_resumes_a_part_file_and_deletes_extras(tmp_path):
 
 def _corrupt_sent_parts(monkeypatch, dest, times: int) -> None:
     """Flip a byte of each part file the first `times` times it is complete (a bad disk on the node)."""
-    from cli import sync_send
+    from cli.sync import send as sync_send
 
     real_add = sync_send.Finalizer.add
     seen: dict[str, int] = {}

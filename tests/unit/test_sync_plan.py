@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from cli.sync_plan import SyncError, make_plan, scan_source
-from cli.sync_remote import Refused, check_rel, final_of_part, inside, part_name
+from cli.sync.plan import SyncError, make_plan, scan_source
+from cli.sync.agent import Refused, check_rel, final_of_part, inside, part_name
 
 
 def test_part_names_round_trip():
@@ -98,8 +98,8 @@ def test_plan_sends_only_changes_resumes_parts_and_orders_deletes(tmp_path):
 
 
 def test_small_files_are_shared_in_runs_of_one_directory(monkeypatch):
-    from cli import sync
-    from cli.sync_plan import SourceFile, Transfer
+    from cli.sync import run as sync
+    from cli.sync.plan import SourceFile, Transfer
 
     rels = [f"a/{i}" for i in range(5)] + ["b/0", "b/1", "top"] + [f"a/{i}" for i in range(5, 7)]
     todo = [Transfer(SourceFile(rel, rel, 1, 0, 0o644)) for rel in rels]

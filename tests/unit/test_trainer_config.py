@@ -101,13 +101,13 @@ def test_a_line_pasted_from_the_trm_guide_parses_into_our_keys():
     ("arch.hiden_size=64", "did you mean 'arch.hidden_size'"),
     ("arch.H_cycle=2", "did you mean 'arch.H_cycles'"),
     ("puzle_emb_lr=1e-4", "did you mean 'puzzle_emb_lr'"),
-    ("arch.H_cycles=2", "applies to the hrm-* and trm-* models, not model=mini"),
+    ("model=mini arch.H_cycles=2", "applies to the hrm-* and trm-* models, not model=mini"),
     ("evaluators=[arc]", "evaluators=[arc]: only [] is supported"),
     ('data_paths=[a,b]', "give exactly one data directory"),
 ])
 def test_guide_keys_give_clear_errors(override, expected):
     with pytest.raises(UserError, match=None) as e:
-        config.parse([override])
+        config.parse(override.split())
     assert expected in str(e.value)
 
 

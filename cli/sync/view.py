@@ -6,7 +6,7 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
-from .sync import SyncReport
+from cli.sync.run import SyncReport
 
 if TYPE_CHECKING:
     from rich.console import Console

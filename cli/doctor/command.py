@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from .doctor import run_doctor
-from .doctor_view import show
-from .errors import HrmctlError
-from .inventory import load_inventory
+from cli.doctor.run import run_doctor
+from cli.doctor.view import show
+from cli.errors import HrmctlError
+from cli.nodes.inventory import load_inventory
 
 
 def doctor(inventory: str | None, nodes: str | None, *, master_port: int, timeout: float, verbose: bool,

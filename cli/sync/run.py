@@ -7,11 +7,11 @@ For the launcher (`hrmctl train --sync-data`) and other callers:
     report.nodes                   # one NodeSync per node: sent_files, sent_bytes, resumed_bytes, ...
 
 `nodes` are resolved inventory Nodes; each is synced to `dest` or its own `data_path`, all in
-parallel. Per node: its manifest is computed by its own Python (cli/sync_remote.py), compared
-with the source's (size + mtime, or SHA-256 with checksum=True; cli/sync_plan.py), and only new
+parallel. Per node: its manifest is computed by its own Python (cli/sync/agent.py), compared
+with the source's (size + mtime, or SHA-256 with checksum=True; cli/sync/plan.py), and only new
 or changed files are written to `.NAME.hrmctl-part` beside the target: large files with many
-SFTP requests in flight (cli/sync_send.py over cli/sync_sftp.py), small ones in batches through
-the node agent (cli/sync_stream.py). The node hashes each part file (a small one as it writes
+SFTP requests in flight (cli/sync/send.py over cli/sync/sftp.py), small ones in batches through
+the node agent (cli/sync/stream.py). The node hashes each part file (a small one as it writes
 it), and only a part whose SHA-256 matches the source's is renamed over the final name; a
 mismatch is sent again once, then reported. A partly sent file is resumed on the next run after its prefix hash is
 checked. Nothing is written outside the destination.
@@ -27,15 +27,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
-from .errors import HrmctlError
-from .inventory import Node
-from .remote import Session, connect
-from .sync_lane import HELPER_MIN_BYTES, HelperLane, SharedFiles
-from .sync_plan import Source, SyncError, Transfer, check_source, make_plan, scan_source
-from .sync_remote import part_name
-from .sync_send import Finalizer, NodeAgent, Sender, Sinks
-from .sync_sftp import WRITE_SIZE, SFTPStalled
-from .sync_stream import stream_files, streamable
+from cli.errors import HrmctlError
+from cli.nodes.inventory import Node
+from cli.nodes.remote import Session, connect
+from cli.sync.lane import HELPER_MIN_BYTES, HelperLane, SharedFiles
+from cli.sync.plan import Source, SyncError, Transfer, check_source, make_plan, scan_source
+from cli.sync.agent import part_name
+from cli.sync.send import Finalizer, NodeAgent, Sender, Sinks
+from cli.sync.sftp import WRITE_SIZE, SFTPStalled
+from cli.sync.stream import stream_files, streamable
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -183,8 +183,8 @@ class _NodeSync:
 
         sender = Sender(sinks, root, on_bytes, finalizer.add, self.cancel)
         errors: list[BaseException] = []
-        # over SSH, small files go through the node agent (cli/sync_stream.py), the rest over SFTP,
-        # largest first, shared with a helper process when there is a lot (cli/sync_lane.py)
+        # over SSH, small files go through the node agent (cli/sync/stream.py), the rest over SFTP,
+        # largest first, shared with a helper process when there is a lot (cli/sync/lane.py)
         small = [t for t in todo if sinks.remote and streamable(t)]
         big = SharedFiles(sorted((t for t in todo if not (sinks.remote and streamable(t))), key=lambda t: -t.file.size))
         if big.items:
@@ -253,7 +253,7 @@ class _NodeSync:
         return finalizer.bad
 
     def _helper_lane(self, big: SharedFiles, root: str, sender: Sender, on_bytes, finalizer: Finalizer):
-        """A thread running a helper process that shares the large files (cli/sync_lane.py), when worth it."""
+        """A thread running a helper process that shares the large files (cli/sync/lane.py), when worth it."""
         todo = list(big.items)
         if not sender.sinks.remote or len(todo) < 2 or sum(t.file.size - t.offset for t in todo) < HELPER_MIN_BYTES:
             return None

@@ -16,8 +16,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from .launch_plan import NodeLaunch, redacted
-from .node_torchrun import FACTS_TAG
+from cli.launch.plan import NodeLaunch, redacted
+from cli.launch.node_torchrun import FACTS_TAG
 
 COLOURS = ["cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan", "bright_magenta"]
 RANK_RE = re.compile(r"^\[rank(\d+)\]:")
@@ -58,7 +58,7 @@ class MergedLog:
         self.files = {}
         self.failed_rank: dict[str, int] = {}  # node -> first rank torchrun blamed (its "Root Cause")
         self.exitcode: dict[str, int] = {}
-        self.node_facts: dict[str, dict] = {}  # what cli.node_torchrun reported, by node
+        self.node_facts: dict[str, dict] = {}  # what cli.launch.node_torchrun reported, by node
         self.first_step_at: float | None = None
         self.progress: Progress | None = None
         self.task = None

@@ -2,7 +2,7 @@
 
 One paramiko connection carries about 230 MB/s on a fast link: each 32 KB SSH packet costs some
 Python (framing, padding, encryption, the system call), and one process's Python runs on one core
-at a time. When a node gets several large files, a helper process (`python -m cli.sync_lane`)
+at a time. When a node gets several large files, a helper process (`python -m cli.sync.lane`)
 opens a connection of its own and sends some of them with the same Sender over its own
 pipelined SFTP channel. Both lanes take the next file from one shared list, so the faster one
 sends more. The helper reports progress and each sent file's SHA-256 on its stdout; this
@@ -26,7 +26,7 @@ import threading
 import time
 from typing import Callable
 
-from .sync_plan import SourceFile, Transfer
+from cli.sync.plan import SourceFile, Transfer
 
 HELPER_MIN_BYTES = 64 << 20   # large files worth a second connection (its start costs ~0.3 s of CPU)
 PROGRESS_EVERY = 4 << 20      # the helper reports sent bytes in steps of this much, or every second
@@ -62,11 +62,11 @@ def _transfer_json(t: Transfer) -> dict:
 class HelperLane:
     """A helper process with its own connection to the node; run() sends files until none are left."""
 
-    command = [sys.executable, "-m", "cli.sync_lane"]
+    command = [sys.executable, "-m", "cli.sync.lane"]
 
     def __init__(self, node, *, accept_new_host_keys: bool, root: str, stall_timeout: float):
         self.stall_timeout = stall_timeout
-        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
         self.proc = subprocess.Popen(self.command, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
@@ -145,9 +145,9 @@ class HelperLane:
 
 
 def main() -> int:
-    from .inventory import Node
-    from .remote import connect
-    from .sync_send import Sender, Sinks
+    from cli.nodes.inventory import Node
+    from cli.nodes.remote import connect
+    from cli.sync.send import Sender, Sinks
 
     out_lock = threading.Lock()
 

@@ -7,8 +7,8 @@ import json
 from rich.console import Console
 from rich.table import Table
 
-from .inventory import Inventory, Node
-from .remote import Session, for_each
+from cli.nodes.inventory import Inventory, Node
+from cli.nodes.remote import Session, for_each
 
 SHOWN = ("host", "user", "port", "python", "workdir", "data_dir", "nproc", "ifname", "identity_file", "known_hosts")
 

@@ -7,10 +7,10 @@ import json
 from rich.console import Console
 from rich.markup import escape
 
-from .errors import HrmctlError
-from .inventory import Node, load_inventory, local_node
-from .launch import TRAINER, LaunchOptions, dry_run_json, dry_run_text, prepare, run, summary_line
-from .launch_plan import parse_env_options
+from cli.errors import HrmctlError
+from cli.nodes.inventory import Node, load_inventory, local_node
+from cli.launch.prepare import TRAINER, LaunchOptions, dry_run_json, dry_run_text, prepare, run, summary_line
+from cli.launch.plan import parse_env_options
 
 DDP_CHECK = "auralm.ddp_check"
 RESULT_TAG = "HRMCTL_RESULT "
@@ -73,7 +73,7 @@ def _dry_run(opts: LaunchOptions, as_json: bool, console: Console) -> int:
 
 
 def _sync_data(opts: LaunchOptions, console: Console) -> None:
-    from .sync import sync_nodes
+    from cli.sync.run import sync_nodes
 
     remote = [n for n in opts.nodes if not n.is_local]
     if not remote:
@@ -125,7 +125,7 @@ def test_ddp(opts: LaunchOptions, *, as_json: bool, console: Console, err: Conso
     prep = prepare(opts, console)
     result = run(opts, prep, console)
     if results and not as_json:
-        from .ddp_report import show
+        from cli.launch.ddp_report import show
         show(results[-1], console)
     report = results[-1] if results else None
     if report is not None and not report.get("ok") and result.code == 0:

@@ -1,6 +1,6 @@
 """What `hrmctl sync-data` has to do: the source's manifest, and its difference with a node's.
 
-Pure functions over local files and the node's scan (see cli/sync_remote.py); no network.
+Pure functions over local files and the node's scan (see cli/sync/agent.py); no network.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import HrmctlError
-from .sync_remote import final_of_part, sha256_file
+from cli.errors import HrmctlError
+from cli.sync.agent import final_of_part, sha256_file
 
 # Two mtimes this close are the same (NTFS keeps 100 ns; os.utime on the node sets ns).
 MTIME_WINDOW_NS = 1_000
@@ -140,7 +140,7 @@ def scan_source(src: str | os.PathLike, *, checksum: bool) -> Source:
 
 
 def make_plan(source: Source, node_scan: dict, *, checksum: bool, delete: bool) -> Plan:
-    """Compare the source with a node's scan (see sync_remote.scan)."""
+    """Compare the source with a node's scan (see agent.scan)."""
     remote_files: dict[str, list] = node_scan.get("files", {})
     parts: dict[str, list] = node_scan.get("parts", {})
     send: list[Transfer] = []

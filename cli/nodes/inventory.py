@@ -22,7 +22,7 @@ else:  # pragma: no cover - exercised only on 3.10
 
 import paramiko
 
-from .errors import InventoryError
+from cli.errors import InventoryError
 
 INVENTORY_NAME = "hrmctl.toml"
 LOCAL_NAMES = ("localhost", "local")

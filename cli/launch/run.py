@@ -20,12 +20,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from .errors import HrmctlError
-from .inventory import Node
-from .launch_log import MergedLog
-from .launch_plan import NodeLaunch
-from .node_torchrun import FACTS_DIFFER
-from .remote import Job, Session, connect, for_each
+from cli.errors import HrmctlError
+from cli.nodes.inventory import Node
+from cli.launch.log import MergedLog
+from cli.launch.plan import NodeLaunch
+from cli.launch.node_torchrun import FACTS_DIFFER
+from cli.nodes.remote import Job, Session, connect, for_each
 
 HEARTBEAT_S = 2.0
 HEARTBEAT_TIMEOUT_S = 8.0
@@ -264,7 +264,7 @@ def _failure(plans: list[NodeLaunch], log: MergedLog, jobs: dict[str, Job], ende
     plan = _plan(plans, name)
     rank = log.failed_rank.get(name, plan.first_rank if plan.nproc == 1 else None)
     who = f"rank {rank}" if rank is not None else f"ranks {plan.ranks.start}-{plan.ranks.stop - 1}"
-    if code == FACTS_DIFFER and name in log.node_facts:  # cli.node_torchrun: nothing ran there
+    if code == FACTS_DIFFER and name in log.node_facts:  # cli.launch.node_torchrun: nothing ran there
         return RunResult(code, f"{name}: its torch differs from the first launch's guess", failed_node=name)
     worker_code = log.exitcode.get(name)
     detail = f", worker exit code {worker_code}" if worker_code not in (None, code) else ""

@@ -15,7 +15,7 @@ done by hrmctl (`--max-restarts`), so torchrun's own restarts stay at 0.
 libuv: on torch 2.13 (checked in tests/unit/test_launch_plan.py) `TCPStore(...)` ignores
 USE_LIBUV and the static rendezvous creates its store without `use_libuv`, so USE_LIBUV=0 alone
 does not turn libuv off for the rendezvous store. For a node whose torch has no libuv we set
-USE_LIBUV=0 (read by init_process_group's env:// store) and put `cli/nolibuv` first on
+USE_LIBUV=0 (read by init_process_group's env:// store) and put `cli/launch/nolibuv` first on
 PYTHONPATH: its sitecustomize makes every TCPStore created in torchrun and its workers default to
 use_libuv=False (the `?use_libuv=0` of an init URL, applied where no URL exists).
 """
@@ -27,15 +27,15 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
-from .inventory import Node
-from .remote import command_line
+from cli.nodes.inventory import Node
+from cli.nodes.remote import command_line
 
 TORCHRUN = ["-m", "torch.distributed.run"]
-CHECKED_TORCHRUN = ["-m", "cli.node_torchrun"]  # torchrun, once the node's torch confirms the guessed facts
+CHECKED_TORCHRUN = ["-m", "cli.launch.node_torchrun"]  # torchrun, once the node's torch confirms the guessed facts
 SECRET_RE = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_?KEY|PRIVATE|AUTH", re.I)
 RANK_PREFIX = "[rank${rank}]:"  # torchrun --tee prefixes every worker line with it
 SHUTDOWN_TIMEOUT_S = 3  # torchrun: SIGTERM to workers, then SIGKILL after this
-NOLIBUV_DIR = "cli/nolibuv"
+NOLIBUV_DIR = "cli/launch/nolibuv"
 
 
 @dataclass
@@ -49,7 +49,7 @@ class NodeFacts:
     ifname: str | None = None  # the interface of the node's route to the master
     torch: str | None = None
     slow_dns: bool = False  # reverse lookups wait on a nameserver that does not answer
-    guessed: bool = False  # gpus/nccl/libuv_ok guessed without torch: cli.node_torchrun checks them
+    guessed: bool = False  # gpus/nccl/libuv_ok guessed without torch: cli.launch.node_torchrun checks them
 
 
 @dataclass
@@ -152,7 +152,7 @@ def _checked(f: NodeFacts) -> list[str]:
 
 def parse_env_options(items: list[str]) -> dict[str, str]:
     """`--env KEY=VALUE` (repeatable) as a dict; a bad item is one clear error."""
-    from .errors import HrmctlError
+    from cli.errors import HrmctlError
 
     out = {}
     for item in items:

@@ -5,7 +5,7 @@ Per node, over ONE SSH connection and in parallel with every other node: the nod
 Cristian's method, and from here a ping (or TCP) round-trip measure. Then, with the agents still
 running, the master port (a listener on the master, a connect from every worker) and the full
 mesh of random high ports. Every failure on one node is a check of that node, never a crash.
-`run_doctor(...)` returns a DoctorReport; cli/doctor_view.py renders it.
+`run_doctor(...)` returns a DoctorReport; cli/doctor/view.py renders it.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from netcheck.ports import MeshResult, check_ports
 from netcheck.probe import is_loopback, resolve
 from netcheck.rtt import ping_rtt
 
-from .errors import HrmctlError
-from .inventory import Node
-from .remote import Session, connect
+from cli.errors import HrmctlError
+from cli.nodes.inventory import Node
+from cli.nodes.remote import Session, connect
 
 ROWS = ("ssh", *NODE_CHECKS, "reach", "to master", "clock", "master port", "mesh")
 

@@ -30,9 +30,9 @@ from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 import paramiko
 
-from .errors import (AuthError, HostKeyError, HrmctlError, RemoteError, RemoteTimeout,
+from cli.errors import (AuthError, HostKeyError, HrmctlError, RemoteError, RemoteTimeout,
                      UnreachableError)
-from .inventory import Node
+from cli.nodes.inventory import Node
 
 # paramiko logs a failed handshake with its traceback at ERROR; with no handler configured,
 # Python's last-resort handler would print that on stderr next to our one-line error.

@@ -3,9 +3,9 @@
 Order of a launch, so that nothing starts anywhere when something is wrong:
   1. the trainer's own check of the overrides (its parser, `python -m auralm.config --check ...`), here;
   2. the master address (an IP the workers reach; never loopback with other nodes);
-  3. every node probed in parallel (netcheck's probe; torch facts cached, see launch_facts);
+  3. every node probed in parallel (netcheck's probe; torch facts cached, see facts);
   4. the master port: free on the master and reachable from every worker (netcheck);
-  5. the plan (launch_plan) -> printed by --dry-run, or run by launch_run on every node.
+  5. the plan (plan.py) -> printed by --dry-run, or run by run.py on every node.
 """
 
 from __future__ import annotations
@@ -25,14 +25,14 @@ from rich.console import Console
 
 from netcheck import MasterAddressError, check_master_port, master_address
 
-from .errors import HrmctlError, InventoryError
-from .inventory import Node
-from .launch_facts import CACHE_DIR, gather, load_cache, remember, save_cache
-from .launch_log import MergedLog
-from .launch_plan import NodeFacts, NodeLaunch, build_plan, choose_backend, nproc_for, redacted
-from .launch_run import RunResult, connect_all, run_once
-from .node_torchrun import FACTS_DIFFER
-from .remote import Session
+from cli.errors import HrmctlError, InventoryError
+from cli.nodes.inventory import Node
+from cli.launch.facts import CACHE_DIR, gather, load_cache, remember, save_cache
+from cli.launch.log import MergedLog
+from cli.launch.plan import NodeFacts, NodeLaunch, build_plan, choose_backend, nproc_for, redacted
+from cli.launch.run import RunResult, connect_all, run_once
+from cli.launch.node_torchrun import FACTS_DIFFER
+from cli.nodes.remote import Session
 
 TRAINER = "auralm.train"
 TRAINER_CHECK = "auralm.config"  # the trainer's --check without `import torch`: same parser, a tenth of the time

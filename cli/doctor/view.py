@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .doctor import ROWS, DoctorReport
+from cli.doctor.run import ROWS, DoctorReport
 
 STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
 

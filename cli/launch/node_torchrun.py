@@ -9,7 +9,7 @@ what the node really has on one tagged line (the launcher caches it), and then e
 torchrun in this same process (the guess was right: nothing was paid twice) or exits with
 FACTS_DIFFER before anything else starts, and the launcher plans again from the real answers.
 
-    python -m cli.node_torchrun --expect '{"gpus": 0, "nccl": false, "libuv_ok": true}' -- <torchrun args>
+    python -m cli.launch.node_torchrun --expect '{"gpus": 0, "nccl": false, "libuv_ok": true}' -- <torchrun args>
 
 Standard library and torch only (the node has the project in its workdir, not hrmctl's
 dependencies).
@@ -42,7 +42,7 @@ def found_facts() -> dict:
 
 def main(argv: list[str]) -> int:
     if len(argv) < 3 or argv[0] != "--expect" or argv[2] != "--":
-        print("usage: python -m cli.node_torchrun --expect JSON -- <torchrun args>", file=sys.stderr)
+        print("usage: python -m cli.launch.node_torchrun --expect JSON -- <torchrun args>", file=sys.stderr)
         return 2
     expect = json.loads(argv[1])
     found = found_facts()
