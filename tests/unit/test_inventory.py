@@ -157,8 +157,8 @@ def test_command_line_quotes_everything():
 
 
 @pytest.mark.parametrize("args,pattern", [
-    (("nodes", "--bogus"), "unrecognized arguments: --bogus (see `hrmctl nodes --help`)"),
-    (("nosuchcmd",), "invalid choice: 'nosuchcmd'"),
+    (("nodes", "--bogus"), "No such option: --bogus (see `hrmctl nodes --help`)"),
+    (("nosuchcmd",), "No such command 'nosuchcmd'"),
     (("train", "--max-restarts", "-1"), "--max-restarts"),
     (("doctor", "--master-port", "x"), "--master-port"),
     (("sync-data", "node0", "--stall-timeout", "0"), "--stall-timeout"),
