@@ -103,3 +103,28 @@ def test_solve_refuses_a_checkpoint_that_is_not_a_sudoku_model(tmp_path):
     assert res.returncode == 2 and "is a task=lm model, not a sudoku model" in res.stderr
     missing = cli("auralm.solve", str(tmp_path / "lm"), str(tmp_path / "none.txt"))
     assert missing.returncode == 2
+
+
+def test_hrmctl_eval_and_solve_run_the_trainers_tools(run):
+    """The same tools through the hrmctl command line: its options and errors are the tool's, under hrmctl's name."""
+    base, out = run
+    res = cli("cli", "eval", str(out), "--json")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["checkpoint"].endswith("checkpoint-4")
+    res = cli("cli", "solve", str(out), "-", stdin="1" * 80 + "\n")
+    assert res.returncode == 2 and res.stderr.startswith("error: standard input line 1:")
+    res = cli("cli", "eval", "--help")
+    assert res.returncode == 0 and res.stdout.startswith("usage: hrmctl eval")
+
+
+@pytest.mark.parametrize("overrides, parameters", [(["model=hrm-27m"], "27.2"), (["model=trm-tiny"], "0.43"),
+                                                   (["arch=trm", "model=trm-5m-mlp"], "4.86M")])
+def test_train_dry_run_prints_the_models_parameters_and_memory_per_rank(tmp_path, overrides, parameters):
+    res = cli("cli", "train", "--dry-run", *overrides, "global_batch_size=32", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    line = res.stdout.strip().splitlines()[-1]
+    assert line.startswith("# model ") and f"{parameters}" in line and "GiB" in line and "at batch 32 per rank" in line
+    res = cli("cli", "train", "--dry-run", "--json", *overrides, cwd=tmp_path)
+    size = json.loads(res.stdout)["model"]
+    assert size["total_bytes"] == size["states_bytes"] + size["activation_bytes"] > 16 * size["parameters"]
+    assert not (tmp_path / "runs").exists()
