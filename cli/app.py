@@ -96,6 +96,9 @@ AcceptNew = Annotated[bool, typer.Option(
     "--accept-new-host-keys", rich_help_panel=NODES,
     help="Record the host key of a node never seen before (a changed key is always refused).")]
 Json = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")]
+LaunchNodes = Annotated[Optional[str], typer.Option(
+    "--nodes", "-n", rich_help_panel=NODES,
+    help="Comma-separated node names, the master first. Default: this machine alone.")]
 Port = Annotated[Optional[int], typer.Option(
     "--master-port", rich_help_panel=LAUNCH, help="Rendezvous port on the master (default: 29500, or the next free one).")]
 Nproc = Annotated[Optional[int], typer.Option(
@@ -193,9 +196,7 @@ def _launch(*, inventory, nodes, master_port, nproc, backend, env, dry_run, run_
 
 @command("test-ddp")
 def test_ddp_cmd(
-        nodes: Annotated[Optional[str], typer.Option(
-            "--nodes", "-n", rich_help_panel=NODES,
-            help="Comma-separated node names, the master first. Default: this machine alone.")] = None,
+        nodes: LaunchNodes = None,
         inventory: Inventory = None, accept_new_host_keys: AcceptNew = False, json: Json = False,
         master_port: Port = None, nproc: Nproc = None, backend: Backend = "auto", env: Env = None,
         dry_run: DryRun = False, run_id: RunId = None, reprobe: Reprobe = False,
@@ -222,9 +223,7 @@ def train_cmd(
         overrides: Annotated[Optional[list[str]], typer.Argument(
             metavar="KEY=VALUE", show_default=False,
             help="Trainer overrides, e.g. model=hrm-tiny training.max_steps=500 (see docs/trainer.md).")] = None,
-        nodes: Annotated[Optional[str], typer.Option(
-            "--nodes", "-n", rich_help_panel=NODES,
-            help="Comma-separated node names, the master first. Default: this machine alone.")] = None,
+        nodes: LaunchNodes = None,
         inventory: Inventory = None, accept_new_host_keys: AcceptNew = False, json: Json = False,
         master_port: Port = None, nproc: Nproc = None, backend: Backend = "auto", env: Env = None,
         dry_run: DryRun = False, run_id: RunId = None, reprobe: Reprobe = False,
