@@ -2,9 +2,10 @@
 
 The split (arrows point one way: cli uses netcheck, netcheck never imports cli):
 
-- Sent to nodes, self-contained (stdlib, plus torch when present), never need the project there:
+- Sent to nodes, self-contained (stdlib, plus torch and psutil when present), never need the project there:
     probe.py   the node probe: prints one JSON object (OS/WSL kind, Python, torch/CUDA/NCCL/gloo,
-               libuv_ok, route toward a peer, hostname resolution, GPUs, RAM, disk, project commit)
+               libuv_ok, route toward a peer, hostname resolution, GPUs, CPU/RAM/load (psutil when
+               the node has it, else a stdlib fallback), disk, project commit)
     agent.py   a line-based agent on a node's stdin/stdout: wall-clock samples, temporary listeners,
                parallel connects (the master port and the full mesh of high ports)
 - Run here on Session-like objects passed in by cli (duck typing: `.node` with name/python/workdir/
@@ -17,6 +18,9 @@ The split (arrows point one way: cli uses netcheck, netcheck never imports cli):
     address.master_address(master_host, master_is_local=, peer_hosts=, master_probe=) -> IP
     rtt.ping_rtt(host) / probe.tcp_rtt(host, port): RTT and loss from here
     checks: turn probe results into ok / warn / fail rows, each with a one-line fix
+    checks_net.mesh_verdict(mesh, backend) -> MeshVerdict: every direction of the high-port mesh, which
+               ones the backend needs (gloo: one per pair, dialled from the higher address; NCCL: all),
+               and whose firewall to fix
 
 Probing many nodes in parallel (connect, run the probe, one result per node) is orchestration
 over SSH and lives in cli (the doctor's run, the launcher's facts).

@@ -161,7 +161,11 @@ def hostname_check(p: Any, multi: bool) -> Check:
 def resources_check(p: Any) -> Check:
     data = p.raw.get("data") or {}
     free = data.get("free_gb")
-    detail = f"{p.cpu_count} CPU, {p.ram_gb or '?'} GB RAM" + (f", {free:g} GB free for data" if free is not None else "")
+    avail = getattr(p, "mem_available_gb", None)
+    load = getattr(p, "load_avg", None)
+    detail = (f"{p.cpu_count} CPU" + (f", load {load[0]:g}" if load else "")
+              + f", {p.ram_gb or '?'} GB RAM" + (f" ({avail:g} available)" if avail is not None else "")
+              + (f", {free:g} GB free for data" if free is not None else ""))
     if free is not None and free < MIN_FREE_GB:
         return Check("resources", WARN, detail, f"free disk space where {data.get('path')} lives (under {MIN_FREE_GB:g} GB)")
     return Check("resources", OK, detail)

@@ -62,6 +62,8 @@ class NodeProbe:
     gpus: list[dict] = field(default_factory=list)
     cpu_count: int | None = None
     ram_gb: float | None = None
+    mem_available_gb: float | None = None
+    load_avg: list[float] | None = None       # 1, 5 and 15 minutes
     raw: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -92,6 +94,7 @@ def parse_probe(name: str, stdout: str) -> NodeProbe:
         torch = doc.get("torch") or {}
         route = doc.get("route") or {}
         osf = doc.get("os") or {}
+        res = doc.get("resources") or {}  # older probes: cpu_count and ram_gb at the top level only
         return NodeProbe(
             name=name, hostname=doc.get("hostname"), os_kind=osf.get("kind"),
             wsl_networking=osf.get("wsl_networking"),
@@ -101,7 +104,8 @@ def parse_probe(name: str, stdout: str) -> NodeProbe:
             gloo=bool(torch.get("gloo")), libuv_ok=torch.get("libuv_ok"),
             route_ifname=route.get("ifname"), route_src=route.get("src"), route_error=route.get("error"),
             hostname_loopback=bool(doc.get("hostname_loopback")), gpus=list(torch.get("gpus") or []),
-            cpu_count=doc.get("cpu_count"), ram_gb=doc.get("ram_gb"), raw=doc,
+            cpu_count=res.get("cpu_count", doc.get("cpu_count")), ram_gb=res.get("mem_total_gb", doc.get("ram_gb")),
+            mem_available_gb=res.get("mem_available_gb"), load_avg=res.get("load_avg"), raw=doc,
         )
     except (TypeError, ValueError, AttributeError) as exc:
         raise ProbeError(f"{name}: the probe's answer is malformed ({exc})") from None

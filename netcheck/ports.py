@@ -78,12 +78,14 @@ def _request_all(agents: dict[str, Agent], reqs: dict[str, dict], timeout: float
 
 @dataclass
 class MeshResult:
-    """pairs[(src, dst)] = None when src reached dst's random high port, else a one-line failure."""
+    """pairs[(src, dst)] = None when src reached dst's random high port, else a one-line failure;
+    addresses: name -> the IP the others dialled (which way gloo dials a pair depends on them)."""
 
     ports: dict[str, int | None] = field(default_factory=dict)
     pairs: dict[tuple[str, str], str | None] = field(default_factory=dict)
     ms: dict[tuple[str, str], float | None] = field(default_factory=dict)
     master_port: PortCheck | None = None
+    addresses: dict[str, str] = field(default_factory=dict)
 
 
 def check_ports(agents: dict[str, Agent], addresses: dict[str, str], *, master: str, master_port: int | None,
@@ -91,7 +93,7 @@ def check_ports(agents: dict[str, Agent], addresses: dict[str, str], *, master: 
     """The master port (if given) and, with mesh, a random high port on every node, each tried
     from every other node. agents: name -> Agent (master included); addresses: name -> IP as
     the others reach it."""
-    out = MeshResult()
+    out = MeshResult(addresses=dict(addresses))
     listen_req = {}
     for name in agents:
         ports = []

@@ -1,4 +1,5 @@
-"""The node probe: what one node can do. Self-contained: standard library, plus torch when present.
+"""The node probe: what one node can do. Self-contained: standard library, plus torch and psutil when
+present (resources come from psutil when the node has it, else from a minimal stdlib fallback).
 
 It is sent as source to a node's Python (`session.run_python(probe_source(), probe_args(...))`)
 and prints ONE JSON object on stdout; it never needs the project installed on the node. Every
@@ -297,13 +298,94 @@ def os_facts(interfaces: dict[str, list[str]]) -> dict:
     return facts
 
 
-def memory_gb() -> float | None:
-    for line in read("/proc/meminfo").splitlines():
-        if line.startswith("MemTotal:"):
-            return round(int(line.split()[1]) / 2**20, 2)
+# ---------------------------------------------------------------- resources: psutil, or a stdlib fallback
+#
+# A node with hrmctl installed has psutil (a dependency of the project), and the facts come from it. The
+# probe is also sent to nodes before anything is installed there, so each fact has a MINIMAL STANDARD-LIBRARY
+# FALLBACK below (Linux /proc and /sys, os.getloadavg, statvfs); it gives the same keys, None where it
+# cannot tell.
+
+def _psutil():
     try:
-        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 2)
-    except (ValueError, OSError, AttributeError):
+        import psutil  # not at module level: the probe must import with the standard library alone
+    except Exception:  # ImportError, or a broken install: the fallback answers
+        return None
+    return psutil
+
+
+def _gb(n: float | None) -> float | None:
+    return None if n is None else round(n / 2**30, 2)
+
+
+def resource_facts() -> dict:
+    """CPU count (logical and physical cores), memory (total and available) and the load average."""
+    ps = _psutil()
+    if ps is not None:
+        try:
+            vm = ps.virtual_memory()
+            try:
+                load = [round(x, 2) for x in ps.getloadavg()]
+            except (AttributeError, OSError):
+                load = None
+            return {"source": "psutil", "cpu_count": ps.cpu_count(logical=True),
+                    "cpu_physical": ps.cpu_count(logical=False), "mem_total_gb": _gb(vm.total),
+                    "mem_available_gb": _gb(vm.available), "load_avg": load}
+        except Exception:
+            pass  # a psutil that fails on this system: the fallback answers
+    return _resource_facts_stdlib()
+
+
+def _resource_facts_stdlib() -> dict:
+    """MINIMAL STANDARD-LIBRARY FALLBACK (no psutil on the node): the same keys as resource_facts()."""
+    total = avail = None
+    for line in read("/proc/meminfo").splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] in ("MemTotal:", "MemAvailable:"):
+            value = int(parts[1]) * 1024
+            total, avail = (value, avail) if parts[0] == "MemTotal:" else (total, value)
+    if total is None:
+        try:
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            total = None
+    try:
+        load = [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        load = None
+    return {"source": "stdlib", "cpu_count": os.cpu_count(), "cpu_physical": _physical_cores(),
+            "mem_total_gb": _gb(total), "mem_available_gb": _gb(avail), "load_avg": load}
+
+
+def _physical_cores() -> int | None:
+    """Physical cores as psutil counts them on Linux: distinct core sibling lists in /sys, else distinct
+    (physical id, core id) pairs in /proc/cpuinfo. Fallback only."""
+    sib = (glob.glob("/sys/devices/system/cpu/cpu[0-9]*/topology/core_cpus_list")
+           or glob.glob("/sys/devices/system/cpu/cpu[0-9]*/topology/thread_siblings_list"))
+    cores = {read(path).strip() for path in sib}
+    if cores:
+        return len(cores)
+    pairs, phys = set(), None
+    for line in read("/proc/cpuinfo").splitlines():
+        key, _, value = line.partition(":")
+        key, value = key.strip(), value.strip()
+        if key == "physical id":
+            phys = value
+        elif key == "core id":
+            pairs.add((phys, value))
+    return len(pairs) or None
+
+
+def free_disk_gb(path: str) -> float | None:
+    ps = _psutil()
+    if ps is not None:
+        try:
+            return _gb(ps.disk_usage(path).free)
+        except Exception:
+            pass
+    try:  # fallback: what psutil computes too (blocks free to unprivileged users)
+        st = os.statvfs(path)
+        return _gb(st.f_bavail * st.f_frsize)
+    except (OSError, AttributeError):
         return None
 
 
@@ -320,11 +402,7 @@ def disk_facts(data_dir: str | None) -> dict:
         probe = parent
     out = {"path": path, "exists": os.path.isdir(path), "free_gb": None, "manifest_sha256": None,
            "manifests": []}
-    try:
-        st = os.statvfs(probe or "/")
-        out["free_gb"] = round(st.f_bavail * st.f_frsize / 2**30, 2)
-    except OSError:
-        pass
+    out["free_gb"] = free_disk_gb(probe or "/")
     if out["exists"]:
         found = sorted(glob.glob(os.path.join(path, "manifest.json")) + glob.glob(os.path.join(path, "*", "manifest.json")))
         digest = hashlib.sha256()
@@ -507,9 +585,10 @@ def collect(args: argparse.Namespace) -> dict:
     doc["os"] = os_facts(interfaces)
     doc["python"] = {"version": platform.python_version(), "executable": sys.executable,
                      "implementation": platform.python_implementation()}
-    doc["cpu_count"] = os.cpu_count()
+    doc["resources"] = resource_facts()
+    doc["cpu_count"] = doc["resources"]["cpu_count"]     # also top level: older readers (the launcher) use them
+    doc["ram_gb"] = doc["resources"]["mem_total_gb"]
     doc["nvidia_gpus"] = nvidia_gpu_count() if args.no_torch else None  # with torch, torch counts them
-    doc["ram_gb"] = memory_gb()
     doc["interfaces"] = interfaces
     doc["route"] = route_to(args.route_to, interfaces) if args.route_to else None
     doc["data"] = disk_facts(args.data_dir)

@@ -4,7 +4,8 @@ Per node, over ONE SSH connection and in parallel with every other node: the nod
 (netcheck.probe, one `import torch`), the node agent (netcheck.agent) for clock samples by
 Cristian's method, and from here a ping (or TCP) round-trip measure. Then, with the agents still
 running, the master port (a listener on the master, a connect from every worker) and the full
-mesh of random high ports. Every failure on one node is a check of that node, never a crash.
+mesh of random high ports, each direction graded by what the backend needs (netcheck.checks_net:
+gloo dials one way per pair, NCCL both). Every failure on one node is a check of that node, never a crash.
 `run_doctor(...)` returns a DoctorReport; cli/doctor/view.py renders it.
 """
 
@@ -20,7 +21,8 @@ from netcheck import MasterAddressError, NodeProbe, ProbeError, master_address, 
 from netcheck.agent_client import Agent, AgentError, start_agent
 from netcheck.checks import FAIL, NODE_CHECKS, OK, SKIP, Check, node_checks
 from netcheck.checks_cluster import cluster_checks
-from netcheck.checks_net import clock_check, master_port_check, mesh_check, rtt_check
+from netcheck.backend import choose_backend
+from netcheck.checks_net import MeshVerdict, clock_check, master_port_check, mesh_check, mesh_verdict, rtt_check
 from netcheck.clock import ClockSkew, measure_skew
 from netcheck.ports import MeshResult, check_ports
 from netcheck.probe import is_loopback, resolve
@@ -68,6 +70,7 @@ class DoctorReport:
     cluster: list[Check]
     problems: list[str]
     seconds: float
+    mesh: MeshVerdict | None = None     # every direction of the high-port mesh, graded for the backend
 
     def all_checks(self) -> list[Check]:
         return [c for r in self.nodes for c in r.checks] + self.cluster
@@ -181,15 +184,25 @@ def run_doctor(nodes: list[Node], *, master_port: int = 29500, timeout: float = 
                 r.agent.close()
             if r.session:
                 r.session.close()
-    for r in reports:
-        r.checks = _node_rows(r, multi, mres, len(nodes))
     answered = {r.node.name: r.probe for r in reports if r.probe}
+    verdict = _mesh_verdict(mres, answered)
+    for r in reports:
+        r.checks = _node_rows(r, multi, mres, verdict)
     cluster = cluster_checks(answered) if answered else []
     if not any(r.session or r.probe for r in reports):
         first = next((r.error for r in reports if r.error), "no answer")
         raise HrmctlError(f"none of the nodes {', '.join(n.name for n in nodes)} could be reached ({first})", 3)
     return DoctorReport(master=master.name, master_address=maddr, master_port=master_port, nodes=reports,
-                        cluster=cluster, problems=problems, seconds=time.monotonic() - t_start)
+                        cluster=cluster, problems=problems, seconds=time.monotonic() - t_start, mesh=verdict)
+
+
+def _mesh_verdict(mres: MeshResult | None, probes: dict[str, NodeProbe]) -> MeshVerdict | None:
+    """The mesh graded for the backend the world would get (gloo unless every node has CUDA and NCCL)."""
+    if mres is None:
+        return None
+    backend = choose_backend(probes)[0] if probes else "gloo"
+    info = {n: {"kind": p.os_kind, "python": (p.raw.get("python") or {}).get("executable")} for n, p in probes.items()}
+    return mesh_verdict(mres, backend, info)
 
 
 def _network(reports: list[NodeReport], maddr: str | None, port: int, *, mesh: bool, timeout: float) -> MeshResult | None:
@@ -211,7 +224,7 @@ def _network(reports: list[NodeReport], maddr: str | None, port: int, *, mesh: b
                        mesh=mesh, timeout=timeout)
 
 
-def _node_rows(r: NodeReport, multi: bool, mres: MeshResult | None, n_nodes: int) -> list[Check]:
+def _node_rows(r: NodeReport, multi: bool, mres: MeshResult | None, verdict: MeshVerdict | None) -> list[Check]:
     n = r.node
     if r.error:
         what, fix = _split(r.error)
@@ -236,5 +249,5 @@ def _node_rows(r: NodeReport, multi: bool, mres: MeshResult | None, n_nodes: int
                 else Check("to master", SKIP, "is the master" if r.is_master else "single node"))
     rows.append(clock_check(r.skew))
     rows.append(master_port_check(n.name, r.is_master, mres.master_port if mres else None))
-    rows.append(mesh_check(n.name, mres, n_nodes) if mres else Check("mesh", SKIP, "not checked" if multi else "single node"))
+    rows.append(mesh_check(n.name, verdict) if verdict else Check("mesh", SKIP, "not checked" if multi else "single node"))
     return rows

@@ -19,6 +19,7 @@ def report_json(rep: DoctorReport) -> dict:
         "master": rep.master, "master_address": rep.master_address, "master_port": rep.master_port,
         "nodes": {r.node.name: r.as_dict() for r in rep.nodes},
         "cluster": {c.name: c.as_dict() for c in rep.cluster},
+        "mesh": rep.mesh.as_dict() if rep.mesh else None,
         "problems": rep.problems,
         "summary": {**counts, "nodes": len(rep.nodes), "seconds": round(rep.seconds, 3)},
         "exit_code": rep.exit_code,
@@ -68,6 +69,15 @@ def render(rep: DoctorReport, console: Console, *, verbose: bool = False) -> Non
                 console.print(f"[{STYLE[c.status]}]{c.status}[/] cluster · {escape(c.name)}: {escape(c.detail)}",
                               soft_wrap=True, highlight=False)
     if verbose:
+        if rep.mesh:
+            console.print(f"[dim]mesh, {escape(rep.mesh.rule)}:[/]", soft_wrap=True, highlight=False)
+            for d in rep.mesh.directions:
+                state = (f"[green]ok[/] {d['ms']:.1f} ms" if d["ok"] and d["ms"] is not None else
+                         "[green]ok[/]" if d["ok"] else f"[{STYLE['fail' if d['needed'] else 'warn']}]blocked[/] "
+                         f"({escape(d['error'] or '')})")
+                need = "needed" if d["needed"] else f"not used by {rep.mesh.backend}"
+                console.print(f"  {escape(d['from'])} -> {escape(d['to'])}: {state}, {need}", soft_wrap=True,
+                              highlight=False)
         for r in rep.nodes:
             if r.probe:
                 ifs = "; ".join(f"{k} {' '.join(v)}" for k, v in (r.probe.raw.get("interfaces") or {}).items())

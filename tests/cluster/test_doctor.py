@@ -56,6 +56,10 @@ def test_healthy_cluster_is_all_ok(lab3, hrmctl):
         assert probe["hostname"] == lab_node.name and probe["route_ifname"] == "eth0"
         assert probe["route_src"] == lab_node.ip and probe["libuv_ok"] is True
         assert abs(doc["nodes"][lab_node.name]["clock"]["offset_ms"]) < 50
+        # resources from psutil (the nodes' Python has it): load average and available memory shown
+        assert doc["nodes"][lab_node.name]["probe_raw"]["resources"]["source"] == "psutil"
+        assert len(probe["load_avg"]) == 3 and 0 < probe["mem_available_gb"] <= probe["ram_gb"]
+        assert "GB RAM (" in checks["resources"]["detail"] and ", load " in checks["resources"]["detail"]
     cluster = doc["cluster"]
     assert cluster["torch versions"]["status"] == "ok" and cluster["backend"]["detail"].startswith("gloo")
     assert doc["summary"]["fail"] == 0 and doc["exit_code"] == 0
@@ -93,9 +97,12 @@ def test_firewall_on_master_port_fails_naming_the_worker(lab3, hrmctl):
 
 
 def test_firewall_passing_rendezvous_but_not_high_ports_fails_the_mesh(lab3, hrmctl):
+    """node0 drops node1's connects to its high ports: node1 (the higher address) is the side gloo dials
+    from in that pair, so the first collective would hang. The other direction works, which is not enough."""
     node0, node1 = lab3.node("node0"), lab3.node("node1")
-    # node0 lets node1 reach ssh and the master port, but drops every other port from node1
-    with iptables(node0, "INPUT", "-p", "tcp", "-s", node1.ip, "-m", "multiport", "!", "--dports", "22,29500",
+    # node0 lets node1 reach ssh and the master port, but drops node1's new connections to every other port
+    # (only SYNs, as a stateful firewall does: node0's own connections to node1 still get their answers)
+    with iptables(node0, "INPUT", "-p", "tcp", "--syn", "-s", node1.ip, "-m", "multiport", "!", "--dports", "22,29500",
                   "-j", "DROP"):
         code, doc, err = doctor_json(hrmctl, lab3.inventory)
     assert code == 1
@@ -103,8 +110,79 @@ def test_firewall_passing_rendezvous_but_not_high_ports_fails_the_mesh(lab3, hrm
     assert status(doc, "node0", "mesh") == "fail" and status(doc, "node1", "mesh") == "fail"
     assert "not reachable from node1" in doc["nodes"]["node0"]["checks"]["mesh"]["detail"]
     assert "cannot reach node0" in doc["nodes"]["node1"]["checks"]["mesh"]["detail"]
-    assert "ip_local_port_range" in doc["nodes"]["node0"]["checks"]["mesh"]["fix"]
+    assert "gloo needs node1 -> node0: training hangs" in doc["nodes"]["node1"]["checks"]["mesh"]["detail"]
+    fix = doc["nodes"]["node0"]["checks"]["mesh"]["fix"]
+    assert fix.startswith("on node0: `sudo ufw allow proto tcp from") and "ip_local_port_range" in fix
     assert status(doc, "node2", "mesh") == "ok"  # only the node0 <- node1 direction is blocked
+    dirs = {(d["from"], d["to"]): d for d in doc["mesh"]["directions"]}
+    assert not dirs[("node1", "node0")]["ok"] and dirs[("node1", "node0")]["needed"]
+    assert dirs[("node0", "node1")]["ok"] and doc["mesh"]["training_affected"] is True
+
+
+def inbound_high_ports_dropped(lab_node):
+    """The node's firewall drops every new inbound TCP connection to a high port (ssh on 22 still passes)."""
+    return iptables(lab_node, "INPUT", "-i", "eth0", "-p", "tcp", "--syn", "--dport", "1024:65535", "-j", "DROP")
+
+
+TRAIN_2_STEPS = ["model=tiny", "training.max_steps=2", "training.batch_size=8", "training.log_interval=1",
+                 "training.checkpoint_interval=0", "training.eval_interval=0", "training.eval_batches=1"]
+
+
+def test_node_refusing_inbound_warns_naming_it_and_two_nodes_still_train(lab3, hrmctl, tmp_path):
+    """node1 accepts no inbound on high ports. With node0 (a lower address) gloo's one connection is dialled
+    by node1, so the doctor warns, names node1 and says training is not affected; a real train proves it."""
+    node1 = lab3.node("node1")
+    with inbound_high_ports_dropped(node1):
+        code, doc, err = doctor_json(hrmctl, lab3.inventory, "--nodes", "node0,node1")
+        assert code == 0, doc["nodes"]["node1"]["checks"]
+        mesh1 = doc["nodes"]["node1"]["checks"]["mesh"]
+        assert mesh1["status"] == "warn", mesh1
+        assert "node1 accepts no inbound TCP on high ports (from node0): its firewall" in mesh1["detail"]
+        assert "training with gloo is not affected (gloo dials node1 -> node0, which works)" in mesh1["detail"]
+        assert mesh1["fix"].startswith("on node1: `sudo ufw allow proto tcp from ") and "on node0" not in mesh1["fix"]
+        mesh0 = doc["nodes"]["node0"]["checks"]["mesh"]
+        assert mesh0["status"] == "warn" and "cannot reach node1 (node1's firewall)" in mesh0["detail"]
+        assert mesh0["fix"].startswith("on node1:") and "on node0" not in mesh0["fix"]
+        assert doc["mesh"]["closed_inbound"] == ["node1"] and doc["mesh"]["training_affected"] is False
+        assert [(d["from"], d["to"], d["ok"], d["needed"]) for d in doc["mesh"]["directions"]] == [
+            ("node0", "node1", False, False), ("node1", "node0", True, True)]
+        code, out, err = hrmctl("train", "--nodes", "node0,node1", "--run-id", "fw1", *TRAIN_2_STEPS,
+                                inventory=lab3.inventory, timeout=300)
+    assert code == 0, out[-3000:] + err[-3000:]
+    assert "[rank0]:step 2/2" in (tmp_path / "runs" / "fw1" / "node0.log").read_text()
+
+
+def test_node_refusing_inbound_fails_when_gloo_must_dial_it(lab3, hrmctl):
+    """The same firewall with node2 in the world: node2 has the higher address, so gloo's connection of
+    that pair is dialled from node2 to node1, and the first collective hangs (seen for real: a 3-node
+    test-ddp times out after 120 s). The verbose table lists each direction."""
+    node1 = lab3.node("node1")
+    with inbound_high_ports_dropped(node1):
+        code, out, err = hrmctl("doctor", "--verbose", inventory=lab3.inventory, timeout=120)
+    assert code == 1, out + err
+    text = " ".join(out.split())
+    assert ("fail node1 · mesh: node1 accepts no inbound TCP on high ports (from node0, node2): its firewall; "
+            "gloo needs node2 -> node1: training hangs at the first collective") in text
+    assert "fix: on node1: `sudo ufw allow proto tcp from" in text
+    assert "fail node2 · mesh: cannot reach node1 (node1's firewall); gloo needs node2 -> node1" in text
+    assert "warn node0 · mesh: cannot reach node1 (node1's firewall); training with gloo is not affected" in text
+    assert "node2 -> node1: blocked (" in text and "node1 -> node2: ok" in text
+    assert "node0 -> node1: blocked" in text and ", not used by gloo" in text
+
+
+def test_pair_blocked_both_ways_fails_the_mesh(lab3, hrmctl):
+    node1, node2 = lab3.node("node1"), lab3.node("node2")
+    with iptables(node1, "INPUT", "-p", "tcp", "-s", node2.ip, "--dport", "1024:65535", "-j", "DROP"), \
+            iptables(node2, "INPUT", "-p", "tcp", "-s", node1.ip, "--dport", "1024:65535", "-j", "DROP"):
+        code, doc, err = doctor_json(hrmctl, lab3.inventory)
+    assert code == 1
+    for a, b in (("node1", "node2"), ("node2", "node1")):
+        mesh = doc["nodes"][a]["checks"]["mesh"]
+        assert mesh["status"] == "fail" and f"no direction works with {b}" in mesh["detail"], mesh
+        assert "gloo needs node2 -> node1" in mesh["detail"]
+    assert status(doc, "node0", "mesh") == "ok" and doc["mesh"]["dead_pairs"] == [["node1", "node2"]]
+    assert doc["mesh"]["closed_inbound"] == []  # each still accepts node0
+    assert doc["nodes"]["node1"]["checks"]["mesh"]["fix"].startswith("on node1:")  # gloo's direction lands there
 
 
 def test_clock_shifted_5s_is_reported_within_50ms(lab3, hrmctl):

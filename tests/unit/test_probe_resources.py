@@ -1,0 +1,64 @@
+"""The probe's resource facts: from psutil when the node's Python has it, else from the minimal
+standard-library fallback, with the same keys (the probe runs on nodes before anything is installed)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from netcheck import probe
+from netcheck.checks import resources_check
+from netcheck.nodeprobe import PROBE_FILE, parse_probe
+
+GB = 2**30
+
+
+def run_probe(data_dir, hide_psutil: bool, python: str = sys.executable) -> dict:
+    """The probe as a node runs it: its source file in a fresh interpreter (psutil hidden on demand)."""
+    code = ("import sys, runpy\n"
+            + ("sys.modules['psutil'] = None\n" if hide_psutil else "")
+            + f"sys.argv = [{str(PROBE_FILE)!r}, '--no-torch', '--data-dir', {str(data_dir)!r}]\n"
+            + f"runpy.run_path({str(PROBE_FILE)!r}, run_name='__main__')\n")
+    res = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def test_resource_facts_are_psutils(tmp_path):
+    facts = probe.resource_facts()
+    assert facts["source"] == "psutil"
+    assert facts["cpu_count"] == psutil.cpu_count(logical=True)
+    assert facts["cpu_physical"] == psutil.cpu_count(logical=False)
+    assert facts["mem_total_gb"] == round(psutil.virtual_memory().total / GB, 2)
+    assert facts["mem_available_gb"] == pytest.approx(psutil.virtual_memory().available / GB, abs=0.5)
+    assert facts["load_avg"] == pytest.approx(list(psutil.getloadavg()), abs=1.0)
+    assert probe.disk_facts(str(tmp_path))["free_gb"] == pytest.approx(psutil.disk_usage(str(tmp_path)).free / GB,
+                                                                       abs=0.5)
+
+
+def test_stdlib_fallback_gives_the_same_keys_and_values(tmp_path):
+    with_ps = run_probe(tmp_path, hide_psutil=False)
+    without = run_probe(tmp_path, hide_psutil=True)
+    a, b = with_ps["resources"], without["resources"]
+    assert (a["source"], b["source"]) == ("psutil", "stdlib")
+    assert set(a) == set(b) and set(with_ps) == set(without) and set(with_ps["data"]) == set(without["data"])
+    assert None not in b.values(), b  # on Linux the fallback knows every fact
+    for key in ("cpu_count", "cpu_physical", "mem_total_gb"):
+        assert a[key] == b[key], key
+    assert b["mem_available_gb"] == pytest.approx(a["mem_available_gb"], abs=0.5)
+    assert b["load_avg"] == pytest.approx(a["load_avg"], abs=1.0)
+    assert without["data"]["free_gb"] == pytest.approx(with_ps["data"]["free_gb"], abs=0.5)
+    # the older top-level keys the launcher reads are still there
+    assert (without["cpu_count"], without["ram_gb"]) == (b["cpu_count"], b["mem_total_gb"])
+
+
+def test_the_doctor_row_shows_load_and_available_memory(tmp_path):
+    p = parse_probe("node0", json.dumps(run_probe(tmp_path, hide_psutil=False)))
+    assert p.mem_available_gb is not None and len(p.load_avg) == 3
+    detail = resources_check(p).detail
+    assert f"{p.cpu_count} CPU, load {p.load_avg[0]:g}, {p.ram_gb} GB RAM ({p.mem_available_gb:g} available)" in detail
+    assert "GB free for data" in detail
