@@ -2,11 +2,12 @@
 
 Every resolved value remembers where it came from, so `hrmctl nodes` can show it.
 Precedence, highest first: the node's own table, `[defaults]`, ~/.ssh/config, built-in.
+The file is checked against cli.nodes.schema (msgspec) before anything is merged: a wrong key,
+type or value is one InventoryError line naming the file, the table and the key.
 """
 
 from __future__ import annotations
 
-import difflib
 import fnmatch
 import getpass
 import os
@@ -23,12 +24,13 @@ else:  # pragma: no cover - exercised only on 3.10
 import paramiko
 
 from cli.errors import InventoryError
+from cli.nodes import schema
+from cli.nodes.schema import UNSET, NodeTable, TopTable
 
 INVENTORY_NAME = "hrmctl.toml"
 LOCAL_NAMES = ("localhost", "local")
-NODE_KEYS = ("host", "user", "port", "identity_file", "python", "workdir", "data_dir", "nproc",
-             "ifname", "known_hosts")
-TOP_KEYS = ("master", "known_hosts", "defaults", "nodes")
+NODE_KEYS = NodeTable.__struct_fields__
+TOP_KEYS = TopTable.__struct_fields__
 
 BUILTIN = {"port": 22, "python": "python3", "workdir": "~/hrmctl", "data_dir": "data", "nproc": "auto"}
 
@@ -134,9 +136,7 @@ def local_node(name: str = "localhost") -> Node:
     )
 
 
-def _nearest(word: str, choices: list[str]) -> str | None:
-    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
-    return close[0] if close else None
+_nearest = schema.nearest
 
 
 def _ssh_config_names(cfg: paramiko.SSHConfig, name: str) -> bool:
@@ -147,36 +147,6 @@ def _ssh_config_names(cfg: paramiko.SSHConfig, name: str) -> bool:
         if fnmatch.fnmatch(name, pattern):
             return True
     return False
-
-
-def _check_keys(table: dict, allowed: tuple[str, ...], where: str, path: Path) -> None:
-    for key in table:
-        if key not in allowed:
-            hint = _nearest(key, list(allowed))
-            raise InventoryError(
-                f"{path}: unknown key '{key}' in {where}"
-                + (f"; did you mean '{hint}'?" if hint else f"; valid keys: {', '.join(allowed)}")
-            )
-
-
-def _port(value: Any, where: str) -> int:
-    try:
-        port = int(value)
-    except (TypeError, ValueError):
-        port = -1
-    if isinstance(value, bool) or not 1 <= port <= 65535:
-        raise InventoryError(f"{where}: port {value!r} is not a number from 1 to 65535; fix it in the inventory")
-    return port
-
-
-def _nproc(value: Any, where: str) -> str | int:
-    if value == "auto":
-        return "auto"
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return value
-    if isinstance(value, str) and value.isdigit() and int(value) > 0:
-        return int(value)
-    raise InventoryError(f"{where}: nproc {value!r} must be \"auto\" or a whole number of at least 1")
 
 
 def _as_list(value: Any) -> list[str]:
@@ -219,25 +189,28 @@ def _build_node(name: str, own: dict, defaults: dict, cfg: paramiko.SSHConfig | 
     if "known_hosts" not in values and top_known_hosts:
         values["known_hosts"] = top_known_hosts
         sources["known_hosts"] = "inventory"
-    where = f"{path or 'inventory'}: node '{name}'"
+    where = schema.one_line(f"{path or 'inventory'}: node '{name}'")
     if "host" not in values:
         raise InventoryError(f"{where} has no host; add host = \"<address>\" under [nodes.{name}]")
+    port = values["port"]
+    if sources["port"] == "ssh config":  # text there; the inventory's own value is checked already
+        port = schema.ssh_config_port(port, where)
     ident = [os.path.expanduser(p) for p in _as_list(values.get("identity_file"))]
     if sources.get("identity_file") in ("inventory", "defaults"):
         for p in ident:
             if not os.path.isfile(p):
-                raise InventoryError(
+                raise InventoryError(schema.one_line(
                     f"{where}: identity_file {p} does not exist; fix the path, or remove it to use your agent and default keys"
-                )
+                ))
     known = [os.path.expanduser(p) for p in _as_list(values.get("known_hosts"))]
     if not known:
         known = [os.path.expanduser("~/.ssh/known_hosts")]
         sources["known_hosts"] = "built-in"
     return Node(
         name=name, host=str(values["host"]), user=str(values["user"]),
-        port=_port(values["port"], where), identity_file=ident,
+        port=port, identity_file=ident,
         python=str(values["python"]), workdir=str(values["workdir"]),
-        data_dir=str(values["data_dir"]), nproc=_nproc(values["nproc"], where),
+        data_dir=str(values["data_dir"]), nproc=values["nproc"],
         ifname=values.get("ifname"), known_hosts=known,
         proxy_command=values.get("proxy_command"), sources=sources,
     )
@@ -267,36 +240,47 @@ def find_inventory(explicit: str | os.PathLike | None) -> Path | None:
     return here if here.is_file() else None
 
 
+def _read_toml(path: Path) -> dict[str, Any]:
+    """The file parsed, or one line: the file, and the parser's message with its line and column."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InventoryError(schema.one_line(f"{path}: cannot read the inventory ({exc})")) from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        msg = str(exc)
+        if "end of document" in msg and "line" not in msg:
+            last = text.rsplit("\n", 1)[-1]
+            msg = msg.replace("end of document", f"end of document, line {text.count(chr(10)) + 1}, "
+                                                 f"column {len(last) + 1}")
+        raise InventoryError(schema.one_line(f"{path}: not valid TOML: {msg}; fix that line")) from None
+    except RecursionError:
+        msg = "arrays or tables nested too deeply"
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
+        msg = f"a value out of range ({exc})"
+    raise InventoryError(schema.one_line(f"{path}: not valid TOML for hrmctl: {msg}"))
+
+
 def load_inventory(explicit: str | os.PathLike | None = None) -> Inventory:
     path = find_inventory(explicit)
     cfg, cfg_path = _load_ssh_config()
     if path is None:
         return Inventory(path=None, nodes={}, master=None, ssh_config=cfg, ssh_config_path=cfg_path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise InventoryError(f"{path}: not valid TOML: {exc}; fix that line") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InventoryError(f"{path}: cannot read the inventory ({exc})") from None
-    _check_keys(data, TOP_KEYS, "the top level", path)
-    defaults = data.get("defaults", {})
-    nodes_table = data.get("nodes", {})
-    if not isinstance(defaults, dict) or not isinstance(nodes_table, dict):
-        raise InventoryError(f"{path}: [defaults] and [nodes.NAME] must be tables; see the README's inventory example")
-    _check_keys(defaults, NODE_KEYS, "[defaults]", path)
-    top_known = [os.path.expanduser(p) for p in _as_list(data.get("known_hosts"))]
+    top = schema.check(_read_toml(path), TopTable, path, "")
+    defaults = schema.check(top.defaults, NodeTable, path, "[defaults]").given()
+    top_known = [os.path.expanduser(p) for p in _as_list(None if top.known_hosts is UNSET else top.known_hosts)]
     nodes: dict[str, Node] = {}
-    for name, own in nodes_table.items():
-        if not isinstance(own, dict):
-            raise InventoryError(f"{path}: nodes.{name} must be a table like [nodes.{name}] with host = \"...\"")
-        _check_keys(own, NODE_KEYS, f"[nodes.{name}]", path)
-        nodes[name] = _build_node(name, own, defaults, cfg, top_known, path)
-    master = data.get("master")
+    for name, own in top.nodes.items():
+        schema.check_name(name, path)
+        table = schema.check(own, NodeTable, path, schema.table_label(name)).given()
+        nodes[name] = _build_node(name, table, defaults, cfg, top_known, path)
+    master = None if top.master is UNSET else top.master
     if master is not None and master not in nodes:
-        hint = _nearest(str(master), list(nodes))
-        raise InventoryError(
-            f"{path}: master = '{master}' is not a node of this inventory"
+        hint = _nearest(master, list(nodes))
+        raise InventoryError(schema.one_line(
+            f"{path}: master = {schema.shown(master)} is not a node of this inventory"
             + (f"; did you mean '{hint}'?" if hint else f"; nodes: {', '.join(nodes) or 'none'}")
-        )
+        ))
     return Inventory(path=path, nodes=nodes, master=master, ssh_config=cfg, ssh_config_path=cfg_path,
                      defaults=defaults, known_hosts=top_known)
