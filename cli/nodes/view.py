@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from cli.nodes.inventory import Inventory, Node
@@ -27,10 +28,11 @@ def _check(session: Session) -> dict:
 
 
 def _value(node: Node, key: str) -> str:
+    """The value as table text: an inventory's `[` is shown as written, never read as rich markup."""
     v = getattr(node, key)
     if isinstance(v, list):
-        return ", ".join(v) or "-"
-    return "-" if v is None else str(v)
+        return escape(", ".join(v)) or "-"
+    return "-" if v is None else escape(str(v))
 
 
 def show_nodes(inv: Inventory, nodes: list[Node], *, check: bool, accept_new_host_keys: bool,
@@ -61,10 +63,10 @@ def show_nodes(inv: Inventory, nodes: list[Node], *, check: bool, accept_new_hos
         return 1 if failed else 0
 
     where = str(inv.path) if inv.path else "no inventory file (this machine only)"
-    table = Table(title=f"nodes — {where}", title_justify="left")
+    table = Table(title=escape(f"nodes — {where}"), title_justify="left")
     table.add_column("setting")
     for n in nodes:
-        table.add_column(n.name + (" (master)" if n.name == master else ""))
+        table.add_column(escape(n.name) + (" (master)" if n.name == master else ""))
     for key in SHOWN:
         table.add_row(key, *[f"{_value(n, key)} [dim]({n.sources.get(key, 'built-in')})[/dim]" for n in nodes])
     if check:
@@ -77,5 +79,5 @@ def show_nodes(inv: Inventory, nodes: list[Node], *, check: bool, accept_new_hos
     console.print(table)
     for o in results.values():
         if not o.ok:
-            console.print(f"[red]fail[/red] {o.error}", highlight=False, soft_wrap=True)
+            console.print(f"[red]fail[/red] {escape(str(o.error))}", highlight=False, soft_wrap=True)
     return 1 if failed else 0

@@ -300,3 +300,11 @@ def test_cli_usage_errors_are_one_line(home, tmp_path, args, pattern):
     assert res.returncode == 2
     assert res.stderr.startswith("error: ") and res.stderr.count("\n") == 1 and pattern in res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_nodes_table_shows_a_value_with_brackets_as_written(home, tmp_path):
+    """A value that looks like rich markup (`[/dim]`) is text: shown as written, never a MarkupError."""
+    write(tmp_path, '[nodes.a]\nhost = "10.0.0.1"\nworkdir = "~/[/dim]x[bold]"\n')
+    res = run_cli("nodes", cwd=tmp_path, home=home)
+    assert res.returncode == 0, res.stderr
+    assert "~/[/dim]x[bold] (inventory)" in res.stdout
