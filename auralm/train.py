@@ -8,6 +8,8 @@ Keys: see ``auralm/config.py`` (e.g. ``task=lm data_dir=data/quijote model=tiny 
 from __future__ import annotations
 
 import contextlib
+import errno
+import functools
 import json
 import math
 import os
@@ -44,12 +46,19 @@ def autocast(t: config.TrainingConfig, device: torch.device):
     return torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
 
 
-def memory_gb(device: torch.device) -> float:
+def memory_gb(device: torch.device) -> tuple[str, float]:
+    """This rank's memory and what the figure is: on CUDA the peak of tensors allocated on the device
+    (``cuda_peak``), else the process's resident set size now (``rss``, psutil)."""
     if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 1e9
-    import resource
+        return "cuda_peak", torch.cuda.max_memory_allocated(device) / 1e9
+    return "rss", _this_process().memory_info().rss / 1e9
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # kilobytes on Linux
+
+@functools.cache
+def _this_process():
+    import psutil
+
+    return psutil.Process()
 
 
 def rng_state(device: torch.device) -> dict:
@@ -68,16 +77,54 @@ def set_rng_state(state: dict, device: torch.device) -> None:
 # ---------------------------------------------------------------- start: data, output, resume
 
 
+DEFAULT_DATA_ENV = "HRMCTL_DEFAULT_DATA_DIR"  # set by hrmctl: the data_dir it passes is the node's default
+
+
+def default_data_dir(cfg: Config) -> bool:
+    """Whether ``data_dir`` is a default place rather than the user's choice: not given, or the node's data
+    directory from hrmctl's inventory (hrmctl passes it, and says so in HRMCTL_DEFAULT_DATA_DIR)."""
+    return not cfg.data_dir or cfg.data_dir == os.environ.get(DEFAULT_DATA_ENV)
+
+
+def cannot_write(path: Path) -> str | None:
+    """Why ``path`` (a directory, made when missing) cannot be written by this process, or None."""
+    base = path.absolute()
+    while not base.exists() and base != base.parent:
+        base = base.parent
+    if not base.is_dir():
+        return f"{base} is not a directory"
+    if not os.access(base, os.W_OK | os.X_OK):
+        return f"{base} is not writable by {_user()}"
+    return None
+
+
+def _user() -> str:
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except (ImportError, KeyError):
+        return f"uid {os.geteuid()}"
+
+
 def open_data(cfg: Config, d: distributed.Dist) -> tuple[Path, dict]:
-    """Check this rank's data; every rank's manifest must be the same as rank 0's (same meta.json hash)."""
-    data_dir = Path(cfg.data_dir or f"data/{cfg.task}")
+    """Check this rank's data; every rank's manifest must be the same as rank 0's (same meta.json hash).
+    The default sudoku data is generated when missing in a default place (see default_data_dir)."""
+    data_dir = Path(cfg.data_dir or f"data/{cfg.task}").expanduser()
     meta, error = None, None
     try:
-        if cfg.task == "sudoku" and not cfg.data_dir:
+        if cfg.task == "sudoku" and default_data_dir(cfg) and not (data_dir / "meta.json").exists():
+            why = cannot_write(data_dir.parent)  # made beside it, then renamed into place
+            if why:
+                raise UserError(f"cannot generate the default sudoku data in {data_dir}: {why}; make it writable, "
+                                f"or give data_dir= a prepared data directory")
             data.ensure_sudoku(data_dir)
         meta = data.load_manifest(data_dir, cfg.task)
     except UserError as e:
         error = str(e)
+    except OSError as e:  # unreadable, or not writable after all (a read-only file system, a full disk)
+        error = (f"cannot use the data in {data_dir}: {e.strerror or e} ({e.filename or data_dir}); fix its "
+                 f"permissions or free space there, or give data_dir= another directory")
     distributed.raise_if_any(d, error)
     hashes = distributed.gather_object(d, (d.host, data.manifest_hash(data_dir)))
     odd = [(r, host) for r, (host, h) in enumerate(hashes) if h != hashes[0][1]]
@@ -215,6 +262,10 @@ def train(cfg: Config, d: distributed.Dist) -> torch.nn.Module:
     if d.rank == 0:
         try:
             out_dir, found = plan_output(cfg)
+            why = cannot_write(out_dir)
+            if why:
+                raise UserError(f"cannot write the run directory {out_dir}: {why}; give out_dir= a directory "
+                                f"you can write, or fix its permissions")
         except UserError as e:
             error = str(e)
     distributed.raise_if_any(d, error)
@@ -316,16 +367,17 @@ def train(cfg: Config, d: distributed.Dist) -> torch.nn.Module:
             elapsed = time.perf_counter() - clock
             rate = done / elapsed
             train_s += elapsed
+            mem_kind, mem = memory_gb(d.device)
             record = {"step": step, "train_s": round(train_s, 3), "loss": float(loss) if math.isfinite(loss) else None,
                       "lr": lr,
-                      ("tokens_per_s" if unit == "tok/s" else "samples_per_s"): rate, "mem_gb": memory_gb(d.device),
+                      ("tokens_per_s" if unit == "tok/s" else "samples_per_s"): rate, f"{mem_kind}_gb": mem,
                       "grad_norm": float(norm)}
             act = meter.read(d, arch)
             record.update(act)
             extra = "" if not act else f" | ponder {act['ponder']:.2f} | " + (
                 f"exact {act['train_exact_accuracy']:.3f}" if cfg.task == "sudoku" else f"lm_loss {act['lm_loss']:.4f}")
             log.say(f"step {step}/{t.max_steps} | loss {float(loss):.4f} | lr {lr:.1e} | {rate:.0f} {unit}"
-                    f"{extra} | mem {record['mem_gb']:.1f}G")
+                    f"{extra} | {mem_kind.replace('_', ' ')} {mem:.1f}G")
             if evaluating and d.rank == 0:
                 with (ema.applied() if ema else contextlib.nullcontext()):
                     ev = evaluate(raw, val_set, cfg, d.device, tokenizer, whole=final and cfg.task == "sudoku")
@@ -392,6 +444,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except OSError as e:
+        if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT):
+            raise
+        # a directory that became unwritable (or full) during the run: one line, not a traceback
+        print(f"error: rank {rank}: cannot write {e.filename or 'a file'}: {e.strerror}; free space there or fix "
+              f"its permissions, then rerun with resume=latest", file=sys.stderr, flush=True)
+        return 2
     except RuntimeError as e:  # a peer died or hung (gloo, NCCL), a device failed: one line, not a traceback
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         print(f"error: rank {rank}: {first}", file=sys.stderr, flush=True)

@@ -24,6 +24,7 @@ RANK_RE = re.compile(r"^\[rank(\d+)\]:")
 STEP_RE = re.compile(r"^step (\d+)/(\d+)")
 ROOT_CAUSE_RANK_RE = re.compile(r"^\s*rank\s*:\s*(\d+)")
 EXITCODE_RE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+ROOT_CAUSE = "Root Cause (first observed failure)"  # torchrun's report: other failures come before it
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
@@ -57,7 +58,8 @@ class MergedLog:
         self.width = max(len(p.node.name) for p in plans)
         self.files = {}
         self.failed_rank: dict[str, int] = {}  # node -> first rank torchrun blamed (its "Root Cause")
-        self.exitcode: dict[str, int] = {}
+        self.exitcode: dict[str, int] = {}  # node -> that rank's exit code (negative: killed by that signal)
+        self.in_root_cause: set[str] = set()
         self.node_facts: dict[str, dict] = {}  # what cli.launch.node_torchrun reported, by node
         self.first_step_at: float | None = None
         self.progress: Progress | None = None
@@ -73,6 +75,7 @@ class MergedLog:
             fh.flush()
         self.failed_rank.clear()
         self.exitcode.clear()
+        self.in_root_cause.clear()
         self.node_facts.clear()
 
     def handler(self, plan: NodeLaunch) -> Callable[[str, str], None]:
@@ -108,7 +111,13 @@ class MergedLog:
             out.print(f"[{self.colour[node]}]{escape(who)} │[/] {escape(body)}", highlight=False, soft_wrap=True)
 
     def _watch_failure(self, node: str, body: str) -> None:
-        """torchrun's failure report ("Root Cause (first observed failure)") names rank and exit code."""
+        """torchrun's failure report names rank and exit code of its root cause (after its "Failures:" list of
+        the others): the first rank and exitcode after the "Root Cause" line."""
+        if ROOT_CAUSE in body:
+            self.in_root_cause.add(node)
+            return
+        if node not in self.in_root_cause:
+            return
         m = ROOT_CAUSE_RANK_RE.match(body)
         if m and node not in self.failed_rank:
             self.failed_rank[node] = int(m.group(1))

@@ -99,9 +99,11 @@ def choose_backend(requested: str, facts: dict[str, NodeFacts]) -> tuple[str, st
 
 
 def build_plan(nodes: list[Node], facts: dict[str, NodeFacts], *, master_addr: str, master_port: int,
-               backend: str, entry: list[str], run_id: str, user_env: dict[str, str] | None = None,
-               nproc: int | None = None) -> list[NodeLaunch]:
-    """One NodeLaunch per node, master (node rank 0) first. `entry` is the module and its args."""
+               backend: str, entry: list[str] | dict[str, list[str]], run_id: str,
+               user_env: dict[str, str] | None = None, nproc: int | None = None,
+               node_env: dict[str, dict[str, str]] | None = None) -> list[NodeLaunch]:
+    """One NodeLaunch per node, master (node rank 0) first. `entry` is the module and its args (the same on
+    every node, or by node name); `node_env` adds variables per node (the user's --env still wins)."""
     counts = [nproc_for(n, facts[n.name], nproc) for n in nodes]
     world = sum(counts)
     plans = []
@@ -130,7 +132,9 @@ def build_plan(nodes: list[Node], facts: dict[str, NodeFacts], *, master_addr: s
         if f.slow_dns:  # c10d looks up every peer's name; glibc reads RES_OPTIONS
             env["RES_OPTIONS"] = "timeout:1 attempts:1"
             notes.append("DNS does not answer: resolver timeout cut to 1 s")
+        env.update((node_env or {}).get(node.name, {}))
         env.update(user_env or {})
+        node_entry = entry[node.name] if isinstance(entry, dict) else entry
         if f.guessed:
             notes.append("first launch here: torch's answers guessed, confirmed on the node before torchrun starts")
         argv = [node.python, *(_checked(f) if f.guessed else TORCHRUN),
@@ -138,7 +142,7 @@ def build_plan(nodes: list[Node], facts: dict[str, NodeFacts], *, master_addr: s
                 "--rdzv-backend=static", f"--rdzv-id={run_id}",
                 f"--master-addr={master_addr}", f"--master-port={master_port}",
                 "--max-restarts=0", "--tee=3", "--monitor-interval=0.5",
-                f"--shutdown-timeout={SHUTDOWN_TIMEOUT_S}", *entry]
+                f"--shutdown-timeout={SHUTDOWN_TIMEOUT_S}", *node_entry]
         plans.append(NodeLaunch(node=node, node_rank=rank, nproc=count, first_rank=first, argv=argv, env=env,
                                 cwd=node.workdir, notes=notes))
         first += count

@@ -5,6 +5,7 @@ Order of a launch, so that nothing starts anywhere when something is wrong:
   2. the master address (an IP the workers reach; never loopback with other nodes);
   3. every node probed in parallel (netcheck's probe; torch facts cached, see facts);
   4. the master port: free on the master and reachable from every worker (netcheck);
+     with 3 and 4, each node's directories: data and run directory writable, with room (storage.py);
   5. the plan (plan.py) -> printed by --dry-run, or run by run.py on every node.
 """
 
@@ -32,6 +33,7 @@ from cli.launch.log import MergedLog
 from cli.launch.plan import NodeFacts, NodeLaunch, build_plan, choose_backend, nproc_for, redacted
 from cli.launch.run import RunResult, connect_all, run_once
 from cli.launch.node_torchrun import FACTS_DIFFER
+from cli.launch.storage import DEFAULT_DATA_ENV, check_local, check_nodes, trainer_dirs
 from cli.nodes.remote import Session
 
 TRAINER = "auralm.train"
@@ -174,28 +176,39 @@ def prepare(opts: LaunchOptions, console: Console) -> Prepared:
                               master_name=master.name)
     except MasterAddressError as exc:
         raise HrmctlError(str(exc)) from None
-    # One connection per node serves the whole preflight. Three things run at once: the trainer's
-    # check of the overrides (a local `import torch`), the node probes, and the master port
-    # (chosen on the master, then tried from every worker). Nothing starts before all three pass;
-    # the trainer's verdict is reported first, then the nodes', then the port's.
+    run_id = opts.run_id or new_run_id()
+    trainer = opts.module == TRAINER
+    dirs, extra = trainer_dirs(opts.args, run_id) if trainer else (None, [])
+    if not opts.dry_run:
+        check_local(str(opts.runs_dir / run_id))  # hrmctl's own logs, here
+    # One connection per node serves the whole preflight. Four things run at once: the trainer's
+    # check of the overrides (a local `import torch`), the node probes, each node's directories
+    # (and psutil), and the master port (chosen on the master, then tried from every worker).
+    # Nothing starts before all four pass; the trainer's verdict is reported first, then the
+    # nodes', their directories', then the port's.
     sessions = connect_all(nodes, opts.accept_new_host_keys)
     keep = False
     try:
-        with ThreadPoolExecutor(max_workers=3) as pool:
+        with ThreadPoolExecutor(max_workers=4) as pool:
             check = pool.submit(check_trainer_args, opts.module, opts.args)
             probes = pool.submit(gather, sessions, nodes, addr, use_cache=opts.use_cache, guess=not opts.dry_run)
+            storage = pool.submit(check_nodes, sessions, nodes, dirs)
             port_f = pool.submit(_port, sessions, nodes, addr, opts.master_port)
             check.result()
             facts, _ = probes.result()
+            storage.result()
             port = port_f.result()
         _check_nproc(nodes, facts, opts.nproc)
         backend, why = choose_backend(opts.backend, facts)
-        run_id = opts.run_id or new_run_id()
-        args = list(opts.args)
-        if opts.module == TRAINER and not any(a.startswith("out_dir=") for a in args):
-            args.append(f"out_dir=runs/{run_id}")  # checkpoints beside the logs; restarts resume from there
-        plans = build_plan(nodes, facts, master_addr=addr, master_port=port, backend=backend,
-                           entry=["-m", opts.module, *args], run_id=run_id, user_env=opts.env, nproc=opts.nproc)
+        entry, node_env = {}, {}
+        for n in nodes:
+            args = list(opts.args)
+            if dirs is not None and dirs.data_given is None:  # the inventory's data_dir, per node
+                args.append(f"data_dir={dirs.data[n.name]}")
+                node_env[n.name] = {DEFAULT_DATA_ENV: dirs.data[n.name]}
+            entry[n.name] = ["-m", opts.module, *args, *extra]
+        plans = build_plan(nodes, facts, master_addr=addr, master_port=port, backend=backend, entry=entry,
+                           run_id=run_id, user_env=opts.env, nproc=opts.nproc, node_env=node_env)
         keep = not opts.dry_run  # the launch starts the jobs over these connections: no second handshake
         return Prepared(plans, backend, why, run_id, sessions if keep else None)
     finally:

@@ -8,8 +8,9 @@ heartbeat is lost, or Ctrl-C / SIGTERM, stops the job on every node. Stopping is
   2. an explicit stop on every node, over a fresh connection: every process whose environment
      carries this job's HRMCTL_JOB tag (set by the launcher and inherited by torchrun and all its
      workers, which torchrun starts in sessions of their own, so no process group holds them all)
-     gets SIGTERM, and SIGKILL after a grace period. Processes are found by PID through that tag,
-     never by name, so nothing else of the user's is touched.
+     and their descendants get SIGTERM, and SIGKILL after a grace period (psutil, run by the node's
+     Python: process_iter over the environments, children(recursive=True), wait_procs). Processes
+     are found by PID through that tag, never by name, so nothing else of the user's is touched.
 """
 
 from __future__ import annotations
@@ -34,39 +35,58 @@ POLL_S = 0.1
 LOST_CODE = 255
 REPORT_WINDOW_S = 1.5
 
-# Sent to a node's Python: stop every process whose environment holds HRMCTL_JOB=<argv[1]>.
+# Sent to a node's Python (the one that runs torchrun, so it has the project's dependencies, psutil among
+# them): stop every process whose environment holds HRMCTL_JOB=<argv[1]>, and their descendants; SIGTERM,
+# then SIGKILL after argv[2] seconds. Prints how many processes were found and how many are left.
 STOP_SNIPPET = r"""
-import os, signal, sys, time
-tag = ("HRMCTL_JOB=" + sys.argv[1]).encode()
-grace = float(sys.argv[2])
+import os, sys
+import psutil
+
+job, grace = sys.argv[1], float(sys.argv[2])
 me = os.getpid()
 
+
 def tagged():
-    found = []
-    for d in os.listdir("/proc"):
-        if d.isdigit() and int(d) != me:
+    found = {}
+    for p in psutil.process_iter(["environ"], ad_value=None):  # another user's process: environ None
+        if p.pid != me and (p.info["environ"] or {}).get("HRMCTL_JOB") == job:
+            found[p.pid] = p
             try:
-                with open("/proc/%s/environ" % d, "rb") as f:
-                    if tag in f.read().split(b"\0"):
-                        found.append(int(d))
-            except OSError:
+                found.update((c.pid, c) for c in p.children(recursive=True) if c.pid != me)
+            except psutil.Error:
                 pass
     return found
 
-first = pids = tagged()
-for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 2.0)):
-    for p in pids:
+
+def running(procs):
+    alive = []
+    for p in procs:
         try:
-            os.kill(p, sig)
-        except OSError:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(p)
+        except psutil.Error:
             pass
-    deadline = time.time() + wait
-    while pids and time.time() < deadline:
-        time.sleep(0.1)
-        pids = tagged()
-    if not pids:
-        break
-print(len(first), len(pids))
+    return alive
+
+
+def signal_all(procs, kill):
+    for p in procs:
+        try:
+            p.kill() if kill else p.terminate()
+        except psutil.Error:
+            pass
+
+
+first = tagged()
+signal_all(first.values(), kill=False)
+_, alive = psutil.wait_procs(list(first.values()), timeout=grace)
+# what is still there, and what the job started meanwhile, gets SIGKILL
+late = {p.pid: p for p in running(alive)}
+late.update((pid, p) for pid, p in tagged().items() if pid not in first)
+signal_all(late.values(), kill=True)
+_, alive = psutil.wait_procs(list(late.values()), timeout=2.0)
+left = running(alive) + running([p for pid, p in tagged().items() if pid not in late])
+print(len(first), len(left))
 """
 
 
@@ -244,7 +264,8 @@ def _failure(plans: list[NodeLaunch], log: MergedLog, jobs: dict[str, Job], ende
     REPORT_WINDOW_S to end too (less once a killed worker has shown up, or everyone has ended), and a
     worker killed by a signal (torchrun's report: a negative exit code) is the root cause over one
     that exited on a broken connection; otherwise the first node to end. The rank comes from
-    torchrun's "Root Cause" report."""
+    torchrun's "Root Cause" report; a rank killed by a signal is named with it (SIGKILL: the OOM
+    killer's, so the message says where to look)."""
     deadline = time.monotonic() + REPORT_WINDOW_S
     while time.monotonic() < deadline:
         for p in plans:
@@ -267,6 +288,25 @@ def _failure(plans: list[NodeLaunch], log: MergedLog, jobs: dict[str, Job], ende
     if code == FACTS_DIFFER and name in log.node_facts:  # cli.launch.node_torchrun: nothing ran there
         return RunResult(code, f"{name}: its torch differs from the first launch's guess", failed_node=name)
     worker_code = log.exitcode.get(name)
+    if worker_code is not None and worker_code < 0:  # torchrun's report: the rank died of a signal
+        return RunResult(code, killed_by(f"{who} on {name}", name, -worker_code), failed_node=name,
+                         failed_rank=rank)
+    if code < 0:  # the node's job itself (a local torchrun) died of a signal: exit as a shell would
+        return RunResult(128 - code, killed_by(f"torchrun on {name} ({who})", name, -code), failed_node=name,
+                         failed_rank=rank)
     detail = f", worker exit code {worker_code}" if worker_code not in (None, code) else ""
     return RunResult(code, f"{who} on {name} failed first (exit code {code}{detail})", failed_node=name,
                      failed_rank=rank)
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def killed_by(who: str, node: str, signum: int) -> str:
+    """`rank 1 on node1 was killed by SIGKILL (out of memory? ...)`: SIGKILL is what the kernel's OOM killer sends."""
+    hint = f" (out of memory? see `dmesg` on {node})" if signum == signal.SIGKILL else ""
+    return f"{who} was killed by {signal_name(signum)}{hint}"

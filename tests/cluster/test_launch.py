@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -170,8 +171,8 @@ def test_killed_trainer_on_one_node_stops_the_others(lab3, tmp_path):
             proc.kill()
     assert proc.returncode not in (0, None), out + err
     assert elapsed < 10, f"the other node was stopped only after {elapsed:.1f}s"
-    assert "rank 1 on node2 failed first" in err, err
-    assert "Traceback" not in err
+    assert "error: rank 1 on node2 was killed by SIGKILL (out of memory? see `dmesg` on node2)" in err, err
+    assert "exit code -9" not in err and "Traceback" not in err
     for n in lab3.nodes[1:]:
         assert job_pids(n, "kill1") == [], f"processes of the job left on {n.name}"
 
@@ -308,7 +309,8 @@ def test_max_restarts_resumes_the_real_trainer_from_its_last_checkpoint(lab3, hr
     code, out, err = hrmctl("train", "--nodes", "node1,node2", "--run-id", "rs1", "--max-restarts", "1", *args,
                             inventory=lab3.inventory, timeout=240)
     assert code == 0, out + err
-    assert "restart 1 of 1 from the last checkpoint" in out and "rank 1 on node2 failed first" in out, out
+    assert ("rank 1 on node2 was killed by SIGKILL (out of memory? see `dmesg` on node2); restart 1 of 1 from the "
+            "last checkpoint") in out, out
     node1 = (tmp_path / "runs" / "rs1" / "node1.log").read_text()
     node2 = (tmp_path / "runs" / "rs1" / "node2.log").read_text()
     first, second = node1.split("# hrmctl launch, attempt 2,")
@@ -382,3 +384,87 @@ def test_hrm_trains_across_two_nodes_with_rows_halting_differently_on_each(lab3,
     assert len(by_rank) == 8 and any(a != b for a, b in by_rank), by_rank
     final = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines() if '"checksum"' in line]
     assert final[-1]["equal"] and len(set(final[-1]["checksums"])) == 1
+
+
+def test_unwritable_directories_are_refused_before_anything_starts(lab3, hrmctl, tmp_path):
+    """The master's workdir (where its run directory goes) not writable by the node's user; then a worker
+    whose inventory data_dir is in a directory it cannot write (the default sudoku data would be made
+    there): each is one line naming node, directory and fix, exit 1, and nothing starts anywhere."""
+    node1, node2 = lab3.node("node1"), lab3.node("node2")
+    work = node1.home / "hrmctl"
+    mode = work.stat().st_mode
+    work.chmod(0o555)
+    try:
+        code, out, err = hrmctl("train", "--nodes", "node1,node2", "--run-id", "ro1", *TINY,
+                                inventory=lab3.inventory, timeout=120)
+    finally:
+        work.chmod(mode)
+    assert code == 1, out + err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    # the run directory (runs/ro1), or first the data directory (data/sudoku) when its data is not there yet
+    assert lines[0].startswith("error: node1: cannot write the ") and (f"{work}/runs/ro1: " in lines[0]
+                                                                        or f"{work}/data/sudoku: " in lines[0])
+    assert lines[0].split(": ", 3)[3].startswith(f"{work} is not writable by {node1.user}; fix: on node1 "
+                                                 f"`sudo chown -R {node1.user} {work}`, or "), lines[0]
+    assert not (tmp_path / "runs").exists() and not (work / "runs" / "ro1").exists()
+    assert job_pids(node1, "ro1") == [] and job_pids(node2, "ro1") == []
+
+    ro = node2.home / "ro"
+    ro.mkdir()
+    shutil.chown(ro, node2.user, node2.user)
+    ro.chmod(0o555)
+    inv = tmp_path / "hrmctl.toml"
+    inv.write_text(lab3.inventory.read_text().replace(f'user = "{node2.user}"',
+                                                      f'user = "{node2.user}"\ndata_dir = "~/ro/data"'))
+    try:
+        code, out, err = hrmctl("train", "--nodes", "node1,node2", "--run-id", "ro2", *TINY, inventory=inv,
+                                timeout=120)
+    finally:
+        shutil.rmtree(ro)
+    assert code == 1, out + err
+    assert err.strip() == (f"error: node2: cannot write the data directory {ro}/data/sudoku: {ro} is not writable by "
+                           f"{node2.user}; fix: on node2 `sudo chown -R {node2.user} {ro}`, or set data_dir for node2 "
+                           "in the inventory"), err
+    assert not (tmp_path / "runs").exists() and not (node1.home / "hrmctl" / "runs" / "ro2").exists()
+
+
+def test_the_trainer_uses_each_nodes_data_dir_from_the_inventory(lab3, hrmctl, tmp_path):
+    """node1's data_dir is under its home (`~/`), node2's relative to its workdir; both hold the same small
+    dataset there, and nothing in the default place (`<workdir>/data/sudoku`) is looked at. Then a node
+    whose data_dir has no data yet gets the default sudoku data generated there."""
+    from tests.trainer.helpers import small_sudoku
+
+    node0, node1, node2 = lab3.nodes
+    ds = small_sudoku(tmp_path / "ds" / "sudoku", 600)
+    places = {"node1": node1.home / "mydata" / "sudoku", "node2": node2.home / "hrmctl" / "their-data" / "sudoku"}
+    for n, place in zip((node1, node2), places.values()):
+        shutil.copytree(ds, place)
+        subprocess.run(["chown", "-R", f"{n.user}:{n.user}", str(place.parent)], check=True)
+    inv = tmp_path / "hrmctl.toml"
+    text = lab3.inventory.read_text()
+    text = text.replace(f'user = "{node1.user}"', f'user = "{node1.user}"\ndata_dir = "~/mydata"')
+    text = text.replace(f'user = "{node2.user}"', f'user = "{node2.user}"\ndata_dir = "their-data"')
+    text = text.replace(f'user = "{node0.user}"', f'user = "{node0.user}"\ndata_dir = "~/gen"')
+    inv.write_text(text)
+    try:
+        code, out, err = hrmctl("train", "--nodes", "node1,node2", "--run-id", "dd1", *TINY, inventory=inv,
+                                timeout=240)
+        assert code == 0, out + err
+        node1_log = (tmp_path / "runs" / "dd1" / "node1.log").read_text()
+        node2_log = (tmp_path / "runs" / "dd1" / "node2.log").read_text()
+        assert f"data_dir={places['node1']} " in node1_log.split("# command: ")[1]  # `~/` is node1's home
+        assert "data_dir=their-data/sudoku " in node2_log.split("# command: ")[1]  # relative: from the workdir
+        assert "[rank0]:held-out exact accuracy" in node1_log and f"test puzzles of {places['node1']} " in node1_log
+        assert "generating" not in node1_log + node2_log  # read where it was; rank 1 agreed on the same data
+        assert "[rank0]:step 4/4" in node1_log
+
+        code, out, err = hrmctl("train", "--nodes", "node0", "--run-id", "dd2", *TINY, "training.max_steps=1",
+                                inventory=inv, timeout=300)
+        assert code == 0, out + err
+        gen = node0.home / "gen" / "sudoku"
+        assert f"generating the default sudoku data in {gen} ..." in out
+        assert (gen / "meta.json").is_file() and gen.owner() == node0.user
+    finally:
+        for place in (*places.values(), node0.home / "gen" / "sudoku"):
+            shutil.rmtree(place.parent, ignore_errors=True)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from cli.nodes.inventory import Node
+from cli.launch import storage
 from cli.launch.plan import NodeFacts, build_plan, choose_backend, parse_env_options
 from cli.errors import HrmctlError
 
@@ -135,3 +136,183 @@ def test_bad_input_is_one_line_and_nothing_starts(tmp_path, args, expect):
     assert err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
     assert expect in err
     assert not (tmp_path / "runs").exists()
+
+
+# ---------------------------------------------------------------- the preflight's look at the directories
+
+
+def look(spec: dict) -> dict:
+    """The node side of the directory check, run here as the nodes run it (the snippet, by this Python)."""
+    res = subprocess.run([sys.executable, "-", json.dumps(spec)], input=storage.SNIPPET, capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def test_directories_writable_with_room_or_one_line_naming_node_directory_and_fix(tmp_path):
+    work = tmp_path / "work"
+    (work / "data" / "sudoku").mkdir(parents=True)
+    (work / "data" / "sudoku" / "meta.json").write_text("{}")
+    (work / "blocked").write_text("a file where a directory should be")
+    dirs = [{"kind": "data", "path": "data/sudoku", "generate": True},  # there: only read
+            {"kind": "data", "path": "data/lm", "generate": False},  # missing, not generated: the trainer says so
+            {"kind": "data", "path": "fresh/sudoku", "generate": True},  # made in work/fresh
+            {"kind": "run", "path": "runs/r1"},
+            {"kind": "run", "path": "blocked/r1"}]
+    ans = look({"workdir": str(work), "min_free": 1, "dirs": dirs})
+    assert ans["psutil"] is True and ans["user"]
+    got = {d["path"]: d["problem"] for d in ans["dirs"]}
+    assert got == {"data/sudoku": None, "data/lm": None, "fresh/sudoku": None, "runs/r1": None,
+                   "blocked/r1": {"why": "notdir", "at": str(work / "blocked")}}
+    assert [d["resolved"] for d in ans["dirs"]][:1] == [str(work / "data" / "sudoku")]
+    assert not (work / "runs").exists() and not (work / "fresh").exists(), "the check writes nothing"
+
+    full = look({"workdir": str(work), "min_free": 1 << 62, "dirs": dirs})  # no disk has 4 EiB free
+    problems = {d["path"]: d["problem"] for d in full["dirs"]}
+    assert problems["data/sudoku"] is None and problems["data/lm"] is None  # read only: no room needed
+    assert problems["runs/r1"]["why"] == "space" and problems["runs/r1"]["at"] == str(work)
+    assert problems["fresh/sudoku"]["why"] == "space"
+
+    home = look({"workdir": "~/w", "min_free": 1, "dirs": [{"kind": "run", "path": "~/x/runs"}]})
+    assert home["dirs"][0]["resolved"] == os.path.expanduser("~/x/runs")
+
+    d = dict(full["dirs"][3], resolved="/home/u/w/runs/r1")
+    line = storage.problem_line("node1", d, "u", False)
+    assert line.startswith("node1: only ") and "MB free for the run directory" in line and "fix: " in line
+    d = {"kind": "run", "resolved": "/home/u/w/runs/r1", "problem": {"why": "unwritable", "at": "/home/u/w"}}
+    assert storage.problem_line("node1", d, "u", False) == (
+        "node1: cannot write the run directory (out_dir: logs and checkpoints) /home/u/w/runs/r1: /home/u/w is not "
+        "writable by u; fix: on node1 `sudo chown -R u /home/u/w`, or give out_dir= a directory u can write on node1")
+    d = {"kind": "data", "resolved": "/srv/d/sudoku", "problem": {"why": "unwritable", "at": "/srv"}}
+    assert storage.problem_line("node2", d, "u", True).endswith("or set data_dir for node2 in the inventory")
+
+    storage.check_local(str(work / "runs" / "r1"))  # hrmctl's own logs, here: fine
+    with pytest.raises(HrmctlError, match=f"cannot write hrmctl's logs to {work}/blocked/r1: {work}/blocked is a "
+                                          "file, not a directory; fix: ") as exc:
+        storage.check_local(str(work / "blocked" / "r1"))
+    assert exc.value.exit_code == 1
+
+
+def test_unwritable_seen_as_the_node_user_sees_it(tmp_path, monkeypatch):
+    """os.access as a user without write permission (root may write anywhere, so it is told no here)."""
+    ns: dict = {"__name__": "t"}
+    exec(storage.SNIPPET, ns)
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if p == str(tmp_path) else real(p, mode))
+    spec = {"workdir": str(tmp_path), "min_free": 1,
+            "dirs": [{"kind": "run", "path": "runs/x"}, {"kind": "data", "path": "data/sudoku", "generate": True}]}
+    got = [d["problem"] for d in ns["check"](spec)["dirs"]]
+    assert got == [{"why": "unwritable", "at": str(tmp_path)}] * 2
+
+
+def test_the_trainers_directories_under_hrmctl():
+    dirs, extra = storage.trainer_dirs(["model=tiny"], "r1")
+    assert (dirs.task, dirs.data_given, dirs.out_dir, extra) == ("sudoku", None, "runs/r1", ["out_dir=runs/r1"])
+    dirs, extra = storage.trainer_dirs(["task=lm", "+data_paths=['/d/x']", "checkpoint_path=/o"], "r1")
+    assert (dirs.task, dirs.data_given, dirs.out_dir, extra) == ("lm", "/d/x", "/o", [])
+    dirs, extra = storage.trainer_dirs(["run_name=mine", "data_path=d"], "r1")
+    assert (dirs.data_given, dirs.out_dir, extra) == ("d", "runs/mine", [])
+    assert storage.node_data_dir(node("a", "h", data_dir="data"), "sudoku") == "data/sudoku"  # from workdir
+    assert storage.node_data_dir(node("a", "h", data_dir="~/ds/"), "lm") == "~/ds/lm"
+    assert storage.node_data_dir(node("a", "h", data_dir="/"), "lm") == "/lm"
+
+
+def test_data_dir_per_node_goes_to_the_trainer_with_its_marker():
+    entry = {"a": ["-m", "auralm.train", "data_dir=data/sudoku", "out_dir=runs/r1"],
+             "b": ["-m", "auralm.train", "data_dir=/home/b/d/sudoku", "out_dir=runs/r1"]}
+    a, b = plan(entry=entry, node_env={"a": {"HRMCTL_DEFAULT_DATA_DIR": "data/sudoku"}})
+    assert a.argv[-2:] == ["data_dir=data/sudoku", "out_dir=runs/r1"] and b.argv[-2] == "data_dir=/home/b/d/sudoku"
+    assert a.env["HRMCTL_DEFAULT_DATA_DIR"] == "data/sudoku" and "HRMCTL_DEFAULT_DATA_DIR" not in b.env
+
+
+# ---------------------------------------------------------------- the failing rank, by name and signal
+
+
+ROOT_CAUSE_REPORT = """\
+============================================================
+auralm.train FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-24_10:00:01
+  host      : node1
+  rank      : 3 (local_rank: 1)
+  exitcode  : 1 (pid: 12)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-24_10:00:00
+  host      : node1
+  rank      : 2 (local_rank: 0)
+  exitcode  : -9 (pid: 11)  (SIGKILL)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 11
+============================================================"""
+
+
+class FakeJob:
+    def __init__(self, code):
+        self.code = code
+
+    def wait(self, timeout=None):
+        return self.code
+
+
+def test_a_rank_killed_by_a_signal_is_named_by_it(tmp_path):
+    from rich.console import Console
+
+    from cli.launch.log import MergedLog
+    from cli.launch.run import _failure
+
+    plans = plan(nodes=[node("a", "10.0.0.1"), node("b", "10.0.0.2")],
+                 facts={"a": NodeFacts(cpus=2), "b": NodeFacts(cpus=2)}, nproc=2)
+    log = MergedLog(Console(file=open(os.devnull, "w")), tmp_path, plans, quiet=True)
+    log.start(plans, 1)
+    for line in ROOT_CAUSE_REPORT.splitlines():
+        log.line("b", None, line)
+    assert log.failed_rank == {"b": 2} and log.exitcode == {"b": -9}  # the root cause, not the failure before it
+    jobs = {"a": FakeJob(1), "b": FakeJob(1)}
+    res = _failure(plans, log, jobs, {"a": 1}, "a")  # a ended first, on the broken connection
+    assert res.reason == "rank 2 on b was killed by SIGKILL (out of memory? see `dmesg` on b)"
+    assert (res.failed_node, res.failed_rank, res.code) == ("b", 2, 1)
+
+    log.start(plans, 2)
+    for line in ROOT_CAUSE_REPORT.replace("-9 (pid: 11)  (SIGKILL)", "-15 (pid: 11)").splitlines():
+        log.line("b", None, line)
+    res = _failure(plans, log, jobs, {"b": 1}, "b")
+    assert res.reason == "rank 2 on b was killed by SIGTERM"  # the OOM hint is for SIGKILL only
+    log.start(plans, 3)
+    res = _failure(plans, log, {"a": FakeJob(-11), "b": FakeJob(None)}, {"a": -11}, "a")  # a local torchrun
+    assert res.reason == "torchrun on a (ranks 0-1) was killed by SIGSEGV" and res.code == 139
+    log.close()
+
+
+def test_the_stop_finds_the_jobs_processes_by_their_tag_and_leaves_the_rest(tmp_path):
+    """STOP_SNIPPET with psutil: everything tagged with the job (here a process that ignores SIGTERM, and
+    its child in a session of its own, as torchrun's workers are) is stopped; an untagged one stays."""
+    from cli.launch.run import STOP_SNIPPET
+
+    tree = ("import os, signal, subprocess, sys, time\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True)\n"
+            "print('up', flush=True)\n"
+            "time.sleep(60)\n")
+    job = subprocess.Popen([sys.executable, "-c", tree], env=dict(os.environ, HRMCTL_JOB="r9/a"),
+                           stdout=subprocess.PIPE, text=True)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                             env=dict(os.environ, HRMCTL_JOB="r9/b"))
+    try:
+        assert job.stdout.readline().strip() == "up"
+        res = subprocess.run([sys.executable, "-", "r9/a", "0.5"], input=STOP_SNIPPET, capture_output=True,
+                             text=True, timeout=30)
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.split() == ["2", "0"]  # found the agent and its worker; none left
+        assert job.wait(5) == -9  # it ignored SIGTERM: SIGKILL after the grace period
+        assert other.poll() is None  # another job's process is not touched
+    finally:
+        for p in (job, other):
+            if p.poll() is None:
+                p.kill()
+            p.wait()

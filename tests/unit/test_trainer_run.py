@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 import shutil
 
@@ -39,9 +40,9 @@ def test_sudoku_loss_and_accuracy_improve(sudoku_dir, tmp_path, capsys):
     out = capsys.readouterr().out
     lines = [l for l in out.splitlines() if l.startswith("step ")]
     assert [int(re.match(r"^step (\d+)/(\d+) ", l).group(1)) for l in lines] == [20, 40, 60, 80]
-    assert all(re.match(r"^step \d+/80 \| loss \d+\.\d{4} \| lr \S+ \| \d+ puzzles/s \| mem \S+G$", l) for l in lines)
+    assert all(re.match(r"^step \d+/80 \| loss \d+\.\d{4} \| lr \S+ \| \d+ puzzles/s \| rss \S+G$", l) for l in lines)
     last = by_step(tmp_path)[80]
-    assert set(last) >= {"step", "loss", "lr", "samples_per_s", "val_loss", "cell_acc", "exact_accuracy"}
+    assert set(last) >= {"step", "loss", "lr", "samples_per_s", "val_loss", "cell_acc", "exact_accuracy", "rss_gb"}
     assert last["val_loss"] < math.log(9) - 0.25  # well below the uniform guess over 9 digits (2.197)
     assert last["cell_acc"] > 0.28  # a random digit is right 1 time in 9
     assert (tmp_path / "config.json").exists() and (tmp_path / "checkpoint-80").exists()
@@ -146,3 +147,78 @@ def test_gradient_accumulation_and_checkpointing_give_the_same_training(tmp_path
     for step in range(1, 5):  # the same 8 windows per step: as one batch, or as two micro-batches of 4
         assert abs(plain[step]["loss"] - accum[step]["loss"]) < 1e-4, step
         assert abs(plain[step]["loss"] - ckpt[step]["loss"]) < 1e-5, step
+
+
+def test_memory_figure_is_the_current_rss_and_says_so(sudoku_dir, tmp_path, capsys):
+    import psutil
+
+    kind, gb = train.memory_gb(torch.device("cpu"))
+    assert kind == "rss" and abs(gb - psutil.Process().memory_info().rss / 1e9) < 0.2
+    _run(*tiny_args(sudoku_dir, tmp_path, "training.max_steps=1"))
+    assert re.search(r"^step 1/1 \| .* \| rss \d+\.\dG$", capsys.readouterr().out, re.M)
+    [rec] = records(tmp_path)
+    assert 0 < rec["rss_gb"] < 100 and "mem_gb" not in rec
+
+
+def test_unwritable_out_dir_or_data_dir_is_one_line_and_exit_2(sudoku_dir, tmp_path, capsys, monkeypatch):
+    """These tests run as root, who may write anywhere: a directory is made unwritable by a file in its
+    path (no directory can be made there), or by os.access saying no, as it does to another user."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert train.main(tiny_args(sudoku_dir, blocker / "run", "training.max_steps=1")) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: cannot write the run directory {blocker / 'run'}: {blocker} is not a directory; " \
+                  "give out_dir= a directory you can write, or fix its permissions\n"
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if str(p).startswith(str(locked)) else real(p, mode))
+    assert train.main(tiny_args(sudoku_dir, locked / "run", "training.max_steps=1")) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot write the run directory {locked / 'run'}: {locked} is not writable by ")
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+
+    # the default sudoku data, to be generated where the node's user cannot write
+    monkeypatch.setenv(train.DEFAULT_DATA_ENV, str(locked / "data" / "sudoku"))
+    args = tiny_args(locked / "data" / "sudoku", tmp_path / "run", "training.max_steps=1")
+    assert train.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot generate the default sudoku data in {locked / 'data' / 'sudoku'}: "
+                          f"{locked} is not writable by ") and len(err.splitlines()) == 1, err
+
+    # a read error on the data (an unreadable meta.json) is one line too
+    def unreadable(data_dir, task):
+        raise PermissionError(13, "Permission denied", str(data_dir / "meta.json"))
+
+    monkeypatch.setattr(data, "load_manifest", unreadable)
+    assert train.main(tiny_args(sudoku_dir, tmp_path / "run2", "training.max_steps=1")) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot use the data in {sudoku_dir}: Permission denied ({sudoku_dir / 'meta.json'})")
+    assert len(err.splitlines()) == 1
+
+
+def test_the_nodes_default_data_dir_gets_the_default_sudoku_data_a_given_one_does_not(sudoku_dir, tmp_path,
+                                                                                        monkeypatch):
+    """hrmctl passes the inventory's data_dir as data_dir= and names it in HRMCTL_DEFAULT_DATA_DIR: the trainer
+    generates the embedded default there when it is missing, as it does in data/sudoku; a data_dir the user
+    gave is never filled behind their back."""
+    made = []
+
+    def ensure(path):
+        made.append(path)
+        shutil.copytree(sudoku_dir, path)
+
+    monkeypatch.setattr(data, "ensure_sudoku", ensure)
+    node_dir = tmp_path / "node-data" / "sudoku"
+    monkeypatch.setenv(train.DEFAULT_DATA_ENV, str(node_dir))
+    _run(*tiny_args(node_dir, tmp_path / "run", "training.max_steps=1"))
+    assert made == [node_dir] and (node_dir / "meta.json").is_file()
+    _run(*tiny_args(node_dir, tmp_path / "run2", "training.max_steps=1"))  # there now: read, not made again
+    assert made == [node_dir]
+    with pytest.raises(UserError, match="no data in .*elsewhere.*hrmctl prepare-data --task sudoku"):
+        _run(*tiny_args(tmp_path / "elsewhere" / "sudoku", tmp_path / "run3", "training.max_steps=1"))
+    monkeypatch.setenv(train.DEFAULT_DATA_ENV, "~/data/sudoku")  # `~` is this user's home, as on a node
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    _run("data_dir=~/data/sudoku", *tiny_args(sudoku_dir, tmp_path / "run4", "training.max_steps=1")[1:])
+    assert made[-1] == tmp_path / "home" / "data" / "sudoku"

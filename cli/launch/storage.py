@@ -1,0 +1,233 @@
+"""The preflight's look at each node's directories: the trainer's data and run directories writable, with room.
+
+Run in parallel with the node probe, over the same connection (one more command on it, no new
+handshake), before anything starts anywhere. On every node, the data directory the trainer reads:
+readable when it holds data (the trainer only reads it then); when the default sudoku data is to be
+generated there, its parent writable (generation writes beside it and renames into place) with at
+least MIN_FREE_MB free. On the master (global rank 0, the one rank that writes), the run directory
+(out_dir: config, metrics, checkpoints) writable with MIN_FREE_MB free. A directory that does not
+exist yet counts as writable when its nearest existing parent is. The same look also says whether
+the node's Python has psutil (the launcher's stop and the trainer's memory figure use it).
+
+A problem is one line naming node, directory and fix (exit 1: a failed check on a node; a missing
+psutil, like a missing torch, is exit 2). Nothing is written on the nodes by the check itself.
+
+The node side (SNIPPET) is standard library only, sent to the node's Python.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from cli.errors import HrmctlError, RemoteError
+from cli.nodes.inventory import Node
+from cli.nodes.remote import Session
+
+MIN_FREE_MB = 300  # below this, a run directory (checkpoints) or generated data is refused
+CHECK_TIMEOUT_S = 30
+DATA_KEYS = ("data_dir", "data_path", "data_paths")  # the trainer's key and its aliases (auralm/config.py)
+OUT_KEYS = ("out_dir", "checkpoint_path")
+DEFAULT_TASK = "sudoku"
+DEFAULT_DATA_ENV = "HRMCTL_DEFAULT_DATA_DIR"  # tells the trainer: data_dir is the node's default, not the user's
+
+# Sent to the node's Python: argv[1] is a JSON spec {"workdir", "min_free", "dirs": [{"kind", "path", "generate"}]};
+# prints {"user", "psutil", "dirs": [{..., "resolved", "problem"}]} where problem is None or
+# {"why": "unwritable" | "unreadable" | "notdir" | "space", "at": path[, "free": bytes]}.
+SNIPPET = r'''
+import importlib.util, json, os, sys
+
+
+def resolve(path, workdir):
+    p = os.path.expanduser(path)
+    if not os.path.isabs(p):
+        p = os.path.join(os.path.expanduser(workdir), p)
+    return os.path.abspath(p)
+
+
+def nearest(path):
+    """path, or its nearest parent that exists."""
+    while not os.path.lexists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return path
+
+
+def writable(target, min_free):
+    base = nearest(target)
+    if not os.path.isdir(base):
+        return {"why": "notdir", "at": base}
+    if not os.access(base, os.W_OK | os.X_OK):
+        return {"why": "unwritable", "at": base}
+    try:
+        st = os.statvfs(base)
+    except OSError:
+        return None
+    free = st.f_bavail * st.f_frsize
+    if free < min_free:
+        return {"why": "space", "at": base, "free": free}
+    return None
+
+
+def look(d, workdir, min_free):
+    path = d["resolved"] = resolve(d["path"], workdir)
+    if d["kind"] == "data":
+        meta = os.path.join(path, "meta.json")
+        if os.path.exists(meta) or not d.get("generate"):  # read only (missing data: the trainer names it)
+            if os.path.isdir(path) and not os.access(path, os.R_OK | os.X_OK):
+                return {"why": "unreadable", "at": path}
+            if os.path.exists(meta) and not os.access(meta, os.R_OK):
+                return {"why": "unreadable", "at": meta}
+            return None
+        return writable(os.path.dirname(path), min_free)  # made beside it, then renamed into place
+    return writable(path, min_free)
+
+
+def check(spec):
+    try:
+        import pwd
+        user = pwd.getpwuid(os.geteuid()).pw_name
+    except Exception:
+        user = str(os.geteuid())
+    dirs = [dict(d) for d in spec["dirs"]]
+    for d in dirs:
+        d["problem"] = look(d, spec["workdir"], spec["min_free"])
+    return {"user": user, "psutil": importlib.util.find_spec("psutil") is not None, "dirs": dirs}
+
+
+if __name__ == "__main__":
+    print(json.dumps(check(json.loads(sys.argv[1]))))
+'''
+
+LABELS = {"data": "data directory", "run": "run directory (out_dir: logs and checkpoints)"}
+
+
+@dataclass
+class Dirs:
+    """What the trainer reads and writes, before the nodes are asked (paths as the trainer gets them)."""
+
+    task: str = DEFAULT_TASK
+    data_given: str | None = None  # data_dir= (or an alias) given by the user: passed unchanged
+    out_dir: str | None = None  # the run directory rank 0 writes (relative: to the master's workdir)
+    data: dict[str, str] = field(default_factory=dict)  # node -> data_dir for the trainer (filled by check)
+
+
+def given(args: list[str], keys: tuple[str, ...]) -> str | None:
+    """The value of the last `key=value` (or `+key=value`) override among `keys`, or None."""
+    value = None
+    for a in args:
+        key, eq, text = a.partition("=")
+        if eq and key.strip().lstrip("+") in keys:
+            text = text.strip()
+            if key.strip().lstrip("+") == "data_paths":  # data_paths=[DIR] (the guides' spelling)
+                text = text.strip("[]").strip().strip("'\"")
+            value = text
+    return value
+
+
+def trainer_dirs(args: list[str], run_id: str) -> tuple[Dirs, list[str]]:
+    """The trainer's directories under hrmctl, and the overrides hrmctl adds (out_dir=runs/<run-id> when the
+    user gave neither out_dir nor run_name; data_dir per node is added once the nodes have answered)."""
+    dirs = Dirs(task=given(args, ("task",)) or DEFAULT_TASK, data_given=given(args, DATA_KEYS),
+                out_dir=given(args, OUT_KEYS))
+    extra = []
+    if dirs.out_dir is None:
+        run_name = given(args, ("run_name",))
+        if run_name:
+            dirs.out_dir = f"runs/{run_name}"
+        else:
+            dirs.out_dir = f"runs/{run_id}"  # checkpoints beside the logs; restarts resume from there
+            extra.append(f"out_dir={dirs.out_dir}")
+    return dirs, extra
+
+
+def node_data_dir(node: Node, task: str) -> str:
+    """The node's data directory for `task`: the inventory's data_dir (the root `hrmctl sync-data` fills, like
+    ./data here) joined with the task, as the trainer's own default is data/<task>. Relative stays relative:
+    the trainer runs in the node's workdir, which is what a relative data_dir is taken from."""
+    base = node.data_dir.rstrip("/")
+    return f"{base}/{task}" if base else f"/{task}"
+
+
+def _spec(node: Node, dirs: Dirs | None, master: bool) -> dict:
+    wanted = []
+    if dirs is not None:
+        data = dirs.data_given or node_data_dir(node, dirs.task)
+        wanted.append({"kind": "data", "path": data,
+                       "generate": dirs.data_given is None and dirs.task == DEFAULT_TASK})
+        if master and dirs.out_dir:
+            wanted.append({"kind": "run", "path": dirs.out_dir})
+    return {"workdir": node.workdir, "min_free": MIN_FREE_MB << 20, "dirs": wanted}
+
+
+def problem_line(node: str, d: dict, user: str, from_inventory: bool) -> str:
+    """One line: the node, the directory, what is wrong, and the fix."""
+    p, label, path = d["problem"], LABELS[d["kind"]], d["resolved"]
+    at = p["at"]
+    if d["kind"] == "data":
+        elsewhere = f"set data_dir for {node} in the inventory" if from_inventory else "give another data_dir="
+    else:
+        elsewhere = f"give out_dir= a directory {user} can write on {node}"
+    if p["why"] == "unwritable":
+        return (f"{node}: cannot write the {label} {path}: {at} is not writable by {user}; fix: on {node} "
+                f"`sudo chown -R {user} {shlex.quote(at)}`, or {elsewhere}")
+    if p["why"] == "unreadable":
+        return (f"{node}: cannot read the {label} {path}: {at} is not readable by {user}; fix: on {node} "
+                f"`sudo chown -R {user} {shlex.quote(at)}` or `chmod -R u+rX {shlex.quote(at)}`, or {elsewhere}")
+    if p["why"] == "notdir":
+        return (f"{node}: cannot make the {label} {path}: {at} is a file, not a directory; fix: move {at} "
+                f"away on {node}, or {elsewhere}")
+    free_mb = p.get("free", 0) >> 20
+    return (f"{node}: only {free_mb} MB free for the {label} {path} (at least {MIN_FREE_MB} MB needed); fix: "
+            f"free space on {node} where {at} lives, or {elsewhere}")
+
+
+def check_nodes(sessions: dict[str, Session], nodes: list[Node], dirs: Dirs | None) -> dict[str, dict]:
+    """Every node's directories (and psutil) checked in parallel over its preflight session; the first
+    problem, in the order of `nodes`, raises. Fills `dirs.data` with each node's data_dir for the trainer.
+    `dirs` None: not the trainer (only psutil is checked)."""
+
+    def one(node: Node, master: bool) -> dict:
+        res = sessions[node.name].run_python(SNIPPET, [json.dumps(_spec(node, dirs, master))],
+                                             timeout=CHECK_TIMEOUT_S)
+        try:
+            return json.loads(res.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise RemoteError(f"{node.name}: cannot check its directories with {node.python} "
+                              f"({res.last_line()}); run `hrmctl doctor` to see what the node lacks") from None
+
+    with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
+        futures = [pool.submit(one, n, i == 0) for i, n in enumerate(nodes)]
+    answers = {}
+    for node, fut in zip(nodes, futures):
+        ans = answers[node.name] = fut.result()
+        if not ans.get("psutil"):
+            raise HrmctlError(f"{node.name}: psutil is not installed for {node.python} (the launcher stops a job "
+                              f"with it, the trainer reports memory with it); fix: on {node.name} "
+                              f"`{node.python} -m pip install psutil`, or install the project there")
+        for d in ans["dirs"]:
+            if d.get("problem"):
+                raise HrmctlError(problem_line(node.name, d, ans.get("user") or node.user,
+                                               d["kind"] == "data" and dirs is not None and dirs.data_given is None),
+                                  exit_code=1)
+            if d["kind"] == "data" and dirs is not None:
+                # `~/` is the node's home: the path the node resolved; otherwise as written (relative: to workdir)
+                dirs.data[node.name] = d["resolved"] if d["path"].startswith("~") else d["path"]
+    return answers
+
+
+def check_local(path: str) -> None:
+    """This machine's directory for hrmctl's own logs (runs/<run-id>, relative to here): writable, with room."""
+    ns: dict = {"__name__": "hrmctl_storage"}
+    exec(compile(SNIPPET, "cli/launch/storage.py:SNIPPET", "exec"), ns)
+    resolved = ns["resolve"](path, ".")
+    p = ns["writable"](resolved, MIN_FREE_MB << 20)
+    if p:
+        why = {"unwritable": f"{p['at']} is not writable", "notdir": f"{p['at']} is a file, not a directory",
+               "space": f"only {p.get('free', 0) >> 20} MB free there (at least {MIN_FREE_MB} MB needed)"}[p["why"]]
+        raise HrmctlError(f"cannot write hrmctl's logs to {resolved}: {why}; fix: run hrmctl from a directory "
+                          "you can write, with room", exit_code=1)
