@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from rich.console import Console
@@ -9,7 +10,9 @@ from rich.markup import escape
 
 from cli.errors import HrmctlError
 from cli.nodes.inventory import Node, load_inventory, local_node
-from cli.launch.prepare import TRAINER, LaunchOptions, dry_run_json, dry_run_text, prepare, run, summary_line
+from cli.launch.plan import TRAINER
+from cli.launch.prepare import LaunchOptions, Prepared, dry_run_json, dry_run_text, prepare
+from cli.launch.run import RunResult, run, summary_line
 from cli.launch.plan import parse_env_options
 
 DDP_CHECK = "auralm.ddp_check"
@@ -83,6 +86,17 @@ def _sync_data(opts: LaunchOptions, console: Console) -> None:
     report.raise_for_errors()
 
 
+def plan_then_run(opts: LaunchOptions, console: Console) -> tuple[Prepared, RunResult]:
+    """The command's flow: the plan (preflight included), then the run on every node; the report is the caller's.
+    The run may ask for the plan again, once, when a first launch's guessed facts were wrong on a node."""
+    prep = prepare(opts, console)
+
+    def replan() -> Prepared:
+        return prepare(dataclasses.replace(opts, run_id=prep.run_id), console)
+
+    return prep, run(opts, prep, console, replan)
+
+
 def train(opts: LaunchOptions, *, sync_data: bool, as_json: bool, console: Console, err: Console) -> int:
     _reject_options(opts.args, "trainer overrides are key=value")
     if opts.dry_run:
@@ -90,8 +104,7 @@ def train(opts: LaunchOptions, *, sync_data: bool, as_json: bool, console: Conso
     opts.json_output = as_json
     if sync_data:
         _sync_data(opts, console)
-    prep = prepare(opts, console)
-    result = run(opts, prep, console)
+    prep, result = plan_then_run(opts, console)
     return _finish(result, prep, as_json, console, err)
 
 
@@ -122,8 +135,7 @@ def test_ddp(opts: LaunchOptions, *, as_json: bool, console: Console, err: Conso
             pass
 
     opts.result_tag, opts.on_result, opts.quiet, opts.json_output = RESULT_TAG, on_result, as_json, as_json
-    prep = prepare(opts, console)
-    result = run(opts, prep, console)
+    prep, result = plan_then_run(opts, console)
     if results and not as_json:
         from cli.launch.ddp_report import show
         show(results[-1], console)

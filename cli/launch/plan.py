@@ -31,6 +31,7 @@ from cli.nodes.inventory import Node
 from cli.nodes.remote import command_line
 
 TORCHRUN = ["-m", "torch.distributed.run"]
+TRAINER = "auralm.train"  # the module torchrun starts for `hrmctl train` (test-ddp: auralm.ddp_check)
 CHECKED_TORCHRUN = ["-m", "cli.launch.node_torchrun"]  # torchrun, once the node's torch confirms the guessed facts
 SECRET_RE = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_?KEY|PRIVATE|AUTH", re.I)
 RANK_PREFIX = "[rank${rank}]:"  # torchrun --tee prefixes every worker line with it

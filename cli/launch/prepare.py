@@ -28,15 +28,12 @@ from netcheck import MasterAddressError, check_master_port, master_address
 
 from cli.errors import HrmctlError, InventoryError
 from cli.nodes.inventory import Node
-from cli.launch.facts import CACHE_DIR, gather, load_cache, remember, save_cache
-from cli.launch.log import MergedLog
-from cli.launch.plan import NodeFacts, NodeLaunch, build_plan, choose_backend, nproc_for, redacted
-from cli.launch.run import RunResult, connect_all, run_once
-from cli.launch.node_torchrun import FACTS_DIFFER
+from cli.launch.facts import CACHE_DIR, gather, load_cache, save_cache
+from cli.launch.plan import TRAINER, NodeFacts, NodeLaunch, build_plan, choose_backend, nproc_for, redacted
+from cli.launch.run import connect_all
 from cli.launch.storage import DEFAULT_DATA_ENV, check_local, check_nodes, trainer_dirs
 from cli.nodes.remote import Session
 
-TRAINER = "auralm.train"
 TRAINER_CHECK = "auralm.config"  # the trainer's --check without `import torch`: same parser, a tenth of the time
 DEFAULT_PORTS = range(29500, 29510)
 TRAINER_CHECKS = CACHE_DIR / "trainer-checks.json"  # torchrun's default first, then its neighbours
@@ -243,51 +240,3 @@ def dry_run_json(prep: Prepared) -> dict:
             "nodes": [{"node": p.node.name, "host": p.node.host, "node_rank": p.node_rank, "nproc": p.nproc,
                        "ranks": list(p.ranks), "cwd": p.cwd, "argv": p.argv, "env": redacted(p.env),
                        "command": p.shell_line(redact=True)} for p in prep.plans]}
-
-
-def run(opts: LaunchOptions, prep: Prepared, console: Console) -> RunResult:
-    """Run the plan, restarting the whole job from its last checkpoint up to max_restarts times."""
-    run_dir = opts.runs_dir / prep.run_id
-    if opts.json_output:  # stdout is for the JSON document: the live log goes to stderr
-        console = Console(stderr=True)
-    log = MergedLog(console, run_dir, prep.plans, quiet=opts.quiet, on_result=opts.on_result,
-                    result_tag=opts.result_tag)
-    plans = prep.plans
-    try:
-        log.note(f"run {prep.run_id}: {len(plans)} node(s), backend {prep.backend} ({prep.why}); logs in {run_dir}/")
-        attempt, replanned = 1, False
-        while True:
-            result = run_once(plans, log, attempt=attempt, accept_new_host_keys=opts.accept_new_host_keys,
-                              sessions=prep.sessions)
-            prep.sessions = None  # closed by run_once
-            reported = dict(log.node_facts)
-            remember(reported, opts.nodes)
-            if result.code == FACTS_DIFFER and result.failed_node in reported and not replanned:
-                # a first launch's guess was wrong on that node (nothing ran there): plan again from
-                # what it reported (now cached), once; this is not a restart
-                log.note(f"planning again with {result.failed_node}'s answers")
-                prep = prepare(dataclasses.replace(opts, run_id=prep.run_id), console)
-                plans, replanned = prep.plans, True
-                log.note(f"backend {prep.backend} ({prep.why})")
-                continue
-            if result.code == 0 or result.interrupted or attempt > opts.max_restarts:
-                break
-            attempt += 1
-            log.note(f"{result.reason}; restart {attempt - 1} of {opts.max_restarts} from the last checkpoint")
-            if opts.module == TRAINER:  # same arguments (out_dir too), resuming from the run's last checkpoint
-                for p in plans:
-                    start = p.argv.index("-m", 2) + 2  # after `-m auralm.train`
-                    p.argv = p.argv[:start] + [a for a in p.argv[start:] if not a.startswith("resume=")
-                                               and a != "--resume"] + ["resume=latest"]
-        return result
-    finally:
-        log.close()
-
-
-def summary_line(result: RunResult) -> str:
-    left = {n: c for n, c in result.left_running.items() if c}
-    tail = ""
-    if left:
-        tail = "; could not confirm the stop on " + ", ".join(
-            f"{n} ({'unreachable' if c < 0 else f'{c} processes left'})" for n, c in left.items())
-    return f"{result.reason} after {result.seconds:.1f}s{tail}"

@@ -20,13 +20,20 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+from rich.console import Console
 
 from cli.errors import HrmctlError
 from cli.nodes.inventory import Node
+from cli.launch.facts import remember
 from cli.launch.log import MergedLog
-from cli.launch.plan import NodeLaunch
+from cli.launch.plan import TRAINER, NodeLaunch
 from cli.launch.node_torchrun import FACTS_DIFFER
 from cli.nodes.remote import Job, Session, connect, for_each
+
+if TYPE_CHECKING:  # the plan is made before the run, by the command: no import at run time
+    from cli.launch.prepare import LaunchOptions, Prepared
 
 HEARTBEAT_S = 2.0
 HEARTBEAT_TIMEOUT_S = 8.0
@@ -310,3 +317,55 @@ def killed_by(who: str, node: str, signum: int) -> str:
     """`rank 1 on node1 was killed by SIGKILL (out of memory? ...)`: SIGKILL is what the kernel's OOM killer sends."""
     hint = f" (out of memory? see `dmesg` on {node})" if signum == signal.SIGKILL else ""
     return f"{who} was killed by {signal_name(signum)}{hint}"
+
+
+# ---------------------------------------------------------------- the whole job: attempts and restarts
+
+
+def run(opts: LaunchOptions, prep: Prepared, console: Console, replan: Callable[[], Prepared]) -> RunResult:
+    """Run the plan, restarting the whole job from its last checkpoint up to max_restarts times. ``replan`` makes
+    the plan again (the command's prepare) when a first launch's guessed facts were wrong on a node."""
+    run_dir = opts.runs_dir / prep.run_id
+    if opts.json_output:  # stdout is for the JSON document: the live log goes to stderr
+        console = Console(stderr=True)
+    log = MergedLog(console, run_dir, prep.plans, quiet=opts.quiet, on_result=opts.on_result,
+                    result_tag=opts.result_tag)
+    plans = prep.plans
+    try:
+        log.note(f"run {prep.run_id}: {len(plans)} node(s), backend {prep.backend} ({prep.why}); logs in {run_dir}/")
+        attempt, replanned = 1, False
+        while True:
+            result = run_once(plans, log, attempt=attempt, accept_new_host_keys=opts.accept_new_host_keys,
+                              sessions=prep.sessions)
+            prep.sessions = None  # closed by run_once
+            reported = dict(log.node_facts)
+            remember(reported, opts.nodes)
+            if result.code == FACTS_DIFFER and result.failed_node in reported and not replanned:
+                # a first launch's guess was wrong on that node (nothing ran there): plan again from
+                # what it reported (now cached), once; this is not a restart
+                log.note(f"planning again with {result.failed_node}'s answers")
+                prep = replan()
+                plans, replanned = prep.plans, True
+                log.note(f"backend {prep.backend} ({prep.why})")
+                continue
+            if result.code == 0 or result.interrupted or attempt > opts.max_restarts:
+                break
+            attempt += 1
+            log.note(f"{result.reason}; restart {attempt - 1} of {opts.max_restarts} from the last checkpoint")
+            if opts.module == TRAINER:  # same arguments (out_dir too), resuming from the run's last checkpoint
+                for p in plans:
+                    start = p.argv.index("-m", 2) + 2  # after `-m auralm.train`
+                    p.argv = p.argv[:start] + [a for a in p.argv[start:] if not a.startswith("resume=")
+                                               and a != "--resume"] + ["resume=latest"]
+        return result
+    finally:
+        log.close()
+
+
+def summary_line(result: RunResult) -> str:
+    left = {n: c for n, c in result.left_running.items() if c}
+    tail = ""
+    if left:
+        tail = "; could not confirm the stop on " + ", ".join(
+            f"{n} ({'unreachable' if c < 0 else f'{c} processes left'})" for n, c in left.items())
+    return f"{result.reason} after {result.seconds:.1f}s{tail}"
