@@ -392,21 +392,26 @@ def test_unwritable_directories_are_refused_before_anything_starts(lab3, hrmctl,
     there): each is one line naming node, directory and fix, exit 1, and nothing starts anywhere."""
     node1, node2 = lab3.node("node1"), lab3.node("node2")
     work = node1.home / "hrmctl"
-    mode = work.stat().st_mode
-    work.chmod(0o555)
+    # the workdir, and its runs/ when an earlier test made it (the new run's directory goes there)
+    locked = [d for d in (work, work / "runs") if d.is_dir()]
+    modes = [d.stat().st_mode for d in locked]
+    for d in locked:
+        d.chmod(0o555)
     try:
         code, out, err = hrmctl("train", "--nodes", "node1,node2", "--run-id", "ro1", *TINY,
                                 inventory=lab3.inventory, timeout=120)
     finally:
-        work.chmod(mode)
+        for d, mode in zip(locked, modes):
+            d.chmod(mode)
     assert code == 1, out + err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in err, err
     # the run directory (runs/ro1), or first the data directory (data/sudoku) when its data is not there yet
     assert lines[0].startswith("error: node1: cannot write the ") and (f"{work}/runs/ro1: " in lines[0]
                                                                         or f"{work}/data/sudoku: " in lines[0])
-    assert lines[0].split(": ", 3)[3].startswith(f"{work} is not writable by {node1.user}; fix: on node1 "
-                                                 f"`sudo chown -R {node1.user} {work}`, or "), lines[0]
+    blocked = next(str(d) for d in locked if f": {d} is not writable by" in lines[0])
+    assert (f": {blocked} is not writable by {node1.user}; fix: on node1 `sudo chown -R {node1.user} {blocked}`, "
+            f"or ") in lines[0], lines[0]
     assert not (tmp_path / "runs").exists() and not (work / "runs" / "ro1").exists()
     assert job_pids(node1, "ro1") == [] and job_pids(node2, "ro1") == []
 
