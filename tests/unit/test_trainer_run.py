@@ -222,3 +222,31 @@ def test_the_nodes_default_data_dir_gets_the_default_sudoku_data_a_given_one_doe
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     _run("data_dir=~/data/sudoku", *tiny_args(sudoku_dir, tmp_path / "run4", "training.max_steps=1")[1:])
     assert made[-1] == tmp_path / "home" / "data" / "sudoku"
+
+
+@pytest.mark.slow
+def test_a_causal_hrm_learns_text_and_logs_its_recurrent_metrics(tmp_path, capsys):
+    """task=lm with HRM (the 50m/100m use case, shrunk): the loss falls; every log line has H-updates and L-steps
+    per token, ponder and the Q losses; arch.halt_max_steps=1 turns ACT off (one segment, no Q-continue target)."""
+    lm = tmp_path / "quijote"
+    assert data.main([str(QUIJOTE), "--out", str(lm), "--vocab-size", "512", "--max-tokens", "40000"]) == 0
+    common = ["task=lm", f"data_dir={lm}", "model=hrm-tiny", "arch.hidden_size=64", "arch.num_heads=2",
+              "arch.seq_len=64", "training.batch_size=8", "training.lr=3e-3", "training.warmup_steps=5",
+              "training.log_interval=1", "training.checkpoint_interval=0"]
+    _run(*common, f"out_dir={tmp_path / 'act'}", "arch.halt_max_steps=3", "training.max_steps=30",
+         "training.eval_interval=30", "training.eval_batches=2")
+    m = by_step(tmp_path / "act")
+    assert sum(m[s]["loss"] for s in range(26, 31)) / 5 < m[1]["loss"] - 0.5
+    halted = [m[s] for s in m if m[s]["ponder"] > 0]
+    assert halted and all(1 <= r["ponder"] <= 3 for r in halted)
+    cfg = config.resolved_model(config.parse(common).model)
+    for r in halted:  # per token and example: ponder x H_cycles H-updates, x L_cycles more L-steps
+        assert r["h_updates"] == pytest.approx(r["ponder"] * cfg["H_cycles"])
+        assert r["l_steps"] == pytest.approx(r["h_updates"] * cfg["L_cycles"])
+    assert {"lm_loss", "q_halt_loss", "q_continue_loss", "val_loss"} <= set(m[30])
+    assert m[30]["val_loss"] < math.log(512)
+
+    _run(*common, f"out_dir={tmp_path / 'noact'}", "arch.halt_max_steps=1", "training.max_steps=4",
+         "training.eval_interval=0", "training.eval_batches=1")
+    m = by_step(tmp_path / "noact")
+    assert all(m[s]["ponder"] == 1 and m[s]["q_continue_loss"] == 0 for s in range(1, 5))
