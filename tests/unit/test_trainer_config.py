@@ -120,3 +120,20 @@ def test_recurrent_keys_are_checked(override, expected):
     with pytest.raises(UserError) as e:
         config.parse(["model=hrm-tiny", override])
     assert expected in str(e.value)
+
+
+def test_the_papers_commands_in_the_benchmark_parse():
+    """bench/hrm_sudoku.py paper prints the commands that reproduce the papers' Sudoku-Extreme runs on a GPU
+    machine: their trainer overrides must all be ours (a wrong key there would only show on that machine)."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "bench" / "hrm_sudoku.py").read_text()
+    paper = re.search(r'PAPER = """(.*?)"""', text, re.S).group(1).replace("\\\\\n", " ")
+    lines = [shlex.split(l) for l in paper.splitlines() if l.startswith("hrmctl train")]
+    assert len(lines) == 2
+    for argv in lines:
+        overrides = [a for a in argv[2:] if "=" in a and not a.startswith("-")]
+        cfg = config.parse(overrides)
+        assert cfg.data_dir == "data/sudoku-extreme-1k-aug-1000" and cfg.training.epochs > 0
