@@ -250,3 +250,23 @@ def test_a_causal_hrm_learns_text_and_logs_its_recurrent_metrics(tmp_path, capsy
          "training.eval_interval=0", "training.eval_batches=1")
     m = by_step(tmp_path / "noact")
     assert all(m[s]["ponder"] == 1 and m[s]["q_continue_loss"] == 0 for s in range(1, 5))
+
+
+def test_the_papers_adam_atan2_optimizer_trains_and_resumes(sudoku_dir, tmp_path, capsys):
+    """training.optimizer=adam_atan2 (the package adam-atan2-pytorch, the papers' AdamATan2): the model trains with
+    it, and a resumed run restores its state exactly like an uninterrupted one."""
+    common = [f"data_dir={sudoku_dir}", "model=trm-tiny", "arch.hidden_size=32", "arch.num_heads=2",
+              "training.optimizer=adam_atan2", "training.batch_size=16", "training.log_interval=1",
+              "training.eval_interval=0", "training.eval_batches=1", "training.checkpoint_interval=2",
+              "training.dtype=fp32"]
+    _run(*common, f"out_dir={tmp_path / 'whole'}", "training.max_steps=4")
+    _run(*common, f"out_dir={tmp_path / 'cut'}", "training.max_steps=2")
+    _run(*common, f"out_dir={tmp_path / 'cut'}", "training.max_steps=4", "resume=latest")
+    whole, cut = by_step(tmp_path / "whole"), by_step(tmp_path / "cut")
+    assert all(math.isfinite(whole[s]["loss"]) for s in range(1, 5))
+    assert [cut[s]["loss"] for s in (3, 4)] == [whole[s]["loss"] for s in (3, 4)]
+    from auralm import models, optim
+
+    cfg = config.parse(common)
+    model = models.build("sudoku", config.resolved_model(cfg.model))
+    assert type(optim.make_optimizer(model, cfg.training, torch.device("cpu"))).__name__ == "AdamAtan2"
