@@ -94,7 +94,7 @@ def parse_probe(name: str, stdout: str) -> NodeProbe:
         torch = doc.get("torch") or {}
         route = doc.get("route") or {}
         osf = doc.get("os") or {}
-        res = doc.get("resources") or {}  # older probes: cpu_count and ram_gb at the top level only
+        res = doc.get("resources") or {}
         return NodeProbe(
             name=name, hostname=doc.get("hostname"), os_kind=osf.get("kind"),
             wsl_networking=osf.get("wsl_networking"),
@@ -104,7 +104,7 @@ def parse_probe(name: str, stdout: str) -> NodeProbe:
             gloo=bool(torch.get("gloo")), libuv_ok=torch.get("libuv_ok"),
             route_ifname=route.get("ifname"), route_src=route.get("src"), route_error=route.get("error"),
             hostname_loopback=bool(doc.get("hostname_loopback")), gpus=list(torch.get("gpus") or []),
-            cpu_count=res.get("cpu_count", doc.get("cpu_count")), ram_gb=res.get("mem_total_gb", doc.get("ram_gb")),
+            cpu_count=res.get("cpu_count"), ram_gb=res.get("mem_total_gb"),
             mem_available_gb=res.get("mem_available_gb"), load_avg=res.get("load_avg"), raw=doc,
         )
     except (TypeError, ValueError, AttributeError) as exc:

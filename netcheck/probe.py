@@ -586,8 +586,6 @@ def collect(args: argparse.Namespace) -> dict:
     doc["python"] = {"version": platform.python_version(), "executable": sys.executable,
                      "implementation": platform.python_implementation()}
     doc["resources"] = resource_facts()
-    doc["cpu_count"] = doc["resources"]["cpu_count"]     # also top level: older readers (the launcher) use them
-    doc["ram_gb"] = doc["resources"]["mem_total_gb"]
     doc["nvidia_gpus"] = nvidia_gpu_count() if args.no_torch else None  # with torch, torch counts them
     doc["interfaces"] = interfaces
     doc["route"] = route_to(args.route_to, interfaces) if args.route_to else None
