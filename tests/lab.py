@@ -9,7 +9,24 @@ namespace, link and user names it created.
 
 Faults are made for real inside a node's namespace: `node.netns(["iptables", ...])`,
 `node.netns(["tc", ...])`, or a shifted wall clock for the node's SSH sessions with
-`node.shift_clock(seconds)` (libfaketime through ~/.ssh/environment).
+`node.shift_clock(seconds)` (libfaketime through ~/.ssh/environment). Two kinds of shaping are
+built in:
+
+- `node.shape_link(rate_mbit, delay_ms=0.0)` shapes the node's link in both directions: an HTB
+  rate limit (burst >= 64 KiB, one GSO packet; a byte FIFO of >= 50 ms of the rate) on the node's
+  egress (eth0 inside its namespace) and on its ingress (the egress of its veth peer on the bridge,
+  `node.veth`). `delay_ms` is ROUND-TRIP time: it is added once, to the packets arriving at the
+  node, so any RTT through this link grows by delay_ms (two shaped nodes: by the sum of both).
+  The delay is a netem leaf on the ingress side where the kernel has netem, else (this machine's
+  kernel has no netem) the NFQUEUE delayer of tests/nfq_delay.py, run as root in the namespace on
+  queue DELAY_QUEUE. `shape_link(None)` removes all of it; each call replaces the previous one.
+- `node.limit_cpu(cpus="0", quota=0.5)` puts every process of the node's namespace (sshd, and so
+  every later SSH session) into cgroup v1 cpuset and cpu groups named `hrmlab-<token>-<node>`:
+  `cpuset.cpus` pins them, `cpu.cfs_quota_us` = quota x 100 ms period caps them (0.5: half a core).
+  `limit_cpu()` lifts both. `lab.pin_cores()` pins node i to core i mod the number of cores.
+  Processes started later with `node.netns()`/`node.as_user()` come from this process's cgroup and
+  are NOT limited; go through SSH, or call limit_cpu again. `Lab.down()`, `remove_stale()` and
+  `down TOKEN` remove the groups.
 
 Root only. Run `python -m tests.lab up 3` to keep a lab for manual work (`down TOKEN` removes it).
 """
@@ -35,6 +52,11 @@ NODE_VENV = Path(os.environ.get("HRMCTL_NODE_VENV", "/opt/hrmctl-nodevenv"))
 NODE_REQUIREMENTS = ["torch==2.13.0", "numpy", "safetensors", "transformers", "tokenizers", "datasets", "psutil"]
 SYSTEM_PYTHON = "/usr/bin/python3"  # root's default python3 lives under /root (mode 700)
 FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+CGROUP_ROOT = Path("/sys/fs/cgroup")  # cgroup v1: one hierarchy per controller
+CGROUP_CONTROLLERS = ("cpuset", "cpu")
+CFS_PERIOD_US = 100_000
+DELAY_QUEUE = 4711  # NFQUEUE number of shape_link's delayer (tests/nfq_delay.py's own default is 7)
+NFQ_DELAY = ROOT / "tests" / "nfq_delay.py"
 COPY_IGNORE = shutil.ignore_patterns("__pycache__", "*.egg-info", "runs", "data", ".venv", ".pytest_cache", "build")
 
 
@@ -79,6 +101,10 @@ class LabNode:
     dir: Path
     sshd: subprocess.Popen | None = None
     host_key_line: str = ""
+    veth: str = ""  # the root-side end of the node's link, on the bridge
+    cgroup: str = ""  # name of its cpuset/cpu cgroups: hrmlab-<token>-<node>
+    delayer: subprocess.Popen | None = None  # shape_link's NFQUEUE delayer, when netem is missing
+    delay_mechanism: str = ""  # "netem", "nfqueue", or "" (no delay)
 
     def netns(self, argv: list[str], check: bool = True, **kw) -> subprocess.CompletedProcess:
         """Run a command as root inside this node's network namespace."""
@@ -97,6 +123,158 @@ class LabNode:
             return
         env.write_text(f"LD_PRELOAD={FAKETIME_LIB}\nFAKETIME={seconds:+g}\nFAKETIME_DONT_FAKE_MONOTONIC=1\n")
         shutil.chown(env, self.user, self.user)
+
+    # ------------------------------------------------------------ link shaping
+    def shape_link(self, rate_mbit: float | None, delay_ms: float = 0.0) -> None:
+        """Shape this node's link for real, in both directions; replaces any earlier shaping.
+
+        rate_mbit: an HTB limit of rate_mbit x 10^6 bit/s on the node's egress (eth0 inside its
+        namespace) AND on its ingress (the egress of its veth peer, `self.veth`, on the bridge side).
+        Burst max(64 KiB, 4 ms of the rate): a whole GSO packet must fit, veth passes 64 KiB ones.
+        Queue: a byte FIFO of max(256 KiB, 50 ms of the rate), so a TCP flow fills the link rather
+        than losing everything past a 1000-packet (or tiny) default. None: no rate limit.
+
+        delay_ms: added ROUND-TRIP time, not one-way: the packets ARRIVING at the node wait delay_ms
+        (after the ingress rate limit), the ones it sends do not, so a ping to or from this node
+        grows by delay_ms, and between two shaped nodes by the sum of their delays. Made with netem
+        where the kernel has it, else with the NFQUEUE delayer (tests/nfq_delay.py, one Python
+        process per node, excluded from limit_cpu) -- which also caps what the delayed link can
+        carry into the node at what that process passes (~350 Mbit/s measured here). With the
+        NFQUEUE delay, ping run ON the delayed node needs -U: its default RTT ends at the reply's
+        kernel receive timestamp, taken before the packet is held, so it would not show the delay.
+
+        shape_link(None) (no rate, no delay) removes all shaping.
+        """
+        self._unshape()
+        if rate_mbit is None and not delay_ms:
+            return
+        if rate_mbit is not None and rate_mbit <= 0:
+            raise ValueError(f"rate_mbit must be > 0 (or None), not {rate_mbit}")
+        if delay_ms < 0:
+            raise ValueError(f"delay_ms must be >= 0, not {delay_ms}")
+        try:
+            if rate_mbit is not None:
+                self._htb(["ip", "netns", "exec", self.ns, "tc"], "eth0", rate_mbit)
+                self._htb(["tc"], self.veth, rate_mbit, netem_ms=delay_ms)
+            elif delay_ms:
+                self._netem(["root", "handle", "1:"], delay_ms)
+            if delay_ms and not self.delay_mechanism:
+                self._nfqueue_delay(delay_ms)
+        except Exception:
+            self._unshape()
+            raise
+
+    def _htb(self, tc: list[str], dev: str, rate_mbit: float, netem_ms: float = 0.0) -> None:
+        rate = f"{rate_mbit * 1000:.0f}kbit"  # tc: 1 kbit = 1000 bit/s
+        byte_rate = rate_mbit * 1e6 / 8
+        burst = max(64 * 1024, int(byte_rate * 0.004))
+        limit = max(256 * 1024, int(byte_rate * 0.050))
+        quantum = min(200_000, max(1600, int(byte_rate / 10)))
+        sh([*tc, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "10"])
+        sh([*tc, "class", "add", "dev", dev, "parent", "1:", "classid", "1:10", "htb", "rate", rate, "ceil", rate,
+            "burst", str(burst), "cburst", str(burst), "quantum", str(quantum)])
+        leaf = ["parent", "1:10", "handle", "10:"]
+        if not (netem_ms and self._netem(leaf, netem_ms)):
+            sh([*tc, "qdisc", "add", "dev", dev, *leaf, "bfifo", "limit", str(limit)])
+
+    def _netem(self, where: list[str], delay_ms: float) -> bool:
+        """netem on the root-side veth (the node's ingress); False when the kernel has no netem."""
+        res = sh(["tc", "qdisc", "add", "dev", self.veth, *where, "netem", "delay", f"{delay_ms:g}ms",
+                  "limit", "100000"], check=False)
+        if res.returncode == 0:
+            self.delay_mechanism = "netem"
+            return True
+        if "unknown" not in res.stderr.lower():
+            raise RuntimeError(f"tc netem on {self.veth}: {res.stderr.strip()}")
+        return False
+
+    def _nfqueue_delay(self, delay_ms: float) -> None:
+        """No netem in this kernel: hold the arriving packets in user space (iptables NFQUEUE)."""
+        with open(self.dir / "delay.log", "ab") as log:
+            self.delayer = subprocess.Popen(
+                ["ip", "netns", "exec", self.ns, sys.executable, str(NFQ_DELAY), "--queue", str(DELAY_QUEUE),
+                 "--delay-ms", f"{delay_ms:g}"],
+                stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+        line = self.delayer.stdout.readline().strip()
+        if line != "ready":
+            raise RuntimeError(f"the delayer on {self.name} did not start: "
+                               f"{(self.dir / 'delay.log').read_text()[-500:]}")
+        self.netns(["iptables", "-I", "INPUT", "1", *self._delay_rule()])
+        self.delay_mechanism = "nfqueue"
+
+    @staticmethod
+    def _delay_rule() -> list[str]:
+        return ["-i", "eth0", "-j", "NFQUEUE", "--queue-num", str(DELAY_QUEUE), "--queue-bypass"]
+
+    def _unshape(self) -> None:
+        sh(["ip", "netns", "exec", self.ns, "tc", "qdisc", "del", "dev", "eth0", "root"], check=False)
+        sh(["tc", "qdisc", "del", "dev", self.veth, "root"], check=False)
+        while self.netns(["iptables", "-D", "INPUT", *self._delay_rule()], check=False).returncode == 0:
+            pass
+        self._stop_delayer()
+        self.delay_mechanism = ""
+
+    def _stop_delayer(self) -> None:
+        proc, self.delayer = self.delayer, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(5)
+            except (OSError, subprocess.TimeoutExpired):
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+                proc.wait(5)
+        if proc.stdout:
+            proc.stdout.close()
+
+    # ------------------------------------------------------------ CPU limits
+    def limit_cpu(self, cpus: str | None = None, quota: float | None = None) -> None:
+        """Limit the CPU of every process of this node's namespace, and so of every later SSH session.
+
+        cpus: a cpuset list ("0", "0-1", "1,3") the processes are pinned to (sched_getaffinity
+        shows it); None: all of the parent cpuset's CPUs. quota: CPU time per wall time, for the
+        node as a whole (0.5 = half a core, 2 = two cores), as cpu.cfs_quota_us = quota x
+        cfs_period_us (100 ms); None: no quota. limit_cpu() lifts both limits (the processes stay
+        in the node's groups). Uses the cgroup v1 cpuset and cpu hierarchies, groups
+        hrmlab-<token>-<node>; the ids of `ip netns pids` (sshd and all it runs) are moved in,
+        each whole process with its threads (cgroup.procs), except shape_link's delayer.
+        """
+        if quota is not None and quota <= 0:
+            raise ValueError(f"quota must be > 0 (or None), not {quota}")
+        groups = {c: CGROUP_ROOT / c / self.cgroup for c in CGROUP_CONTROLLERS}
+        if cpus is None and quota is None and not any(g.is_dir() for g in groups.values()):
+            return  # never limited: nothing to lift
+        for group in groups.values():
+            group.mkdir(exist_ok=True)
+        cpuset, cpu = groups["cpuset"], groups["cpu"]
+        parent = cpuset.parent
+        (cpuset / "cpuset.mems").write_text((parent / "cpuset.mems").read_text().strip())
+        (cpuset / "cpuset.cpus").write_text(cpus if cpus is not None else (parent / "cpuset.cpus").read_text().strip())
+        (cpu / "cpu.cfs_period_us").write_text(str(CFS_PERIOD_US))
+        (cpu / "cpu.cfs_quota_us").write_text(str(int(quota * CFS_PERIOD_US)) if quota is not None else "-1")
+        self._enter_cgroups(list(groups.values()))
+
+    def _enter_cgroups(self, groups: list[Path]) -> None:
+        skip = {str(self.delayer.pid)} if self.delayer is not None else set()
+        for _ in range(10):  # until a listing shows nothing new (a session may fork meanwhile)
+            moved = False
+            for pid in sh(["ip", "netns", "pids", self.ns], check=False).stdout.split():
+                if pid in skip:
+                    continue
+                for group in groups:
+                    if pid in _cgroup_pids(group):
+                        continue
+                    try:
+                        (group / "cgroup.procs").write_text(pid)
+                        moved = True
+                    except OSError:  # exited meanwhile (ESRCH), or a thread of one already moved
+                        pass
+            if not moved:
+                return
 
     def set_hostname_loopback(self, on: bool) -> None:
         """The classic trap: the node's hostname resolving to 127.0.1.1 (gloo then binds loopback)."""
@@ -153,10 +331,10 @@ class Lab:
         name = f"node{i}"
         ns = f"hrm{self.token}n{i}"
         user = f"hrm{self.token}n{i}"
-        node = LabNode(name=name, ip=f"{self.subnet}.{11 + i}", ns=ns, user=user, home=Path(f"/home/{user}"),
-                       dir=self.dir / name)
-        node.dir.mkdir()
         veth = f"hrv{self.token}{i}"
+        node = LabNode(name=name, ip=f"{self.subnet}.{11 + i}", ns=ns, user=user, home=Path(f"/home/{user}"),
+                       dir=self.dir / name, veth=veth, cgroup=f"hrmlab-{self.token}-{name}")
+        node.dir.mkdir()
         sh(["ip", "netns", "add", ns])
         sh(["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns])
         sh(["ip", "link", "set", veth, "master", self.bridge, "up"])
@@ -221,9 +399,17 @@ class Lab:
     def node(self, name: str) -> LabNode:
         return next(n for n in self.nodes if n.name == name)
 
+    def pin_cores(self, quota: float | None = None) -> None:
+        """Pin node i to core i mod the number of cores (of the parent cpuset; os.cpu_count() on a
+        whole machine), each with an optional quota; lift with `node.limit_cpu()` on each node."""
+        cores = _cpu_list((CGROUP_ROOT / "cpuset" / "cpuset.effective_cpus").read_text())
+        for i, node in enumerate(self.nodes):
+            node.limit_cpu(cpus=str(cores[i % len(cores)]), quota=quota)
+
     # ------------------------------------------------------------ teardown
     def down(self) -> None:
         for node in self.nodes:
+            node._stop_delayer()
             if node.sshd is not None and node.sshd.poll() is None:
                 os.killpg(node.sshd.pid, signal.SIGTERM)
                 try:
@@ -254,14 +440,60 @@ def _remove(token: str, users: list[str], namespaces: list[str], bridge: str, la
     for user in users:
         sh(["userdel", "-r", "-f", user], check=False)
     shutil.rmtree(lab_dir, ignore_errors=True)
+    _remove_cgroups(token)
     (STATE_DIR / f"{token}.json").unlink(missing_ok=True)
+
+
+def _cgroup_pids(group: Path) -> list[str]:
+    try:
+        return (group / "cgroup.procs").read_text().split()
+    except OSError:
+        return []
+
+
+def _cpu_list(text: str) -> list[int]:
+    """'0-2,5' -> [0, 1, 2, 5]"""
+    cores: list[int] = []
+    for part in text.strip().split(","):
+        if part:
+            lo, _, hi = part.partition("-")
+            cores.extend(range(int(lo), int(hi or lo) + 1))
+    return cores
+
+
+def lab_cgroups(token: str = "*") -> list[Path]:
+    """The cpuset/cpu cgroup directories of lab `token` (all labs: "*") that exist now."""
+    found: list[Path] = []
+    for controller in CGROUP_CONTROLLERS:
+        found.extend(sorted((CGROUP_ROOT / controller).glob(f"hrmlab-{token}-*")))
+    return found
+
+
+def _remove_cgroups(token: str) -> None:
+    """Move whatever is still in the lab's cgroups to the hierarchy's root, then remove them."""
+    for group in lab_cgroups(token):
+        if not group.is_dir():
+            continue  # cpu and cpuset co-mounted: already gone
+        for attempt in range(50):
+            for pid in _cgroup_pids(group):
+                try:
+                    (group.parent / "cgroup.procs").write_text(pid)
+                except OSError:
+                    pass
+            try:
+                group.rmdir()
+                break
+            except FileNotFoundError:
+                break
+            except OSError:  # EBUSY: a task still exiting, or one that forked in meanwhile
+                time.sleep(0.02)
+        else:
+            raise RuntimeError(f"could not remove {group}: tasks {_cgroup_pids(group)}")
 
 
 def remove_stale() -> None:
     """Remove labs whose owning process is gone (a test run that was killed)."""
-    if not STATE_DIR.is_dir():
-        return
-    for state in STATE_DIR.glob("*.json"):
+    for state in STATE_DIR.glob("*.json") if STATE_DIR.is_dir() else []:
         token = state.stem
         try:
             info = json.loads(state.read_text())
@@ -272,6 +504,11 @@ def remove_stale() -> None:
         n = int(json.loads(state.read_text() or "{}").get("n", 16)) if state.stat().st_size else 16
         _remove(token, [f"hrm{token}n{i}" for i in range(n)], [f"hrm{token}n{i}" for i in range(n)],
                 f"hrb{token}", Path(f"/tmp/hrmlab-{token}"))
+    # cgroups of a lab whose state file is gone altogether (a lab writes it before anything else)
+    for group in lab_cgroups():
+        token = group.name.split("-")[1]
+        if not (STATE_DIR / f"{token}.json").exists():
+            _remove_cgroups(token)
 
 
 def _free_subnet() -> str:
