@@ -58,6 +58,8 @@ NORMS = ("post", "pre")
 POSITIONS = ("auto", "rope", "learned", "sudoku", "none")
 LOSS_TYPES = ("softmax", "stablemax")
 OPTIMIZERS = ("adamw", "adam_atan2")
+SYNCS = ("ddp", "diloco")
+COMM_HOOKS = ("none", "bf16", "fp16", "powersgd")
 
 # What the HRM and TRM guides type, as the keys they stand for (``arch.*`` is ``model.*`` throughout).
 ALIASES = {
@@ -102,6 +104,15 @@ class ModelConfig:
 
 
 @dataclass
+class DilocoConfig:
+    """DiLoCo (training.sync=diloco): H local steps per rank, then one outer step on the averaged change."""
+    inner_steps: int = 50  # H: local optimizer steps between two synchronisations
+    outer_lr: float = 0.7  # the outer Nesterov SGD (the paper's values)
+    outer_momentum: float = 0.9
+    comm_dtype: str = "bf16"  # the pseudo-gradient's type on the wire: bf16 (half the bytes) or fp32
+
+
+@dataclass
 class TrainingConfig:
     max_steps: int = 1000
     batch_size: int = 64  # per rank and micro-step; global batch = batch_size * grad_accum * world
@@ -132,6 +143,13 @@ class TrainingConfig:
     augment: bool = True  # sudoku: each training batch under random validity-preserving transforms
     ema: bool = False  # evaluate and save an exponential moving average of the weights (TRM)
     ema_decay: float = 0.999
+    # how the ranks share their work: ddp (every gradient every step) or diloco (see DilocoConfig)
+    sync: str = "ddp"
+    ddp_comm_hook: str = "none"  # ddp: gradients on the wire as bf16, fp16, or PowerSGD's low-rank factors
+    powersgd_rank: int = 2  # ddp_comm_hook=powersgd: the rank of the approximation
+    # each rank's share of the work: equal, auto (measured), or weights per node (node0:2,node1:1)
+    balance: str = "equal"
+    diloco: DilocoConfig = field(default_factory=DilocoConfig)
 
 
 @dataclass
@@ -175,7 +193,8 @@ def _keys(obj, prefix: str = "") -> dict[str, type]:
     for name, typ in typing.get_type_hints(type(obj)).items():
         value = getattr(obj, name)
         if dataclasses.is_dataclass(value):
-            out[prefix + name] = str
+            if any(f.name == "name" for f in dataclasses.fields(value)):
+                out[prefix + name] = str
             out.update(_keys(value, prefix + name + "."))
         else:
             out[prefix + name] = typ
@@ -303,6 +322,19 @@ def check(cfg: Config) -> None:
         if value < 0:
             raise UserError(f"{key}={value}: must not be negative")
     _one_of("training.optimizer", t.optimizer, OPTIMIZERS)
+    _one_of("training.sync", t.sync, SYNCS)
+    _one_of("training.ddp_comm_hook", t.ddp_comm_hook, COMM_HOOKS)
+    _one_of("training.diloco.comm_dtype", t.diloco.comm_dtype, ("bf16", "fp32"))
+    for key, value in {"training.diloco.inner_steps": t.diloco.inner_steps, "training.diloco.outer_lr":
+                       t.diloco.outer_lr, "training.powersgd_rank": t.powersgd_rank}.items():
+        if value <= 0:
+            raise UserError(f"{key}={value}: must be greater than 0")
+    if not 0 <= t.diloco.outer_momentum < 1:
+        raise UserError(f"training.diloco.outer_momentum={t.diloco.outer_momentum}: must be in [0, 1)")
+    if t.sync == "diloco" and t.ddp_comm_hook != "none":
+        raise UserError(f"training.ddp_comm_hook={t.ddp_comm_hook} applies to training.sync=ddp; with diloco the "
+                        f"synchronisation is sent as training.diloco.comm_dtype (bf16 by default)")
+    parse_balance(t.balance)
     for key, value in {"training.global_batch_size": t.global_batch_size, "training.epochs": t.epochs,
                        "training.eval_every_epochs": t.eval_every_epochs,
                        "training.puzzle_emb_lr": t.puzzle_emb_lr or 0,
@@ -340,6 +372,26 @@ def check(cfg: Config) -> None:
                             f"model.pos_encodings=rope and model.mlp_t=false")
         if arch["pos_encodings"] == "rope" and (arch["n_embd"] // arch["n_head"]) % 2:
             raise UserError(f"rotary positions need an even head size, not {arch['n_embd'] // arch['n_head']}")
+
+
+def parse_balance(text: str) -> str | dict[str, float]:
+    """``training.balance``: "equal", "auto", or {node: weight} from ``node0:2,node1:1``."""
+    if text in ("equal", "auto"):
+        return text
+    weights = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        node, sep, w = part.rpartition(":")
+        try:
+            weight = float(w)
+        except ValueError:
+            weight = 0.0
+        if not sep or not node.strip() or not 0 < weight < float("inf"):
+            raise UserError(f"training.balance={text!r}: expected equal, auto, or positive weights per node like "
+                            f"node0:2,node1:1")
+        weights[node.strip()] = weight
+    if not weights:
+        raise UserError(f"training.balance={text!r}: expected equal, auto, or weights per node like node0:2,node1:1")
+    return weights
 
 
 def resolved_model(m: ModelConfig) -> dict:

@@ -482,6 +482,30 @@ def batches(ds, batch_size: int, rank: int, world: int, seed: int, start: int = 
         epoch, first = epoch + 1, 0
 
 
+def shared_batches(ds, sizes: list[int], rank: int, seed: int, start: int = 0, augment: bool = False):
+    """Endless batches for this rank when the ranks take unequal shares of each global batch (auralm.parallel.
+    balance): each epoch is a permutation of the whole split (seed + epoch); global batch b is its rows
+    [b*B, (b+1)*B) with B = sum(sizes), of which rank r takes sizes[r] rows after those of the ranks before it.
+    ``start`` counts global batches, as ``batches`` counts its own."""
+    total, first_row = sum(sizes), sum(sizes[:rank])
+    per_epoch = len(ds) // total
+    if per_epoch == 0:
+        raise UserError(f"the train split has {len(ds)} samples, fewer than one global batch of {total}: "
+                        f"more data or a smaller batch")
+    epoch, first = divmod(start, per_epoch)
+    while True:
+        g = torch.Generator()
+        g.manual_seed(seed + epoch)
+        order = torch.randperm(len(ds), generator=g).tolist()
+        for b in range(first, per_epoch):
+            rows = order[b * total + first_row: b * total + first_row + sizes[rank]]
+            if augment:
+                yield ds.batch(rows, np.random.default_rng([seed, rank, epoch * per_epoch + b]))
+            else:
+                yield ds.batch(rows)
+        epoch, first = epoch + 1, 0
+
+
 # ---------------------------------------------------------------- command line
 
 

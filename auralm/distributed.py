@@ -202,3 +202,12 @@ def checksum(model: torch.nn.Module) -> str:
         h.update(name.encode())
         h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()[:16]
+
+
+def scatter_object(d: Dist, objs: list | None):
+    """Rank 0's ``objs[r]`` on rank r."""
+    if d.world == 1:
+        return objs[0]
+    box = [None]
+    dist.scatter_object_list(box, objs, src=0)
+    return box[0]

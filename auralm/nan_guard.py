@@ -7,6 +7,10 @@ update together (the mean loss for the log comes with it). When ``max_bad`` bad 
 every ``snapshot_every`` good steps), broadcasts parameters and optimizer state to every rank,
 the learning rate is lowered for a while, and a checksum of the parameters gathered from every
 rank confirms they are identical again.
+
+Under DiLoCo (auralm.parallel.diloco) there is no collective per step: each rank checks its own
+step (``finite``) and skips it alone; the counts are agreed at the end of the round, where the same
+window and recovery apply (``after_round``).
 """
 
 from __future__ import annotations
@@ -37,11 +41,13 @@ class NanGuard:
         self.bad_steps: list[int] = []
         self.lr_low_until = 0  # steps up to this one run at lr * lr_factor
         self.snapshot: dict | None = None
+        self.snapshot_step = 0
 
     def lr_scale(self, step: int) -> float:
         return self.cfg.lr_factor if step <= self.lr_low_until else 1.0
 
     def take_snapshot(self, step: int) -> None:
+        self.snapshot_step = step
         if self.d.rank == 0:
             self.snapshot = {"step": step, "model": _cpu_copy(self.model.state_dict()),
                              "optimizer": _cpu_copy(self.optimizer.state_dict())}
@@ -62,11 +68,35 @@ class NanGuard:
                        f" within {self.cfg.window} steps before recovery)", rank=bad)
         return False, float("nan")
 
-    def after_step(self, step: int, ok: bool) -> None:
-        if ok and step % self.cfg.snapshot_every == 0:
+    def after_step(self, step: int, ok: bool) -> bool:
+        """After a step (or a DiLoCo round) ending at ``step``: a snapshot when one is due; a recovery
+        when ``max_bad`` bad steps fell within ``window`` (then True)."""
+        if ok and step - self.snapshot_step >= self.cfg.snapshot_every:
             self.take_snapshot(step)
         if len(self.bad_steps) >= self.cfg.max_bad:
             self.recover(step)
+            return True
+        return False
+
+    @staticmethod
+    def finite(loss: torch.Tensor, grad_norm: torch.Tensor) -> bool:
+        """DiLoCo: whether this rank's step may be taken (no collective; the counts are agreed per round)."""
+        return bool(torch.isfinite(loss) & torch.isfinite(grad_norm))
+
+    def after_round(self, step: int, bad_steps: list[int], broken: list[int]) -> None:
+        """DiLoCo, on every rank alike: the local steps each rank skipped in the round that ended at ``step``,
+        and the ranks whose change of the weights was not finite (the round was then discarded everywhere)."""
+        count = sum(bad_steps) + len(broken)
+        if not count:
+            return
+        self.bad_steps = [s for s in self.bad_steps if s > step - self.cfg.window] + [step] * count
+        skipped = [f"rank {r} skipped {n} local step{'s' * (n > 1)}" for r, n in enumerate(bad_steps) if n]
+        what = "; ".join(skipped + ([f"the change of the weights was not finite on rank "
+                                     f"{', '.join(map(str, broken))}: round discarded on all {self.d.world} ranks"]
+                                    if broken else []))
+        self.log.event(step, "nan_skip", f"nan guard: round ending at step {step}: non-finite loss or gradients: "
+                       f"{what} ({len(self.bad_steps)} of {self.cfg.max_bad} within {self.cfg.window} steps before "
+                       f"recovery)", rank=[r for r, n in enumerate(bad_steps) if n] + broken)
 
     def recover(self, step: int) -> None:
         if self.d.rank == 0:

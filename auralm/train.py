@@ -27,6 +27,8 @@ from auralm.ema import EMA
 from auralm.evaluate import evaluate as evaluate_split
 from auralm.errors import UserError
 from auralm.nan_guard import NanGuard
+from auralm.parallel import balance, comm_hooks
+from auralm.parallel.diloco import DiLoCo
 from auralm.runlog import RunLog
 
 
@@ -161,11 +163,16 @@ def shape(resolved: dict) -> dict:
     return {k: v for k, v in resolved["model"].items() if k not in skip}
 
 
+PER_RANK = ("carry", "inner_optimizer")  # checkpoint extras kept per rank: a list in rank order
+
+
 def resume(cfg: Config, d: distributed.Dist, log: RunLog, found: list[Path], model, optimizer, vocab,
-           step_kind, ema: EMA | None) -> dict | None:
-    """Rank 0 loads the newest whole checkpoint and broadcasts it; the checkpoint's state.json, or None.
-    Each rank gets its own ACT carries back (when the world is the same size), and the EMA weights."""
-    state = rng = error = carries = ema_state = None
+           step_kind, ema: EMA | None) -> tuple[dict | None, dict]:
+    """Rank 0 loads the newest whole checkpoint and broadcasts it: (its state.json, or None; its extras).
+    Each rank gets its own entry of the per-rank extras back (when the world is the same size): the ACT
+    carries, DiLoCo's inner optimizer; the EMA weights are restored here."""
+    state = rng = error = None
+    extras: dict = {}
     if d.rank == 0:
         try:
             for ckpt in found:
@@ -183,7 +190,7 @@ def resume(cfg: Config, d: distributed.Dist, log: RunLog, found: list[Path], mod
                     checkpoint.load_weights(ckpt, model, optimizer)
                 except (RuntimeError, ValueError) as e:
                     raise UserError(f"checkpoint {ckpt} does not fit this model: {str(e).splitlines()[0]}") from None
-                carries, ema_state = checkpoint.read_extra(ckpt, "carry"), checkpoint.read_extra(ckpt, "ema")
+                extras = {Path(f).stem: checkpoint.read_extra(ckpt, Path(f).stem) for f in state.get("extra_files", [])}
                 log.say(f"resuming from {ckpt} (step {state['step']})")
                 break
             else:
@@ -191,20 +198,26 @@ def resume(cfg: Config, d: distributed.Dist, log: RunLog, found: list[Path], mod
         except UserError as e:
             error = str(e)
     distributed.raise_if_any(d, error)
-    state, rng, carries, ema_state = distributed.broadcast_object(d, (state, rng, carries, ema_state))
+    mine = {k: v for k, v in extras.items() if k in PER_RANK}
+    same_world = bool(state) and len(rng) == d.world
+    state, rng, shared = distributed.broadcast_object(
+        d, (state, rng, {k: v for k, v in extras.items() if k not in PER_RANK}))
     if state is None:
-        return None
+        return None, {}
+    same_world = distributed.broadcast_object(d, same_world)
+    own = distributed.scatter_object(d, [{k: v[r] for k, v in mine.items() if len(v) == d.world}
+                                         for r in range(d.world)] if d.rank == 0 else None) if same_world else {}
     distributed.broadcast_state(d, model, optimizer)
-    if len(rng) == d.world:
+    if same_world:
         set_rng_state(rng[d.rank], d.device)
-    if carries is not None and len(carries) == d.world:
-        step_kind.load_state_dict(carries[d.rank])
+    if "carry" in own:
+        step_kind.load_state_dict(own["carry"])
     if ema is not None:
-        if ema_state:
-            ema.load_state_dict(ema_state)
+        if shared.get("ema"):
+            ema.load_state_dict(shared["ema"])
         else:
             ema.__init__(model, ema.decay)  # the checkpoint kept none: start the average from its weights
-    return state
+    return state, {**shared, **own}
 
 
 # ---------------------------------------------------------------- evaluation
@@ -256,6 +269,45 @@ def resolve_schedule(cfg: Config, d: distributed.Dist, n_train: int, log: RunLog
 # ---------------------------------------------------------------- the loop
 
 
+def measure_rate(step_kind, model, train_set, t: config.TrainingConfig, device: torch.device) -> float:
+    """This rank's training speed in rows/s: a few forward and backward passes on the first rows of the
+    split, timed after one untimed pass; the weights, gradients, carries and random state are left as found."""
+    rng = rng_state(device)
+    x, y = train_set.batch(list(range(min(t.batch_size, len(train_set)))))
+    x, y = x.to(device), y.to(device)
+    timed, began = 0, 0.0
+    for i in range(4):
+        if i == 1:
+            began = time.perf_counter()
+        with autocast(t, device):
+            loss, _ = step_kind.loss(model, x, y, 0)
+        loss.backward()
+        timed += i >= 1
+    seconds = time.perf_counter() - began
+    model.zero_grad(set_to_none=True)
+    step_kind.reset()
+    set_rng_state(rng, device)
+    return len(x) * timed / seconds
+
+
+def decide_shares(cfg: Config, d: distributed.Dist, state: dict | None, measure) -> balance.Shares:
+    """Every rank's share (auralm.parallel.balance): the checkpoint's when resuming the same world with the same
+    setting (a resumed run continues exactly), else measured (auto) or from the weights."""
+    t = cfg.training
+    spec = config.parse_balance(t.balance)
+    nodes = distributed.gather_object(d, balance.node_name())
+    saved = (state or {}).get("shares")
+    if saved and len(saved["nodes"]) == d.world and saved.get("spec") == t.balance and \
+            saved.get("sync") == t.sync and saved.get("per_rank") == t.batch_size:
+        return balance.Shares(**{k: saved[k] for k in ("nodes", "weights", "batch", "inner_steps", "how")})
+    odd = balance.unknown_nodes(spec, nodes)
+    if odd:
+        raise UserError(f"training.balance={t.balance} names {', '.join(odd)}, not in this run (its nodes: "
+                        f"{', '.join(dict.fromkeys(nodes))})")
+    rates = distributed.gather_object(d, measure()) if spec == "auto" and d.world > 1 else None
+    return balance.decide(spec, nodes, t.batch_size, t.diloco.inner_steps if t.sync == "diloco" else None, rates)
+
+
 def train(cfg: Config, d: distributed.Dist) -> torch.nn.Module:
     t, fault = cfg.training, cfg.fault
     out_dir, found, error = None, [], None
@@ -293,17 +345,27 @@ def train(cfg: Config, d: distributed.Dist) -> torch.nn.Module:
     ema = EMA(raw, t.ema_decay) if t.ema else None
     guard = NanGuard(cfg.guard, d, raw, optimizer, log) if cfg.guard.enabled else None
     torch.manual_seed(t.seed + d.rank)  # each rank its own dropout and halting exploration
-    state = resume(cfg, d, log, found, raw, optimizer, vocab, step_kind, ema) if cfg.resume else None
+    state, extras = resume(cfg, d, log, found, raw, optimizer, vocab, step_kind, ema) if cfg.resume else (None, {})
     step = state["step"] if state else 0
-    position = state["data_position"] if state else 0  # batches this rank has consumed
+    positions = state.get("data_positions") if state else None
+    position = positions[d.rank] if positions and len(positions) == d.world else \
+        (state["data_position"] if state else 0)  # batches this rank has consumed
     best = state.get("best_val_loss", float("inf")) if state else float("inf")
     val_loss = state.get("val_loss") if state else None
-    if guard:
-        guard.load_state_dict(state.get("guard", {}) if state else {})
-        guard.take_snapshot(step)
     if step >= t.max_steps:
         log.say(f"nothing to do: the checkpoint is at step {step}, training.max_steps={t.max_steps}")
         return raw
+    unit = "tok/s" if train_set.unit == "tokens" else "puzzles/s"
+    shares = decide_shares(cfg, d, state, lambda: measure_rate(step_kind, raw, train_set, t, d.device))
+    diloco = t.sync == "diloco"
+    outer = DiLoCo(raw, t.diloco, d, shares.sample_weight(d.rank)) if diloco else None
+    if outer and "diloco" in extras:
+        outer.load_state_dict(extras["diloco"])
+    if diloco and "inner_optimizer" in extras:
+        optimizer.load_state_dict(extras["inner_optimizer"])
+    if guard:
+        guard.load_state_dict(state.get("guard", {}) if state else {})
+        guard.take_snapshot(step)
     log.config(config.to_dict(cfg))  # from here on the run directory is written
     if d.rank == 0 and not state:
         n = sum(p.numel() for p in raw.parameters())
@@ -311,68 +373,132 @@ def train(cfg: Config, d: distributed.Dist) -> torch.nn.Module:
     if d.world > 1:
         log.event(0, "backend", f"backend: {d.reason}; using {d.backend} on all {d.world} ranks, device "
                   f"{d.device.type}", backend=d.backend, requested=d.requested, reason=d.why)
+        if diloco:
+            log.say(f"sync: diloco, {t.diloco.inner_steps} local steps a round, the change of the weights "
+                    f"all-reduced as {t.diloco.comm_dtype}, outer Nesterov SGD lr {t.diloco.outer_lr} momentum "
+                    f"{t.diloco.outer_momentum}")
+        elif t.ddp_comm_hook != "none":
+            log.say(f"sync: ddp, gradients compressed with the {t.ddp_comm_hook} hook")
+        if shares.how != "equal":
+            log.event(step, "balance", f"balance {t.balance}: {shares.describe(unit.replace('tok', 'tokens'))}",
+                      **shares.to_dict())
+    ddp = not diloco and d.world > 1
     model = DDP(raw, device_ids=[d.device.index] if d.device.type == "cuda" else None, process_group=d.group,
-                broadcast_buffers=False) if d.world > 1 else raw
-    batches = data.batches(train_set, t.batch_size, d.rank, d.world, t.seed, start=position,
-                           augment=t.augment and cfg.task == "sudoku")
+                broadcast_buffers=False) if ddp else raw
+    hook = comm_hooks.register(model, t.ddp_comm_hook, d, rank=t.powersgd_rank, start_iter=t.warmup_steps,
+                               seed=t.seed) if ddp else None
+    if shares.equal:
+        batches = data.batches(train_set, shares.batch[d.rank], d.rank, d.world, t.seed, start=position,
+                               augment=t.augment and cfg.task == "sudoku")
+    else:
+        batches = (data.batches(train_set, t.batch_size, d.rank, d.world, t.seed, start=position,
+                                augment=t.augment and cfg.task == "sudoku") if diloco else
+                   data.shared_batches(train_set, shares.batch, d.rank, t.seed, start=position,
+                                       augment=t.augment and cfg.task == "sudoku"))
+    loss_scale = shares.loss_scale(d.rank) if ddp else 1.0
+    samples_factor = shares.global_factor(d.rank)
     params = [p for p in raw.parameters() if p.requires_grad]
     meter = objective.Meter()
-    unit = "tok/s" if train_set.unit == "tokens" else "puzzles/s"
+    alone = distributed.Dist(device=d.device)  # DiLoCo's metrics are this rank's: no collective between syncs
     done, clock = 0, time.perf_counter()
     train_s = state.get("train_s", 0.0) if state else 0.0  # training time so far, without evaluations and saving
 
-    while step < t.max_steps:
-        step += 1
-        if d.rank == fault.kill_rank and step in fault.kill_at_step and state is None:  # not after a resume
-            print(f"fault: killing rank {d.rank} at step {step}", file=sys.stderr, flush=True)
+    def local_step(at: int):
+        """Forward and backward over the micro-batches, clipping: (loss, grad norm) of this rank."""
+        nonlocal done, position
+        if d.rank == fault.kill_rank and at in fault.kill_at_step and state is None:  # not after a resume
+            print(f"fault: killing rank {d.rank} at step {at}", file=sys.stderr, flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
-        lr = optim.lr_at(t, step) * (guard.lr_scale(step) if guard else 1.0)
-        optim.set_lr(optimizer, lr)
+        optim.set_lr(optimizer, lr_for(at))
         loss_sum = torch.zeros((), device=d.device)
         for micro in range(t.grad_accum):
             x, y = next(batches)
             x, y = x.to(d.device, non_blocking=True), y.to(d.device, non_blocking=True)
             last = micro == t.grad_accum - 1
-            with (model.no_sync() if d.world > 1 and not last else contextlib.nullcontext()):
+            with (model.no_sync() if ddp and not last else contextlib.nullcontext()):
                 with autocast(t, d.device):
                     loss, metrics = step_kind.loss(model, x, y, micro)
-                (loss / t.grad_accum).backward()
+                (loss * (loss_scale / t.grad_accum)).backward()
             loss_sum += loss.detach()
             meter.add(metrics)
-            done += train_set.units(x) * d.world
+            done += train_set.units(x) * samples_factor
         position += t.grad_accum
-        if d.rank == fault.nan_rank and step in fault.nan_at_step:
-            print(f"fault: NaN in rank {d.rank}'s gradients at step {step}", file=sys.stderr, flush=True)
+        if d.rank == fault.nan_rank and at in fault.nan_at_step:
+            print(f"fault: NaN in rank {d.rank}'s gradients at step {at}", file=sys.stderr, flush=True)
             params[0].grad.fill_(float("nan"))
         if t.grad_clip > 0:
             norm = torch.nn.utils.clip_grad_norm_(params, t.grad_clip)
         else:
             norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-        loss = loss_sum / t.grad_accum
-        ok, loss = guard.check(step, loss, norm) if guard else (True, loss)
+        return loss_sum / t.grad_accum, norm
+
+    def lr_for(at: int) -> float:
+        return optim.lr_at(t, at) * (guard.lr_scale(at) if guard else 1.0)
+
+    def apply(ok: bool) -> None:
         if ok:
             optimizer.step()
-            if ema:
+            if ema and not diloco:
                 ema.update()
-        else:  # the carries came from a bad step: every row starts afresh, on every rank alike
+        else:  # the carries came from a bad step: every row starts afresh
             step_kind.reset()
+            comm_hooks.reset(hook)
         optimizer.zero_grad(set_to_none=True)
+
+    def ddp_step() -> tuple[int, float, torch.Tensor]:
+        """One step of every rank together: the gradients averaged by DDP, the guard agreed by one all-reduce."""
+        at = step + 1
+        loss, norm = local_step(at)
+        ok, mean = guard.check(at, loss * loss_scale, norm) if guard else (True, float(loss))
+        apply(ok)
         if guard:
-            guard.after_step(step, ok)
+            guard.after_step(at, ok)
+        return at, mean, norm
+
+    def diloco_round() -> tuple[int, float, torch.Tensor]:
+        """H local steps on each rank (its share of them), then the outer step on the averaged change."""
+        length = min(t.diloco.inner_steps, t.max_steps - step)
+        mine = shares.inner_steps_for(d.rank, length, t.diloco.inner_steps)
+        bad, loss_sum, losses, norm = 0, 0.0, 0, torch.zeros(())
+        for j in range(mine):
+            at = step + math.ceil((j + 1) * length / mine)  # where this local step stands in the schedule
+            loss, norm = local_step(at)
+            ok = guard.finite(loss, norm) if guard else True
+            if ok:
+                loss_sum, losses = loss_sum + float(loss), losses + 1
+            bad += not ok
+            apply(ok)
+        end = step + length
+        rnd = outer.sync(bad, loss_sum, losses)
+        if ema and rnd.ok:
+            ema.update()
+        if guard:
+            guard.after_round(end, rnd.bad_steps, rnd.broken)
+            if guard.after_step(end, rnd.ok and not any(rnd.bad_steps)):  # no snapshot of a round with skips
+                outer.restart_from_model()  # rank 0's restored weights are every rank's shared weights now
+        return end, rnd.loss, norm
+
+    while step < t.max_steps:
+        previous = step
+        step, loss, norm = diloco_round() if diloco else ddp_step()
+
+        def due(interval: int) -> bool:
+            return bool(interval) and step // interval > previous // interval
 
         final = step == t.max_steps
-        evaluating = final or (t.eval_interval and step % t.eval_interval == 0)
-        saving = final or (t.checkpoint_interval and step % t.checkpoint_interval == 0)
-        if step % t.log_interval == 0 or evaluating:
+        evaluating = final or due(t.eval_interval)
+        saving = final or due(t.checkpoint_interval)
+        if due(t.log_interval) or evaluating:
             elapsed = time.perf_counter() - clock
             rate = done / elapsed
             train_s += elapsed
+            lr = lr_for(step)
             mem_kind, mem = memory_gb(d.device)
             record = {"step": step, "train_s": round(train_s, 3), "loss": float(loss) if math.isfinite(loss) else None,
                       "lr": lr,
                       ("tokens_per_s" if unit == "tok/s" else "samples_per_s"): rate, f"{mem_kind}_gb": mem,
                       "grad_norm": float(norm)}
-            act = meter.read(d, arch)
+            act = meter.read(alone if diloco else d, arch)
             record.update(act)
             extra = "" if not act else f" | ponder {act['ponder']:.2f} | " + (
                 f"exact {act['train_exact_accuracy']:.3f}" if cfg.task == "sudoku" else f"lm_loss {act['lm_loss']:.4f}")
@@ -396,16 +522,23 @@ def train(cfg: Config, d: distributed.Dist) -> torch.nn.Module:
         if saving:
             began = time.perf_counter()
             rng = distributed.gather_object(d, rng_state(d.device))
-            carries = distributed.gather_object(d, step_kind.state_dict()) if isinstance(
-                step_kind, objective.Recurrent) else None
+            positions = distributed.gather_object(d, position)
+            per_rank = {}
+            if isinstance(step_kind, objective.Recurrent):
+                per_rank["carry"] = distributed.gather_object(d, step_kind.state_dict())
+            if diloco:
+                per_rank["inner_optimizer"] = distributed.gather_object(d, optimizer.state_dict())
             if d.rank == 0:
-                extra = {"carry": carries} if carries is not None else {}
+                extra = dict(per_rank)
                 if ema:
                     extra["ema"] = ema.state_dict()
+                if diloco:
+                    extra["diloco"] = outer.state_dict()
                 path = checkpoint.save(out_dir, step, raw, optimizer, rng, {
-                    "data_position": position, "val_loss": val_loss, "best_val_loss": best, "vocab_size": vocab,
-                    "train_s": train_s,
-                    "world": d.world, "guard": guard.state_dict() if guard else {}, "config": config.to_dict(cfg)},
+                    "data_position": position, "data_positions": positions, "val_loss": val_loss,
+                    "best_val_loss": best, "vocab_size": vocab, "train_s": train_s, "world": d.world,
+                    "shares": dict(shares.to_dict(), spec=t.balance, sync=t.sync, per_rank=t.batch_size),
+                    "guard": guard.state_dict() if guard else {}, "config": config.to_dict(cfg)},
                     t.keep_last, extra)
                 log.say(f"saved {path}")
             clock += time.perf_counter() - began  # throughput counts training time only

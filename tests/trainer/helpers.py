@@ -16,7 +16,7 @@ import traceback
 from pathlib import Path
 
 import torch
-from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 import torch.multiprocessing as mp
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,6 +55,7 @@ def tiny_args(data_dir: Path, out_dir: Path, *extra: str) -> list[str]:
 def _rank_main(rank: int, world: int, port: int, args: list[str], result_dir: str, opts: dict) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(opts.get("env", [{}] * world)[rank])
     torch.set_num_threads(1)
     from auralm import config, data, distributed, models, train
 
@@ -74,8 +75,28 @@ def _rank_main(rank: int, world: int, port: int, args: list[str], result_dir: st
         if module.training and isinstance(module, models.ACT) and inputs:
             halted.append(inputs[0].halted.tolist())
 
+    synced: list[list[torch.Tensor]] = []  # DiLoCo: this rank's own weights at the end of each round
+    if opts.get("spy_sync"):
+        from auralm.parallel import diloco
+
+        sync = diloco.DiLoCo.sync
+
+        def spy(self, *a):
+            synced.append([p.detach().clone() for p in self.params])
+            return sync(self, *a)
+
+        diloco.DiLoCo.sync = spy
     steps = [0]
+    first_grads: dict[int, torch.Tensor] = {}  # the gradients the first optimizer step was given
+
+    def record_first_grads(opt, a, k):
+        if not first_grads:
+            for i, p in enumerate(p for g in opt.param_groups for p in g["params"]):
+                if p.grad is not None:
+                    first_grads[i] = p.grad.detach().clone()
+
     torch.nn.modules.module.register_module_forward_pre_hook(record_inputs)
+    register_optimizer_step_pre_hook(record_first_grads)
     register_optimizer_step_post_hook(lambda opt, a, k: steps.__setitem__(0, steps[0] + 1))
     out = {"rank": rank}
     try:
@@ -84,7 +105,8 @@ def _rank_main(rank: int, world: int, port: int, args: list[str], result_dir: st
             out.update(backend=d.backend, why=d.why, device=str(d.device), exit=0)
         else:
             model = train.run(config.parse(args))
-            out.update(state=model.state_dict(), seen=seen, halted=halted, optimizer_steps=steps[0], exit=0)
+            out.update(state=model.state_dict(), seen=seen, halted=halted, optimizer_steps=steps[0],
+                       first_grads=first_grads, synced=synced, exit=0)
     except Exception as e:
         out.update(error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc(), exit=1)
     torch.save(out, Path(result_dir) / f"rank{rank}.pt")
@@ -94,6 +116,7 @@ def run_ranks(world: int, args: list[str], result_dir: Path, timeout: float = 30
     """Run the trainer on ``world`` ranks (real processes, real gloo); each rank's result.
 
     opts: fake_probe={"0": {...}} (what probe_device answers on that rank), cwd=[dir per rank],
+    env=[{...} per rank] (more environment, e.g. HRMCTL_JOB naming the rank's node),
     sudoku_count=N (size of the generated default data), setup_only=True (stop after the backend choice).
     """
     result_dir.mkdir(parents=True, exist_ok=True)

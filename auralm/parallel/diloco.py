@@ -1,0 +1,96 @@
+"""DiLoCo (Douillard et al. 2023): local steps, then one outer step on the averaged change of the weights.
+
+Every rank trains its own copy with its own (inner) optimizer for H steps without talking to the
+others. Then the ranks all-reduce the pseudo-gradient, the shared weights of the last round minus
+their own, weighted by the rows each saw, sent as bf16 by default; an outer SGD with Nesterov
+momentum (lr 0.7, momentum 0.9 as in the paper) steps the shared weights with it, and every rank
+continues from them. One collective per H steps instead of one per step.
+
+The NaN guard costs no collective of its own here: a rank skips a local step whose loss or
+gradients are not finite, and the counts of such steps travel with the round's small vector of
+flags; a pseudo-gradient that is not finite on any rank discards the round on every rank (all go
+back to the shared weights of its start).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from auralm.config import DilocoConfig
+from auralm.distributed import Dist
+
+
+@dataclass
+class Round:
+    ok: bool  # every rank's pseudo-gradient was finite and the outer step was taken
+    loss: float  # the mean local loss of the round over all ranks, weighted by rows (nan if none)
+    bad_steps: list[int]  # local steps skipped by the guard in this round, per rank
+    broken: list[int]  # ranks whose pseudo-gradient was not finite
+
+
+class DiLoCo:
+    def __init__(self, model: torch.nn.Module, cfg: DilocoConfig, d: Dist, weight: float):
+        self.d, self.weight, self.cfg = d, weight, cfg
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.shared = [p.detach().clone() for p in self.params]  # the weights every rank agreed on last
+        self.outer = torch.optim.SGD(self.shared, lr=cfg.outer_lr, momentum=cfg.outer_momentum,
+                                     nesterov=cfg.outer_momentum > 0)
+        self.wire = torch.bfloat16 if cfg.comm_dtype == "bf16" else torch.float32
+
+    @torch.no_grad()
+    def sync(self, bad_steps: int, loss_sum: float, losses: int) -> Round:
+        """End a round on every rank: average the pseudo-gradients and take the outer step."""
+        d = self.d
+        delta = torch.cat([(s - p).reshape(-1) for s, p in zip(self.shared, self.params)])
+        finite = bool(torch.isfinite(delta).all())
+        flags = torch.zeros(2 * d.world + 2, dtype=torch.float64)
+        flags[d.rank] = bad_steps
+        flags[d.world + d.rank] = 0.0 if finite else 1.0
+        if losses:
+            flags[-2], flags[-1] = self.weight * loss_sum / losses, self.weight
+        payload = (delta * self.weight if finite else torch.zeros_like(delta)).to(self.wire)
+        if d.world > 1:
+            works = [dist.all_reduce(payload, group=d.group_for(payload), async_op=True),
+                     dist.all_reduce(flags, async_op=True)]
+            for w in works:
+                w.wait()
+        counts = [int(v) for v in flags[:d.world].tolist()]
+        broken = [r for r in range(d.world) if flags[d.world + r] > 0]
+        loss = float(flags[-2] / flags[-1]) if flags[-1] > 0 else float("nan")
+        if broken:
+            self.discard()
+            return Round(False, loss, counts, broken)
+        averaged = payload.to(delta.dtype)
+        offset = 0
+        for s in self.shared:
+            s.grad = averaged[offset: offset + s.numel()].view_as(s)
+            offset += s.numel()
+        self.outer.step()
+        for s in self.shared:
+            s.grad = None
+        self.discard()  # every rank continues from the new shared weights
+        return Round(True, loss, counts, [])
+
+    @torch.no_grad()
+    def discard(self) -> None:
+        """Every rank's weights back to the shared ones (after the outer step, or instead of it)."""
+        for s, p in zip(self.shared, self.params):
+            p.copy_(s)
+
+    @torch.no_grad()
+    def restart_from_model(self) -> None:
+        """The shared weights become the model's (after the guard restored them); the outer momentum restarts."""
+        for s, p in zip(self.shared, self.params):
+            s.copy_(p)
+        self.outer.state.clear()
+
+    def state_dict(self) -> dict:
+        return {"outer": self.outer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """After the model holds the checkpoint's (shared) weights."""
+        self.restart_from_model()
+        self.outer.load_state_dict(state["outer"])
