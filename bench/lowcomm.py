@@ -1,0 +1,186 @@
+"""Low-communication training and work shares on real lab nodes: DDP against DiLoCo over shaped links,
+and equal against measured shares with one node at half a core.
+
+    python bench/lowcomm.py targets [--steps 24] [--model small] [--batch 16] [--inner 8]
+    python bench/lowcomm.py balance [--steps 40] [--model mini]
+    python bench/lowcomm.py table   [--steps 24] [--model mini] [--inner 8]
+
+Every run is `hrmctl train` on lab nodes (tests/lab.py: real sshd, real torchrun, gloo over the
+lab's bridge), task=lm on the Spanish text of ../shared/data, fp32. Each node is pinned to a core of
+its own with a cgroup (node i on core i mod 2), so a node is a one-core machine; links are shaped in
+both directions with HTB (rate) and an added round-trip time (netem, or the lab's NFQUEUE delayer
+where the kernel has no netem: see tests/lab.py). Samples/s is measured from the run's metrics over
+the steps after the first log record (start-up, the first steps and the final evaluation are not in
+it): (samples between the first and the last record) / (training seconds between them).
+
+targets: one node alone; two nodes under DDP and DiLoCo on the plain LAN and at 200 Mbit/s +3 ms;
+         validation loss at the end (equal samples: the same steps and global batch).
+balance: node1 at 50% of its core; node0 alone, node1 alone, the pair with equal shares and with
+         balance=auto, under DDP (and DiLoCo with auto).
+table:   mode x link (LAN, 200 Mbit/s +3 ms, 50 Mbit/s +20 ms) x nodes (1, 2, 3), every node at half a
+         core (three nodes on two cores), speed-up over one node and final validation loss.
+Root only. Figures go to stdout as markdown tables (docs/lowcomm.md has the last ones).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from _handrun import hrmctl  # noqa: E402
+from tests.lab import Lab  # noqa: E402
+
+QUIJOTE = ROOT.parent / "shared" / "data" / "quijote" / "pg2000.txt"
+LINKS = {"LAN": (None, 0.0), "200M+3ms": (200, 3.0), "50M+20ms": (50, 20.0)}
+
+
+def prepare(lab: Lab, tmp: Path) -> None:
+    """The same prepared text on every node (as `hrmctl sync-data` would leave it)."""
+    from auralm import data
+
+    local = tmp / "quijote"
+    assert data.main([str(QUIJOTE), "--out", str(local), "--vocab-size", "4096", "--max-tokens", "400000"]) == 0
+    for node in lab.nodes:
+        target = node.home / "hrmctl" / "data" / "quijote"
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(local, target)
+        shutil.chown(target.parent, node.user, node.user)
+        for p in [target, *target.rglob("*")]:
+            shutil.chown(p, node.user, node.user)
+
+
+def shape(lab: Lab, link: str) -> None:
+    rate, delay = LINKS[link]
+    for node in lab.nodes:
+        node.shape_link(rate, delay) if rate or delay else node.shape_link(None)
+
+
+def train(lab: Lab, nodes: list[str], run_id: str, args: list[str], cwd: Path) -> dict:
+    """One `hrmctl train` run; its samples/s (after the first record), final val_loss, wall time."""
+    began = time.monotonic()
+    hrmctl(lab, "train", "--nodes", ",".join(nodes), "--run-id", run_id, *args, cwd=cwd)
+    wall = time.monotonic() - began
+    run = lab.node(nodes[0]).home / "hrmctl" / "runs" / run_id
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    cfg = json.loads((run / "config.json").read_text())
+    first, last = rows[0], rows[-1]
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()] \
+        if (run / "events.jsonl").exists() else []
+    shares = next((e for e in events if e["kind"] == "balance"), None)
+    per_step = sum(shares["batch"]) if shares and cfg["training"]["sync"] == "ddp" else \
+        cfg["training"]["batch_size"] * len(nodes)
+    if shares and cfg["training"]["sync"] == "diloco":  # samples of a round, over the round's H steps
+        per_step = sum(shares["inner_steps"]) * cfg["training"]["batch_size"] / cfg["training"]["diloco"]["inner_steps"]
+    tokens = cfg["model"]["block_size"] * per_step
+    rate = (last["step"] - first["step"]) * tokens / (last["train_s"] - first["train_s"])
+    return {"tokens_per_s": rate, "val_loss": last.get("val_loss"), "wall_s": wall, "steps": last["step"],
+            "shares": shares and shares["message"]}
+
+
+def common(a) -> list[str]:
+    return ["task=lm", "data_dir=~/hrmctl/data/quijote", f"model={a.model}", f"training.batch_size={a.batch}",
+            f"training.max_steps={a.steps}", "training.dtype=fp32", "training.eval_interval=0",
+            "training.checkpoint_interval=0", "training.sample_tokens=0", "training.log_interval=1",
+            f"training.warmup_steps={max(1, a.steps // 6)}", "training.eval_batches=16", "guard.snapshot_every=1000"]
+
+
+def diloco(a, h: int | None = None) -> list[str]:
+    return ["training.sync=diloco", f"training.diloco.inner_steps={h or a.inner}"]
+
+
+def row(label: str, r: dict, base: float | None) -> str:
+    speed = f"{r['tokens_per_s'] / base:.2f}x" if base else "1.00x"
+    loss = f"{r['val_loss']:.4f}" if r["val_loss"] is not None else "-"
+    return f"| {label} | {r['tokens_per_s']:.0f} | {speed} | {loss} | {r['wall_s']:.0f} s |"
+
+
+def targets(lab: Lab, a, cwd: Path) -> None:
+    lab.pin_cores()
+    out = ["| run | tokens/s | vs one node | final val loss | wall |", "|---|---|---|---|---|"]
+    shape(lab, "LAN")
+    one = train(lab, ["node0"], "t-one", common(a), cwd)
+    out.append(row("node0 alone", one, None))
+    results = {}
+    for link in ("LAN", "200M+3ms"):
+        shape(lab, link)
+        for mode, extra in (("ddp", []), ("diloco", diloco(a))):
+            r = train(lab, ["node0", "node1"], f"t-{mode}-{link.replace('+', '')}", common(a) + extra, cwd)
+            results[(mode, link)] = r
+            out.append(row(f"2 nodes, {mode}{' H=' + str(a.inner) if mode == 'diloco' else ''}, {link}", r,
+                           one["tokens_per_s"]))
+            print(out[-1], file=sys.stderr, flush=True)
+    shape(lab, "LAN")
+    print("\n".join(out))
+    ref = results[("ddp", "LAN")]["val_loss"]
+    for key, r in results.items():
+        print(f"val loss {key}: {r['val_loss']:.4f} ({(r['val_loss'] / ref - 1) * 100:+.1f}% against ddp on the LAN)")
+
+
+def balance(lab: Lab, a, cwd: Path) -> None:
+    lab.pin_cores()
+    lab.node("node1").limit_cpu(cpus="1", quota=0.5)
+    out = ["| run | tokens/s | share of the sum | final val loss | wall |", "|---|---|---|---|---|"]
+    alone = {n: train(lab, [n], f"b-{n}", common(a), cwd) for n in ("node0", "node1")}
+    total = sum(r["tokens_per_s"] for r in alone.values())
+    for n, r in alone.items():
+        out.append(row(f"{n} alone" + (" (50% CPU)" if n == "node1" else ""), r, total).replace("x |", " of the sum |"))
+    for label, extra in (("pair, ddp, equal shares", []), ("pair, ddp, balance=auto", ["training.balance=auto"]),
+                         ("pair, diloco, balance=auto", ["training.balance=auto"] + diloco(a))):
+        r = train(lab, ["node0", "node1"], "b-" + label.replace(", ", "-").replace("=", "").replace(" ", ""),
+                  common(a) + extra, cwd)
+        out.append(row(label, r, total).replace("x |", " of the sum |"))
+        if r["shares"]:
+            out.append(f"|  {r['shares']} | | | | |")
+        print(out[-1], file=sys.stderr, flush=True)
+    lab.node("node1").limit_cpu(cpus="1")
+    print("\n".join(out))
+
+
+def table(lab: Lab, a, cwd: Path) -> None:
+    lab.pin_cores(quota=0.5)
+    out = ["| mode | link | nodes | tokens/s | speed-up | final val loss |", "|---|---|---|---|---|---|"]
+    shape(lab, "LAN")
+    one = train(lab, ["node0"], "x-one", common(a), cwd)
+    out.append(f"| - | - | 1 | {one['tokens_per_s']:.0f} | 1.00x | {one['val_loss']:.4f} |")
+    for link in LINKS:
+        shape(lab, link)
+        for n in (2, 3):
+            for mode, extra in (("ddp", []), ("diloco", diloco(a))):
+                r = train(lab, [f"node{i}" for i in range(n)], f"x-{mode}-{link.replace('+', '')}-{n}",
+                          common(a) + extra, cwd)
+                out.append(f"| {mode}{' H=' + str(a.inner) if extra else ''} | {link} | {n} | {r['tokens_per_s']:.0f}"
+                           f" | {r['tokens_per_s'] / one['tokens_per_s']:.2f}x | {r['val_loss']:.4f} |")
+                print(out[-1], file=sys.stderr, flush=True)
+    shape(lab, "LAN")
+    print("\n".join(out))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("what", choices=("targets", "balance", "table"))
+    p.add_argument("--steps", type=int, default=24)
+    p.add_argument("--model", default=None)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--inner", type=int, default=8, help="DiLoCo's H")
+    a = p.parse_args()
+    a.model = a.model or ("small" if a.what == "targets" else "mini")
+    tmp = Path(tempfile.mkdtemp(prefix="bench-lowcomm-"))
+    with Lab(3 if a.what == "table" else 2) as lab:
+        prepare(lab, tmp)
+        print(f"{a.what}: model={a.model}, batch {a.batch} per rank, {a.steps} steps, DiLoCo H={a.inner}",
+              file=sys.stderr, flush=True)
+        {"targets": targets, "balance": balance, "table": table}[a.what](lab, a, tmp)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
