@@ -5,6 +5,11 @@
    every rank checks what it received, and the verdict is agreed by one more all_reduce.
 3. Speed: all_reduce algorithm and bus bandwidth for sizes from 1 KiB to 64 MiB
    (busbw = algbw * 2(n-1)/n, as nccl-tests define it) and small-message latency.
+4. What that means for training (auralm.link_budget): the trainer's model (its default, or the
+   ``key=value`` overrides given, parsed by auralm.config) timed for a few forward+backward+optimizer
+   steps on random inputs of the right shape on every rank (the slowest rank's median: every DDP
+   step waits for it), against the predicted communication of DDP, DDP with the bf16 hook and
+   DiLoCo, and the suggestion. Skipped with --no-bandwidth.
 
 Rank 0 prints a table and one line `HRMCTL_RESULT {json}` that `hrmctl test-ddp` reads.
 Exit code: 0 when every check passed on every rank, 1 when any result was wrong.
@@ -26,7 +31,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from auralm import distributed
+from auralm import config, distributed, link_budget
 from auralm.distributed import Dist
 from auralm.errors import UserError
 
@@ -34,6 +39,8 @@ RESULT_TAG = "HRMCTL_RESULT "
 TIMEOUT_S = 120
 KIB = 1024
 DEFAULT_SIZES = [KIB * 4 ** i for i in range(9)]  # 1 KiB, 4 KiB, ... 64 MiB
+PROBE_SECONDS = 2.0  # each rank times steps for about this long (at least one, after one warm-up step)
+PROBE_MAX_STEPS = 8
 
 
 def parse_size(text: str) -> int:
@@ -62,6 +69,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="fault injection: this rank's all_reduce result is falsified, to see the check fail")
     p.add_argument("--soak", type=float, default=0.0,
                    help="after the checks, keep checking all_reduce for this many seconds (a network soak)")
+    p.add_argument("--probe-seconds", type=float, default=PROBE_SECONDS,
+                   help="time the trainer's model for about this long on every rank (0: not at all)")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="the trainer's overrides for the model whose compute is timed (e.g. model=small task=lm "
+                        "training.batch_size=16); default: the trainer's default model")
     return p.parse_args(argv)
 
 
@@ -183,6 +195,112 @@ def soak(seconds: float, d: Dist) -> bool:
         time.sleep(0.05)
 
 
+def random_batch(task: str, arch: dict, vocab: int | None, batch: int, device: torch.device):
+    """Inputs and targets of the shape the trainer feeds: token windows for lm, puzzles for sudoku (0 = blank
+    cell, about half of them given; targets digit - 1, -100 on the givens, as auralm.data makes them)."""
+    g = torch.Generator().manual_seed(0)
+    if task == "lm":
+        x = torch.randint(0, vocab, (batch, arch["block_size"]), generator=g)
+        y = torch.randint(0, vocab, (batch, arch["block_size"]), generator=g)
+    else:
+        x = torch.randint(0, 10, (batch, 81), generator=g) * (torch.rand(batch, 81, generator=g) < 0.5)
+        y = torch.randint(0, 9, (batch, 81), generator=g).masked_fill(x != 0, -100)
+    return x.to(device), y.to(device)
+
+
+def compute_probe(cfg: config.Config, model: dict, d: Dist, seconds: float) -> dict:
+    """The trainer's model, built as the trainer builds it, timed on every rank at once for one optimizer step of
+    random inputs (forward, backward, optimizer; after one warm-up step): {"steps_timed", "s_per_micro_batch" (the
+    slowest rank's median), "s_by_rank", "s_per_step" (x grad_accum), "error"}. Each rank times steps for about
+    ``seconds`` (at least one, three when they fit in twice that, at most PROBE_MAX_STEPS); "steps_timed" is the
+    fewest any rank timed."""
+    t = cfg.training
+    out = {"steps_timed": 0, "s_per_micro_batch": None, "s_by_rank": None, "s_per_step": None, "error": None}
+    error = None
+    try:
+        from auralm import models, objective, optim
+        from auralm.train import autocast
+
+        torch.manual_seed(t.seed)
+        raw = models.build(cfg.task, config.resolved_model(cfg.model), model["vocab"]).to(d.device)
+        raw.set_grad_checkpointing(t.grad_checkpoint)
+        opt = optim.make_optimizer(raw, t, d.device)
+        step_kind = objective.make(raw, cfg)
+        x, y = random_batch(cfg.task, config.resolved_model(cfg.model), model["vocab"], t.batch_size, d.device)
+
+        def one(rows: int | None = None) -> float:
+            sync(d)
+            t0 = time.perf_counter()
+            with autocast(t, d.device):
+                loss, _ = step_kind.loss(raw, x[:rows], y[:rows], 0)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            sync(d)
+            return time.perf_counter() - t0
+
+        one(2)  # warm-up on two rows (cheap): the first call's one-time costs
+        step_kind.reset()
+    except Exception as e:  # a model that cannot be built or run here: reported, the other checks stand
+        error = f"{type(e).__name__}: {e}".splitlines()[0]
+    errors = distributed.gather_object(d, error)
+    if any(errors):
+        r = next(i for i, e in enumerate(errors) if e)
+        out["error"] = f"rank {r}: {errors[r]}"
+        return out
+    times: list[float] = []
+    began = time.perf_counter()
+    while len(times) < PROBE_MAX_STEPS:  # about `seconds`, but three steps (a median) if they fit in twice that
+        elapsed = time.perf_counter() - began
+        if times and elapsed >= seconds and (len(times) >= 3 or elapsed >= 2 * seconds):
+            break
+        times.append(one())
+    times.sort()
+    mid = len(times) // 2
+    mine = torch.zeros(d.world, dtype=torch.float64, device=d.device)
+    mine[d.rank] = times[mid] if len(times) % 2 else (times[mid - 1] + times[mid]) / 2
+    dist.all_reduce(mine, group=d.group)  # each rank filled its own slot: every rank's median on every rank
+    least = torch.tensor([len(times)], dtype=torch.int64, device=d.device)
+    dist.all_reduce(least, op=dist.ReduceOp.MIN, group=d.group)
+    steps = int(least.item())
+    by_rank = mine.tolist()
+    out.update(steps_timed=steps, s_by_rank=by_rank, s_per_micro_batch=max(by_rank),
+               s_per_step=max(by_rank) * t.grad_accum)
+    return out
+
+
+def training_section(cfg: config.Config, d: Dist, bw: list[dict], lat: dict, seconds: float) -> dict:
+    """The link budget (auralm.link_budget) for the trainer's model on this world, with the model and its compute."""
+    model = link_budget.run_model(cfg, d.world)
+    compute = compute_probe(cfg, model, d, seconds) if seconds > 0 else {
+        "steps_timed": 0, "s_per_micro_batch": None, "s_by_rank": None, "s_per_step": None, "error": "not timed"}
+    link = link_budget.link_from_rows(bw)
+    busbw, at = link if link else (0.0, 0)
+    b = link_budget.budget(busbw_GBps=busbw, latency_us=lat["p50_us"], world=d.world,
+                           parameters=model["parameters"], compute_s=compute["s_per_step"])
+    return {**b, "bandwidth_bytes": at, "model": model, "compute": compute}
+
+
+def training_lines(tr: dict) -> list[str]:
+    """The link budget as text lines (ddp_check's own table)."""
+    m, c = tr["model"], tr["compute"]
+    timed = (f"median of {c['steps_timed']} timed step(s) on the slowest rank" if c["steps_timed"]
+             else f"not timed: {c['error']}")
+    lines = [f"  training: model {m['name']} ({m['task']}), {m['parameters'] / 1e6:.2f}M parameters, batch "
+             f"{m['batch_size']} x grad_accum {m['grad_accum']} per rank; compute "
+             f"{link_budget.seconds(tr['compute_s'])} per step ({timed})",
+             f"  {'sync':<22} {'bytes/step':>12} {'comm s/step':>12} {'comm/compute':>13}"]
+    for label, part, nbytes, comm in (
+            ("ddp (fp32 gradients)", tr["ddp"], tr["ddp"]["bytes"], tr["ddp"]["comm_s"]),
+            ("ddp + bf16 hook", tr["ddp_bf16"], tr["ddp_bf16"]["bytes"], tr["ddp_bf16"]["comm_s"]),
+            (f"diloco H={tr['diloco']['inner_steps']}", tr["diloco"],
+             tr["diloco"]["bytes_per_sync"] / (tr["diloco"]["inner_steps"] or 1), tr["diloco"]["comm_s_per_step"])):
+        ratio = "-" if part["ratio"] is None else f"{part['ratio']:.3f}"
+        lines.append(f"  {label:<22} {link_budget.human_bytes(nbytes):>12} {link_budget.seconds(comm):>12} {ratio:>13}")
+    lines.append("  " + link_budget.suggestion_line(tr["suggestion"]))
+    return lines
+
+
 def table(result: dict) -> str:
     lines = [f"world {result['world_size']}, backend {result['backend']} ({result['reason']})"]
     for r in result["ranks"]:
@@ -198,6 +316,8 @@ def table(result: dict) -> str:
     if result.get("latency"):
         lat = result["latency"]
         lines.append(f"  latency (4 B all_reduce): p50 {lat['p50_us']:.1f} us, mean {lat['mean_us']:.1f} us")
+    if result.get("training"):
+        lines += training_lines(result["training"])
     return "\n".join(lines)
 
 
@@ -208,8 +328,9 @@ def size_label(n: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
+        cfg = config.parse(args.overrides)
         d = init(args.backend)
-    except UserError as e:  # a bad HRMCTL_BACKEND
+    except UserError as e:  # bad overrides, a bad HRMCTL_BACKEND
         if os.environ.get("RANK", "0") == "0":
             print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
@@ -222,11 +343,13 @@ def main(argv: list[str] | None = None) -> int:
         sizes = [s for s in DEFAULT_SIZES if lo <= s <= hi] or [lo]
         bw = [] if args.no_bandwidth else bandwidth(sizes, d, args.seconds, args.max_iters)
         lat = None if args.no_bandwidth else latency(d, args.latency_iters)
+        training = None if args.no_bandwidth else training_section(cfg, d, bw, lat, args.probe_seconds)
         if args.soak > 0:
             checks.update(agree({"soak": soak(args.soak, d)}, d))
         wrong = any(checks.values())
         result = {"world_size": d.world, "backend": d.backend, "requested": d.requested, "reason": d.reason,
-                  "ranks": ranks, "checks": checks, "ok": not wrong, "bandwidth": bw, "latency": lat}
+                  "ranks": ranks, "checks": checks, "ok": not wrong, "bandwidth": bw, "latency": lat,
+                  "training": training}
         if d.rank == 0:
             if not args.no_table:
                 print(table(result), flush=True)

@@ -194,8 +194,12 @@ def _launch(*, inventory, nodes, master_port, nproc, backend, env, dry_run, run_
                    accept_new_host_keys=accept_new_host_keys, reprobe=reprobe, module=module, args=args)
 
 
-@command("test-ddp")
+@command("test-ddp", context_settings={"ignore_unknown_options": True})
 def test_ddp_cmd(
+        overrides: Annotated[Optional[list[str]], typer.Argument(
+            metavar="KEY=VALUE", show_default=False,
+            help="The trainer's overrides for the model whose compute is timed, e.g. model=small task=lm "
+                 "training.batch_size=16 (default: the trainer's default model).")] = None,
         nodes: LaunchNodes = None,
         inventory: Inventory = None, accept_new_host_keys: AcceptNew = False, json: Json = False,
         master_port: Port = None, nproc: Nproc = None, backend: Backend = "auto", env: Env = None,
@@ -204,18 +208,22 @@ def test_ddp_cmd(
         max_size: Annotated[str, typer.Option(help="Largest all_reduce message.")] = "64MiB",
         seconds: Annotated[float, typer.Option(min=0, help="Measuring time per message size.")] = 0.25,
         soak: Annotated[float, typer.Option(min=0, help="Then keep checking all_reduce for this many seconds.")] = 0.0,
-        no_bandwidth: Annotated[bool, typer.Option(help="Correctness only.")] = False) -> int:
+        no_bandwidth: Annotated[bool, typer.Option(help="Correctness only (no bandwidth, no training budget).")]
+        = False) -> int:
     """A real collective across the nodes: correct results (all_reduce, broadcast, all_gather, barrier) and bandwidth.
 
     all_reduce bandwidth (algbw, busbw) from --min-size to --max-size, and small-message latency.
+    Then what that means for training: the model's compute per step against DDP's predicted communication,
+    and the suggestion (ddp, the bf16 hook, or diloco with an H), saved for `hrmctl train`.
     Exit 1 on a wrong result."""
     from cli.launch.command import DDP_CHECK, ddp_check_args, test_ddp
 
-    args = ddp_check_args(min_size=min_size, max_size=max_size, seconds=seconds, soak=soak, no_bandwidth=no_bandwidth)
+    args = ddp_check_args(min_size=min_size, max_size=max_size, seconds=seconds, soak=soak, no_bandwidth=no_bandwidth,
+                          overrides=overrides)
     opts = _launch(inventory=inventory, nodes=nodes, master_port=master_port, nproc=nproc, backend=backend, env=env,
                    dry_run=dry_run, run_id=run_id, accept_new_host_keys=accept_new_host_keys, reprobe=reprobe,
                    module=DDP_CHECK, args=args, max_restarts=0)
-    return test_ddp(opts, as_json=json, console=out, err=err)
+    return test_ddp(opts, overrides=list(overrides or []), as_json=json, console=out, err=err)
 
 
 @command("train", context_settings={"ignore_unknown_options": True})

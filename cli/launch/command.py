@@ -10,8 +10,9 @@ from rich.markup import escape
 
 from cli.errors import HrmctlError
 from cli.nodes.inventory import Node, load_inventory, local_node
+from cli.launch import links
 from cli.launch.plan import TRAINER
-from cli.launch.prepare import LaunchOptions, Prepared, dry_run_json, dry_run_text, prepare
+from cli.launch.prepare import LaunchOptions, Prepared, check_trainer_args, dry_run_json, dry_run_text, prepare
 from cli.launch.run import RunResult, run, summary_line
 from cli.launch.plan import parse_env_options
 
@@ -58,11 +59,14 @@ def model_size(opts: LaunchOptions, world: int) -> dict | None:
     return json.loads(res.stdout)
 
 
-def _dry_run(opts: LaunchOptions, as_json: bool, console: Console) -> int:
+def _dry_run(opts: LaunchOptions, as_json: bool, console: Console, err: Console | None = None,
+            advice: links.Advice | None = None) -> int:
     prep = prepare(opts, console)
     size = model_size(opts, sum(p.nproc for p in prep.plans))
+    link = links.warn(advice, err or console)
     if as_json:
-        console.print_json(json.dumps({**dry_run_json(prep), "model": size}))
+        console.print_json(json.dumps({**dry_run_json(prep), "model": size,
+                                       **({"link": link} if opts.module == TRAINER else {})}))
         return 0
     for line in dry_run_text(prep):
         console.print(escape(line), highlight=False, soft_wrap=True)
@@ -86,10 +90,13 @@ def _sync_data(opts: LaunchOptions, console: Console) -> None:
     report.raise_for_errors()
 
 
-def plan_then_run(opts: LaunchOptions, console: Console) -> tuple[Prepared, RunResult]:
+def plan_then_run(opts: LaunchOptions, console: Console, before_run=None) -> tuple[Prepared, RunResult]:
     """The command's flow: the plan (preflight included), then the run on every node; the report is the caller's.
-    The run may ask for the plan again, once, when a first launch's guessed facts were wrong on a node."""
+    The run may ask for the plan again, once, when a first launch's guessed facts were wrong on a node.
+    ``before_run()`` is called between the two (train's warning about the link)."""
     prep = prepare(opts, console)
+    if before_run:
+        before_run()
 
     def replan() -> Prepared:
         return prepare(dataclasses.replace(opts, run_id=prep.run_id), console)
@@ -99,13 +106,19 @@ def plan_then_run(opts: LaunchOptions, console: Console) -> tuple[Prepared, RunR
 
 def train(opts: LaunchOptions, *, sync_data: bool, as_json: bool, console: Console, err: Console) -> int:
     _reject_options(opts.args, "trainer overrides are key=value")
+    advice = links.start(opts)  # test-ddp's figures for these nodes, if any: sized beside the preflight
     if opts.dry_run:
-        return _dry_run(opts, as_json, console)
+        return _dry_run(opts, as_json, console, err, advice)
     opts.json_output = as_json
     if sync_data:
         _sync_data(opts, console)
-    prep, result = plan_then_run(opts, console)
-    return _finish(result, prep, as_json, console, err)
+    link: list[dict | None] = [None]
+
+    def before_run() -> None:
+        link[0] = links.warn(advice, err)
+
+    prep, result = plan_then_run(opts, console, before_run)
+    return _finish(result, prep, as_json, console, err, extra={"link": link[0]})
 
 
 def _finish(result, prep, as_json: bool, console: Console, err: Console, extra: dict | None = None) -> int:
@@ -123,7 +136,11 @@ def _finish(result, prep, as_json: bool, console: Console, err: Console, extra: 
     return result.code
 
 
-def test_ddp(opts: LaunchOptions, *, as_json: bool, console: Console, err: Console) -> int:
+def test_ddp(opts: LaunchOptions, *, overrides: list[str] | None = None, as_json: bool, console: Console,
+             err: Console) -> int:
+    if overrides:  # the model to time: checked by the trainer's parser here, before anything starts
+        _reject_options(overrides, "the model's overrides are key=value")
+        check_trainer_args(TRAINER, overrides)
     if opts.dry_run:
         return _dry_run(opts, as_json, console)
     results: list[dict] = []
@@ -142,14 +159,19 @@ def test_ddp(opts: LaunchOptions, *, as_json: bool, console: Console, err: Conso
     report = results[-1] if results else None
     if report is not None and not report.get("ok") and result.code == 0:
         result.code, result.reason = 1, "a collective gave a wrong result"
-    return _finish(result, prep, as_json, console, err, extra={"result": report})
+    saved = links.remember(report, opts.nodes) if result.code == 0 else None
+    if saved and not as_json:
+        console.print(f"[dim]saved for `hrmctl train --nodes {','.join(n.name for n in opts.nodes)}`: {escape(str(saved))}"
+                      f"[/dim]", highlight=False, soft_wrap=True)
+    return _finish(result, prep, as_json, console, err, extra={"result": report, "link_cache": saved and str(saved)})
 
 
-def ddp_check_args(*, min_size: str, max_size: str, seconds: float, soak: float, no_bandwidth: bool) -> list[str]:
+def ddp_check_args(*, min_size: str, max_size: str, seconds: float, soak: float, no_bandwidth: bool,
+                   overrides: list[str] | None = None) -> list[str]:
     args = ["--no-table", "--min-size", min_size, "--max-size", max_size, "--seconds", str(seconds)]
     if soak:
         args += ["--soak", str(soak)]
     if no_bandwidth:
         args.append("--no-bandwidth")
-    return args
+    return args + list(overrides or [])
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 
@@ -41,3 +42,45 @@ def show(result: dict, console: Console) -> None:
     if lat:
         console.print(f"small-message latency (4 B all_reduce, {lat['iters']} iterations): "
                       f"p50 {lat['p50_us']:.1f} us, mean {lat['mean_us']:.1f} us", highlight=False)
+    if result.get("training"):
+        show_training(result["training"], console)
+
+
+def _s(x: float | None) -> str:
+    if x is None:
+        return "?"
+    return f"{x:.3g} s" if x >= 0.01 else f"{x * 1e3:.3g} ms"
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:.3g} MB" if n >= 1e5 else f"{n / 1e3:.3g} KB"
+
+
+def show_training(tr: dict, console: Console) -> None:
+    """What the link means for training (auralm.link_budget's figures, as ddp_check computed them)."""
+    m, c = tr["model"], tr["compute"]
+    timed = (f"median of {c['steps_timed']} timed step(s) of the slowest rank" if c.get("steps_timed")
+             else f"not timed: {c.get('error')}")
+    t = Table(title=f"what the link means for training: model {m['name']} ({m['task']}), "
+                    f"{m['parameters'] / 1e6:.2f}M parameters, batch {m['batch_size']} x grad_accum {m['grad_accum']} "
+                    f"per rank; compute {_s(tr['compute_s'])} per step ({timed})", title_justify="left")
+    for col in ("sync", "bytes per step", "comm per step", "compute per step", "comm / compute"):
+        t.add_column(col, justify="left" if col == "sync" else "right")
+    dl = tr["diloco"]
+    rows = [("ddp (fp32 gradients)", tr["ddp"]["bytes"], tr["ddp"]["comm_s"], tr["ddp"]["ratio"]),
+            ("ddp + bf16 hook", tr["ddp_bf16"]["bytes"], tr["ddp_bf16"]["comm_s"], tr["ddp_bf16"]["ratio"])]
+    if dl.get("inner_steps"):
+        rows.append((f"diloco, H={dl['inner_steps']} (bf16, once per H)", dl["bytes_per_sync"] / dl["inner_steps"],
+                     dl["comm_s_per_step"], dl["ratio"]))
+    for label, nbytes, comm, ratio in rows:
+        t.add_row(label, _mb(nbytes), _s(comm), _s(tr["compute_s"]), "-" if ratio is None else f"{ratio:.3f}")
+    console.print(t)
+    s = tr.get("suggestion")
+    if s is None:
+        console.print("no suggestion: the compute time per step is unknown", highlight=False)
+        return
+    what = ("plain ddp (the default)" if s["sync"] == "ddp" and s["ddp_comm_hook"] == "none"
+            else f"ddp with the {s['ddp_comm_hook']} hook" if s["sync"] == "ddp" else f"diloco with H={s['inner_steps']}")
+    how = f" — [bold]{escape(' '.join(s['overrides']))}[/bold]" if s["overrides"] else ""
+    console.print(f"suggestion: {what}{how} ({escape(s['why'])}); link {tr['busbw_GBps'] * 1e3:.3g} MB/s bus "
+                  f"bandwidth, {tr['latency_us']:.0f} us latency, {tr['world']} ranks", highlight=False)

@@ -1,0 +1,297 @@
+"""What a link means for training: from test-ddp's measured all-reduce figures and a model's size and
+compute time, the communication each way of synchronising costs per step, and which way to train.
+
+The model of an all-reduce is the ring's, with the figures as auralm.ddp_check defines them:
+algbw = bytes / time and busbw = algbw x 2(n-1)/n, so one all-reduce of ``B`` bytes takes
+``B x 2(n-1)/n / busbw`` plus, per message, the measured small-message latency. Per optimizer step:
+
+- DDP sends every gradient in fp32 (4 bytes a parameter) in buckets of 25 MiB, one all-reduce each;
+  it overlaps them with the backward pass, so a small share of the compute time costs little;
+- the bf16 (or fp16) comm hook sends the same buckets at half the bytes;
+- DiLoCo (``training.sync=diloco``) all-reduces the pseudo-gradient in bf16 (2 bytes a parameter)
+  once per ``H`` local steps (``training.diloco.inner_steps``), so its share per step is a 1/H of that.
+
+The suggestion: plain DDP when its communication is at most DDP_OK of the compute, the bf16 hook
+when that brings it there, else DiLoCo with the smallest round H that brings its share to at most
+DILOCO_OK (it is not overlapped with compute). Pure: no torch, plain dicts in and out.
+``python -m auralm.link_budget --link ENTRY key=value ...`` is hrmctl train's warning (see advise()).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+DDP_BUCKET_BYTES = 25 * 1024 ** 2  # DistributedDataParallel's bucket_cap_mb=25
+DDP_OK = 0.15  # DDP's communication at most this share of the compute: hidden behind the backward pass
+DILOCO_OK = 0.05  # DiLoCo's synchronisation blocks every rank: keep it to this share of the compute
+ROUND_H = (10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
+DILOCO_USUAL_MAX_H = 1000  # beyond this many inner steps, DiLoCo is outside what it is usually run with
+DEFAULT_LM_VOCAB = 8192  # hrmctl prepare-data's default --vocab-size
+
+
+def ring_factor(world: int) -> float:
+    """The bytes each rank sends per byte all-reduced on a ring, 2(n-1)/n (0 alone)."""
+    return 2 * (world - 1) / world if world > 1 else 0.0
+
+
+def allreduce_s(nbytes: float, world: int, busbw_GBps: float, latency_s: float, messages: int) -> float:
+    """Seconds for all-reducing ``nbytes`` in ``messages`` all-reduces on a ring of ``world`` ranks."""
+    if world <= 1 or nbytes <= 0:
+        return 0.0
+    return nbytes * ring_factor(world) / (busbw_GBps * 1e9) + messages * latency_s
+
+
+def buckets(nbytes: float) -> int:
+    return max(1, math.ceil(nbytes / DDP_BUCKET_BYTES))
+
+
+def link_from_rows(rows: list[dict]) -> tuple[float, int] | None:
+    """(busbw in GB/s, the message size it was measured at) from ddp_check's bandwidth rows: the best of the two
+    largest sizes measured (the closest to a DDP bucket; one noisy round does not decide)."""
+    rows = sorted((r for r in rows if r.get("busbw_GBps", 0) > 0), key=lambda r: r["bytes"])[-2:]
+    if not rows:
+        return None
+    best = max(rows, key=lambda r: r["busbw_GBps"])
+    return best["busbw_GBps"], best["bytes"]
+
+
+def _ratio(comm_s: float, compute_s: float | None) -> float | None:
+    return comm_s / compute_s if compute_s and compute_s > 0 else None
+
+
+def budget(*, busbw_GBps: float, latency_us: float, world: int, parameters: int, compute_s: float | None,
+           diloco_bytes_per_param: int = 2) -> dict:
+    """Per-step communication of DDP (fp32), DDP with the bf16 hook and DiLoCo, against ``compute_s`` (seconds
+    of compute per optimizer step on the slowest rank; None when unknown), and the suggestion."""
+    lat = latency_us / 1e6
+    grad = 4 * parameters
+    n_buckets = buckets(grad)
+    ddp_s = allreduce_s(grad, world, busbw_GBps, lat, n_buckets)
+    half_s = allreduce_s(grad / 2, world, busbw_GBps, lat, n_buckets)  # the hook compresses each fp32 bucket
+    pseudo = diloco_bytes_per_param * parameters
+    sync_s = allreduce_s(pseudo, world, busbw_GBps, lat, buckets(pseudo))
+    out = {"world": world, "parameters": parameters, "busbw_GBps": busbw_GBps, "latency_us": latency_us,
+           "compute_s": compute_s,
+           "ddp": {"bytes": grad, "buckets": n_buckets, "comm_s": ddp_s, "ratio": _ratio(ddp_s, compute_s)},
+           "ddp_bf16": {"bytes": grad // 2, "buckets": n_buckets, "comm_s": half_s,
+                        "ratio": _ratio(half_s, compute_s)},
+           "thresholds": {"ddp": DDP_OK, "diloco": DILOCO_OK}}
+    H = diloco_steps(sync_s, compute_s)
+    out["diloco"] = {"bytes_per_sync": pseudo, "comm_s_per_sync": sync_s, "inner_steps": H,
+                     "comm_s_per_step": sync_s / H if H else None,
+                     "ratio": _ratio(sync_s / H, compute_s) if H else None}
+    out["suggestion"] = suggest(out)
+    out["text"] = describe(out)
+    return out
+
+
+def diloco_steps(sync_s: float, compute_s: float | None) -> int | None:
+    """The smallest round H whose synchronisation costs at most DILOCO_OK of H steps' compute (the largest when
+    none does); None when the compute time is unknown."""
+    if not compute_s or compute_s <= 0:
+        return None
+    return next((h for h in ROUND_H if sync_s / h <= DILOCO_OK * compute_s), ROUND_H[-1])
+
+
+def suggest(b: dict) -> dict | None:
+    """{"sync", "ddp_comm_hook", "inner_steps", "overrides", "why"}: what to train with on this link."""
+    if b["world"] <= 1:
+        return {"sync": "ddp", "ddp_comm_hook": "none", "inner_steps": None, "overrides": [],
+                "why": "one rank: nothing is communicated"}
+    if b["ddp"]["ratio"] is None:
+        return None
+    if b["ddp"]["ratio"] <= DDP_OK:
+        return {"sync": "ddp", "ddp_comm_hook": "none", "inner_steps": None, "overrides": [],
+                "why": f"DDP's communication is {_pct(b['ddp']['ratio'])} of the compute, hidden behind the "
+                       f"backward pass"}
+    if b["ddp_bf16"]["ratio"] <= DDP_OK:
+        return {"sync": "ddp", "ddp_comm_hook": "bf16", "inner_steps": None,
+                "overrides": ["training.ddp_comm_hook=bf16"],
+                "why": f"the bf16 hook brings DDP's communication from {_pct(b['ddp']['ratio'])} to "
+                       f"{_pct(b['ddp_bf16']['ratio'])} of the compute"}
+    d = b["diloco"]
+    why = (f"DDP's communication would be {_pct(b['ddp']['ratio'])} of the compute ({_pct(b['ddp_bf16']['ratio'])} "
+           f"with the bf16 hook); DiLoCo with H={d['inner_steps']} brings it to {_pct(d['ratio'])}")
+    if d["ratio"] > DILOCO_OK:
+        why += f", still above {_pct(DILOCO_OK)}: this link is too slow for this model, even with DiLoCo"
+    elif d["inner_steps"] > DILOCO_USUAL_MAX_H:
+        why += f" (more inner steps than DiLoCo is usually run with, about {DILOCO_USUAL_MAX_H}: expect it to learn slower)"
+    return {"sync": "diloco", "ddp_comm_hook": "none", "inner_steps": d["inner_steps"],
+            "overrides": ["training.sync=diloco", f"training.diloco.inner_steps={d['inner_steps']}"], "why": why}
+
+
+def _pct(r: float | None) -> str:
+    if r is None:
+        return "?"
+    return f"{r * 100:.0f}%" if r >= 0.1 else f"{r * 100:.1f}%" if r >= 0.001 else f"{r * 100:.2g}%"
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.3g} {unit}" if unit != "B" else f"{n:.0f} B"
+        n /= 1000
+    return f"{n:g}"
+
+
+def seconds(s: float | None) -> str:
+    if s is None:
+        return "?"
+    return f"{s:.3g} s" if s >= 0.01 else f"{s * 1e3:.3g} ms"
+
+
+def describe(b: dict) -> str:
+    """One paragraph: the figures and the suggestion."""
+    if b["world"] <= 1:
+        return "One rank: nothing is communicated, any synchronisation costs nothing."
+    ddp, half, dl = b["ddp"], b["ddp_bf16"], b["diloco"]
+    text = (f"On this link ({b['world']} ranks, bus bandwidth {b['busbw_GBps'] * 1e3:.3g} MB/s, all_reduce latency "
+            f"{b['latency_us']:.0f} us), a DDP step of {b['parameters'] / 1e6:.2f}M parameters sends "
+            f"{human_bytes(ddp['bytes'])} of fp32 gradients in {ddp['buckets']} bucket(s): about "
+            f"{seconds(ddp['comm_s'])} of communication per step")
+    if b["compute_s"] is None:
+        return text + "; the compute time per step is unknown, so no suggestion."
+    text += (f" against {seconds(b['compute_s'])} of compute ({_pct(ddp['ratio'])}). The bf16 hook halves it to "
+             f"{seconds(half['comm_s'])} ({_pct(half['ratio'])}); DiLoCo with H={dl['inner_steps']} sends "
+             f"{human_bytes(dl['bytes_per_sync'])} of bf16 pseudo-gradient once per {dl['inner_steps']} steps, "
+             f"{seconds(dl['comm_s_per_step'])} per step ({_pct(dl['ratio'])}).")
+    s = b["suggestion"]
+    return text + " " + suggestion_line(s) + "."
+
+
+def suggestion_line(s: dict | None) -> str:
+    if s is None:
+        return "No suggestion (the compute time per step is unknown)"
+    what = "plain DDP" if s["sync"] == "ddp" and s["ddp_comm_hook"] == "none" else \
+        f"DDP with the {s['ddp_comm_hook']} hook" if s["sync"] == "ddp" else f"DiLoCo with H={s['inner_steps']}"
+    how = f": {' '.join(s['overrides'])}" if s["overrides"] else " (the default, no override)"
+    return f"Suggestion: {what}{how} — {s['why']}"
+
+
+# ---------------------------------------------------------------- the model a run trains, and hrmctl train's warning
+
+
+def lm_vocab(data_dir: str | Path) -> int:
+    """The vocabulary of the prepared text in ``data_dir`` (its manifest), else prepare-data's default."""
+    try:
+        return int(json.loads((Path(data_dir) / "meta.json").read_text())["tokenizer"]["vocab_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return DEFAULT_LM_VOCAB
+
+
+def scaled_compute(cached: dict, run: dict) -> tuple[float, bool]:
+    """This run's compute seconds per step from the one measured for ``cached`` (both {"spec", "parameters",
+    "batch_size", "grad_accum", "tokens_per_sample", "s_per_step"}): exact up to the batch when the model is the
+    same (same spec), else scaled by parameters x tokens x passes (an estimate). -> (seconds, estimated)."""
+    per_batch = cached["s_per_step"] / cached.get("grad_accum", 1)
+    if cached.get("spec") == run.get("spec"):
+        return per_batch * run["batch_size"] / cached["batch_size"] * run.get("grad_accum", 1), \
+            run["batch_size"] != cached["batch_size"]
+    work = lambda m: m["parameters"] * m["batch_size"] * m.get("tokens_per_sample", 1) * m.get("passes", 1)  # noqa: E731
+    return per_batch * work(run) / work(cached) * run.get("grad_accum", 1), True
+
+
+def age(seconds_ago: float) -> str:
+    if seconds_ago < 120:
+        return "just now"
+    for unit, size in (("day", 86400), ("h", 3600), ("min", 60)):
+        if seconds_ago >= size:
+            n = seconds_ago / size
+            return f"{n:.0f} {unit}{'s' if unit == 'day' and n >= 1.5 else ''} ago"
+    return ""
+
+
+def advise(link: dict, run: dict, *, world: int, sync: str = "ddp", hook: str = "none", now: float | None = None) -> dict:
+    """hrmctl train's look at a cached link (``link``: one entry of links.json) for this run's model (``run``: as in
+    scaled_compute, with "name"): {"warn", "line", "budget", "compute_s", "estimated"}. ``warn`` when this run's
+    communication (its sync and comm hook) would take longer than its compute."""
+    compute_s, estimated = scaled_compute(link["compute"], run)
+    b = budget(busbw_GBps=link["busbw_GBps"], latency_us=link["latency_us"], world=world,
+               parameters=run["parameters"], compute_s=compute_s)
+    out = {"warn": False, "line": None, "budget": b, "compute_s": compute_s, "estimated": estimated,
+           "sync": sync, "ddp_comm_hook": hook, "measured_at": link.get("measured_at")}
+    if sync != "ddp" or hook == "powersgd" or world <= 1:  # DiLoCo already, or a compression not modelled here
+        return out
+    mine = b["ddp_bf16"] if hook in ("bf16", "fp16") else b["ddp"]
+    out["comm_s"], out["ratio"] = mine["comm_s"], mine["ratio"]
+    if mine["ratio"] is None or mine["ratio"] <= 1:
+        return out
+    s = b["suggestion"]
+    when = age((now or time.time()) - link["measured_at"]) if link.get("measured_at") else ""
+    wire = f"{hook} gradients" if hook in ("bf16", "fp16") else "fp32 gradients"
+    how = ("estimate: scaled from the " + ("same model at batch " if link["compute"].get("spec") == run.get("spec")
+                                           else f"model {link['compute'].get('name')} at batch ")
+           + f"{link['compute']['batch_size']} measured by test-ddp") if estimated else "measured by test-ddp"
+    out["warn"] = True
+    out["line"] = (f"{','.join(link.get('nodes', []))}: DDP would spend ~{seconds(mine['comm_s'])} per step "
+                   f"communicating ({run['parameters'] / 1e6:.2f}M parameters as {wire} at "
+                   f"{link['busbw_GBps'] * 1e3:.3g} MB/s bus bandwidth, test-ddp {when}) against "
+                   f"~{seconds(compute_s)} of compute ({how}): communication dominates; "
+                   + (f"try {' '.join(s['overrides'])}" if s and s["overrides"] else "check the link with hrmctl test-ddp"))
+    return out
+
+
+def passes(arch: dict, family: str) -> float:
+    """How many times a step runs the model's layers, as forward-pass equivalents (a backward costs about two
+    forwards): 1 for GPT and the sudoku transformer. HRM runs its L layers H_cycles x L_cycles times and its H
+    layers H_cycles times a segment, with only the last of each in the graph; TRM its net H_cycles x (L_cycles + 1)
+    times, the last cycle (L_cycles + 1 calls) in the graph."""
+    if family == "hrm":
+        L, H = arch["L_layers"], arch["H_layers"]
+        forward = arch["H_cycles"] * (arch["L_cycles"] * L + H) / (L + H)
+        return (forward + 2) / 3
+    if family == "trm":
+        return (arch["H_cycles"] * (arch["L_cycles"] + 1) + 2 * (arch["L_cycles"] + 1)) / 3
+    return 1.0
+
+
+def run_model(cfg, world: int) -> dict:
+    """The model a trainer config trains, as advise() and the cache describe it (imports torch: the parameters
+    are counted on the meta device)."""
+    from auralm import config, models, sizing
+
+    sizing.per_rank(cfg, world)
+    arch = config.resolved_model(cfg.model)
+    vocab = lm_vocab(cfg.data_dir or f"data/{cfg.task}") if cfg.task == "lm" else None
+    return {"name": cfg.model.name, "task": cfg.task, "parameters": sizing.count_parameters(cfg.task, arch, vocab),
+            "batch_size": cfg.training.batch_size, "grad_accum": cfg.training.grad_accum,
+            "tokens_per_sample": arch["block_size"] if cfg.task == "lm" else 81, "vocab": vocab,
+            "passes": passes(arch, models.family_of(cfg.task, arch)),
+            "spec": json.dumps({"task": cfg.task, "arch": arch, "vocab": vocab}, sort_keys=True)}
+
+
+def main(argv: list[str]) -> int:
+    """``python -m auralm.link_budget --link ENTRY_JSON [--world N] key=value ...``: advise() as one JSON line."""
+    from auralm import config
+    from auralm.errors import UserError
+
+    args, link, world = list(argv), None, None
+    try:
+        while args and args[0].startswith("--"):
+            opt = args.pop(0)
+            if opt == "--link":
+                link = json.loads(args.pop(0))
+            elif opt == "--world":
+                world = int(args.pop(0))
+            else:
+                raise UserError(f"unknown option {opt}")
+        if link is None:
+            raise UserError("--link ENTRY_JSON is required")
+        cfg = config.parse(args)
+        world = world or link["world"]
+        t = cfg.training
+        out = advise(link, run_model(cfg, world), world=world, sync=getattr(t, "sync", "ddp"),
+                     hook=getattr(t, "ddp_comm_hook", "none"))
+    except (UserError, ValueError, KeyError, IndexError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,159 @@
+"""What test-ddp measured of each set of nodes, kept for `hrmctl train`: the link cache and train's warning.
+
+`hrmctl test-ddp` saves, per set of nodes (the sorted names), the bus bandwidth and latency it measured,
+the world, backend and time, and the compute time per step of the model it timed (auralm.ddp_check's
+`training` section) in links.json under hrmctl's cache directory ($HRMCTL_CACHE, else
+$XDG_CACHE_HOME/hrmctl, else ~/.cache/hrmctl). Before a multi-node `hrmctl train` (not DiLoCo), the
+entry of its nodes, if any, is handed with the run's overrides to `python -m auralm.link_budget`
+(a process, started at once so that it runs beside the preflight; it sizes the run's model on the meta
+device and scales the cached compute to it), and when DDP's communication would take longer than the
+compute, one warning line says so with the figures and the overrides to try. Never an error, never a
+reason not to run: anything missing or failing here is silence.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from cli.nodes.inventory import Node
+from cli.launch.plan import TRAINER
+
+ADVICE_TIMEOUT_S = 20
+SYNC_KEYS = ("training.sync",)
+
+
+def cache_path() -> Path:
+    if os.environ.get("HRMCTL_CACHE"):
+        base = Path(os.environ["HRMCTL_CACHE"]).expanduser()
+    elif os.environ.get("XDG_CACHE_HOME"):
+        base = Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "hrmctl"
+    else:
+        base = Path("~/.cache/hrmctl").expanduser()
+    return base / "links.json"
+
+
+def key(names: list[str]) -> str:
+    return ",".join(sorted(names))
+
+
+def load_all() -> dict:
+    try:
+        data = json.loads(cache_path().read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def load(names: list[str]) -> dict | None:
+    entry = load_all().get(key(names))
+    return entry if isinstance(entry, dict) else None
+
+
+def entry_from_result(result: dict, names: list[str], now: float | None = None) -> dict | None:
+    """The cache entry for a test-ddp result (ddp_check's JSON), or None when it measured no link or compute."""
+    tr = result.get("training") or {}
+    compute = tr.get("compute") or {}
+    if not tr or not result.get("ok") or result.get("world_size", 1) < 2 or not compute.get("s_per_step"):
+        return None
+    model = tr["model"]
+    return {"nodes": sorted(names), "world": result["world_size"], "backend": result.get("backend"),
+            "busbw_GBps": tr["busbw_GBps"], "bandwidth_bytes": tr.get("bandwidth_bytes"),
+            "latency_us": tr["latency_us"], "measured_at": now or time.time(),
+            "compute": {"s_per_step": compute["s_per_step"], "steps_timed": compute["steps_timed"],
+                        **{k: model[k] for k in ("name", "task", "parameters", "batch_size", "grad_accum",
+                                                 "tokens_per_sample", "passes", "vocab", "spec")
+                           if k in model}}}
+
+
+def save(entry: dict) -> Path:
+    """Write ``entry`` under its nodes' key (atomically: a temporary file renamed over links.json)."""
+    path = cache_path()
+    data = load_all()
+    data[key(entry["nodes"])] = entry
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def remember(result: dict | None, nodes: list[Node]) -> Path | None:
+    """test-ddp's result into the cache, when it measured a link and a compute time; never raises."""
+    try:
+        entry = entry_from_result(result or {}, [n.name for n in nodes])
+        return save(entry) if entry else None
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
+
+
+def _is_diloco(args: list[str]) -> bool:
+    return any(a.partition("=")[0].lstrip("+") in SYNC_KEYS and a.partition("=")[2].strip() == "diloco" for a in args)
+
+
+class Advice:
+    """`python -m auralm.link_budget` for this run, started now; ``result()`` waits for it (briefly)."""
+
+    def __init__(self, entry: dict, args: list[str], world: int | None):
+        self.entry = entry
+        cmd = [sys.executable, "-m", "auralm.link_budget", "--link", json.dumps(entry)]
+        if world:
+            cmd += ["--world", str(world)]
+        self.proc = subprocess.Popen([*cmd, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self._result: dict | None = None
+        self._done = False
+
+    def result(self) -> dict | None:
+        if not self._done:
+            self._done = True
+            try:
+                out, _ = self.proc.communicate(timeout=ADVICE_TIMEOUT_S)
+                self._result = json.loads(out) if self.proc.returncode == 0 else None
+            except (subprocess.TimeoutExpired, ValueError):
+                self.proc.kill()
+                self.proc.communicate()
+        return self._result
+
+
+def start(opts) -> Advice | None:
+    """The advice for a multi-node run of the trainer with a cached link, started; None when there is nothing to say."""
+    if opts.module != TRAINER or len(opts.nodes) < 2 or _is_diloco(opts.args):
+        return None
+    entry = load([n.name for n in opts.nodes])
+    if not entry:
+        return None
+    world = opts.nproc * len(opts.nodes) if opts.nproc else None  # else the world test-ddp saw on these nodes
+    try:
+        return Advice(entry, list(opts.args), world)
+    except OSError:
+        return None
+
+
+def summary(advice: Advice | None) -> dict | None:
+    """What --json carries: {"warn", "line", "comm_s", "compute_s", "ratio", "estimated", "suggestion", ...}."""
+    res = advice.result() if advice else None
+    if not res:
+        return None
+    b = res["budget"]
+    return {"warn": res["warn"], "line": res["line"], "comm_s": res.get("comm_s"), "compute_s": res["compute_s"],
+            "ratio": res.get("ratio"), "estimated": res["estimated"], "sync": res["sync"],
+            "ddp_comm_hook": res["ddp_comm_hook"], "parameters": b["parameters"], "world": b["world"],
+            "busbw_GBps": b["busbw_GBps"], "latency_us": b["latency_us"], "measured_at": res["measured_at"],
+            "suggestion": b["suggestion"]}
+
+
+def warn(advice: Advice | None, err) -> dict | None:
+    """Print the one warning line (when communication would dominate) on ``err``; the --json field."""
+    doc = summary(advice)
+    if doc and doc["warn"]:
+        err.print(f"[yellow]warning:[/yellow] {_escape(doc['line'])}", highlight=False, soft_wrap=True)
+    return doc
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+    return escape(text)

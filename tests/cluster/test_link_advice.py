@@ -1,0 +1,115 @@
+"""What the link means for training, on real lab nodes: `hrmctl test-ddp` times the model on both nodes and
+predicts DDP's communication from the all_reduce it measured, saves the figures, and `hrmctl train` warns
+from them before a run where communication would dominate — on the lab's LAN (it should not) and on a link
+shaped down to a few Mbit/s inside a node's namespace (it should)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from auralm import link_budget as lb
+
+MODEL = ["model=tiny", "task=lm"]
+
+
+def _test_ddp(hrmctl, lab, cache, *extra: str) -> dict:
+    code, out, err = hrmctl("test-ddp", "--nodes", "node0,node1", *MODEL, "--json", *extra,
+                            inventory=lab.inventory, env={"HRMCTL_CACHE": str(cache)}, timeout=600)
+    assert code == 0, out + err
+    doc = json.loads(out)
+    assert doc["result"]["ok"] and doc["link_cache"] == str(cache / "links.json")
+    return doc["result"]["training"]
+
+
+def _check_section(tr: dict) -> None:
+    m, c = tr["model"], tr["compute"]
+    assert (m["name"], m["task"], m["vocab"], m["batch_size"]) == ("tiny", "lm", lb.DEFAULT_LM_VOCAB, 64)
+    assert tr["world"] == 2 and tr["parameters"] == m["parameters"] > 0
+    assert c["error"] is None and c["steps_timed"] >= 1 and len(c["s_by_rank"]) == 2
+    assert tr["compute_s"] == c["s_per_step"] == max(c["s_by_rank"]) > 0
+    assert tr["busbw_GBps"] > 0 and tr["latency_us"] > 0
+    assert tr["ddp"]["comm_s"] > tr["ddp_bf16"]["comm_s"] > 0 and tr["ddp"]["bytes"] == 4 * m["parameters"]
+    assert tr["ddp"]["ratio"] == pytest.approx(tr["ddp"]["comm_s"] / tr["compute_s"])
+    s = tr["suggestion"]
+    assert s["sync"] in ("ddp", "diloco") and s["why"] and tr["text"]
+    # the section is link_budget's own prediction from these very figures
+    again = lb.budget(busbw_GBps=tr["busbw_GBps"], latency_us=tr["latency_us"], world=2,
+                      parameters=m["parameters"], compute_s=tr["compute_s"])
+    assert again["suggestion"] == s and again["ddp"] == tr["ddp"]
+
+
+def _cached(cache, tr: dict) -> dict:
+    entry = json.loads((cache / "links.json").read_text())["node0,node1"]
+    assert entry["nodes"] == ["node0", "node1"] and entry["world"] == 2 and entry["backend"] == "gloo"
+    assert (entry["busbw_GBps"], entry["latency_us"]) == (tr["busbw_GBps"], tr["latency_us"])
+    assert entry["compute"]["s_per_step"] == tr["compute_s"] and entry["compute"]["name"] == "tiny"
+    return entry
+
+
+def _train_dry_run(hrmctl, lab, cache) -> tuple[dict, str]:
+    code, out, err = hrmctl("train", "--nodes", "node0,node1", "--dry-run", "--json", *MODEL,
+                            inventory=lab.inventory, env={"HRMCTL_CACHE": str(cache)})
+    assert code == 0, out + err
+    return json.loads(out)["link"], err
+
+
+def _consistent(link: dict, err: str, entry: dict, tr: dict) -> None:
+    """The warning is there exactly when the cached figures say DDP's communication exceeds the compute."""
+    assert not link["estimated"] and link["compute_s"] == pytest.approx(entry["compute"]["s_per_step"])
+    assert link["comm_s"] == pytest.approx(tr["ddp"]["comm_s"])
+    dominates = tr["ddp"]["comm_s"] > tr["compute_s"]
+    assert link["warn"] == dominates
+    assert ("warning: node0,node1: DDP would spend" in err) == dominates
+    assert link["suggestion"] == tr["suggestion"]
+
+
+def test_lan_link_budget_is_saved_and_train_agrees_with_it(lab3, hrmctl, tmp_path):
+    cache = tmp_path / "cache"
+    tr = _test_ddp(hrmctl, lab3, cache, "--max-size", "4MiB", "--seconds", "0.05")
+    _check_section(tr)
+    entry = _cached(cache, tr)
+    link, err = _train_dry_run(hrmctl, lab3, cache)
+    _consistent(link, err, entry, tr)
+    print(f"LAN: busbw {tr['busbw_GBps'] * 1e3:.0f} MB/s, latency {tr['latency_us']:.0f} us, "
+          f"compute {tr['compute_s']:.3f} s/step ({tr['compute']['steps_timed']} steps), "
+          f"ddp {tr['ddp']['comm_s'] * 1e3:.2f} ms/step; {tr['suggestion']['overrides']}")
+
+
+def _shape(node, rate_mbit: float | None) -> None:
+    if hasattr(node, "shape_link"):  # tests/lab.py's helper, where it exists
+        node.shape_link(rate_mbit)
+    elif rate_mbit is None:
+        node.netns(["tc", "qdisc", "del", "dev", "eth0", "root"], check=False)
+    else:
+        node.netns(["tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", f"{rate_mbit:g}mbit", "burst",
+                    "64kb", "latency", "50ms"])
+
+
+def test_slow_link_makes_train_warn_with_the_suggested_overrides(lab3, hrmctl, tmp_path):
+    cache = tmp_path / "cache"
+    node1 = lab3.node("node1")
+    _shape(node1, 5)  # 5 Mbit/s: the tiny model's 2.5 MB of gradients take seconds, its compute a fraction
+    try:
+        tr = _test_ddp(hrmctl, lab3, cache, "--max-size", "1MiB", "--seconds", "0.05")
+    finally:
+        _shape(node1, None)
+    _check_section(tr)
+    assert tr["busbw_GBps"] < 0.001  # below 1 MB/s: the shaping is what was measured
+    assert tr["ddp"]["comm_s"] > tr["compute_s"] and tr["suggestion"]["sync"] == "diloco"
+    H = tr["suggestion"]["inner_steps"]
+    assert tr["suggestion"]["overrides"] == ["training.sync=diloco", f"training.diloco.inner_steps={H}"]
+    assert tr["diloco"]["ratio"] <= lb.DILOCO_OK
+    entry = _cached(cache, tr)
+    link, err = _train_dry_run(hrmctl, lab3, cache)  # the figures are cached: the link need not be slow now
+    _consistent(link, err, entry, tr)
+    line = next(l for l in err.splitlines() if l.startswith("warning: node0,node1:"))
+    assert line.endswith(f"try training.sync=diloco training.diloco.inner_steps={H}")
+    # asking for DiLoCo already: no warning
+    code, out, err = hrmctl("train", "--nodes", "node0,node1", "--dry-run", "--json", *MODEL, "training.sync=diloco",
+                            inventory=lab3.inventory, env={"HRMCTL_CACHE": str(cache)})
+    assert code == 0, out + err
+    assert json.loads(out)["link"] is None and "warning:" not in err
+    print(f"5 Mbit/s: busbw {tr['busbw_GBps'] * 1e6:.0f} KB/s, latency {tr['latency_us']:.0f} us, "
+          f"compute {tr['compute_s']:.3f} s/step, ddp {tr['ddp']['comm_s']:.2f} s/step; {tr['suggestion']['overrides']}")

@@ -1,0 +1,198 @@
+"""auralm.link_budget against figures worked by hand, the link cache of cli.launch.links (a real file under a
+temporary HOME or XDG_CACHE_HOME), and hrmctl train's warning as `python -m auralm.link_budget` gives it."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+
+import pytest
+from rich.console import Console
+
+from auralm import link_budget as lb
+from cli.launch import links
+from cli.launch.prepare import LaunchOptions
+from cli.nodes.inventory import Node
+
+MiB = 1024 ** 2
+
+
+def test_slow_link_ddp_step_and_diloco_h_worked_by_hand():
+    # 10.8M parameters: 43.2 MB of fp32 gradients in ceil(43.2e6 / 26214400) = 2 buckets. Two ranks: 2(n-1)/n = 1,
+    # so at 25 MB/s bus bandwidth 43.2e6 / 25e6 = 1.728 s, plus 2 x 1 ms latency = 1.730 s per step.
+    b = lb.budget(busbw_GBps=0.025, latency_us=1000, world=2, parameters=10_800_000, compute_s=0.5)
+    assert b["ddp"]["bytes"] == 43_200_000 and b["ddp"]["buckets"] == 2
+    assert b["ddp"]["comm_s"] == pytest.approx(1.730)
+    assert b["ddp"]["ratio"] == pytest.approx(3.46)
+    # the bf16 hook: half the bytes, the same 2 buckets: 0.864 + 0.002
+    assert b["ddp_bf16"]["comm_s"] == pytest.approx(0.866)
+    assert b["ddp_bf16"]["ratio"] == pytest.approx(1.732)
+    # DiLoCo: 21.6 MB of bf16 in one message, 0.864 + 0.001 = 0.865 s per sync; at most 5% of 0.5 s = 0.025 s a
+    # step needs H >= 34.6, the smallest round H is 50: 0.0173 s per step, 3.46%
+    d = b["diloco"]
+    assert d["bytes_per_sync"] == 21_600_000 and d["comm_s_per_sync"] == pytest.approx(0.865)
+    assert d["inner_steps"] == 50
+    assert d["comm_s_per_step"] == pytest.approx(0.0173) and d["ratio"] == pytest.approx(0.0346)
+    s = b["suggestion"]
+    assert (s["sync"], s["inner_steps"]) == ("diloco", 50)
+    assert s["overrides"] == ["training.sync=diloco", "training.diloco.inner_steps=50"]
+    assert "1.73 s" in b["text"] and "H=50" in b["text"] and "training.diloco.inner_steps=50" in b["text"]
+    json.dumps(b)  # a plain, JSON-able dict
+
+
+def test_three_ranks_use_the_ring_factor_and_plain_ddp_is_kept_when_communication_is_small():
+    # 1M parameters, 4 MB in one bucket; 3 ranks send 2(3-1)/3 = 4/3 of it: 4e6 * 4/3 / 1e9 = 5.333 ms + 0.1 ms
+    b = lb.budget(busbw_GBps=1.0, latency_us=100, world=3, parameters=1_000_000, compute_s=0.2)
+    assert b["ddp"]["comm_s"] == pytest.approx(0.0054333, rel=1e-4)
+    assert b["ddp"]["ratio"] == pytest.approx(0.0271667, rel=1e-4)
+    assert b["suggestion"]["sync"] == "ddp" and b["suggestion"]["ddp_comm_hook"] == "none"
+    assert b["suggestion"]["overrides"] == []
+
+
+def test_the_bf16_hook_when_it_brings_ddp_under_the_threshold():
+    # 4 MB at 100 MB/s: 40 ms against 200 ms of compute (20% > 15%); with bf16 20 ms (10%)
+    b = lb.budget(busbw_GBps=0.1, latency_us=0, world=2, parameters=1_000_000, compute_s=0.2)
+    assert b["ddp"]["ratio"] == pytest.approx(0.2) and b["ddp_bf16"]["ratio"] == pytest.approx(0.1)
+    assert b["suggestion"]["ddp_comm_hook"] == "bf16"
+    assert b["suggestion"]["overrides"] == ["training.ddp_comm_hook=bf16"]
+    # just above the threshold with the hook too: DiLoCo
+    b = lb.budget(busbw_GBps=0.1, latency_us=0, world=2, parameters=1_000_000, compute_s=0.12)
+    assert b["ddp_bf16"]["ratio"] == pytest.approx(1 / 6) and b["suggestion"]["sync"] == "diloco"
+    # 2 MB per sync = 20 ms; 5% of 120 ms = 6 ms a step: H >= 3.33, the smallest round H is 10
+    assert b["diloco"]["inner_steps"] == 10
+
+
+def test_a_link_too_slow_even_for_diloco_says_so():
+    b = lb.budget(busbw_GBps=1e-6, latency_us=0, world=2, parameters=100_000_000, compute_s=0.01)
+    assert b["diloco"]["inner_steps"] == lb.ROUND_H[-1] and b["diloco"]["ratio"] > lb.DILOCO_OK
+    assert "too slow" in b["suggestion"]["why"]
+
+
+def test_one_rank_and_unknown_compute():
+    b = lb.budget(busbw_GBps=0.0, latency_us=10, world=1, parameters=1000, compute_s=0.1)
+    assert b["ddp"]["comm_s"] == 0 and b["suggestion"]["overrides"] == []
+    b = lb.budget(busbw_GBps=0.5, latency_us=10, world=2, parameters=1000, compute_s=None)
+    assert b["suggestion"] is None and b["diloco"]["inner_steps"] is None and "unknown" in b["text"]
+
+
+def test_the_link_is_the_best_of_the_two_largest_sizes():
+    rows = [{"bytes": 1024, "busbw_GBps": 0.001}, {"bytes": 16 * MiB, "busbw_GBps": 0.7},
+            {"bytes": 64 * MiB, "busbw_GBps": 0.65}]
+    assert lb.link_from_rows(rows) == (0.7, 16 * MiB)
+    assert lb.link_from_rows([{"bytes": 1024, "busbw_GBps": 0.0}]) is None  # a world of one
+
+
+# ---------------------------------------------------------------- scaling the cached compute, and the warning
+
+SMALL = {"name": "small", "parameters": 14_000_000, "batch_size": 16, "grad_accum": 1, "tokens_per_sample": 256,
+         "spec": "small-spec"}
+
+
+def _link(compute: dict, busbw: float = 0.025) -> dict:
+    return {"nodes": ["node0", "node1"], "world": 2, "backend": "gloo", "busbw_GBps": busbw, "latency_us": 500.0,
+            "measured_at": time.time() - 3 * 3600, "compute": compute}
+
+
+def test_cached_compute_is_scaled_to_the_run():
+    cached = {**SMALL, "s_per_step": 1.2}
+    assert lb.scaled_compute(cached, dict(SMALL)) == (pytest.approx(1.2), False)  # the same model and batch
+    assert lb.scaled_compute(cached, {**SMALL, "batch_size": 32, "grad_accum": 2}) == (pytest.approx(4.8), True)
+    tiny = {"name": "tiny", "parameters": 700_000, "batch_size": 64, "grad_accum": 1, "tokens_per_sample": 64,
+            "spec": "tiny-spec"}
+    # 1.2 s x (0.7M x 64 x 64) / (14M x 16 x 256) = 1.2 x 0.05 x 1 = 0.06 s
+    assert lb.scaled_compute(cached, tiny) == (pytest.approx(0.06), True)
+    # a recurrent model runs its layers several times a step: TRM tiny (H_cycles 2, L_cycles 3) 2 x 4 = 8 forward
+    # calls, the last 4 in the graph (a backward is two forwards): (8 + 2 x 4) / 3 = 16/3 passes
+    from auralm import config
+    trm = config.resolved_model(config.ModelConfig(name="trm-tiny"))
+    hrm = config.resolved_model(config.ModelConfig(name="hrm-tiny"))
+    assert lb.passes(trm, "trm") == pytest.approx(16 / 3)
+    # HRM tiny: L (2 layers) 2 x 2 times and H (2 layers) 2 times, as 2 x (2 x 2 + 2) / 4 = 3 forwards, + 2: 5/3
+    assert lb.passes(hrm, "hrm") == pytest.approx(5 / 3) and lb.passes({}, "gpt") == 1
+    assert lb.scaled_compute(cached, {**tiny, "passes": 16 / 3}) == (pytest.approx(0.32), True)
+
+
+def test_advise_warns_only_when_communication_dominates():
+    link = _link({**SMALL, "s_per_step": 1.2})
+    # 56 MB of fp32 gradients at 25 MB/s: 2.24 s + 3 buckets x 0.5 ms against 1.2 s
+    a = lb.advise(link, dict(SMALL), world=2)
+    assert a["warn"] and a["comm_s"] == pytest.approx(2.2415) and not a["estimated"]
+    assert a["line"].startswith("node0,node1: DDP would spend ~2.24 s per step communicating")
+    assert "1.2 s of compute (measured by test-ddp)" in a["line"] and "3 h ago" in a["line"]
+    assert a["line"].endswith("try training.sync=diloco training.diloco.inner_steps=20")
+    # with the bf16 hook already on: 1.12 s < 1.2 s, no warning
+    assert not lb.advise(link, dict(SMALL), world=2, hook="bf16")["warn"]
+    # DiLoCo already: nothing to say
+    assert not lb.advise(link, dict(SMALL), world=2, sync="diloco")["warn"]
+    # a fast link: no warning
+    assert not lb.advise(_link({**SMALL, "s_per_step": 1.2}, busbw=1.0), dict(SMALL), world=2)["warn"]
+
+
+# ---------------------------------------------------------------- the cache file, and train's warning end to end
+
+
+def _result(parameters: int, s_per_step: float, busbw: float, model: dict) -> dict:
+    b = lb.budget(busbw_GBps=busbw, latency_us=500.0, world=2, parameters=parameters, compute_s=s_per_step)
+    return {"world_size": 2, "backend": "gloo", "ok": True,
+            "training": {**b, "bandwidth_bytes": 64 * MiB, "model": model,
+                         "compute": {"steps_timed": 3, "s_per_step": s_per_step, "s_per_micro_batch": s_per_step,
+                                     "s_by_rank": [s_per_step, s_per_step * 0.9], "error": None}}}
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.delenv("HRMCTL_CACHE", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    return tmp_path
+
+
+def test_cache_round_trip_under_home_and_xdg(home, monkeypatch):
+    model = {"name": "small", "task": "lm", "parameters": 14_000_000, "batch_size": 16, "grad_accum": 1,
+             "tokens_per_sample": 256, "vocab": 8192, "spec": "s"}
+    path = links.save(links.entry_from_result(_result(14_000_000, 1.2, 0.025, model), ["node1", "node0"]))
+    assert path == home / ".cache" / "hrmctl" / "links.json"
+    entry = links.load(["node0", "node1"])
+    assert entry == json.loads(path.read_text())["node0,node1"]
+    assert entry["busbw_GBps"] == 0.025 and entry["latency_us"] == 500.0 and entry["world"] == 2
+    assert entry["compute"] == {"s_per_step": 1.2, "steps_timed": 3, **model}
+    assert links.load(["node0", "node2"]) is None
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home / "xdg"))
+    assert links.cache_path() == home / "xdg" / "hrmctl" / "links.json" and links.load(["node0", "node1"]) is None
+    # a result without a compute time (--no-bandwidth, a probe that failed) or of one rank is not cached
+    assert links.entry_from_result({"world_size": 2, "ok": True, "training": None}, ["a", "b"]) is None
+    bad = _result(1000, 1.0, 0.025, model)
+    bad["training"]["compute"]["s_per_step"] = None
+    assert links.entry_from_result(bad, ["a", "b"]) is None
+
+
+def _nodes() -> list[Node]:
+    return [Node(name="node0", host="10.0.0.1", user="u"), Node(name="node1", host="10.0.0.2", user="u")]
+
+
+def test_train_warning_from_the_cache_end_to_end(home):
+    """A real cache file, the real `python -m auralm.link_budget` sizing the run's model (model=small task=lm)."""
+    overrides = ["model=small", "task=lm", "training.batch_size=16"]
+    model = {"name": "small", "task": "lm", "parameters": 13_891_584, "batch_size": 16, "grad_accum": 1,
+             "tokens_per_sample": 256, "vocab": 8192, "spec": None}
+    links.save(links.entry_from_result(_result(13_891_584, 1.2, 0.025, model), ["node0", "node1"]))
+    out = io.StringIO()
+    advice = links.start(LaunchOptions(nodes=_nodes(), args=overrides))
+    doc = links.warn(advice, Console(file=out, width=400))
+    assert doc["warn"] and doc["parameters"] == 13_891_584  # GPT small with the 8192 vocabulary
+    # 55.6 MB at 25 MB/s = 2.22 s + 3 x 0.5 ms; the cached spec (None) differs: scaled by parameters x tokens (1.2 s)
+    assert doc["comm_s"] == pytest.approx(13_891_584 * 4 / 25e6 + 0.0015) and doc["estimated"]
+    line = out.getvalue().strip()
+    assert line.startswith("warning: node0,node1: DDP would spend ~2.22 s per step communicating")
+    assert "(estimate: scaled from the model small at batch 16 measured by test-ddp)" in line
+    assert line.endswith("try training.sync=diloco training.diloco.inner_steps=20") and "\n" not in line
+    # DiLoCo asked for, one node, or no entry for these nodes: nothing started, nothing printed
+    assert links.start(LaunchOptions(nodes=_nodes(), args=overrides + ["training.sync=diloco"])) is None
+    assert links.start(LaunchOptions(nodes=_nodes()[:1], args=overrides)) is None
+    assert links.start(LaunchOptions(nodes=[_nodes()[0], Node(name="x", host="h", user="u")], args=overrides)) is None
+    # a fast link: the advice runs, but says nothing
+    links.save(links.entry_from_result(_result(13_891_584, 1.2, 2.0, model), ["node0", "node1"]))
+    out = io.StringIO()
+    doc = links.warn(links.start(LaunchOptions(nodes=_nodes(), args=overrides)), Console(file=out))
+    assert doc is not None and not doc["warn"] and out.getvalue() == ""
