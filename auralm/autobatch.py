@@ -4,12 +4,13 @@ On a CUDA device: a forward and backward pass at 1, 2, 4, ... rows until one rai
 torch.cuda.OutOfMemoryError (or its peak passes MARGIN of what torch.cuda.mem_get_info said was free,
 less the optimizer's moments still to come), then a binary search between the last fit and the first
 failure. On a CPU nothing is allowed to run out: the peak resident size (VmHWM, reset before each probe)
-of a probe at two small batches gives a line, fixed + per_row x batch, and the answer is the largest batch
-whose extrapolated growth stays within MARGIN of the memory this rank may still take (freed memory that
-malloc holds is given back first: the growth is measured from what is in use): what the machine has
-available (psutil), or the node's cgroup (v1 ``memory.limit_in_bytes``, v2 ``memory.max``) when it is
-less, shared by the node's ranks (LOCAL_WORLD_SIZE), and at most ``training.memory_limit_gb`` (or
-HRMCTL_MEMORY_LIMIT_GB) less what the process already holds. A probe never runs a batch past that figure.
+of a probe at two small batches gives a line, fixed + per_row x batch (the memory malloc holds after frees
+is given back first, so the growth is measured from what is in use), and the answer is the largest batch
+whose extrapolated growth stays within MARGIN of the memory this rank may still take, less RUN_RESERVE for
+the rest of the run. That memory is what the machine has available (psutil), or what the node's memory
+cgroup leaves (v1 ``memory.limit_in_bytes``, v2 ``memory.max``) when it is less, shared by the node's ranks
+(LOCAL_WORLD_SIZE), and at most ``training.memory_limit_gb`` (or HRMCTL_MEMORY_LIMIT_GB) less what the
+process already holds. A probe never runs a batch past that figure.
 
 Then every rank's answer is gathered and the smallest taken; with ``training.global_batch_size``, grad_accum
 is the smallest that splits global / world into micro-batches no larger than it (global = batch x accum x
@@ -30,6 +31,9 @@ from auralm.errors import UserError
 MARGIN = 0.8  # of the available memory, the share a probe's extrapolation may plan to use
 MEMORY_ENV = "HRMCTL_MEMORY_LIMIT_GB"  # the same as training.memory_limit_gb; the smaller of the two wins
 MAX_BATCH = 1 << 16  # no probe goes past this many rows
+# CPU: kept aside, besides the margin, for what a run allocates outside its training steps (the evaluation,
+# checkpoints, the plotting of curves.png at the end): in a small cgroup the margin alone was not enough
+RUN_RESERVE = 128 << 20
 
 
 @dataclass
@@ -178,11 +182,12 @@ def make_probe(step_kind, model, train_set, autocast, device: torch.device):
     return probe
 
 
-def fit_cpu(probe, headroom: int, states_to_come: int, cap: int, what: str) -> Fit:
+def fit_cpu(probe, headroom: int, states_to_come: int, cap: int, what: str, run_reserve: int = 0) -> Fit:
     """The largest batch (<= cap) whose extrapolated growth fits MARGIN x headroom, from probes at two sizes."""
-    budget = int(MARGIN * headroom) - states_to_come
+    budget = int(MARGIN * headroom) - states_to_come - run_reserve
     limit = f"budget {max(0, budget) / 1e9:.2f} GB = {MARGIN:.0%} of {what}" + \
-        (f" less {states_to_come / 1e9:.2f} GB for optimizer state and copies" if states_to_come else "")
+        (f" less {states_to_come / 1e9:.2f} GB for optimizer state and copies" if states_to_come else "") + \
+        (f" and {run_reserve >> 20} MiB for the rest of the run" if run_reserve else "")
     _trim()
     base = rss_bytes()
 
@@ -244,7 +249,7 @@ def fit_cuda(probe, device: torch.device, states_to_come: int, cap: int) -> Fit:
     while bad is not None and bad - good > 1:
         mid = (good + bad) // 2
         good, bad = (mid, bad) if fits(mid) else (good, mid)
-    why = f"out of memory at {bad}" if bad is not None else f"the cap {cap}"
+    why = f"{bad} did not fit" if bad is not None else f"the cap {cap}"
     return Fit(good, f"{free / 1e9:.2f} GB free on {device}, {MARGIN:.0%} budget; {why}")
 
 
@@ -256,7 +261,7 @@ def find_fit(probe, device: torch.device, *, reserve_bytes: int, memory_limit_gb
     if device.type == "cuda":
         return fit_cuda(probe, device, states_to_come, cap)
     headroom, what = cpu_headroom(memory_limit_gb, local_world)
-    return fit_cpu(probe, headroom, states_to_come, cap, what)
+    return fit_cpu(probe, headroom, states_to_come, cap, what, RUN_RESERVE)
 
 
 # ---------------------------------------------------------------- the plan

@@ -358,9 +358,9 @@ def killed_by(who: str, node: str, signum: int, oom: bool = False) -> str:
     """`rank 1 on node1 was killed by SIGKILL (out of memory? ...)`: SIGKILL is what the kernel's OOM killer sends.
     ``oom``: the node's OOM-kill count grew meanwhile, so it was the OOM killer: the message says so."""
     if oom:
-        return (f"{who} was killed by {signal_name(signum)}: {node} ran out of memory (the kernel's OOM killer); "
-                f"lower training.batch_size, or use training.batch_size=auto (the largest that fits), or "
-                f"training.grad_checkpoint=true")
+        return (f"{who} was killed by {signal_name(signum)}: {node} ran out of memory (the kernel's OOM killer; "
+                f"lower training.batch_size, or use training.batch_size=auto, the largest that fits, or "
+                f"training.grad_checkpoint=true)")
     hint = f" (out of memory? see `dmesg` on {node})" if signum == signal.SIGKILL else ""
     return f"{who} was killed by {signal_name(signum)}{hint}"
 

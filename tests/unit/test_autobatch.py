@@ -171,13 +171,13 @@ def _auto_run(sudoku_dir, out, capsys, more_gb, *extra):
 
 
 def test_auto_batch_follows_the_memory_budget_and_keeps_the_global_batch(sudoku_dir, tmp_path, capsys):
-    (rank, fits, limit, batch, accum, world, total), _ = _auto_run(sudoku_dir, tmp_path / "small", capsys, 0.08)
+    (rank, fits, limit, batch, accum, world, total), _ = _auto_run(sudoku_dir, tmp_path / "small", capsys, 0.25)
     assert (rank, world, accum, batch, total) == (0, 1, 1, fits, fits)
-    assert limit.startswith("budget 0.0") and "memory_limit_gb" in limit
-    (_, fits_big, _, _, _, _, _), _ = _auto_run(sudoku_dir, tmp_path / "big", capsys, 0.5)
+    assert limit.startswith("budget 0.0") and "memory_limit_gb" in limit and "128 MiB for the rest of the run" in limit
+    (_, fits_big, _, _, _, _, _), _ = _auto_run(sudoku_dir, tmp_path / "big", capsys, 0.8)
     assert 1 <= fits < fits_big  # more memory, a larger batch
     # the same small budget with a global batch: grad_accum makes it up
-    (_, fits2, _, batch, accum, _, total), text = _auto_run(sudoku_dir, tmp_path / "global", capsys, 0.08,
+    (_, fits2, _, batch, accum, _, total), text = _auto_run(sudoku_dir, tmp_path / "global", capsys, 0.25,
                                                             f"training.global_batch_size={4 * fits_big}")
     assert total == 4 * fits_big and batch <= fits2 and batch * accum == total and accum > 1
     saved = __import__("json").loads((tmp_path / "global" / "config.json").read_text())
@@ -244,3 +244,14 @@ def test_train_dry_run_estimates_the_batch_that_fits_each_node(tmp_path):
     assert doc["model"]["batch_size"] == "auto" and abs(doc["auto_batch"]["batch_size"] - fits) < 0.1 * fits
     (node,) = doc["auto_batch"]["nodes"].values()
     assert node["fits"] == doc["auto_batch"]["batch_size"] and node["memory"] == "ram" and node["memory_gb"] > 0
+
+
+def test_a_rank_killed_while_the_nodes_oom_kill_count_grew_is_said_to_have_run_out_of_memory():
+    from cli.launch.run import killed_by
+
+    assert killed_by("rank 0 on node1", "node1", 9, oom=True) == (
+        "rank 0 on node1 was killed by SIGKILL: node1 ran out of memory (the kernel's OOM killer; lower "
+        "training.batch_size, or use training.batch_size=auto, the largest that fits, or "
+        "training.grad_checkpoint=true)")
+    assert killed_by("rank 0 on node1", "node1", 9) == \
+        "rank 0 on node1 was killed by SIGKILL (out of memory? see `dmesg` on node1)"
