@@ -150,7 +150,9 @@ class DilocoConfig:
 @dataclass
 class TrainingConfig:
     max_steps: int = 1000
-    batch_size: int = 64  # per rank and micro-step; global batch = batch_size * grad_accum * world
+    batch_size: int = 64  # per rank and micro-step; global batch = batch_size * grad_accum * world; 0: auto
+    # (``training.batch_size=auto``: each rank probes the largest micro-batch that fits its memory, the ranks
+    # take the smallest, and grad_accum keeps global_batch_size when given; see auralm/autobatch.py)
     grad_accum: int = 1
     lr: float = 2e-3
     min_lr_ratio: float = 0.1  # the cosine ends at lr * min_lr_ratio
@@ -170,6 +172,9 @@ class TrainingConfig:
     sample_prompt: str = ""  # lm: text to continue at each evaluation ("" = start of the validation split)
     sample_tokens: int = 32
     global_batch_size: int = 0  # >0: batch_size = global_batch_size / (grad_accum x ranks)
+    # batch_size=auto: the memory (GB) a rank's process may use in all (0: what the machine, or the cgroup the
+    # node runs in, has available; also HRMCTL_MEMORY_LIMIT_GB in the environment, the smaller wins)
+    memory_limit_gb: float = 0
     epochs: float = 0  # >0: max_steps = epochs over the train split
     eval_every_epochs: float = 0  # >0: eval_interval in epochs (the HRM guides' eval_interval)
     optimizer: str = "adamw"  # or adam_atan2 (package adam-atan2-pytorch)
@@ -343,6 +348,9 @@ def _pair(given: str, text: str) -> tuple[str, str]:
     raise UserError(f"{given}={text!r}: expected two numbers like [0.9,0.95]")
 
 
+AUTO = 0  # training.batch_size=auto, as stored (a typed 0 is refused: see _set)
+
+
 def _set(cfg: Config, keys: dict, given: str, text: str) -> list[str]:
     """Set one ``key=value`` (``given`` as typed); the keys of ours it set."""
     if given.lstrip("+") in ACCEPTED:
@@ -360,10 +368,16 @@ def _set(cfg: Config, keys: dict, given: str, text: str) -> list[str]:
         hint = f" (did you mean {near[0]!r}?)" if near else f" (known keys: {', '.join(sorted(keys))})"
         raise UserError(f"unknown key {given!r}{hint}")
     for key, text in pairs:
+        if key == "training.batch_size" and text.strip().lower() == "auto":
+            cfg.training.batch_size = AUTO
+            continue
         try:
             value = _convert(text, keys[key])
+            if key == "training.batch_size" and value <= 0:
+                raise UserError(f"{given}={text}: must be greater than 0 (or auto: the largest that fits)")
         except ValueError:
-            raise UserError(f"{given}={text!r}: expected {_type_name(keys[key])}") from None
+            what = "an integer or auto" if key == "training.batch_size" else _type_name(keys[key])
+            raise UserError(f"{given}={text!r}: expected {what}") from None
         target = cfg
         *path, last = key.split(".")
         for part in path:
@@ -486,7 +500,7 @@ def check(cfg: Config) -> None:
     _one_of("model", cfg.model.name, tuple(SIZES))
     _one_of("training.dtype", cfg.training.dtype, DTYPES)
     t = cfg.training
-    positive = {"training.max_steps": t.max_steps, "training.batch_size": t.batch_size,
+    positive = {"training.max_steps": t.max_steps, "training.batch_size": t.batch_size or 1,  # 0: auto
                 "training.grad_accum": t.grad_accum, "training.lr": t.lr, "training.log_interval": t.log_interval,
                 "training.eval_batches": t.eval_batches, "training.keep_last": t.keep_last,
                 "dist_timeout": cfg.dist_timeout, "guard.max_bad": cfg.guard.max_bad,
@@ -531,6 +545,7 @@ def check(cfg: Config) -> None:
         raise UserError("training.fsdp_cpu_offload=true applies to training.parallel=fsdp")
     parse_balance(t.balance)
     for key, value in {"training.global_batch_size": t.global_batch_size, "training.epochs": t.epochs,
+                       "training.memory_limit_gb": t.memory_limit_gb,
                        "training.eval_every_epochs": t.eval_every_epochs,
                        "training.puzzle_emb_lr": t.puzzle_emb_lr or 0,
                        "training.puzzle_emb_weight_decay": t.puzzle_emb_weight_decay or 0}.items():

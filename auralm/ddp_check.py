@@ -329,6 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         cfg = config.parse(args.overrides)
+        if cfg.training.batch_size == config.AUTO:
+            raise UserError("training.batch_size=auto is the trainer's: the self-test times a given batch, e.g. "
+                            "training.batch_size=16")
         d = init(args.backend)
     except UserError as e:  # bad overrides, a bad HRMCTL_BACKEND
         if os.environ.get("RANK", "0") == "0":

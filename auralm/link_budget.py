@@ -188,6 +188,8 @@ def scaled_compute(cached: dict, run: dict) -> tuple[float, bool]:
     "batch_size", "grad_accum", "tokens_per_sample", "s_per_step"}): exact up to the batch when the model is the
     same (same spec), else scaled by parameters x tokens x passes (an estimate). -> (seconds, estimated)."""
     per_batch = cached["s_per_step"] / cached.get("grad_accum", 1)
+    if not run.get("batch_size"):  # batch_size=auto: chosen at start; reckoned at the measured batch
+        run = dict(run, batch_size=cached["batch_size"])
     if cached.get("spec") == run.get("spec"):
         return per_batch * run["batch_size"] / cached["batch_size"] * run.get("grad_accum", 1), \
             run["batch_size"] != cached["batch_size"]

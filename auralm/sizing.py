@@ -45,22 +45,43 @@ def estimate(cfg: config.Config, vocab: int | None = None) -> dict:
     d, heads = arch["n_embd"], arch["n_head"]
     T = 81 + (-(-(arch.get("puzzle_emb_ndim") or 0) // d)) if cfg.task == "sudoku" else arch["block_size"]
     width = arch.get("ffn_dim") or swiglu_width(d, arch.get("expansion", 4 * 1.5))
-    tokens = cfg.training.batch_size * T
-    per_block = (10 * d + 3 * width) * tokens + heads * T * T * cfg.training.batch_size
-    if arch.get("mhc_enabled"):  # two connections a block: the n streams in, mixed and out, normalised
-        per_block += 2 * 4 * arch["mhc_flows"] * d * tokens
     out_classes = 9 if cfg.task == "sudoku" else vocab
-    act = 4 * (blocks_in_graph(cfg.task, arch) * per_block + 2 * tokens * out_classes)
-    if cfg.training.grad_checkpoint:
-        act = 4 * (blocks_in_graph(cfg.task, arch) * d * tokens + per_block + 2 * tokens * out_classes)
+
+    def activations(batch: int) -> int:
+        tokens = batch * T
+        per_block = (10 * d + 3 * width) * tokens + heads * T * T * batch
+        if arch.get("mhc_enabled"):  # two connections a block: the n streams in, mixed and out, normalised
+            per_block += 2 * 4 * arch["mhc_flows"] * d * tokens
+        if cfg.training.grad_checkpoint:
+            return 4 * (blocks_in_graph(cfg.task, arch) * d * tokens + per_block + 2 * tokens * out_classes)
+        return 4 * (blocks_in_graph(cfg.task, arch) * per_block + 2 * tokens * out_classes)
+
+    auto = cfg.training.batch_size == config.AUTO
+    act = 0 if auto else activations(cfg.training.batch_size)
     states = n * (16 + (4 if cfg.training.ema else 0))
-    return {"name": cfg.model.name, "parameters": n, "batch_size": cfg.training.batch_size, "states_bytes": states,
-            "activation_bytes": act, "total_bytes": states + act}
+    return {"name": cfg.model.name, "parameters": n, "batch_size": "auto" if auto else cfg.training.batch_size,
+            "states_bytes": states, "activation_bytes": act, "total_bytes": states + act,
+            "activation_bytes_per_row": activations(1)}
+
+
+MARGIN = 0.8  # as auralm.autobatch's: the share of a node's available memory a plan may use
+
+
+def fitting_batch(size: dict, available_bytes: float, ranks: int) -> int:
+    """The largest micro-batch the estimate ``size`` (estimate's dict) fits into MARGIN of ``available_bytes``
+    shared by ``ranks`` ranks (0: not even one row). What --dry-run prints per node for batch_size=auto; the
+    trainer measures it on each rank instead (auralm.autobatch)."""
+    room = MARGIN * available_bytes / max(1, ranks) - size["states_bytes"]
+    return max(0, int(room // max(1, size["activation_bytes_per_row"])))
 
 
 def describe(cfg: config.Config, vocab: int | None = None) -> str:
     e = estimate(cfg, vocab)
     gb = 1 << 30
+    if e["batch_size"] == "auto":
+        return (f"model {cfg.model.name}: {e['parameters'] / 1e6:.2f}M parameters; per rank about "
+                f"{e['states_bytes'] / gb:.2f} GiB of weights, gradients and optimizer, and "
+                f"{e['activation_bytes_per_row'] / 2**20:.1f} MiB of activations a row (batch_size=auto)")
     return (f"model {cfg.model.name}: {e['parameters'] / 1e6:.2f}M parameters; per rank about "
             f"{e['total_bytes'] / gb:.2f} GiB ({e['states_bytes'] / gb:.2f} weights, gradients and optimizer; "
             f"{e['activation_bytes'] / gb:.2f} activations at batch {cfg.training.batch_size})")
@@ -69,7 +90,7 @@ def describe(cfg: config.Config, vocab: int | None = None) -> str:
 def per_rank(cfg: config.Config, world: int) -> None:
     """``global_batch_size`` as this world's batch per rank (as the trainer resolves it at start)."""
     t = cfg.training
-    if t.global_batch_size:
+    if t.global_batch_size and t.batch_size != config.AUTO:
         t.batch_size = max(1, t.global_batch_size // (t.grad_accum * world))
 
 
@@ -86,7 +107,8 @@ if __name__ == "__main__":
         if "--json" in sys.argv:
             import json
 
-            print(json.dumps(estimate(cfg)))
+            print(json.dumps(dict(estimate(cfg), grad_accum=cfg.training.grad_accum,
+                                  global_batch_size=cfg.training.global_batch_size)))
         else:
             print(describe(cfg))
     except UserError as e:

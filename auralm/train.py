@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from auralm import checkpoint, config, cpu_memory, data, distributed, models, objective, optim, tracking
+from auralm import autobatch, checkpoint, config, cpu_memory, data, distributed, models, objective, optim, tracking
 from auralm.config import Config
 from auralm.curves import write_run_curves
 from auralm.ema import EMA
@@ -327,8 +327,11 @@ def _format(ev: dict) -> str:
 
 def resolve_schedule(cfg: Config, d: distributed.Dist, n_train: int, log: RunLog) -> None:
     """``global_batch_size``, ``epochs`` and ``eval_every_epochs`` (the HRM guides' keys) as this run's batch
-    size per rank, max_steps and eval_interval, now that the world and the train split are known."""
+    size per rank, max_steps and eval_interval, now that the world and the train split are known. With
+    ``batch_size=auto`` it waits for the probe (auto_batch), which calls it again with the batch it chose."""
     t = cfg.training
+    if t.batch_size == config.AUTO:
+        return
     if t.global_batch_size:
         per = t.global_batch_size // (t.grad_accum * d.world)
         if per < 1 or per * t.grad_accum * d.world != t.global_batch_size:
@@ -387,6 +390,40 @@ def measure_rate(step_kind, model, train_set, t: config.TrainingConfig, device: 
     return len(x) * timed / seconds
 
 
+def auto_batch(cfg: Config, d: distributed.Dist, raw, train_set, log: RunLog) -> None:
+    """``training.batch_size=auto``: every rank probes the largest micro-batch its memory holds
+    (auralm.autobatch), the ranks take the smallest, and grad_accum is set so that global_batch_size holds.
+    The model's weights, the random state and the gradients are left as found."""
+    t = cfg.training
+    ddp = t.sync == "ddp" and d.world > 1
+    n = sum(p.numel() for p in raw.parameters())
+    # allocated later, not in a probe: AdamW's two moments, DDP's gradient buckets, the EMA, the guard's snapshot
+    reserve = 4 * n * (2 + ddp + bool(t.ema) + (3 if cfg.guard.enabled and d.rank == 0 else 0))
+    cap = min(autobatch.MAX_BATCH, max(1, len(train_set) // d.world))
+    if t.global_batch_size:
+        cap = min(cap, max(1, t.global_batch_size // d.world))
+    rng = rng_state(d.device)
+    fit, error = None, None
+    try:
+        probe = autobatch.make_probe(objective.make(raw, cfg), raw, train_set, lambda: autocast(t, d.device),
+                                     d.device)
+        fit = autobatch.find_fit(probe, d.device, reserve_bytes=reserve, memory_limit_gb=t.memory_limit_gb,
+                                 local_world=int(os.environ.get("LOCAL_WORLD_SIZE", 1)), cap=cap)
+    except UserError as e:
+        error = str(e)
+    set_rng_state(rng, d.device)
+    distributed.raise_if_any(d, error)
+    fits = distributed.gather_object(d, (d.host, fit.batch, fit.limit))
+    agreed = min(b for _, b, _ in fits)
+    t.batch_size, t.grad_accum = autobatch.split(agreed, d.world, t.global_batch_size, t.grad_accum)
+    t._auto = True  # not a field: the config saved with the run has the batch chosen; oom_line says it was auto
+    for r, (host, b, limit) in enumerate(fits):
+        log.say(autobatch.plan_text(r, autobatch.Fit(b, limit), t.batch_size, t.grad_accum, d.world))
+    log.event(0, "batch_size_auto", f"batch_size=auto: {t.batch_size} per rank x grad_accum {t.grad_accum} x "
+              f"{d.world} ranks = {t.batch_size * t.grad_accum * d.world} a step", fits=[b for _, b, _ in fits],
+              hosts=[h for h, _, _ in fits], batch_size=t.batch_size, grad_accum=t.grad_accum)
+
+
 def decide_shares(cfg: Config, d: distributed.Dist, state: dict | None, measure) -> balance.Shares:
     """Every rank's share (auralm.parallel.balance): the checkpoint's when resuming the same world with the same
     setting (a resumed run continues exactly), else measured (auto) or from the weights."""
@@ -438,6 +475,9 @@ def train(cfg: Config, d: distributed.Dist) -> torch.nn.Module:
     except ValueError as e:
         raise UserError(f"model={cfg.model.name}: {e}") from None
     raw.set_grad_checkpointing(t.grad_checkpoint)
+    if t.batch_size == config.AUTO:  # before the optimizer's state, the guard's snapshot and the EMA exist,
+        auto_batch(cfg, d, raw, train_set, log)  # and before sharding: each rank probes on its own, no collective
+        resolve_schedule(cfg, d, len(train_set), log)
     sharding = fsdp_lib.shard(raw, bf16_compute(t, d.device), t.fsdp_cpu_offload, d.device) if fsdp else ""
     tokenizer = data.load_tokenizer(data_dir / meta["tokenizer"]["path"]) \
         if cfg.task == "lm" and t.sample_tokens and d.rank == 0 and hasattr(raw, "new_cache") else None
@@ -754,9 +794,36 @@ def run(cfg: Config) -> torch.nn.Module:
     return model
 
 
+def out_of_memory(e: BaseException) -> bool:
+    """Whether ``e`` is running out of memory: CUDA's OutOfMemoryError, a MemoryError, or the CPU allocator's
+    RuntimeError ("DefaultCPUAllocator: can't allocate memory ...")."""
+    if isinstance(e, (MemoryError, torch.cuda.OutOfMemoryError)):
+        return True
+    text = str(e)
+    return isinstance(e, RuntimeError) and ("DefaultCPUAllocator" in text or "can't allocate" in text or
+                                             "not enough memory" in text or "failed to allocate" in text.lower())
+
+
+def oom_line(rank: int, e: BaseException, cfg: Config | None) -> str:
+    """The one line for an out-of-memory error: what ran out, and what to lower."""
+    where = "CUDA" if isinstance(e, torch.cuda.OutOfMemoryError) else "CPU"
+    t = cfg.training if cfg is not None else None
+    now = f" (now {t.batch_size}{f' x grad_accum {t.grad_accum}' if t.grad_accum > 1 else ''})" \
+        if t is not None and t.batch_size else ""
+    if t is not None and getattr(t, "_auto", False):
+        fix = (f"training.batch_size=auto chose {t.batch_size}, which did not fit after all: lower "
+               f"training.memory_limit_gb, give a smaller training.batch_size, or set training.grad_checkpoint=true")
+    else:
+        fix = (f"lower training.batch_size{now} (training.global_batch_size holds with a larger "
+               f"training.grad_accum), or set training.batch_size=auto (the largest that fits), or "
+               f"training.grad_checkpoint=true")
+    return f"error: rank {rank}: out of {where} memory: {fix}"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     rank = int(os.environ.get("RANK", 0))
+    cfg = None
     try:
         if any(a in ("-h", "--help") for a in args):
             print(__doc__.strip())
@@ -779,10 +846,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: rank {rank}: cannot write {e.filename or 'a file'}: {e.strerror}; free space there or fix "
               f"its permissions, then rerun with resume=latest", file=sys.stderr, flush=True)
         return 2
-    except RuntimeError as e:  # a peer died or hung (gloo, NCCL), a device failed: one line, not a traceback
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        print(f"error: rank {rank}: {first}", file=sys.stderr, flush=True)
-        return 1
+    except (MemoryError, RuntimeError) as e:
+        if not out_of_memory(e):
+            if isinstance(e, MemoryError):
+                raise
+            return _runtime_error(rank, e)
+        print(oom_line(rank, e, cfg), file=sys.stderr, flush=True)
+        return 2
+
+
+def _runtime_error(rank: int, e: RuntimeError) -> int:
+    """A peer died or hung (gloo, NCCL), a device failed: one line, not a traceback."""
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    print(f"error: rank {rank}: {first}", file=sys.stderr, flush=True)
+    return 1
 
 
 if __name__ == "__main__":

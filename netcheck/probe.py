@@ -318,7 +318,50 @@ def _gb(n: float | None) -> float | None:
 
 
 def resource_facts() -> dict:
-    """CPU count (logical and physical cores), memory (total and available) and the load average."""
+    """CPU count (logical and physical cores), memory (total and available) and the load average; with
+    ``mem_cgroup_limit_gb`` and ``mem_cgroup_available_gb`` when the probe's memory cgroup has a limit (a
+    container, a capped node), which the machine's own figures do not show."""
+    out = _machine_resources()
+    limit, free = cgroup_memory()
+    if limit is not None:
+        out["mem_cgroup_limit_gb"], out["mem_cgroup_available_gb"] = _gb(limit), _gb(free)
+    return out
+
+
+def cgroup_memory(root: str = "/sys/fs/cgroup") -> tuple[int | None, int | None]:
+    """(limit, what is left of it) in bytes for this process's memory cgroup or the tightest of its ancestors
+    (cgroup v1 memory.limit_in_bytes, v2 memory.max; droppable page cache not counted as used); (None, None)
+    with no limit or nothing readable. Standard library only."""
+    best: tuple[int | None, int | None] = (None, None)
+    for line in read("/proc/self/cgroup").splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if "memory" in parts[1].split(","):
+            base, names = os.path.join(root, "memory"), ("memory.limit_in_bytes", "memory.usage_in_bytes",
+                                                          "total_inactive_file")
+        elif parts[1] == "":
+            base, names = root, ("memory.max", "memory.current", "inactive_file")
+        else:
+            continue
+        chain = [c for c in parts[2].strip().split("/") if c]
+        for depth in range(len(chain), -1, -1):
+            group = os.path.join(base, *chain[:depth])
+            limit, usage = read(os.path.join(group, names[0])).strip(), read(os.path.join(group, names[1])).strip()
+            if not (limit.isdigit() and usage.isdigit()) or int(limit) >= 1 << 60:
+                continue
+            inactive = 0
+            for stat in read(os.path.join(group, "memory.stat")).splitlines():
+                k, _, v = stat.partition(" ")
+                if k == names[2] and v.strip().isdigit():
+                    inactive = int(v)
+            free = max(0, int(limit) - max(0, int(usage) - inactive))
+            if best[1] is None or free < best[1]:
+                best = (int(limit), free)
+    return best
+
+
+def _machine_resources() -> dict:
     ps = _psutil()
     if ps is not None:
         try:

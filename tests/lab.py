@@ -27,6 +27,12 @@ built in:
   Processes started later with `node.netns()`/`node.as_user()` come from this process's cgroup and
   are NOT limited; go through SSH, or call limit_cpu again. `Lab.down()`, `remove_stale()` and
   `down TOKEN` remove the groups.
+- `node.limit_memory(600 * 2**20)` caps the memory of every process of the node's namespace, together, with
+  the cgroup v1 memory controller (group `hrmlab-<token>-<node>`, `memory.limit_in_bytes`; this machine has
+  no swap, so past the cap the kernel's OOM killer SIGKILLs the largest process of the group).
+  `limit_memory(None)` lifts it. Each node's sshd sees the memory hierarchy at /sys/fs/cgroup/memory (mounted
+  in its mount namespace: `ip netns exec` mounts a /sys of its own without the cgroup file systems), so the
+  node's processes can read their cap, as on a real machine or container. Removed with the CPU groups.
 
 Root only. Run `python -m tests.lab up 3` to keep a lab for manual work (`down TOKEN` removes it).
 """
@@ -53,11 +59,18 @@ NODE_REQUIREMENTS = ["torch==2.13.0", "numpy", "safetensors", "transformers", "t
 SYSTEM_PYTHON = "/usr/bin/python3"  # root's default python3 lives under /root (mode 700)
 FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 CGROUP_ROOT = Path("/sys/fs/cgroup")  # cgroup v1: one hierarchy per controller
-CGROUP_CONTROLLERS = ("cpuset", "cpu")
+CGROUP_CONTROLLERS = ("cpuset", "cpu")  # limit_cpu's
+MEMORY_CONTROLLER = "memory"  # limit_memory's; removed with the others (LAB_CGROUP_CONTROLLERS)
+LAB_CGROUP_CONTROLLERS = CGROUP_CONTROLLERS + (MEMORY_CONTROLLER,)
 # A quota is enforced per period: with the kernel's default of 100 ms, a node at half a core runs 50 ms and is
 # then frozen for 50 ms, which stalls every collective that waits on it by up to 50 ms; at 10 ms the node is
 # a uniformly slower core, as a slower laptop is (the balance bench lost 0.05 s a DDP step to the freezes).
 CFS_PERIOD_US = 10_000
+# In the sshd's own mount namespace (made by `ip netns exec`, whose fresh /sys has no cgroup file systems): the
+# memory hierarchy where a real machine has it, read-only, so a node's processes can see their memory cap.
+# Best effort: a machine without it simply shows none, as before.
+MOUNT_MEMORY_CGROUP = ("{ mount -t tmpfs -o mode=755 cgroup /sys/fs/cgroup && mkdir -p /sys/fs/cgroup/memory && "
+                       "mount -t cgroup -o ro,memory cgroup /sys/fs/cgroup/memory; } 2>/dev/null; ")
 DELAY_QUEUE = 4711  # NFQUEUE number of shape_link's delayer (tests/nfq_delay.py's own default is 7)
 NFQ_DELAY = ROOT / "tests" / "nfq_delay.py"
 _IGNORE_ANYWHERE = shutil.ignore_patterns("__pycache__", "*.egg-info", ".pytest_cache")
@@ -268,6 +281,25 @@ class LabNode:
         (cpu / "cpu.cfs_quota_us").write_text(str(int(quota * CFS_PERIOD_US)) if quota is not None else "-1")
         self._enter_cgroups(list(groups.values()))
 
+    # ------------------------------------------------------------ memory cap
+    def limit_memory(self, limit_bytes: int | None) -> None:
+        """Cap the memory (resident, page cache included, reclaimable cache reclaimed first) of all the
+        processes of this node's namespace together at ``limit_bytes``: the cgroup v1 memory group
+        hrmlab-<token>-<node>, memory.limit_in_bytes; the ids of `ip netns pids` are moved in as limit_cpu
+        moves them (later SSH sessions are forked by sshd, so inside). None lifts the cap (the processes stay
+        in the group, unlimited). Raises RuntimeError when this machine has no cgroup v1 memory controller."""
+        if limit_bytes is not None and limit_bytes <= 0:
+            raise ValueError(f"limit_bytes must be > 0 (or None), not {limit_bytes}")
+        hierarchy = CGROUP_ROOT / MEMORY_CONTROLLER
+        if not (hierarchy / "memory.limit_in_bytes").exists():
+            raise RuntimeError(f"no cgroup v1 memory controller at {hierarchy}")
+        group = hierarchy / self.cgroup
+        if limit_bytes is None and not group.is_dir():
+            return  # never capped: nothing to lift
+        group.mkdir(exist_ok=True)
+        (group / "memory.limit_in_bytes").write_text(str(limit_bytes) if limit_bytes is not None else "-1")
+        self._enter_cgroups([group])
+
     def _enter_cgroups(self, groups: list[Path]) -> None:
         skip = {str(self.delayer.pid)} if self.delayer is not None else set()
         for _ in range(10):  # until a listing shows nothing new (a session may fork meanwhile)
@@ -376,7 +408,7 @@ class Lab:
         log = open(node.dir / "sshd.log", "ab")
         node.sshd = subprocess.Popen(
             ["ip", "netns", "exec", node.ns, "unshare", "--uts", "sh", "-c",
-             f"hostname {node.name} && exec /usr/sbin/sshd -D -e -f {node.dir}/sshd_config"],
+             f"hostname {node.name} && {MOUNT_MEMORY_CGROUP}exec /usr/sbin/sshd -D -e -f {node.dir}/sshd_config"],
             stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True)
 
     def _wait_for_sshd(self, timeout: float = 20) -> None:
@@ -472,9 +504,9 @@ def _cpu_list(text: str) -> list[int]:
 
 
 def lab_cgroups(token: str = "*") -> list[Path]:
-    """The cpuset/cpu cgroup directories of lab `token` (all labs: "*") that exist now."""
+    """The cpuset/cpu/memory cgroup directories of lab `token` (all labs: "*") that exist now."""
     found: list[Path] = []
-    for controller in CGROUP_CONTROLLERS:
+    for controller in LAB_CGROUP_CONTROLLERS:
         found.extend(sorted((CGROUP_ROOT / controller).glob(f"hrmlab-{token}-*")))
     return found
 

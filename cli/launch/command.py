@@ -60,19 +60,75 @@ def model_size(opts: LaunchOptions, world: int) -> dict | None:
     return json.loads(res.stdout)
 
 
+MEMORY_MARGIN = 0.8  # as the trainer's batch_size=auto (auralm.autobatch.MARGIN): the share a plan may use
+
+
+def auto_batch_plan(size: dict, prep: Prepared) -> dict | None:
+    """batch_size=auto before the run: per node, the largest micro-batch the model's estimate (auralm.sizing)
+    fits into MEMORY_MARGIN of the memory the node's probe reported (a GPU's memory on a GPU node, else the RAM
+    available, or its memory cgroup's if less) shared by its ranks; then the plan the trainer would make from
+    the smallest. Each rank measures its own at start; this is the estimate. None unless batch_size=auto."""
+    if not size or size.get("batch_size") != "auto":
+        return None
+    world = sum(p.nproc for p in prep.plans)
+    nodes, fits = {}, []
+    for p in prep.plans:
+        f = (prep.facts or {}).get(p.node.name)
+        gpu = bool(f and f.gpus)
+        gb = (f.gpu_memory_gb if gpu else f.mem_available_gb) if f else None
+        ranks = 1 if gpu else p.nproc  # a GPU each, or the node's RAM shared
+        fit = None
+        if gb:
+            room = MEMORY_MARGIN * gb * 2**30 / ranks - size["states_bytes"]
+            fit = max(0, int(room // max(1, size["activation_bytes_per_row"])))
+            fits.append(fit)
+        nodes[p.node.name] = {"memory_gb": gb, "memory": "gpu" if gpu else "ram", "ranks": p.nproc, "fits": fit}
+    plan = {"nodes": nodes, "world": world}
+    if fits and min(fits) > 0:
+        batch, accum = min(fits), size.get("grad_accum") or 1
+        total = size.get("global_batch_size") or 0
+        if total and total % world == 0:
+            per = total // world
+            accum = next(a for a in range(max(1, -(-per // batch)), per + 1) if per % a == 0)
+            batch = per // accum
+        plan.update(batch_size=batch, grad_accum=accum, global_batch_size=batch * accum * world)
+    return plan
+
+
 def _dry_run(opts: LaunchOptions, as_json: bool, console: Console, err: Console | None = None,
             advice: links.Advice | None = None) -> int:
     prep = prepare(opts, console)
     size = model_size(opts, sum(p.nproc for p in prep.plans))
+    auto = auto_batch_plan(size, prep)
     link = links.warn(advice, err or console)
     if as_json:
-        console.print_json(json.dumps({**dry_run_json(prep), "model": size,
+        console.print_json(json.dumps({**dry_run_json(prep), "model": size, **({"auto_batch": auto} if auto else {}),
                                        **({"link": link} if opts.module == TRAINER else {})}))
         return 0
     for line in dry_run_text(prep):
         console.print(escape(line), highlight=False, soft_wrap=True)
-    if size:
-        gib = 1 << 30
+    gib = 1 << 30
+    if size and auto:
+        console.print(f"# model {size['name']}: {size['parameters'] / 1e6:.2f}M parameters; per rank about "
+                      f"{size['states_bytes'] / gib:.2f} GiB of weights, gradients and optimizer states, and "
+                      f"{size['activation_bytes_per_row'] / 2**20:.1f} MiB of activations a row", highlight=False,
+                      soft_wrap=True)
+        for name, n in auto["nodes"].items():
+            if n["fits"] is None:
+                console.print(f"# {name}: batch_size=auto: its memory is unknown (the probe did not say); its ranks "
+                              f"measure at start", highlight=False, soft_wrap=True)
+                continue
+            where = f"{n['memory_gb']:g} GiB GPU memory" if n["memory"] == "gpu" else \
+                f"{n['memory_gb']:g} GiB RAM available" + (f" / {n['ranks']} ranks" if n["ranks"] > 1 else "")
+            console.print(f"# {name}: batch_size=auto: about {n['fits']} rows per rank fit ({MEMORY_MARGIN:.0%} of "
+                          f"{where}; estimated, each rank measures at start)", highlight=False, soft_wrap=True)
+        if "batch_size" in auto:
+            console.print(f"# batch_size=auto plan: {auto['batch_size']} x accum {auto['grad_accum']} x "
+                          f"{auto['world']} ranks = {auto['global_batch_size']}", highlight=False, soft_wrap=True)
+        elif any(n["fits"] == 0 for n in auto["nodes"].values()):
+            console.print("# batch_size=auto: not even one row fits on a node by this estimate", highlight=False,
+                          soft_wrap=True)
+    elif size:
         console.print(f"# model {size['name']}: {size['parameters'] / 1e6:.2f}M parameters; per rank about "
                       f"{size['total_bytes'] / gib:.2f} GiB ({size['states_bytes'] / gib:.2f} weights, gradients and "
                       f"optimizer states, {size['activation_bytes'] / gib:.2f} activations at batch "

@@ -73,6 +73,13 @@ def _slow_dns(probe: NodeProbe) -> bool:
     return bool(dns.get("hang")) or (dns.get("reverse_lookup_ms") or 0) > 1000
 
 
+def _memory_gb(probe: NodeProbe) -> float | None:
+    """The RAM the node has available: the machine's figure, or its memory cgroup's when that is less."""
+    res = probe.raw.get("resources") or {}
+    found = [v for v in (res.get("mem_available_gb"), res.get("mem_cgroup_available_gb")) if v is not None]
+    return min(found) if found else None
+
+
 def _torch_facts(probe: NodeProbe) -> dict:
     return {"torch": probe.torch_version, "gpus": probe.cuda_devices, "nccl": probe.nccl_usable,
             "libuv_ok": probe.libuv_ok is not False, "error": probe.torch_error}
@@ -152,7 +159,9 @@ def gather(sessions: dict[str, Session], nodes: list[Node], master_addr: str, *,
             raise HrmctlError(f"{node.name}: {probe.route_error}; the node cannot reach the master {master_addr}")
         facts[node.name] = NodeFacts(cpus=probe.cpu_count or 1, gpus=tf["gpus"], nccl=tf["nccl"],
                                      libuv_ok=tf["libuv_ok"], ifname=probe.route_ifname, torch=tf["torch"],
-                                     slow_dns=_slow_dns(probe), guessed=bool(tf.get("guessed")))
+                                     slow_dns=_slow_dns(probe), guessed=bool(tf.get("guessed")),
+                                     mem_available_gb=_memory_gb(probe),
+                                     gpu_memory_gb=min((g.get("memory_gb") or 0 for g in probe.gpus), default=None))
         probes[node.name] = probe
     return facts, probes
 

@@ -51,6 +51,8 @@ class NodeFacts:
     torch: str | None = None
     slow_dns: bool = False  # reverse lookups wait on a nameserver that does not answer
     guessed: bool = False  # gpus/nccl/libuv_ok guessed without torch: cli.launch.node_torchrun checks them
+    mem_available_gb: float | None = None  # RAM available, or what the node's memory cgroup leaves if less
+    gpu_memory_gb: float | None = None  # the smallest GPU's memory (probed with torch), None: unknown or no GPU
 
 
 @dataclass

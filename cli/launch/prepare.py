@@ -83,6 +83,7 @@ class Prepared:
     why: str
     run_id: str
     sessions: dict[str, Session] | None = None  # the preflight's connections, for the first attempt
+    facts: dict[str, NodeFacts] | None = None  # what the probes found, by node name (the dry run's memory)
 
 
 def new_run_id() -> str:
@@ -223,7 +224,7 @@ def prepare(opts: LaunchOptions, console: Console) -> Prepared:
         plans = build_plan(nodes, facts, master_addr=addr, master_port=port, backend=backend, entry=entry,
                            run_id=run_id, user_env=opts.env, nproc=opts.nproc, node_env=node_env)
         keep = not opts.dry_run  # the launch starts the jobs over these connections: no second handshake
-        return Prepared(plans, backend, why, run_id, sessions if keep else None)
+        return Prepared(plans, backend, why, run_id, sessions if keep else None, facts)
     finally:
         if not keep:
             for s in sessions.values():

@@ -227,6 +227,7 @@ def run_once(plans: list[NodeLaunch], log: MergedLog, *, attempt: int = 1, accep
                     beats[p.node.name] = _Heartbeat(session)
             for b in beats.values():
                 b.start()
+            ooms = OomCounts(sessions, plans)  # each node's OOM kills so far: was a SIGKILLed rank the OOM killer's?
             while result is None:
                 if signals.got:
                     result = signals.result()
@@ -239,7 +240,7 @@ def run_once(plans: list[NodeLaunch], log: MergedLog, *, attempt: int = 1, accep
                     if code is not None:
                         ended[name] = code
                         if code != 0:
-                            result = _failure(plans, log, jobs, ended, name)
+                            result = _failure(plans, log, jobs, ended, name, ooms)
                             break
                 if result is None and len(ended) == len(plans):
                     result = RunResult(0, "every node finished")
@@ -268,8 +269,42 @@ def _plan(plans: list[NodeLaunch], name: str) -> NodeLaunch:
     return next(p for p in plans if p.node.name == name)
 
 
+def oom_kill_count(session: Session) -> int | None:
+    """The node's count of processes the kernel's OOM killer has killed (``oom_kill`` in /proc/vmstat, Linux
+    4.13 and later: the machine's OOM kills and its memory cgroups' alike); None when it cannot be read."""
+    try:
+        res = session.run(["cat", "/proc/vmstat"], timeout=10)
+    except Exception:  # a lost connection, a node without /proc: no answer
+        return None
+    for line in res.stdout.splitlines() if res.ok else []:
+        key, _, value = line.partition(" ")
+        if key == "oom_kill" and value.strip().isdigit():
+            return int(value)
+    return None
+
+
+class OomCounts:
+    """Every node's OOM-kill count at the start of an attempt, read in the background (the trainer takes
+    seconds to start, an OOM kill cannot come before); ``grew(node)`` reads it again after a SIGKILL."""
+
+    def __init__(self, sessions: dict[str, Session], plans: list[NodeLaunch]):
+        self.sessions, self.before = sessions, {}
+        self.thread = threading.Thread(target=self._read, args=([p.node.name for p in plans],), daemon=True)
+        self.thread.start()
+
+    def _read(self, names: list[str]) -> None:
+        for name in names:
+            self.before[name] = oom_kill_count(self.sessions[name])
+
+    def grew(self, name: str) -> bool:
+        self.thread.join(15)
+        before = self.before.get(name)
+        after = oom_kill_count(self.sessions[name]) if before is not None else None
+        return before is not None and after is not None and after > before
+
+
 def _failure(plans: list[NodeLaunch], log: MergedLog, jobs: dict[str, Job], ended: dict[str, int],
-             first: str) -> RunResult:
+             first: str, ooms: OomCounts | None = None) -> RunResult:
     """Who failed first. When one rank dies, its peers fail a moment later on a broken connection,
     and may end before the killed rank's node has reported; so the other nodes get up to
     REPORT_WINDOW_S to end too (less once a killed worker has shown up, or everyone has ended), and a
@@ -300,10 +335,12 @@ def _failure(plans: list[NodeLaunch], log: MergedLog, jobs: dict[str, Job], ende
         return RunResult(code, f"{name}: its torch differs from the first launch's guess", failed_node=name)
     worker_code = log.exitcode.get(name)
     if worker_code is not None and worker_code < 0:  # torchrun's report: the rank died of a signal
-        return RunResult(code, killed_by(f"{who} on {name}", name, -worker_code), failed_node=name,
+        oom = -worker_code == signal.SIGKILL and ooms is not None and ooms.grew(name)
+        return RunResult(code, killed_by(f"{who} on {name}", name, -worker_code, oom), failed_node=name,
                          failed_rank=rank)
     if code < 0:  # the node's job itself (a local torchrun) died of a signal: exit as a shell would
-        return RunResult(128 - code, killed_by(f"torchrun on {name} ({who})", name, -code), failed_node=name,
+        oom = -code == signal.SIGKILL and ooms is not None and ooms.grew(name)
+        return RunResult(128 - code, killed_by(f"torchrun on {name} ({who})", name, -code, oom), failed_node=name,
                          failed_rank=rank)
     detail = f", worker exit code {worker_code}" if worker_code not in (None, code) else ""
     return RunResult(code, f"{who} on {name} failed first (exit code {code}{detail})", failed_node=name,
@@ -317,8 +354,13 @@ def signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
-def killed_by(who: str, node: str, signum: int) -> str:
-    """`rank 1 on node1 was killed by SIGKILL (out of memory? ...)`: SIGKILL is what the kernel's OOM killer sends."""
+def killed_by(who: str, node: str, signum: int, oom: bool = False) -> str:
+    """`rank 1 on node1 was killed by SIGKILL (out of memory? ...)`: SIGKILL is what the kernel's OOM killer sends.
+    ``oom``: the node's OOM-kill count grew meanwhile, so it was the OOM killer: the message says so."""
+    if oom:
+        return (f"{who} was killed by {signal_name(signum)}: {node} ran out of memory (the kernel's OOM killer; "
+                f"lower training.batch_size, or use training.batch_size=auto, the largest that fits, or "
+                f"training.grad_checkpoint=true)")
     hint = f" (out of memory? see `dmesg` on {node})" if signum == signal.SIGKILL else ""
     return f"{who} was killed by {signal_name(signum)}{hint}"
 
