@@ -442,7 +442,9 @@ def decide_shares(cfg: Config, d: distributed.Dist, state: dict | None, measure)
     return balance.decide(spec, nodes, t.batch_size, t.diloco.inner_steps if t.sync == "diloco" else None, rates)
 
 
-def train(cfg: Config, d: distributed.Dist) -> torch.nn.Module:
+def train(cfg: Config, d: distributed.Dist, whole: bool = True) -> torch.nn.Module:
+    """Train under ``cfg`` as rank ``d.rank``; the trained model (fsdp: a whole copy on the CPU when ``whole``, else
+    the sharded model itself)."""
     t, fault = cfg.training, cfg.fault
     out_dir, found, error, tracked = None, [], None, None
     if d.rank == 0:
@@ -480,7 +482,7 @@ def train(cfg: Config, d: distributed.Dist) -> torch.nn.Module:
         resolve_schedule(cfg, d, len(train_set), log)
     sharding = fsdp_lib.shard(raw, bf16_compute(t, d.device), t.fsdp_cpu_offload, d.device) if fsdp else ""
     tokenizer = data.load_tokenizer(data_dir / meta["tokenizer"]["path"]) \
-        if cfg.task == "lm" and t.sample_tokens and d.rank == 0 and hasattr(raw, "new_cache") else None
+        if cfg.task == "lm" and t.sample_tokens and (d.rank == 0 or fsdp) and hasattr(raw, "new_cache") else None
     optimizer = optim.make_optimizer(raw, t, d.device)
     step_kind = objective.make(raw, cfg)
     ema = EMA(raw, t.ema_decay) if t.ema else None
@@ -495,7 +497,7 @@ def train(cfg: Config, d: distributed.Dist) -> torch.nn.Module:
     val_loss = state.get("val_loss") if state else None
     if step >= t.max_steps:
         log.say(f"nothing to do: the checkpoint is at step {step}, training.max_steps={t.max_steps}")
-        return whole_model(raw, cfg, arch, vocab, d) if fsdp else raw
+        return whole_model(raw, cfg, arch, vocab) if fsdp and whole else raw
     unit = "tok/s" if train_set.unit == "tokens" else "puzzles/s"
     shares = decide_shares(cfg, d, state, lambda: measure_rate(step_kind, raw, train_set, t, d.device))
     diloco = t.sync == "diloco"
@@ -679,11 +681,11 @@ def train(cfg: Config, d: distributed.Dist) -> torch.nn.Module:
                 extra += f" | amax {amax['mhc/amax_pre']:.3f}/{amax['mhc/amax_post']:.3f}"
             log.say(f"step {step}/{t.max_steps} | loss {float(loss):.4f} | lr {lr:.1e} | {rate:.0f} {unit}"
                     f"{extra} | {memory_text(mem)}")
-            judged = whole_model(raw, cfg, arch, vocab, d, rank0_only=True) if evaluating and fsdp else raw
-            if evaluating and d.rank == 0:
+            if evaluating and (d.rank == 0 or fsdp):  # fsdp: every rank runs the same forward passes on its shards
                 with (ema.applied() if ema else contextlib.nullcontext()):
-                    ev = evaluate(judged, val_set, cfg, d.device, tokenizer, whole=final and cfg.task == "sudoku",
+                    ev = evaluate(raw, val_set, cfg, d.device, tokenizer, whole=final and cfg.task == "sudoku",
                                   step=step)
+            if evaluating and d.rank == 0:
                 val_loss = ev["val_loss"]
                 best = min(best, val_loss)
                 record.update({k: v for k, v in ev.items() if k != "sample"})
@@ -734,27 +736,18 @@ def train(cfg: Config, d: distributed.Dist) -> torch.nn.Module:
         phrase, sums, equal = distributed.compare_checksums(d, raw)
         log.event(step, "checksum", phrase, checksums=sums, equal=equal)
     write_run_curves(out_dir, log.say)  # rank 0: curves.png (the others have no out_dir); never raises
-    return whole_model(raw, cfg, arch, vocab, d) if fsdp else raw
+    return whole_model(raw, cfg, arch, vocab) if fsdp and whole else raw
 
 
-def whole_model(raw: torch.nn.Module, cfg: Config, arch: dict, vocab, d: distributed.Dist,
-                rank0_only: bool = False) -> torch.nn.Module | None:
-    """fsdp: a whole (unsharded) copy of the model, all-gathered from the shards one tensor at a time into CPU
-    memory (every rank calls it): with ``rank0_only`` on rank 0 alone (None elsewhere), on its device, for
-    evaluating; else on every rank, on the CPU: what ``train`` returns. Built under a forked RNG, so training's
+def whole_model(raw: torch.nn.Module, cfg: Config, arch: dict, vocab) -> torch.nn.Module:
+    """fsdp: a whole (unsharded) copy of the model on the CPU, all-gathered from the shards one tensor at a time
+    (every rank calls it): what ``run`` returns when asked for the model. Built under a forked RNG, so training's
     random state is left as it was."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    if rank0_only:
-        sd = get_model_state_dict(raw, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    else:
-        sd = {k: fsdp_lib.full(v).detach().cpu() for k, v in raw.state_dict().items()}
-    if rank0_only and d.rank != 0:
-        return None
+    sd = {k: fsdp_lib.full(v).detach().cpu() for k, v in raw.state_dict().items()}
     with torch.random.fork_rng(devices=[]):
         model = models.build(cfg.task, arch, vocab)
-    model.load_state_dict({k: v.detach() for k, v in sd.items()})
-    return model.to(d.device if rank0_only else "cpu").train(raw.training)
+    model.load_state_dict(sd)
+    return model.train(raw.training)
 
 
 def shared_run_dir(d: distributed.Dist, out_dir: Path | None) -> Path:
@@ -783,13 +776,14 @@ def shared_run_dir(d: distributed.Dist, out_dir: Path | None) -> Path:
     return path
 
 
-def run(cfg: Config) -> torch.nn.Module:
-    """Train under ``cfg`` in this process (one rank of torchrun's world, or alone); the trained model."""
+def run(cfg: Config, whole: bool = True) -> torch.nn.Module:
+    """Train under ``cfg`` in this process (one rank of torchrun's world, or alone); the trained model (see
+    ``train`` for ``whole``: the command line, which discards it, does not ask fsdp to gather it)."""
     d = distributed.setup(cfg.backend, cfg.dist_timeout)
     if d.device.type == "cpu":
         cpu_memory.keep_freed_memory()
     with RunLog.closing():  # the progress bar, TensorBoard's and W&B's files: closed however training ends
-        model = train(cfg, d)
+        model = train(cfg, d, whole)
     distributed.teardown(d)
     return model
 
@@ -831,7 +825,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg, check = config.parse_command_line(args)
         if check:
             return 0
-        run(cfg)
+        run(cfg, whole=False)
         return 0
     except UserError as e:
         if rank == 0:

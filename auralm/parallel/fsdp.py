@@ -49,7 +49,8 @@ def shard(model: nn.Module, bf16: bool, cpu_offload: bool, device: torch.device 
     """Shard ``model`` in place over the default process group; a phrase for the log. ``cpu_offload`` applies to
     an accelerator (the shards are moved to CPU memory between uses); on the CPU they are there already, and
     FSDP's CPUOffloadPolicy would refuse to start without an accelerator, so it is left out."""
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard, \
+        register_fsdp_forward_method
 
     ignored = cpu_offload and device.type == "cpu"
     cpu_offload = cpu_offload and not ignored
@@ -63,6 +64,10 @@ def shard(model: nn.Module, bf16: bool, cpu_offload: bool, device: torch.device 
     for block in blocks:
         fully_shard(block, **kw)
     fully_shard(model, **kw)
+    # the KV-cached generation's entry points besides forward (the evaluation samples): they gather too
+    for module, method in [*((b, "cached") for b in blocks), (model, "step")]:
+        if hasattr(module, method):
+            register_fsdp_forward_method(module, method)
     what = f"{len(blocks)} blocks and the root" if blocks else "the whole model as one unit"
     return (f"fsdp: {what} sharded, {'bf16 compute with fp32 gradient reduction' if bf16 else 'fp32'}"
             f"{', shards offloaded to CPU memory' if cpu_offload else ''}"

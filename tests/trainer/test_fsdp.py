@@ -69,19 +69,26 @@ def test_fsdp_losses_match_ddp_with_about_half_the_parameters_per_rank(sudoku_di
     assert final["equal"]
 
 
-def test_gpt_on_text_with_accumulation_matches_ddp(tmp_path):
+def test_gpt_on_text_with_accumulation_matches_ddp(tmp_path, capfd):
     text = tmp_path / "quijote"
     assert data.main([str(QUIJOTE), "--out", str(text), "--vocab-size", "512", "--max-tokens", "20000"]) == 0
     common = ["task=lm", f"data_dir={text}", "model=tiny", "training.batch_size=4", "training.grad_accum=2",
               "training.max_steps=4", "training.dtype=fp32", "training.log_interval=1", "training.eval_interval=0",
-              "training.checkpoint_interval=0", "training.warmup_steps=2", "training.sample_tokens=0"]
+              "training.checkpoint_interval=0", "training.warmup_steps=2", "training.sample_tokens=6"]
+    samples = {}  # rank 0's "sample: ..." lines (the ranks' stdout is this process's)
+    capfd.readouterr()
     _ok(run_ranks(2, common + [f"out_dir={tmp_path / 'ddp'}"], tmp_path / "r-ddp"))
+    samples["ddp"] = [line for line in capfd.readouterr().out.splitlines() if line.startswith("sample: ")]
     _ok(run_ranks(2, common + [f"out_dir={tmp_path / 'fsdp'}", "training.parallel=fsdp",
                                "training.fsdp_cpu_offload=true"], tmp_path / "r-fsdp"))
+    samples["fsdp"] = [line for line in capfd.readouterr().out.splitlines() if line.startswith("sample: ")]
     f, d = by_step(tmp_path / "fsdp"), by_step(tmp_path / "ddp")
     assert sorted(f) == sorted(d) == [1, 2, 3, 4]
     for s in f:
         assert f[s]["loss"] == pytest.approx(d[s]["loss"], rel=1e-5), s
+    # the final evaluation, run by both ranks on their shards, gives DDP's figures and DDP's text sample
+    assert f[4]["val_loss"] == pytest.approx(d[4]["val_loss"], rel=1e-5)
+    assert samples["fsdp"] == samples["ddp"] and len(samples["ddp"]) == 1, samples
     event = next(e for e in records(tmp_path / "fsdp", "events.jsonl") if e["kind"] == "fsdp")
     assert "2 blocks and the root sharded, fp32" in event["message"]
     assert "fsdp_cpu_offload=true changes nothing on the CPU" in event["message"]
