@@ -205,7 +205,10 @@ def save_sharded(run_dir: Path, step: int, model: torch.nn.Module, optimizer: to
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    tmp = _fresh_tmp(run_dir, step) if rank == 0 else run_dir / f".checkpoint-{step}.tmp"
+    tmp = run_dir / f".checkpoint-{step}.tmp"
+    if rank == 0:
+        _fresh_tmp(run_dir, step)
+        shared_modes(run_dir, [tmp, tmp / DCP])
     _barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)
     dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(tmp / DCP), no_dist=not _distributed())
@@ -216,6 +219,16 @@ def save_sharded(run_dir: Path, step: int, model: torch.nn.Module, optimizer: to
         final = _finish(run_dir, tmp, step, [*files, "rng.pt", "state.json"], rng, state, keep_last, extra)
     _barrier()  # no rank goes on (to a resume, an export) before the checkpoint is in place
     return final
+
+
+def shared_modes(run_dir: Path, dirs: list[Path]) -> None:
+    """Create ``dirs`` with ``run_dir``'s permissions (less a sticky bit): on a file system the nodes share, the
+    other ranks may run as other users, and a run directory writable by their group (or by all) lets them write
+    their shards beside rank 0's, which a directory made under rank 0's umask would not."""
+    mode = run_dir.stat().st_mode & 0o2777
+    for d in dirs:
+        d.mkdir(exist_ok=True)
+        d.chmod(mode)
 
 
 def load_sharded(ckpt: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,

@@ -768,6 +768,14 @@ def shared_run_dir(d: distributed.Dist, out_dir: Path | None) -> Path:
         error = (f"training.parallel=fsdp: every rank writes its shards of the checkpoints into the run directory "
                  f"{path}, which this node does not see as rank 0's: put out_dir on a file system every node "
                  f"shares (NFS), or use training.parallel=ddp")
+    elif d.rank != 0:
+        try:  # the other ranks may run as other users: they must be able to write there too
+            (path / f"{token}-{d.rank}").touch()
+            (path / f"{token}-{d.rank}").unlink()
+        except OSError as e:
+            error = (f"training.parallel=fsdp: cannot write this rank's shards into the run directory {path} "
+                     f"({e.strerror}): make it writable by every node's user (the same user on every node, "
+                     f"or a group they share: chmod g+ws), or use training.parallel=ddp")
     try:
         distributed.raise_if_any(d, error)
     finally:

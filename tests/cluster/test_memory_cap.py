@@ -1,11 +1,15 @@
-"""A lab node whose memory is capped by a cgroup (LabNode.limit_memory): `hrmctl train` with
+"""Lab nodes whose memory is capped by a cgroup (LabNode.limit_memory): `hrmctl train` with
 training.batch_size=auto picks a smaller batch there than on the same node uncapped, and a fixed batch too
-large for the cap fails with one line saying the node ran out of memory."""
+large for the cap fails with one line saying the node ran out of memory; a model that does not fit two capped
+nodes under DDP trains there under FSDP."""
 
 from __future__ import annotations
 
+import pwd
 import re
 import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -21,15 +25,16 @@ def text_on_node1(lab3, tmp_path_factory):
 
     local = tmp_path_factory.mktemp("lm") / "quijote"
     assert data.main([str(QUIJOTE), "--out", str(local), "--vocab-size", "512", "--max-tokens", "60000"]) == 0
-    node = lab3.node("node1")
-    parent = node.home / "hrmctl" / "data"  # the node's data directory: its user's, as the other tests expect
-    parent.mkdir(exist_ok=True)
-    shutil.chown(parent, node.user, node.user)
-    target = parent / "quijote-memcap"
-    shutil.rmtree(target, ignore_errors=True)
-    shutil.copytree(local, target)
-    for p in [target, *target.rglob("*")]:
-        shutil.chown(p, node.user, node.user)
+    for name in ("node1", "node2"):
+        node = lab3.node(name)
+        parent = node.home / "hrmctl" / "data"  # the node's data directory: its user's, as the other tests expect
+        parent.mkdir(exist_ok=True)
+        shutil.chown(parent, node.user, node.user)
+        target = parent / "quijote-memcap"
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(local, target)
+        for p in [target, *target.rglob("*")]:
+            shutil.chown(p, node.user, node.user)
     return "~/hrmctl/data/quijote-memcap"
 
 
@@ -69,3 +74,56 @@ def test_auto_batch_is_smaller_under_a_memory_cap_and_a_too_large_batch_says_the
                 or "out of CPU memory: lower training.batch_size" in out + err), out + err
     finally:
         node.limit_memory(None)
+
+
+# about 96M parameters (GPT, n_embd 1152, 6 blocks): under DDP each rank holds the weights, their gradients,
+# AdamW's two moments, DDP's buckets and (rank 0) the NaN guard's copy, about 2.7 GB at its peak on this
+# machine; under FSDP over two ranks each holds half of most of it, about 1.9 GB
+BIG = ["model=small", "model.n_embd=1152", "model.block_size=64", "training.batch_size=2", "training.max_steps=2",
+       "training.eval_interval=0", "training.eval_batches=1", "training.checkpoint_interval=0",
+       "training.dtype=fp32", "training.sample_tokens=8", "training.log_interval=1"]
+BIG_CAP = int(2.4 * 2**30)  # per node: its torchrun agent, sshd and the rank together
+
+
+def test_a_model_too_large_for_two_capped_nodes_under_ddp_trains_under_fsdp(lab3, hrmctl, text_on_node1):
+    nodes = [lab3.node("node1"), lab3.node("node2")]
+    shared = Path(tempfile.mkdtemp(prefix="hrmlab-shared-"))  # one file system for both nodes, as NFS would be
+    shared.chmod(0o777)  # the nodes run as different users: the run directory is writable by all of them
+
+    def train(mode, run="", writable=True):
+        out = shared / (run or mode)
+        out.mkdir()
+        if writable:
+            out.chmod(0o777)  # the nodes run as different users: the run directory is writable by all of them
+        else:
+            shutil.chown(out, nodes[0].user, nodes[0].user)  # rank 0's user alone may write there
+        return hrmctl("train", "--nodes", "node1,node2", "--run-id", f"memcap-{run or mode}", "task=lm",
+                      f"data_dir={text_on_node1}", f"out_dir={out}", f"training.parallel={mode}", *BIG,
+                      inventory=lab3.inventory, timeout=600)
+
+    # a run directory the second node's user cannot write: one line, before any training
+    code, out, err = train("fsdp", "fsdp-denied", writable=False)
+    assert code != 0
+    assert (f"error: rank 1 (host node2): training.parallel=fsdp: cannot write this rank's shards into the run "
+            f"directory {shared / 'fsdp-denied'} (Permission denied)") in out, out + err
+    assert "step 1/2" not in out, out + err
+    try:
+        for node in nodes:
+            node.limit_memory(BIG_CAP)
+        code, out, err = train("ddp")
+        print("ddp:", code, err.strip().splitlines()[-1:])
+        assert code != 0, out + err
+        assert "ran out of memory (the kernel's OOM killer" in err or "out of CPU memory" in out + err, out + err
+        code, out, err = train("fsdp")
+        print("fsdp:", code, [line for line in out.splitlines() if "step 2/2" in line or "eval" in line][-2:])
+        assert code == 0, out + err
+        assert re.search(r"parameters held per rank: 48\.\d+M, 48\.\d+M of 96\.\d+M", out), out
+        assert re.search(r"eval 2/2 \| val_loss \d", out) and "sample: " in out, out  # evaluated on the shards
+        ckpt = shared / "fsdp" / "checkpoint-2"
+        shards = sorted(p.name for p in (ckpt / "dcp").glob("*.distcp"))
+        assert len(shards) == 2, shards  # one file of shards per rank, written by each node's own user
+        assert {(ckpt / "dcp" / s).stat().st_uid for s in shards} == {pwd.getpwnam(n.user).pw_uid for n in nodes}
+    finally:
+        for node in nodes:
+            node.limit_memory(None)
+        shutil.rmtree(shared, ignore_errors=True)
