@@ -1,7 +1,11 @@
 """training.parallel=fsdp against ddp, in one run: the bytes each rank holds of parameters, gradients and optimizer
 state after an optimizer step, and the time of a training step, for model=small (task=lm, GPT) on 2 gloo ranks.
 
-    python bench/fsdp_memory.py [--model small] [--steps 6] [--batch 4] [--seq 256] [--vocab 8192]
+    python bench/fsdp_memory.py [--model small] [--steps 6] [--batch 4] [--seq 256] [--vocab 8192] [--lab]
+
+With ``--lab`` (root) the two ranks run on two lab nodes (tests/lab.py: real sshd, network namespaces, each
+node pinned to a core of its own), started over SSH, gloo between them over the lab's bridge; without it,
+two local processes over loopback.
 
 The model, its sharding (auralm.parallel.fsdp.shard) and the optimizer (auralm.optim) are the trainer's own; the
 data is random tokens. Bytes are counted from the tensors (a DTensor counts its local shard), not from the
@@ -26,8 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def _rank(rank: int, world: int, port: int, mode: str, a: dict, out: str) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _rank(rank: int, world: int, port: int, mode: str, a: dict, out: str, master: str = "127.0.0.1") -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR=master, MASTER_PORT=str(port))
     torch.set_num_threads(1)
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -72,17 +76,64 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=256)
     p.add_argument("--vocab", type=int, default=8192)
     p.add_argument("--world", type=int, default=2)
+    p.add_argument("--lab", action="store_true", help="the ranks on lab nodes (root)")
+    p.add_argument("--rank", type=int, help=argparse.SUPPRESS)  # one rank of a --lab run, on its node:
+    p.add_argument("--master", help=argparse.SUPPRESS)  # rank 0's address,
+    p.add_argument("--port", type=int, help=argparse.SUPPRESS)  # its port,
+    p.add_argument("--mode", help=argparse.SUPPRESS)  # ddp or fsdp,
+    p.add_argument("--out", help=argparse.SUPPRESS)  # where it writes its figures
     a = vars(p.parse_args())
+    if a["rank"] is not None:
+        _rank(a["rank"], a["world"], a["port"], a["mode"], a, a["out"], a["master"])
+        return
     out = tempfile.mkdtemp()
+    os.chmod(out, 0o777)  # --lab: the nodes' users write their figures here
+    lab = _lab(a["world"]) if a["lab"] else None
+    try:
+        result = _measure(a, out, lab)
+    finally:
+        if lab is not None:
+            lab.down()
+    _report(a, result, "on two lab nodes" if lab else "on this machine")
+
+
+def _lab(world: int):
+    from _handrun import pin_nodes
+    from tests.lab import Lab
+
+    lab = Lab(world)
+    lab.up()
+    pin_nodes(lab)
+    return lab
+
+
+def _measure(a: dict, out: str, lab) -> dict:
+    from _handrun import ssh_popen
+
     result = {}
     for mode in ("ddp", "fsdp"):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        mp.start_processes(_rank, args=(a["world"], port, mode, a, out), nprocs=a["world"], start_method="spawn")
+        if lab is None:
+            mp.start_processes(_rank, args=(a["world"], port, mode, a, out), nprocs=a["world"],
+                               start_method="spawn")
+        else:
+            flags = " ".join(f"--{k} {a[k]}" for k in ("model", "steps", "batch", "seq", "vocab", "world"))
+            procs = [ssh_popen(lab, n.name, f"cd ~/hrmctl && {lab.python} bench/fsdp_memory.py {flags} --rank {r} "
+                                            f"--master {lab.nodes[0].ip} --port {port} --mode {mode} --out {out}")
+                     for r, n in enumerate(lab.nodes)]
+            for proc in procs:
+                text = proc.communicate()[0]
+                if proc.returncode:
+                    raise SystemExit(f"a rank failed ({proc.returncode}): {text[-800:]}")
         ranks = [json.loads((Path(out) / f"{mode}{r}.json").read_text()) for r in range(a["world"])]
         result[mode] = {"bytes_per_rank": [r["bytes"] for r in ranks],
                         "step_s": max(r["step_s"] for r in ranks)}
+    return result
+
+
+def _report(a: dict, result: dict, where: str) -> None:
     mb = lambda b: f"{b / 2**20:.1f} MiB"  # noqa: E731
     for mode in ("ddp", "fsdp"):
         for r, b in enumerate(result[mode]["bytes_per_rank"]):
@@ -91,7 +142,7 @@ def main() -> None:
         print(f"{mode}: median step {result[mode]['step_s']:.3f} s (slowest rank)")
     ratio = max(b["total"] for b in result["fsdp"]["bytes_per_rank"]) / \
         max(b["total"] for b in result["ddp"]["bytes_per_rank"])
-    print(f"model={a['model']}, {a['world']} ranks, batch {a['batch']} x {a['seq']} tokens a rank: fsdp holds "
+    print(f"model={a['model']}, {a['world']} ranks {where}, batch {a['batch']} x {a['seq']} tokens a rank: fsdp holds "
           f"{ratio:.3f}x of ddp's bytes per rank (params + grads + optimizer state); step time fsdp/ddp "
           f"{result['fsdp']['step_s'] / result['ddp']['step_s']:.2f}x")
 
