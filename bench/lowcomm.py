@@ -139,6 +139,7 @@ def balance(lab: Lab, a, cwd: Path) -> None:
     for n, r in alone.items():
         out.append(row(f"{n} alone" + (" (50% CPU)" if n == "node1" else ""), r, total).replace("x |", " of the sum |"))
     for label, extra in (("pair, ddp, equal shares", []), ("pair, ddp, balance=auto", ["training.balance=auto"]),
+                         ("pair, ddp, balance=auto, bf16 hook", ["training.balance=auto", "training.ddp_comm_hook=bf16"]),
                          ("pair, diloco, balance=auto", ["training.balance=auto"] + diloco(a))):
         r = train(lab, ["node0", "node1"], "b-" + label.replace(", ", "-").replace("=", "").replace(" ", ""),
                   common(a) + extra, cwd)
