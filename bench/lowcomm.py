@@ -114,12 +114,13 @@ def targets(lab: Lab, a, cwd: Path) -> None:
     results = {}
     for link in ("LAN", "200M+3ms"):
         shape(lab, link)
-        for mode, extra in (("ddp", []), ("diloco", diloco(a)), ("diloco-avg", diloco(a) + AVERAGE)):
+        for mode, extra in (("ddp", []), ("ddp-bf16", ["training.ddp_comm_hook=bf16"]), ("diloco", diloco(a)),
+                            ("diloco-avg", diloco(a) + AVERAGE)):
             if mode == "diloco-avg" and link == "LAN":
                 continue
             r = train(lab, ["node0", "node1"], f"t-{mode}-{link.replace('+', '')}", common(a) + extra, cwd)
             results[(mode, link)] = r
-            label = {"ddp": "ddp", "diloco": f"diloco H={a.inner}",
+            label = {"ddp": "ddp", "ddp-bf16": "ddp, bf16 comm hook", "diloco": f"diloco H={a.inner}",
                      "diloco-avg": f"diloco H={a.inner}, outer lr 1, no momentum"}[mode]
             out.append(row(f"2 nodes, {label}, {link}", r, one["tokens_per_s"]))
             print(out[-1], file=sys.stderr, flush=True)
