@@ -87,26 +87,27 @@ BIG_CAP = int(2.4 * 2**30)  # per node: its torchrun agent, sshd and the rank to
 
 def test_a_model_too_large_for_two_capped_nodes_under_ddp_trains_under_fsdp(lab3, hrmctl, text_on_node1):
     nodes = [lab3.node("node1"), lab3.node("node2")]
+    # the default run directory, runs/<id> in node1's checkout: node2's user (another user on the same file
+    # system, here) sees it but cannot write there: one line, before any training
+    code, out, err = hrmctl("train", "--nodes", "node1,node2", "--run-id", "memcap-unshared", "task=lm",
+                            f"data_dir={text_on_node1}", "training.parallel=fsdp", *BIG, inventory=lab3.inventory,
+                            timeout=300)
+    assert code != 0
+    assert re.search(r"error: rank 1 \(host node2\): training.parallel=fsdp: cannot write this rank's shards into "
+                     r"the run directory \S+/hrmctl/runs/memcap-unshared \(Permission denied\): make it writable by "
+                     r"every node's user", out), out + err
+    assert "step 1/2" not in out, out + err
     shared = Path(tempfile.mkdtemp(prefix="hrmlab-shared-"))  # one file system for both nodes, as NFS would be
     shared.chmod(0o777)  # the nodes run as different users: the run directory is writable by all of them
 
-    def train(mode, run="", writable=True):
-        out = shared / (run or mode)
+    def train(mode):
+        out = shared / mode
         out.mkdir()
-        if writable:
-            out.chmod(0o777)  # the nodes run as different users: the run directory is writable by all of them
-        else:
-            shutil.chown(out, nodes[0].user, nodes[0].user)  # rank 0's user alone may write there
-        return hrmctl("train", "--nodes", "node1,node2", "--run-id", f"memcap-{run or mode}", "task=lm",
+        out.chmod(0o777)  # the nodes run as different users: the run directory is writable by all of them
+        return hrmctl("train", "--nodes", "node1,node2", "--run-id", f"memcap-{mode}", "task=lm",
                       f"data_dir={text_on_node1}", f"out_dir={out}", f"training.parallel={mode}", *BIG,
                       inventory=lab3.inventory, timeout=600)
 
-    # a run directory the second node's user cannot write: one line, before any training
-    code, out, err = train("fsdp", "fsdp-denied", writable=False)
-    assert code != 0
-    assert (f"error: rank 1 (host node2): training.parallel=fsdp: cannot write this rank's shards into the run "
-            f"directory {shared / 'fsdp-denied'} (Permission denied)") in out, out + err
-    assert "step 1/2" not in out, out + err
     try:
         for node in nodes:
             node.limit_memory(BIG_CAP)
