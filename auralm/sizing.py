@@ -64,17 +64,6 @@ def estimate(cfg: config.Config, vocab: int | None = None) -> dict:
             "activation_bytes_per_row": activations(1)}
 
 
-MARGIN = 0.8  # as auralm.autobatch's: the share of a node's available memory a plan may use
-
-
-def fitting_batch(size: dict, available_bytes: float, ranks: int) -> int:
-    """The largest micro-batch the estimate ``size`` (estimate's dict) fits into MARGIN of ``available_bytes``
-    shared by ``ranks`` ranks (0: not even one row). What --dry-run prints per node for batch_size=auto; the
-    trainer measures it on each rank instead (auralm.autobatch)."""
-    room = MARGIN * available_bytes / max(1, ranks) - size["states_bytes"]
-    return max(0, int(room // max(1, size["activation_bytes_per_row"])))
-
-
 def describe(cfg: config.Config, vocab: int | None = None) -> str:
     e = estimate(cfg, vocab)
     gb = 1 << 30
@@ -107,8 +96,10 @@ if __name__ == "__main__":
         if "--json" in sys.argv:
             import json
 
+            from auralm.autobatch import MARGIN  # the share of memory batch_size=auto plans with, for the dry run
+
             print(json.dumps(dict(estimate(cfg), grad_accum=cfg.training.grad_accum,
-                                  global_batch_size=cfg.training.global_batch_size)))
+                                  global_batch_size=cfg.training.global_batch_size, memory_margin=MARGIN)))
         else:
             print(describe(cfg))
     except UserError as e:

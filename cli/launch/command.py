@@ -60,14 +60,11 @@ def model_size(opts: LaunchOptions, world: int) -> dict | None:
     return json.loads(res.stdout)
 
 
-MEMORY_MARGIN = 0.8  # as the trainer's batch_size=auto (auralm.autobatch.MARGIN): the share a plan may use
-
-
 def auto_batch_plan(size: dict, prep: Prepared) -> dict | None:
     """batch_size=auto before the run: per node, the largest micro-batch the model's estimate (auralm.sizing)
-    fits into MEMORY_MARGIN of the memory the node's probe reported (a GPU's memory on a GPU node, else the RAM
-    available, or its memory cgroup's if less) shared by its ranks; then the plan the trainer would make from
-    the smallest. Each rank measures its own at start; this is the estimate. None unless batch_size=auto."""
+    fits into the trainer's margin (``memory_margin``: auralm.autobatch.MARGIN) of the memory the node's probe
+    reported (a GPU's memory on a GPU node, else the RAM available, or its memory cgroup's if less) shared by
+    its ranks; then the plan the trainer would make from the smallest. Each rank measures its own at start; this is the estimate. None unless batch_size=auto."""
     if not size or size.get("batch_size") != "auto":
         return None
     world = sum(p.nproc for p in prep.plans)
@@ -79,7 +76,7 @@ def auto_batch_plan(size: dict, prep: Prepared) -> dict | None:
         ranks = 1 if gpu else p.nproc  # a GPU each, or the node's RAM shared
         fit = None
         if gb:
-            room = MEMORY_MARGIN * gb * 2**30 / ranks - size["states_bytes"]
+            room = size["memory_margin"] * gb * 2**30 / ranks - size["states_bytes"]
             fit = max(0, int(room // max(1, size["activation_bytes_per_row"])))
             fits.append(fit)
         nodes[p.node.name] = {"memory_gb": gb, "memory": "gpu" if gpu else "ram", "ranks": p.nproc, "fits": fit}
@@ -120,7 +117,7 @@ def _dry_run(opts: LaunchOptions, as_json: bool, console: Console, err: Console 
                 continue
             where = f"{n['memory_gb']:g} GiB GPU memory" if n["memory"] == "gpu" else \
                 f"{n['memory_gb']:g} GiB RAM available" + (f" / {n['ranks']} ranks" if n["ranks"] > 1 else "")
-            console.print(f"# {name}: batch_size=auto: about {n['fits']} rows per rank fit ({MEMORY_MARGIN:.0%} of "
+            console.print(f"# {name}: batch_size=auto: about {n['fits']} rows per rank fit ({size['memory_margin']:.0%} of "
                           f"{where}; estimated, each rank measures at start)", highlight=False, soft_wrap=True)
         if "batch_size" in auto:
             console.print(f"# batch_size=auto plan: {auto['batch_size']} x accum {auto['grad_accum']} x "
