@@ -19,14 +19,13 @@ world), else the batch is the probed one with the configured grad_accum (1 unles
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from auralm.errors import UserError
+from netcheck.probe import cgroup_memory, read
 
 MARGIN = 0.8  # of the available memory, the share a probe's extrapolation may plan to use
 MEMORY_ENV = "HRMCTL_MEMORY_LIMIT_GB"  # the same as training.memory_limit_gb; the smaller of the two wins
@@ -43,46 +42,6 @@ class Fit:
 
 
 # ---------------------------------------------------------------- how much memory this rank may take (CPU)
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text().strip()
-    except OSError:
-        return None
-
-
-def cgroup_available(root: Path = Path("/sys/fs/cgroup"), proc_cgroup: Path = Path("/proc/self/cgroup")) \
-        -> int | None:
-    """Bytes this process's memory cgroup (or one above it) can still give: limit - usage, page cache that can
-    be dropped not counted as used; None when no group has a limit, or no cgroup memory controller is readable
-    (e.g. /sys/fs/cgroup not mounted where this runs)."""
-    best = None
-    for line in (_read(proc_cgroup) or "").splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        controllers, rel = parts[1], parts[2].strip("/")
-        if "memory" in controllers.split(","):  # v1: a hierarchy of its own
-            base, files = root / "memory", ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
-        elif controllers == "":  # v2: the unified hierarchy
-            base, files = root, ("memory.max", "memory.current", "inactive_file")
-        else:
-            continue
-        chain = Path(rel).parts
-        for depth in range(len(chain), -1, -1):  # the group and its ancestors
-            group = base.joinpath(*chain[:depth])
-            limit, usage = _read(group / files[0]), _read(group / files[1])
-            if not limit or not usage or not limit.isdigit() or not usage.isdigit() or int(limit) >= 1 << 60:
-                continue
-            inactive = 0
-            for stat in (_read(group / "memory.stat") or "").splitlines():
-                k, _, v = stat.partition(" ")
-                if k == files[2] and v.isdigit():
-                    inactive = int(v)
-            free = max(0, int(limit) - max(0, int(usage) - inactive))
-            best = free if best is None else min(best, free)
-    return best
 
 
 def rss_bytes() -> int:
@@ -112,7 +71,7 @@ def cpu_headroom(memory_limit_gb: float, local_world: int) -> tuple[int, str]:
     import psutil
 
     avail, source = psutil.virtual_memory().available, "available"
-    cg = cgroup_available()
+    cg = cgroup_memory()[1]  # what this process's memory cgroup (a container, a capped node) still gives
     if cg is not None and cg < avail:
         avail, source = cg, "available in the node's cgroup"
     share = avail // max(1, local_world)
@@ -154,7 +113,7 @@ def _trim() -> None:
 
 
 def _peak_rss() -> int:
-    for line in (_read(Path("/proc/self/status")) or "").splitlines():
+    for line in read("/proc/self/status").splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024
     import resource
@@ -265,21 +224,6 @@ def find_fit(probe, device: torch.device, *, reserve_bytes: int, memory_limit_gb
 
 
 # ---------------------------------------------------------------- the plan
-
-
-def split(fits: int, world: int, global_batch: int, grad_accum: int) -> tuple[int, int]:
-    """(batch, grad_accum) from the agreed largest batch: with global_batch, the smallest accum such that
-    global = batch x accum x world with batch <= fits; else (fits, grad_accum)."""
-    if not global_batch:
-        return fits, grad_accum
-    if global_batch % world:
-        raise UserError(f"global_batch_size={global_batch} does not split into {world} ranks: use a multiple of "
-                        f"{world}")
-    per = global_batch // world
-    for accum in range(max(1, math.ceil(per / max(1, fits))), per + 1):
-        if per % accum == 0:
-            return per // accum, accum
-    return 1, per  # not reached: accum = per always divides
 
 
 def plan_text(rank: int, fit: Fit, batch: int, accum: int, world: int) -> str:

@@ -351,6 +351,22 @@ def _pair(given: str, text: str) -> tuple[str, str]:
 AUTO = 0  # training.batch_size=auto, as stored (a typed 0 is refused: see _set)
 
 
+def split_global_batch(fits: int, world: int, global_batch: int, grad_accum: int) -> tuple[int, int]:
+    """training.batch_size=auto: (batch, grad_accum) from the largest batch every rank fits: with global_batch, the
+    smallest accum such that global = batch x accum x world with batch <= fits; else (fits, grad_accum). The
+    trainer's plan, and the dry run's estimate of it (cli/launch/command.py)."""
+    if not global_batch:
+        return fits, grad_accum
+    if global_batch % world:
+        raise UserError(f"global_batch_size={global_batch} does not split into {world} ranks: use a multiple of "
+                        f"{world}")
+    per = global_batch // world
+    for accum in range(max(1, -(-per // max(1, fits))), per + 1):
+        if per % accum == 0:
+            return per // accum, accum
+    return 1, per  # not reached: accum = per always divides
+
+
 def _set(cfg: Config, keys: dict, given: str, text: str) -> list[str]:
     """Set one ``key=value`` (``given`` as typed); the keys of ours it set."""
     if given.lstrip("+") in ACCEPTED:

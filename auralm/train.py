@@ -415,7 +415,7 @@ def auto_batch(cfg: Config, d: distributed.Dist, raw, train_set, log: RunLog) ->
     distributed.raise_if_any(d, error)
     fits = distributed.gather_object(d, (d.host, fit.batch, fit.limit))
     agreed = min(b for _, b, _ in fits)
-    t.batch_size, t.grad_accum = autobatch.split(agreed, d.world, t.global_batch_size, t.grad_accum)
+    t.batch_size, t.grad_accum = config.split_global_batch(agreed, d.world, t.global_batch_size, t.grad_accum)
     t._auto = True  # not a field: the config saved with the run has the batch chosen; oom_line says it was auto
     for r, (host, b, limit) in enumerate(fits):
         log.say(autobatch.plan_text(r, autobatch.Fit(b, limit), t.batch_size, t.grad_accum, d.world))

@@ -328,12 +328,14 @@ def resource_facts() -> dict:
     return out
 
 
-def cgroup_memory(root: str = "/sys/fs/cgroup") -> tuple[int | None, int | None]:
+def cgroup_memory(root: str = "/sys/fs/cgroup",
+                  proc_cgroup: str = "/proc/self/cgroup") -> tuple[int | None, int | None]:
     """(limit, what is left of it) in bytes for this process's memory cgroup or the tightest of its ancestors
     (cgroup v1 memory.limit_in_bytes, v2 memory.max; droppable page cache not counted as used); (None, None)
-    with no limit or nothing readable. Standard library only."""
+    with no limit or nothing readable (e.g. /sys/fs/cgroup not mounted where this runs). Standard library only:
+    the node probe reports it, and the trainer's batch_size=auto (auralm.autobatch) plans with it."""
     best: tuple[int | None, int | None] = (None, None)
-    for line in read("/proc/self/cgroup").splitlines():
+    for line in read(proc_cgroup).splitlines():
         parts = line.split(":", 2)
         if len(parts) != 3:
             continue

@@ -8,6 +8,7 @@ import json
 from rich.console import Console
 from rich.markup import escape
 
+from auralm.config import split_global_batch
 from cli.errors import HrmctlError
 from cli.nodes.inventory import Node, load_inventory, local_node
 from cli.launch import links
@@ -82,12 +83,9 @@ def auto_batch_plan(size: dict, prep: Prepared) -> dict | None:
         nodes[p.node.name] = {"memory_gb": gb, "memory": "gpu" if gpu else "ram", "ranks": p.nproc, "fits": fit}
     plan = {"nodes": nodes, "world": world}
     if fits and min(fits) > 0:
-        batch, accum = min(fits), size.get("grad_accum") or 1
         total = size.get("global_batch_size") or 0
-        if total and total % world == 0:
-            per = total // world
-            accum = next(a for a in range(max(1, -(-per // batch)), per + 1) if per % a == 0)
-            batch = per // accum
+        batch, accum = split_global_batch(min(fits), world, total if total % world == 0 else 0,
+                                          size.get("grad_accum") or 1)
         plan.update(batch_size=batch, grad_accum=accum, global_batch_size=batch * accum * world)
     return plan
 

@@ -12,6 +12,7 @@ import torch
 
 from auralm import autobatch, config, train
 from auralm.errors import UserError
+from netcheck.probe import cgroup_memory
 from tests.trainer.helpers import REPO, python_env, small_sudoku, tiny_args
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -54,17 +55,17 @@ def test_the_torch_free_check_accepts_auto_without_importing_torch():
 
 
 def test_grad_accum_keeps_the_global_batch():
-    assert autobatch.split(100, 2, 64, 1) == (32, 1)  # fits the whole share: no accumulation
-    assert autobatch.split(5, 2, 64, 1) == (4, 8)  # 32 a rank, at most 5 a micro-batch: 4 x 8
-    assert autobatch.split(7, 3, 96, 1) == (4, 8)  # 32 a rank: the smallest accum dividing it with batch <= 7
-    assert autobatch.split(1, 4, 64, 1) == (1, 16)
+    assert config.split_global_batch(100, 2, 64, 1) == (32, 1)  # fits the whole share: no accumulation
+    assert config.split_global_batch(5, 2, 64, 1) == (4, 8)  # 32 a rank, at most 5 a micro-batch: 4 x 8
+    assert config.split_global_batch(7, 3, 96, 1) == (4, 8)  # 32 a rank: the smallest accum dividing it with batch <= 7
+    assert config.split_global_batch(1, 4, 64, 1) == (1, 16)
     for fits, world, total in [(13, 2, 200), (3, 3, 99), (50, 1, 50), (9, 4, 128)]:
-        batch, accum = autobatch.split(fits, world, total, 1)
+        batch, accum = config.split_global_batch(fits, world, total, 1)
         assert batch <= fits and batch * accum * world == total
-    assert autobatch.split(24, 2, 0, 1) == (24, 1)  # no global batch: the probed one, accum as configured
-    assert autobatch.split(24, 2, 0, 3) == (24, 3)
+    assert config.split_global_batch(24, 2, 0, 1) == (24, 1)  # no global batch: the probed one, accum as configured
+    assert config.split_global_batch(24, 2, 0, 3) == (24, 3)
     with pytest.raises(UserError, match="does not split into 3 ranks"):
-        autobatch.split(8, 3, 64, 1)
+        config.split_global_batch(8, 3, 64, 1)
 
 
 def test_the_plan_line():
@@ -83,18 +84,18 @@ def test_cgroup_limits_are_read_from_v1_and_v2_and_their_ancestors(tmp_path):
     (mem / "memory.stat").write_text("cache 1\ntotal_inactive_file 50000000\n")
     proc = tmp_path / "cgroup"
     proc.write_text("4:memory:/outer/inner\n3:cpu:/\n")
-    assert autobatch.cgroup_available(tmp_path, proc) == 600_000_000 - 200_000_000  # the tighter: inner
+    assert cgroup_memory(str(tmp_path), str(proc))[1] == 600_000_000 - 200_000_000  # the tighter: inner
     (mem / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # no limit there: the outer's counts
-    assert autobatch.cgroup_available(tmp_path, proc) == 700_000_000
+    assert cgroup_memory(str(tmp_path), str(proc))[1] == 700_000_000
     v2 = tmp_path / "v2"
     (v2 / "job").mkdir(parents=True)
     (v2 / "job" / "memory.max").write_text("500000000\n")
     (v2 / "job" / "memory.current").write_text("100000000\n")
     (v2 / "memory.max").write_text("max\n")
     proc.write_text("0::/job\n")
-    assert autobatch.cgroup_available(v2, proc) == 400_000_000
+    assert cgroup_memory(str(v2), str(proc))[1] == 400_000_000
     proc.write_text("0::/\n")
-    assert autobatch.cgroup_available(v2, proc) is None  # "max": no limit
+    assert cgroup_memory(str(v2), str(proc))[1] is None  # "max": no limit
 
 
 # ---------------------------------------------------------------- the CPU probe, on real memory
