@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from auralm import cpu_memory
 from auralm.errors import UserError
 from netcheck.probe import cgroup_memory, read
 
@@ -98,18 +99,13 @@ def _reset_peak() -> bool:
 
 
 def _trim() -> None:
-    """Give the memory malloc keeps after a free back to the kernel (glibc's malloc_trim; auralm.cpu_memory
-    makes it keep freed blocks), so that a probe's growth is measured from what is really in use: otherwise a
-    probe reuses held memory, shows no growth, and the line would promise more than fits."""
-    import ctypes
-    import ctypes.util
+    """Give the memory malloc keeps after a free back to the kernel (auralm.cpu_memory makes it keep freed
+    blocks), so that a probe's growth is measured from what is really in use: otherwise a probe reuses held
+    memory, shows no growth, and the line would promise more than fits."""
     import gc
 
     gc.collect()
-    try:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
+    cpu_memory.give_back_freed_memory()
 
 
 def _peak_rss() -> int:

@@ -18,12 +18,26 @@ MMAP_THRESHOLD_MAX = 32 << 20  # glibc's ceiling for M_MMAP_THRESHOLD on 64-bit:
 TRIM_THRESHOLD = 1 << 30
 
 
+def _libc_function(name: str):
+    """glibc's ``name`` (mallopt, malloc_trim), or None elsewhere (macOS, musl without it)."""
+    try:
+        return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), name)
+    except (OSError, AttributeError):
+        return None
+
+
+def give_back_freed_memory() -> None:
+    """Return what malloc keeps after frees to the kernel now (glibc's malloc_trim), e.g. before measuring how
+    much memory a piece of work needs (auralm.autobatch: a probe reusing kept memory would show no growth)."""
+    trim = _libc_function("malloc_trim")
+    if trim is not None:
+        trim(0)
+
+
 def keep_freed_memory() -> bool:
     """Set glibc's malloc to keep freed blocks; whether it was done."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc (macOS, musl without mallopt)
+    mallopt = _libc_function("mallopt")
+    if mallopt is None:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
