@@ -15,6 +15,8 @@ import time
 
 import pytest
 
+from tests.polling import wait_for
+
 
 
 def job_pids(lab_node, run_id: str) -> list[tuple[int, str]]:
@@ -28,16 +30,6 @@ def job_pids(lab_node, run_id: str) -> list[tuple[int, str]]:
 def is_worker(cmdline: str, module: str) -> bool:
     """A rank's process, not torchrun's agent (started plainly or through cli.launch.node_torchrun)."""
     return module in cmdline and "torch.distributed.run" not in cmdline and "cli.launch.node_torchrun" not in cmdline
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
 
 
 def start_hrmctl(args: list[str], inventory, cwd) -> subprocess.Popen:

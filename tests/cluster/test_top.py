@@ -16,21 +16,13 @@ import time
 
 import pytest
 
+from tests.polling import wait_for
+
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 MARK = b"hrmctl-top-agent"  # the first words of the agent's source, which is its command line (-c)
 TRAIN = ["model=tiny", "training.max_steps=100000", "training.batch_size=8", "training.log_interval=2",
          "training.eval_interval=0", "training.checkpoint_interval=0"]
-
-
-def wait_for(predicate, timeout: float, what: str, show=lambda: ""):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.3)
-    pytest.fail(f"timed out after {timeout:g}s waiting for {what}\n{show() or ''}")
 
 
 def agent_pids(lab_node) -> list[int]:
