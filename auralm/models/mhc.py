@@ -39,15 +39,42 @@ _LOGIT_FLOOR = -60.0  # exp() of logits below the row maximum by more than this 
 def sinkhorn(logits: torch.Tensor, iters: int) -> torch.Tensor:
     """The doubly stochastic matrices of ``exp(logits)`` (n, n, ...) by ``iters`` rounds of row then column
     normalisation (Sinkhorn-Knopp), in float32; columns sum to 1 exactly, rows to within the convergence.
+
     The matrix dimensions come first: with the tokens last and contiguous each reduction is a few vector
-    adds, five times faster on a CPU than over (..., n, n)."""
-    z = logits.float()
-    z = (z - z.amax(dim=(0, 1), keepdim=True)).clamp(min=_LOGIT_FLOOR)
-    m = z.exp()
-    for _ in range(iters):
-        m = m / m.sum(dim=1, keepdim=True)
-        m = m / m.sum(dim=0, keepdim=True)
-    return m
+    adds, five times faster on a CPU than over (..., n, n). The rounds run in place with no autograd record
+    (``_Sinkhorn``): the backward pass goes back through the same rounds by hand, the gradient autograd would
+    give, at half the passes over memory and a fraction of the bookkeeping."""
+    shape = logits.shape
+    return _Sinkhorn.apply(logits.float().reshape(shape[0], shape[1], -1).contiguous(), iters).view(shape)
+
+
+class _Sinkhorn(torch.autograd.Function):
+    """Keeps only the result and each round's sums (n numbers per matrix): every earlier iterate is the later
+    one times the sums it was divided by, so the backward pass rebuilds them in place as it goes."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, iters: int) -> torch.Tensor:
+        z = logits - logits.amax(dim=(0, 1), keepdim=True)  # a shift of all logits leaves the result as is
+        m = z.clamp_(min=_LOGIT_FLOOR).exp_()
+        sums = []
+        for _ in range(iters):
+            for dim in (1, 0):
+                sums.append(m.sum(dim=dim, keepdim=True))
+                m.div_(sums[-1])
+        ctx.save_for_backward(m.clone(), *sums)
+        return m
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        """Back through m' = m / s, s = m summed over one dimension: dL/dm = (dL/dm' - sum(dL/dm' * m')) / s;
+        then m = m' * s. At the start m = exp(z - max z), so dL/dz = dL/dm * m (the shift changes nothing)."""
+        m, *sums = ctx.saved_tensors
+        g = grad.contiguous().clone()
+        for k in range(len(sums) - 1, -1, -1):
+            dim = 1 if k % 2 == 0 else 0
+            g.sub_((g * m).sum(dim=dim, keepdim=True)).div_(sums[k])
+            m.mul_(sums[k])
+        return g.mul_(m), None
 
 
 def _logit(p: float) -> float:
@@ -69,33 +96,32 @@ class HyperConnection(nn.Module):
         self.last_res: torch.Tensor | None = None  # H_res of every token of the last forward, (tokens, n, n)
 
     def coefficients(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """For streams x (tokens, n, d), in float32 with the tokens last: H_pre (n, tokens), H_post (n, tokens),
-        H_res (n, n, tokens)."""
+        """For streams x (tokens, n, d), in float32: H_pre (tokens, n), H_post (tokens, n), H_res (tokens, n, n)."""
         n = self.n
         flat = x.flatten(-2)
         # RMSNorm(flat) @ phi, with the norm's per-token scale applied after the product (the same numbers,
         # one pass over the streams fewer)
-        scale = torch.rsqrt(flat.float().square().mean(-1) + 1e-6)
-        z = (self.phi(flat).float() * scale[:, None]).t()  # (2n + n^2, tokens)
+        z = self.phi(flat).float() * _RMSScale.apply(flat.float())[:, None]  # (tokens, 2n + n^2)
         g = self.gate.float()
-        pre = torch.sigmoid(g[0] * z[:n] + self.pre_bias[:, None])
-        post = 2 * torch.sigmoid(g[1] * z[n:2 * n] + self.post_bias[:, None])
-        res = sinkhorn(g[2] * z[2 * n:].unflatten(0, (n, n)) + self.res_bias[:, :, None], self.iters)
-        return pre, post, res
+        pre = torch.sigmoid(g[0] * z[:, :n] + self.pre_bias)
+        post = 2 * torch.sigmoid(g[1] * z[:, n:2 * n] + self.post_bias)
+        # Sinkhorn with the tokens last and contiguous: its reductions over the other layout are five times slower
+        res = sinkhorn(g[2] * z[:, 2 * n:].t().contiguous().unflatten(0, (n, n)) + self.res_bias[:, :, None],
+                       self.iters)
+        return pre, post, res.permute(2, 0, 1).contiguous()
 
     def forward(self, x: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         shape = x.shape
-        x = x.reshape(-1, self.n, shape[-1])  # (tokens, n, d)
+        x = x.reshape(-1, self.n, shape[-1]).contiguous()  # (tokens, n, d)
         pre, post, res = self.coefficients(x)
-        res = res.permute(2, 0, 1)  # (tokens, n, n)
         self.last_res = res.detach()
         # the streams stay in their own type (float32 under autocast, as a plain residual stream does): autocast
         # would take the mixing to bf16, casting the n streams there and back at every connection
         with torch.autocast(x.device.type, enabled=False):
-            inp = torch.bmm(pre.t().unsqueeze(1).to(x.dtype), x).squeeze(1)  # (tokens, d)
-        out = sublayer(inp.view(*shape[:-2], shape[-1])).reshape(-1, 1, shape[-1])
+            inp = _Read.apply(pre.to(x.dtype), x)  # (tokens, d)
+        out = sublayer(inp.view(*shape[:-2], shape[-1])).reshape(-1, shape[-1])
         with torch.autocast(x.device.type, enabled=False):
-            return torch.baddbmm(post.t().unsqueeze(-1).to(x.dtype) * out.to(x.dtype), res.to(x.dtype), x).view(shape)
+            return _Write.apply(res.to(x.dtype), x, post.to(x.dtype), out.to(x.dtype)).view(shape)
 
     @torch.no_grad()
     def get_connection_matrix(self) -> torch.Tensor:
@@ -104,6 +130,56 @@ class HyperConnection(nn.Module):
         if self.last_res is not None:
             return self.last_res.double().mean(0).float()
         return sinkhorn(self.res_bias, self.iters)
+
+
+class _RMSScale(torch.autograd.Function):
+    """1 / RMS of every row of (tokens, k); by hand so that the backward pass is one pass over the rows
+    (autograd's goes through a broadcast gradient whose product is laid out tokens-first, then copied)."""
+
+    @staticmethod
+    def forward(ctx, flat: torch.Tensor) -> torch.Tensor:
+        scale = torch.rsqrt(torch.linalg.vector_norm(flat, dim=-1).square_().div_(flat.shape[-1]).add_(1e-6))
+        ctx.save_for_backward(flat, scale)
+        return scale
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        flat, scale = ctx.saved_tensors
+        return flat * (grad * scale.pow(3) / -flat.shape[-1])[:, None]
+
+
+class _Read(torch.autograd.Function):
+    """What the sublayer reads, H_pre x: (tokens, n), (tokens, n, d) -> (tokens, d). By hand, with every
+    product a batched matrix product over contiguous operands (autograd's transposed views and outer products
+    send torch's CPU bmm into a loop over the tokens)."""
+
+    @staticmethod
+    def forward(ctx, pre: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(pre, x)
+        return torch.bmm(pre.unsqueeze(1), x).squeeze(1)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        pre, x = ctx.saved_tensors
+        grad = grad.contiguous()
+        return torch.bmm(x, grad.unsqueeze(-1)).squeeze(-1), pre.unsqueeze(-1) * grad.unsqueeze(1)
+
+
+class _Write(torch.autograd.Function):
+    """The new streams, H_res x + H_post^T f: (tokens, n, n), (tokens, n, d), (tokens, n), (tokens, d) ->
+    (tokens, n, d); by hand for the reason _Read gives."""
+
+    @staticmethod
+    def forward(ctx, res: torch.Tensor, x: torch.Tensor, post: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(res, x, post, f)
+        return torch.baddbmm(post.unsqueeze(-1) * f.unsqueeze(1), res, x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        res, x, post, f = ctx.saved_tensors
+        grad = grad.contiguous()
+        return (torch.bmm(grad, x.transpose(1, 2)), torch.bmm(res.transpose(1, 2), grad),
+                torch.bmm(grad, f.unsqueeze(-1)).squeeze(-1), torch.bmm(post.unsqueeze(1), grad).squeeze(1))
 
 
 def expand(h: torch.Tensor, n: int) -> torch.Tensor:

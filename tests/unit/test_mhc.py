@@ -47,6 +47,40 @@ def test_sinkhorn_on_peaked_logits_ends_with_exact_columns_and_rows_that_more_ro
     assert row_error[200] < row_error[20] / 3  # which is what mhc/amax_pre shows when it is above 1
 
 
+def _unrolled_sinkhorn(logits: torch.Tensor, iters: int) -> torch.Tensor:
+    m = (logits - logits.amax(dim=(0, 1), keepdim=True)).exp()
+    for _ in range(iters):
+        m = m / m.sum(1, keepdim=True)
+        m = m / m.sum(0, keepdim=True)
+    return m
+
+
+@pytest.mark.parametrize("spread", [0.5, 4.0])
+def test_sinkhorns_hand_written_backward_is_autograds_through_every_round(spread):
+    gen = torch.Generator().manual_seed(3)
+    logits = (torch.randn(4, 4, 64, generator=gen, dtype=torch.float64) * spread).requires_grad_()
+    weights = torch.randn(4, 4, 64, generator=gen, dtype=torch.float64)
+    want, = torch.autograd.grad((_unrolled_sinkhorn(logits, 20) * weights).sum(), logits)
+    got, = torch.autograd.grad((mhc._Sinkhorn.apply(logits, 20) * weights).sum(), logits)
+    assert torch.allclose(got, want, rtol=1e-9, atol=1e-12)
+    # and in float32, as the model calls it: to float32's precision
+    small = logits.detach().float().requires_grad_()
+    got32, = torch.autograd.grad((mhc.sinkhorn(small, 20) * weights.float()).sum(), small)
+    assert (got32.double() - want).abs().max() < 1e-5
+
+
+def test_the_connections_hand_written_products_have_the_gradients_of_their_definitions():
+    gen = torch.Generator().manual_seed(4)
+    t, n, d = 5, 4, 6
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64, requires_grad=True)
+
+    for fn, args in ((mhc._RMSScale, (rand(t, n * d),)), (mhc._Read, (rand(t, n), rand(t, n, d))),
+                     (mhc._Write, (rand(t, n, n), rand(t, n, d), rand(t, n), rand(t, d)))):
+        assert torch.autograd.gradcheck(fn.apply, args, rtol=1e-6, atol=1e-8), fn.__name__
+
+
 def test_one_stream_with_the_gates_at_zero_is_exactly_the_plain_model():
     plain, wide = rlm("model.mhc_enabled=false").eval(), rlm("model.mhc_flows=1", seed=5).eval()
     result = wide.load_state_dict(plain.state_dict(), strict=False)
