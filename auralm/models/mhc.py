@@ -101,7 +101,10 @@ class HyperConnection(nn.Module):
         flat = x.flatten(-2)
         # RMSNorm(flat) @ phi, with the norm's per-token scale applied after the product (the same numbers,
         # one pass over the streams fewer)
-        z = self.phi(flat).float() * _RMSScale.apply(flat.float())[:, None]  # (tokens, 2n + n^2)
+        # in float32 like the streams: under autocast the product would first copy them all to bf16 (and its
+        # gradient back), two passes more than the small product itself costs
+        with torch.autocast(x.device.type, enabled=False):
+            z = F.linear(flat.float(), self.phi.weight.float()) * _RMSScale.apply(flat.float())[:, None]
         g = self.gate.float()
         pre = torch.sigmoid(g[0] * z[:, :n] + self.pre_bias)
         post = 2 * torch.sigmoid(g[1] * z[:, n:2 * n] + self.post_bias)
@@ -172,7 +175,7 @@ class _Write(torch.autograd.Function):
     @staticmethod
     def forward(ctx, res: torch.Tensor, x: torch.Tensor, post: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(res, x, post, f)
-        return torch.baddbmm(post.unsqueeze(-1) * f.unsqueeze(1), res, x)
+        return torch.bmm(res, x).addcmul_(post.unsqueeze(-1), f.unsqueeze(1))
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, ...]:
