@@ -145,6 +145,8 @@ class DilocoConfig:
     outer_lr: float = 0.7  # the outer Nesterov SGD (the paper's values)
     outer_momentum: float = 0.9
     comm_dtype: str = "bf16"  # the pseudo-gradient's type on the wire: bf16 (half the bytes) or fp32
+    overlap_steps: int = 0  # K > 0: the all-reduce travels during the next round's first K local steps
+    # (Streaming DiLoCo's overlap); 0: every rank waits for it at the end of the round
 
 
 @dataclass
@@ -542,6 +544,10 @@ def check(cfg: Config) -> None:
                        t.diloco.outer_lr, "training.powersgd_rank": t.powersgd_rank}.items():
         if value <= 0:
             raise UserError(f"{key}={value}: must be greater than 0")
+    if not 0 <= t.diloco.overlap_steps < t.diloco.inner_steps:
+        raise UserError(f"training.diloco.overlap_steps={t.diloco.overlap_steps}: must be at least 0 and less than "
+                        f"training.diloco.inner_steps={t.diloco.inner_steps} (the round's all-reduce travels during "
+                        f"that many of the next round's local steps)")
     if not 0 <= t.diloco.outer_momentum < 1:
         raise UserError(f"training.diloco.outer_momentum={t.diloco.outer_momentum}: must be in [0, 1)")
     if t.sync == "diloco" and t.ddp_comm_hook != "none":

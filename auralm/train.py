@@ -519,7 +519,9 @@ def train(cfg: Config, d: distributed.Dist, whole: bool = True) -> torch.nn.Modu
         if diloco:
             log.say(f"sync: diloco, {t.diloco.inner_steps} local steps a round, the change of the weights "
                     f"all-reduced as {t.diloco.comm_dtype}, outer Nesterov SGD lr {t.diloco.outer_lr} momentum "
-                    f"{t.diloco.outer_momentum}")
+                    f"{t.diloco.outer_momentum}" + (f"; each round's all-reduce overlaps the next round's first "
+                                                    f"{t.diloco.overlap_steps} local steps"
+                                                    if t.diloco.overlap_steps else ""))
         elif t.ddp_comm_hook != "none":
             log.say(f"sync: ddp, gradients compressed with the {t.ddp_comm_hook} hook")
         if fsdp:
@@ -627,12 +629,27 @@ def train(cfg: Config, d: distributed.Dist, whole: bool = True) -> torch.nn.Modu
             guard.after_step(at, ok)
         return at, mean, norm
 
+    def finish_round() -> float:
+        """The outer step of the round in flight, with what follows it: the EMA, the guard's verdict."""
+        end = sent_at.pop()
+        rnd = outer.finish()
+        if ema and rnd.ok:
+            ema.update()
+        if guard:
+            guard.after_round(end, rnd.bad_steps, rnd.broken)
+            if guard.after_step(end, rnd.ok and not any(rnd.bad_steps)):  # no snapshot of a round with skips
+                outer.restart_from_model()  # rank 0's restored weights are every rank's shared weights now
+        return rnd.loss
+
     def diloco_round() -> tuple[int, float, torch.Tensor]:
-        """H local steps on each rank (its share of them), then the outer step on the averaged change."""
+        """H local steps on each rank (its share of them), then the outer step on the averaged change; with
+        overlap, the outer step of the previous round once the first ``overlap_steps`` of these are taken."""
         length = min(t.diloco.inner_steps, t.max_steps - step)
         mine = shares.inner_steps_for(d.rank, length, t.diloco.inner_steps)
         bad, loss_sum, losses, norm = 0, 0.0, 0, torch.zeros(())
         for j in range(mine):
+            if j == t.diloco.overlap_steps and outer.in_flight:
+                finish_round()
             at = step + math.ceil((j + 1) * length / mine)  # where this local step stands in the schedule
             loss, norm = local_step(at)
             ok = guard.finite(loss, norm) if guard else True
@@ -640,15 +657,18 @@ def train(cfg: Config, d: distributed.Dist, whole: bool = True) -> torch.nn.Modu
                 loss_sum, losses = loss_sum + float(loss), losses + 1
             bad += not ok
             apply(ok)
+        if outer.in_flight:  # fewer local steps than overlap_steps this round
+            finish_round()
         end = step + length
-        rnd = outer.sync(bad, loss_sum, losses)
-        if ema and rnd.ok:
-            ema.update()
-        if guard:
-            guard.after_round(end, rnd.bad_steps, rnd.broken)
-            if guard.after_step(end, rnd.ok and not any(rnd.bad_steps)):  # no snapshot of a round with skips
-                outer.restart_from_model()  # rank 0's restored weights are every rank's shared weights now
-        return end, rnd.loss, norm
+        sent_at.append(end)
+        outer.start(bad, loss_sum, losses, carry=t.diloco.overlap_steps > 0)
+        if not t.diloco.overlap_steps:
+            return end, finish_round(), norm
+        # overlap: the round's loss over all ranks arrives later (an evaluation or checkpoint waits for it); until
+        # then the log shows this rank's own
+        return end, loss_sum / losses if losses else float("nan"), norm
+
+    sent_at: list[int] = []  # the step that ends the round in flight
 
     while step < t.max_steps:
         previous = step
@@ -661,6 +681,8 @@ def train(cfg: Config, d: distributed.Dist, whole: bool = True) -> torch.nn.Modu
         final = step == t.max_steps
         evaluating = final or due(t.eval_interval)
         saving = final or due(t.checkpoint_interval)
+        if diloco and outer.in_flight and (evaluating or saving):  # both see, and a resume starts from, the
+            loss = finish_round()  # shared weights
         if due(t.log_interval) or evaluating:
             elapsed = time.perf_counter() - clock
             rate = done / elapsed

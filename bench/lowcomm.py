@@ -1,7 +1,7 @@
 """Low-communication training and work shares on real lab nodes: DDP against DiLoCo over shaped links,
 and equal against measured shares with one node at half a core.
 
-    python bench/lowcomm.py targets [--steps 24] [--model small] [--batch 16] [--inner 8]
+    python bench/lowcomm.py targets [--steps 24] [--model small] [--batch 16] [--inner 8] [--overlap 2] [--modes ...]
     python bench/lowcomm.py balance [--steps 40] [--model mini]
     python bench/lowcomm.py table   [--steps 24] [--model mini] [--inner 8]
 
@@ -14,7 +14,8 @@ the steps after the first log record (start-up, the first steps and the final ev
 it): (samples between the first and the last record) / (training seconds between them).
 
 targets: one node alone; two nodes under DDP and DiLoCo on the plain LAN and at 200 Mbit/s +3 ms
-         (DiLoCo with the paper's outer step, and with outer lr 1 and no momentum: the plain average);
+         (DiLoCo with the paper's outer step, and with outer lr 1 and no momentum: the plain average; each
+         also with its all-reduce overlapping the next round's first --overlap local steps);
          validation loss at the end (equal samples: the same steps and global batch).
 balance: node1 at 50% of its core; node0 alone, node1 alone, the pair with equal shares and with
          balance=auto, under DDP (and DiLoCo with auto).
@@ -114,20 +115,27 @@ def targets(lab: Lab, a, cwd: Path) -> None:
     results = {}
     for link in ("LAN", "200M+3ms"):
         shape(lab, link)
+        overlap = [f"training.diloco.overlap_steps={a.overlap}"]
         for mode, extra in (("ddp", []), ("ddp-bf16", ["training.ddp_comm_hook=bf16"]), ("diloco", diloco(a)),
-                            ("diloco-avg", diloco(a) + AVERAGE)):
-            if mode == "diloco-avg" and link == "LAN":
+                            ("diloco-overlap", diloco(a) + overlap), ("diloco-avg", diloco(a) + AVERAGE),
+                            ("diloco-avg-overlap", diloco(a) + AVERAGE + overlap)):
+            if mode not in a.modes or mode.startswith("diloco-avg") and link == "LAN":
                 continue
             r = train(lab, ["node0", "node1"], f"t-{mode}-{link.replace('+', '')}", common(a) + extra, cwd)
             results[(mode, link)] = r
             label = {"ddp": "ddp", "ddp-bf16": "ddp, bf16 comm hook", "diloco": f"diloco H={a.inner}",
-                     "diloco-avg": f"diloco H={a.inner}, outer lr 1, no momentum"}[mode]
+                     "diloco-overlap": f"diloco H={a.inner}, overlap {a.overlap}",
+                     "diloco-avg": f"diloco H={a.inner}, outer lr 1, no momentum",
+                     "diloco-avg-overlap": f"diloco H={a.inner}, outer lr 1, no momentum, overlap {a.overlap}"}[mode]
             out.append(row(f"2 nodes, {label}, {link}", r, one["tokens_per_s"]))
             print(out[-1], file=sys.stderr, flush=True)
     shape(lab, "LAN")
     print("\n".join(out))
-    ref = results[("ddp", "LAN")]["val_loss"]
+    ref = results.get(("ddp", "LAN"), {}).get("val_loss") or a.ddp_loss
     for key, r in results.items():
+        if ref is None:
+            print(f"val loss {key}: {r['val_loss']:.4f}")
+            continue
         print(f"val loss {key}: {r['val_loss']:.4f} ({(r['val_loss'] / ref - 1) * 100:+.1f}% against ddp on the LAN)")
 
 
@@ -178,7 +186,13 @@ def main() -> None:
     p.add_argument("--model", default=None)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--inner", type=int, default=8, help="DiLoCo's H")
+    p.add_argument("--overlap", type=int, default=2, help="targets: DiLoCo's overlap_steps in the overlap rows")
+    p.add_argument("--modes", default="ddp,ddp-bf16,diloco,diloco-overlap,diloco-avg,diloco-avg-overlap",
+                   help="targets: which two-node rows to run")
+    p.add_argument("--ddp-loss", type=float, default=None,
+                   help="targets: DDP's final val loss on the LAN from an earlier run, when ddp is not in --modes")
     a = p.parse_args()
+    a.modes = a.modes.split(",")
     a.model = a.model or ("small" if a.what == "targets" else "mini")
     tmp = Path(tempfile.mkdtemp(prefix="bench-lowcomm-"))
     with Lab(3 if a.what == "table" else 2) as lab:

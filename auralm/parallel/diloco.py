@@ -6,6 +6,13 @@ their own, weighted by the rows each saw, sent as bf16 by default; an outer SGD 
 momentum (lr 0.7, momentum 0.9 as in the paper) steps the shared weights with it, and every rank
 continues from them. One collective per H steps instead of one per step.
 
+With ``training.diloco.overlap_steps=K`` the all-reduce of a round travels while every rank takes the
+first K local steps of the next (Streaming DiLoCo's overlap, Douillard et al. 2025): the outer step is
+taken when it arrives, and each rank's weights become the new shared weights plus the change of its
+K steps. The shared weights, the outer momentum and the next pseudo-gradient are as without overlap
+except that those K steps started from the older weights. Evaluations and checkpoints finish the
+round first, so a resumed run continues exactly.
+
 The NaN guard costs no collective of its own here: a rank skips a local step whose loss or
 gradients are not finite, and the counts of such steps travel with the round's small vector of
 flags; a pseudo-gradient that is not finite on any rank discards the round on every rank (all go
@@ -31,6 +38,15 @@ class Round:
     broken: list[int]  # ranks whose pseudo-gradient was not finite
 
 
+@dataclass
+class _InFlight:
+    works: list  # the two all-reduces, to wait for
+    payload: torch.Tensor  # the pseudo-gradients, summed on arrival
+    dtype: torch.dtype  # the weights' type (payload's may be bf16)
+    flags: torch.Tensor
+    at_start: list[torch.Tensor] | None  # the rank's weights when it sent them, when it steps on meanwhile
+
+
 class DiLoCo:
     def __init__(self, model: torch.nn.Module, cfg: DilocoConfig, d: Dist, weight: float):
         self.d, self.weight, self.cfg = d, weight, cfg
@@ -39,10 +55,19 @@ class DiLoCo:
         self.outer = torch.optim.SGD(self.shared, lr=cfg.outer_lr, momentum=cfg.outer_momentum,
                                      nesterov=cfg.outer_momentum > 0)
         self.wire = torch.bfloat16 if cfg.comm_dtype == "bf16" else torch.float32
+        self.in_flight: _InFlight | None = None  # a round sent and not yet finished (overlap)
 
     @torch.no_grad()
     def sync(self, bad_steps: int, loss_sum: float, losses: int) -> Round:
         """End a round on every rank: average the pseudo-gradients and take the outer step."""
+        self.start(bad_steps, loss_sum, losses, carry=False)
+        return self.finish()
+
+    @torch.no_grad()
+    def start(self, bad_steps: int, loss_sum: float, losses: int, *, carry: bool = True) -> None:
+        """Send this round's pseudo-gradient and flags; ``finish`` takes the outer step when they have arrived.
+        With ``carry`` the rank may take local steps in between (overlap: Streaming DiLoCo's, Douillard et
+        al. 2025): ``finish`` puts them on top of the new shared weights, so no step is lost."""
         d = self.d
         delta = torch.cat([(s - p).reshape(-1) for s, p in zip(self.shared, self.params)])
         finite = bool(torch.isfinite(delta).all())
@@ -52,18 +77,30 @@ class DiLoCo:
         if losses:
             flags[-2], flags[-1] = self.weight * loss_sum / losses, self.weight
         payload = (delta * self.weight if finite else torch.zeros_like(delta)).to(self.wire)
-        if d.world > 1:
-            works = [dist.all_reduce(payload, group=d.group_for(payload), async_op=True),
-                     dist.all_reduce(flags, async_op=True)]
-            for w in works:
-                w.wait()
+        works = [dist.all_reduce(payload, group=d.group_for(payload), async_op=True),
+                 dist.all_reduce(flags, async_op=True)] if d.world > 1 else []
+        self.in_flight = _InFlight(works, payload, delta.dtype, flags,
+                                   [p.detach().clone() for p in self.params] if carry else None)
+
+    @torch.no_grad()
+    def finish(self) -> Round:
+        """Wait for the round ``start`` sent, take the outer step, and move every rank to the new shared weights
+        (plus, when it carries them, the local steps it took since ``start``)."""
+        d, sent = self.d, self.in_flight
+        self.in_flight = None
+        for w in sent.works:
+            w.wait()
+        flags = sent.flags
         counts = [int(v) for v in flags[:d.world].tolist()]
         broken = [r for r in range(d.world) if flags[d.world + r] > 0]
         loss = float(flags[-2] / flags[-1]) if flags[-1] > 0 else float("nan")
         if broken:
-            self.discard()
+            self.discard()  # the local steps since start go too: every rank back to the round's start
             return Round(False, loss, counts, broken)
-        averaged = payload.to(delta.dtype)
+        if sent.at_start is not None:  # the local steps since start: kept as a change, put back below
+            for p, began in zip(self.params, sent.at_start):
+                p.sub_(began)
+        averaged = sent.payload.to(sent.dtype)
         offset = 0
         for s in self.shared:
             s.grad = averaged[offset: offset + s.numel()].view_as(s)
@@ -71,7 +108,11 @@ class DiLoCo:
         self.outer.step()
         for s in self.shared:
             s.grad = None
-        self.discard()  # every rank continues from the new shared weights
+        if sent.at_start is None:
+            self.discard()  # every rank continues from the new shared weights
+        else:
+            for s, p in zip(self.shared, self.params):
+                p.add_(s)
         return Round(True, loss, counts, [])
 
     @torch.no_grad()

@@ -79,13 +79,13 @@ def _rank_main(rank: int, world: int, port: int, args: list[str], result_dir: st
     if opts.get("spy_sync"):
         from auralm.parallel import diloco
 
-        sync = diloco.DiLoCo.sync
+        start = diloco.DiLoCo.start
 
-        def spy(self, *a):
+        def spy(self, *a, **kw):
             synced.append([p.detach().clone() for p in self.params])
-            return sync(self, *a)
+            return start(self, *a, **kw)
 
-        diloco.DiLoCo.sync = spy
+        diloco.DiLoCo.start = spy
     steps = [0]
     first_grads: dict[int, torch.Tensor] = {}  # the gradients the first optimizer step was given
 

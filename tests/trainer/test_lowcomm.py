@@ -104,10 +104,33 @@ def test_diloco_resumes_exactly_with_every_ranks_inner_optimizer_and_the_outer_m
     assert [r["loss"] for r in records(tmp_path / "b")] == [r["loss"] for r in records(tmp_path / "a")][-2:]
 
 
-def test_a_nan_in_diloco_is_agreed_at_the_round_and_restores_rank_0s_weights_everywhere(sudoku_dir, tmp_path):
+def test_diloco_with_overlap_keeps_the_ranks_equal_resumes_exactly_and_says_so(sudoku_dir, tmp_path, capfd):
+    common = ["training.max_steps=20", "training.sync=diloco", "training.diloco.inner_steps=5",
+              "training.diloco.overlap_steps=2", "training.checkpoint_interval=10", "training.log_interval=5"]
+    straight = _ok(run_ranks(2, tiny_args(sudoku_dir, tmp_path / "a", *common), tmp_path / "ra"))
+    assert _equal_weights(straight[0]["state"], straight[1]["state"])  # the last round finished before the end
+    assert straight[0]["optimizer_steps"] == 20 + 4  # 20 local steps, 4 outer steps
+    resumed = _ok(run_ranks(2, tiny_args(sudoku_dir, tmp_path / "b", *common,
+                                         f"resume={tmp_path / 'a' / 'checkpoint-10'}"), tmp_path / "rb"))
+    for a, b in zip(straight, resumed):
+        assert _equal_weights(a["state"], b["state"])
+    losses = [r["loss"] for r in records(tmp_path / "a")]
+    assert len(losses) == 4 and all(v is not None for v in losses)
+    assert [r["loss"] for r in records(tmp_path / "b")] == losses[-2:]
+    waiting = _ok(run_ranks(2, tiny_args(sudoku_dir, tmp_path / "c", *common[:3], "training.checkpoint_interval=10",
+                                         "training.log_interval=5"), tmp_path / "rc"))
+    assert not _equal_weights(waiting[0]["state"], straight[0]["state"])  # the overlapped steps began earlier
+    assert "overlaps the next round's first 2 local steps" in capfd.readouterr().out  # the ranks' stdout
+
+
+@pytest.mark.parametrize("overlap", [0, 2])
+def test_a_nan_in_diloco_is_agreed_at_the_round_and_restores_rank_0s_weights_everywhere(sudoku_dir, tmp_path,
+                                                                                          overlap):
+    # with overlap the round's verdict arrives two local steps into the next round; it is reported at the
+    # round's end all the same
     args = tiny_args(sudoku_dir, tmp_path / "run", "training.max_steps=15", "training.sync=diloco",
                      "training.diloco.inner_steps=5", "fault.nan_at_step=7,8,9", "fault.nan_rank=1",
-                     "guard.snapshot_every=5")
+                     "guard.snapshot_every=5", f"training.diloco.overlap_steps={overlap}")
     r0, r1 = _ok(run_ranks(2, args, tmp_path))
     assert _equal_weights(r0["state"], r1["state"])
     assert r1["optimizer_steps"] == 15 - 3 + 3 and r0["optimizer_steps"] == 15 + 3  # rank 1 skipped 3 local steps
