@@ -13,7 +13,8 @@ algbw = bytes / time and busbw = algbw x 2(n-1)/n, so one all-reduce of ``B`` by
 
 The suggestion: plain DDP when its communication is at most DDP_OK of the compute, the bf16 hook
 when that brings it there, else DiLoCo with the smallest round H that brings its share to at most
-DILOCO_OK (it is not overlapped with compute). Pure: no torch, plain dicts in and out.
+DILOCO_OK if the ranks wait for it, and with ``training.diloco.overlap_steps`` set to the local steps
+whose compute covers one synchronisation, so that they need not. Pure: no torch, plain dicts in and out.
 ``python -m auralm.link_budget --link ENTRY key=value ...`` is hrmctl train's warning (see advise()).
 """
 
@@ -83,7 +84,8 @@ def budget(*, busbw_GBps: float, latency_us: float, world: int, parameters: int,
     H = diloco_steps(sync_s, compute_s)
     out["diloco"] = {"bytes_per_sync": pseudo, "comm_s_per_sync": sync_s, "inner_steps": H,
                      "comm_s_per_step": sync_s / H if H else None,
-                     "ratio": _ratio(sync_s / H, compute_s) if H else None}
+                     "ratio": _ratio(sync_s / H, compute_s) if H else None,
+                     "overlap_steps": overlap_steps(sync_s, compute_s, H)}
     out["suggestion"] = suggest(out)
     out["text"] = describe(out)
     return out
@@ -95,6 +97,15 @@ def diloco_steps(sync_s: float, compute_s: float | None) -> int | None:
     if not compute_s or compute_s <= 0:
         return None
     return next((h for h in ROUND_H if sync_s / h <= DILOCO_OK * compute_s), ROUND_H[-1])
+
+
+def overlap_steps(sync_s: float, compute_s: float | None, inner_steps: int | None) -> int | None:
+    """The local steps whose compute covers one synchronisation (``training.diloco.overlap_steps``: the all-reduce
+    travels meanwhile), when fewer than the round; else None."""
+    if not inner_steps or not compute_s or compute_s <= 0:
+        return None
+    k = max(1, math.ceil(sync_s / compute_s))
+    return k if k < inner_steps else None
 
 
 def suggest(b: dict) -> dict | None:
@@ -120,8 +131,14 @@ def suggest(b: dict) -> dict | None:
         why += f", still above {_pct(DILOCO_OK)}: this link is too slow for this model, even with DiLoCo"
     elif d["inner_steps"] > DILOCO_USUAL_MAX_H:
         why += f" (more inner steps than DiLoCo is usually run with, about {DILOCO_USUAL_MAX_H}: expect it to learn slower)"
+    overrides = ["training.sync=diloco", f"training.diloco.inner_steps={d['inner_steps']}"]
+    if d["overlap_steps"]:
+        k = d["overlap_steps"]
+        overrides.append(f"training.diloco.overlap_steps={k}")
+        why += (f"; and with its all-reduce ({seconds(d['comm_s_per_sync'])}) travelling during the next round's "
+                f"first {k} local step{'s' if k > 1 else ''} the ranks need not wait for it")
     return {"sync": "diloco", "ddp_comm_hook": "none", "inner_steps": d["inner_steps"],
-            "overrides": ["training.sync=diloco", f"training.diloco.inner_steps={d['inner_steps']}"], "why": why}
+            "overlap_steps": d["overlap_steps"], "overrides": overrides, "why": why}
 
 
 def _pct(r: float | None) -> str:

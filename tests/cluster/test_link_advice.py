@@ -98,14 +98,16 @@ def test_slow_link_makes_train_warn_with_the_suggested_overrides(lab3, hrmctl, t
     _check_section(tr)
     assert tr["busbw_GBps"] < 0.001  # below 1 MB/s: the shaping is what was measured
     assert tr["ddp"]["comm_s"] > tr["compute_s"] and tr["suggestion"]["sync"] == "diloco"
-    H = tr["suggestion"]["inner_steps"]
-    assert tr["suggestion"]["overrides"] == ["training.sync=diloco", f"training.diloco.inner_steps={H}"]
+    H, K = tr["suggestion"]["inner_steps"], tr["suggestion"]["overlap_steps"]
+    overlap = [f"training.diloco.overlap_steps={K}"] if K else []
+    assert tr["suggestion"]["overrides"] == ["training.sync=diloco", f"training.diloco.inner_steps={H}", *overlap]
     assert tr["diloco"]["ratio"] <= lb.DILOCO_OK
+    assert K == lb.overlap_steps(tr["diloco"]["comm_s_per_sync"], tr["compute_s"], H)
     entry = _cached(cache, tr)
     link, err = _train_dry_run(hrmctl, lab3, cache)  # the figures are cached: the link need not be slow now
     _consistent(link, err, entry, tr)
     line = next(l for l in err.splitlines() if l.startswith("warning: node0,node1:"))
-    assert line.endswith(f"try training.sync=diloco training.diloco.inner_steps={H}")
+    assert line.endswith(" ".join(["try training.sync=diloco", f"training.diloco.inner_steps={H}", *overlap]))
     # asking for DiLoCo already: no warning
     code, out, err = hrmctl("train", "--nodes", "node0,node1", "--dry-run", "--json", *MODEL, "training.sync=diloco",
                             inventory=lab3.inventory, env={"HRMCTL_CACHE": str(cache)})

@@ -35,20 +35,23 @@ def _jsonl(path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_diloco_trains_two_nodes_over_a_slow_link_and_ends_with_equal_weights(lab3, hrmctl, text_on_nodes):
+@pytest.mark.parametrize("overlap", [0, 2])
+def test_diloco_trains_two_nodes_over_a_slow_link_and_ends_with_equal_weights(lab3, hrmctl, text_on_nodes, overlap):
     node1 = lab3.node("node1")
     node1.shape_link(50, 10)
     try:
-        code, out, err = hrmctl("train", "--nodes", "node0,node1", "--run-id", "diloco-slow", "task=lm",
+        code, out, err = hrmctl("train", "--nodes", "node0,node1", "--run-id", f"diloco-slow-{overlap}", "task=lm",
                                 f"data_dir={text_on_nodes}", "model=tiny", "training.batch_size=8",
                                 "training.max_steps=12", "training.sync=diloco", "training.diloco.inner_steps=4",
+                                f"training.diloco.overlap_steps={overlap}",
                                 "training.checkpoint_interval=6", "training.log_interval=2",
                                 inventory=lab3.inventory, timeout=300)
     finally:
         node1.shape_link(None)
     assert code == 0, out + err
     assert "sync: diloco, 4 local steps a round" in out
-    run = _run_dir(lab3, "diloco-slow")
+    assert ("overlaps the next round's first 2 local steps" in out) == (overlap == 2)
+    run = _run_dir(lab3, f"diloco-slow-{overlap}")
     assert [r["step"] for r in _jsonl(run / "metrics.jsonl")] == [4, 8, 12]  # a record at each round's end
     assert (run / "checkpoint-8" / "diloco.pt").is_file()  # interval 6 falls inside a round: saved at its end
     checksum = [e for e in _jsonl(run / "events.jsonl") if e["kind"] == "checksum"][-1]

@@ -34,10 +34,14 @@ def test_slow_link_ddp_step_and_diloco_h_worked_by_hand():
     assert d["bytes_per_sync"] == 21_600_000 and d["comm_s_per_sync"] == pytest.approx(0.865)
     assert d["inner_steps"] == 50
     assert d["comm_s_per_step"] == pytest.approx(0.0173) and d["ratio"] == pytest.approx(0.0346)
+    # the sync (0.865 s) is covered by ceil(0.865 / 0.5) = 2 local steps: overlap_steps=2
+    assert d["overlap_steps"] == 2
     s = b["suggestion"]
-    assert (s["sync"], s["inner_steps"]) == ("diloco", 50)
-    assert s["overrides"] == ["training.sync=diloco", "training.diloco.inner_steps=50"]
-    assert "1.73 s" in b["text"] and "H=50" in b["text"] and "training.diloco.inner_steps=50" in b["text"]
+    assert (s["sync"], s["inner_steps"], s["overlap_steps"]) == ("diloco", 50, 2)
+    assert s["overrides"] == ["training.sync=diloco", "training.diloco.inner_steps=50",
+                              "training.diloco.overlap_steps=2"]
+    assert "1.73 s" in b["text"] and "H=50" in b["text"] and "training.diloco.overlap_steps=2" in b["text"]
+    assert "first 2 local steps" in s["why"]
     json.dumps(b)  # a plain, JSON-able dict
 
 
@@ -59,8 +63,9 @@ def test_the_bf16_hook_when_it_brings_ddp_under_the_threshold():
     # just above the threshold with the hook too: DiLoCo
     b = lb.budget(busbw_GBps=0.1, latency_us=0, world=2, parameters=1_000_000, compute_s=0.12)
     assert b["ddp_bf16"]["ratio"] == pytest.approx(1 / 6) and b["suggestion"]["sync"] == "diloco"
-    # 2 MB per sync = 20 ms; 5% of 120 ms = 6 ms a step: H >= 3.33, the smallest round H is 10
-    assert b["diloco"]["inner_steps"] == 10
+    # 2 MB per sync = 20 ms; 5% of 120 ms = 6 ms a step: H >= 3.33, the smallest round H is 10; one step covers it
+    assert b["diloco"]["inner_steps"] == 10 and b["diloco"]["overlap_steps"] == 1
+    assert lb.overlap_steps(1.0, 0.1, 10) is None  # ten steps' compute would be needed: not less than the round
 
 
 def test_a_link_too_slow_even_for_diloco_says_so():
@@ -120,7 +125,8 @@ def test_advise_warns_only_when_communication_dominates():
     assert a["warn"] and a["comm_s"] == pytest.approx(2.2415) and not a["estimated"]
     assert a["line"].startswith("node0,node1: DDP would spend ~2.24 s per step communicating")
     assert "1.2 s of compute (measured by test-ddp)" in a["line"] and "3 h ago" in a["line"]
-    assert a["line"].endswith("try training.sync=diloco training.diloco.inner_steps=20")
+    assert a["line"].endswith("try training.sync=diloco training.diloco.inner_steps=20 "
+                              "training.diloco.overlap_steps=1")
     # with the bf16 hook already on: 1.12 s < 1.2 s, no warning
     assert not lb.advise(link, dict(SMALL), world=2, hook="bf16")["warn"]
     # DiLoCo already: nothing to say
@@ -186,7 +192,8 @@ def test_train_warning_from_the_cache_end_to_end(home):
     line = out.getvalue().strip()
     assert line.startswith("warning: node0,node1: DDP would spend ~2.22 s per step communicating")
     assert "(estimate: scaled from the model small at batch 16 measured by test-ddp)" in line
-    assert line.endswith("try training.sync=diloco training.diloco.inner_steps=20") and "\n" not in line
+    assert line.endswith("try training.sync=diloco training.diloco.inner_steps=20 training.diloco.overlap_steps=1")
+    assert "\n" not in line
     # DiLoCo asked for, one node, or no entry for these nodes: nothing started, nothing printed
     assert links.start(LaunchOptions(nodes=_nodes(), args=overrides + ["training.sync=diloco"])) is None
     assert links.start(LaunchOptions(nodes=_nodes()[:1], args=overrides)) is None
