@@ -108,6 +108,21 @@ def set_rng_state(state: dict, device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
+def prime_ddp_buckets(model, step_kind, batches, t, device: torch.device) -> None:
+    """One forward and backward through DDP that changes nothing (the loss times zero, no optimizer step; the
+    random state and the ACT carries put back), so that DDP lays its gradient buckets out as after a run's first
+    step: what PowerSGD's saved state is kept in (auralm/parallel/comm_hooks.py). The caller zeroes the grads."""
+    rng = rng_state(device)
+    carry = step_kind.state_dict() if isinstance(step_kind, objective.Recurrent) else None
+    x, y = next(batches)
+    with autocast(t, device):
+        loss, _ = step_kind.loss(model, x.to(device), y.to(device), 0)
+    (loss * 0).backward()
+    if carry is not None:
+        step_kind.load_state_dict(carry)
+    set_rng_state(rng, device)
+
+
 # ---------------------------------------------------------------- start: data, output, resume
 
 
@@ -223,7 +238,7 @@ def shape(resolved: dict) -> dict:
     return {k: v for k, v in resolved["model"].items() if k not in skip}
 
 
-PER_RANK = ("carry", "inner_optimizer")  # checkpoint extras kept per rank: a list in rank order
+PER_RANK = ("carry", "inner_optimizer", "powersgd")  # checkpoint extras kept per rank: a list in rank order
 
 
 def resume(cfg: Config, d: distributed.Dist, log: RunLog, found: list[Path], model, optimizer, vocab,
@@ -538,15 +553,22 @@ def train(cfg: Config, d: distributed.Dist, whole: bool = True) -> torch.nn.Modu
                 broadcast_buffers=False) if ddp else raw
     hook = comm_hooks.register(model, t.ddp_comm_hook, d, rank=t.powersgd_rank, start_iter=t.warmup_steps,
                                seed=t.seed) if ddp else None
-    if shares.equal:
-        batches = data.batches(train_set, shares.batch[d.rank], d.rank, d.world, t.seed, start=position,
-                               augment=t.augment and cfg.task == "sudoku")
-    else:
-        batches = (data.batches(train_set, t.batch_size, d.rank, d.world, t.seed, start=position,
-                                augment=t.augment and cfg.task == "sudoku") if diloco else
-                   data.shared_batches(train_set, shares.batch, d.rank, t.seed, start=position,
-                                       augment=t.augment and cfg.task == "sudoku"))
+
+    def make_batches():
+        augment = t.augment and cfg.task == "sudoku"
+        if shares.equal:
+            return data.batches(train_set, shares.batch[d.rank], d.rank, d.world, t.seed, start=position,
+                                augment=augment)
+        return (data.batches(train_set, t.batch_size, d.rank, d.world, t.seed, start=position, augment=augment)
+                if diloco else data.shared_batches(train_set, shares.batch, d.rank, t.seed, start=position,
+                                                   augment=augment))
+
+    batches = make_batches()
     loss_scale = shares.loss_scale(d.rank) if ddp or fsdp else 1.0
+    if hook is not None and extras.get("powersgd"):
+        prime_ddp_buckets(model, step_kind, make_batches(), t, d.device)
+        optimizer.zero_grad(set_to_none=True)
+        comm_hooks.load_state_dict(hook, extras["powersgd"])
     samples_factor = shares.global_factor(d.rank)
     params = [p for p in raw.parameters() if p.requires_grad]
     meter = objective.Meter()
@@ -730,6 +752,8 @@ def train(cfg: Config, d: distributed.Dist, whole: bool = True) -> torch.nn.Modu
                 per_rank["carry"] = distributed.gather_object(d, step_kind.state_dict())
             if diloco:
                 per_rank["inner_optimizer"] = distributed.gather_object(d, optimizer.state_dict())
+            if hook is not None:  # PowerSGD's error feedback: each rank's own
+                per_rank["powersgd"] = distributed.gather_object(d, comm_hooks.state_dict(hook))
             extra = state_out = None
             if d.rank == 0:
                 extra = dict(per_rank)

@@ -6,9 +6,13 @@ step (error feedback). On NCCL these are PyTorch's own hooks. PyTorch refuses it
 anything but NCCL (it checks the hook's name), though gloo all-reduces bf16 tensors: on gloo the
 same compression is done by ``bf16_gloo_hook`` below.
 
-A resumed run with bf16 or fp16 continues exactly. PowerSGD's error feedback and factors start
-afresh at a resume: they live in DDP's gradient buckets, whose layout DDP rebuilds after the first
-step of every run, so the saved ones would not fit the buckets of the resumed run's first step.
+A resumed run with bf16 or fp16 continues exactly, and with PowerSGD too: every rank's error feedback,
+factors, step count and random generator go into the checkpoint (``state_dict``). They are kept per
+gradient bucket of DDP, whose layout DDP builds anew in every run: one bucket at the first step, then
+the buckets in the order the gradients became ready. So a resumed run first lets DDP see one backward
+pass (``train.prime_ddp_buckets``: the first batch, a loss times zero, nothing stepped, the random
+state and carries put back), which gives the same buckets the saved state was kept in, and only then
+loads the state (``load_state_dict``).
 """
 
 import torch
@@ -54,3 +58,26 @@ def reset(state) -> None:
     if state is not None:
         for name in ("error_dict", "p_memory_dict", "q_memory_dict"):
             getattr(state, name).clear()
+
+
+SAVED = ("iter", "error_dict", "p_memory_dict", "q_memory_dict", "total_numel_before_compression",
+         "total_numel_after_compression", "next_stats_report")
+
+
+def state_dict(state) -> dict | None:
+    """This rank's PowerSGD state for a checkpoint (the error feedback is its own), or None for the other hooks."""
+    if state is None:
+        return None
+    out = {name: getattr(state, name) for name in SAVED}
+    kind, keys, pos, has_gauss, gauss = state.rng.get_state()  # numpy's: as tensors and numbers, which a
+    out["rng"] = {"kind": kind, "keys": torch.from_numpy(keys.astype("int64")), "pos": int(pos),  # checkpoint
+                  "has_gauss": int(has_gauss), "gauss": float(gauss)}  # loads without unpickling code
+    return out
+
+
+def load_state_dict(state, saved: dict) -> None:
+    """Back into ``state``, once DDP's buckets are laid out as when it was saved (see the module's text)."""
+    for name in SAVED:
+        setattr(state, name, saved[name])
+    r = saved["rng"]
+    state.rng.set_state((r["kind"], r["keys"].numpy().astype("uint32"), r["pos"], r["has_gauss"], r["gauss"]))
