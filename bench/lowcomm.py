@@ -1,7 +1,7 @@
 """Low-communication training and work shares on real lab nodes: DDP against DiLoCo over shaped links,
 and equal against measured shares with one node at half a core.
 
-    python bench/lowcomm.py targets [--steps 24] [--model small] [--batch 16] [--inner 8] [--overlap 2] [--modes ...]
+    python bench/lowcomm.py targets [--steps 24] [--model small] [--batch 16] [--inner 8] [--overlap 2] [--modes ...] [--links ...]
     python bench/lowcomm.py balance [--steps 40] [--model mini]
     python bench/lowcomm.py table   [--steps 24] [--model mini] [--inner 8]
 
@@ -13,7 +13,8 @@ where the kernel has no netem: see tests/lab.py). Samples/s is measured from the
 the steps after the first log record (start-up, the first steps and the final evaluation are not in
 it): (samples between the first and the last record) / (training seconds between them).
 
-targets: one node alone; two nodes under DDP and DiLoCo on the plain LAN and at 200 Mbit/s +3 ms
+targets: one node alone; the two each alone at the same time (the ceiling: no communication, the
+         machine's memory shared); two nodes under DDP and DiLoCo on the plain LAN and at 200 Mbit/s +3 ms
          (DiLoCo with the paper's outer step, and with outer lr 1 and no momentum: the plain average; each
          also with its all-reduce overlapping the next round's first --overlap local steps);
          validation loss at the end (equal samples: the same steps and global batch).
@@ -32,6 +33,7 @@ import shutil
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,8 +114,17 @@ def targets(lab: Lab, a, cwd: Path) -> None:
     shape(lab, "LAN")
     one = train(lab, ["node0"], "t-one", common(a), cwd)
     out.append(row("node0 alone", one, None))
+    if "ceiling" in a.modes:  # node0 and node1 each alone, at the same time: what two one-core nodes sharing
+        # this machine's memory and caches give with no communication at all, the most any pair can
+        with ThreadPoolExecutor(2) as pool:
+            both = list(pool.map(lambda n: train(lab, [n], f"t-ceiling-{n}", common(a), cwd), ("node0", "node1")))
+        out.append(f"| node0 and node1 each alone, at once (no communication) | "
+                   f"{sum(r['tokens_per_s'] for r in both):.0f} | "
+                   f"{sum(r['tokens_per_s'] for r in both) / one['tokens_per_s']:.2f}x | - | "
+                   f"{max(r['wall_s'] for r in both):.0f} s |")
+        print(out[-1], file=sys.stderr, flush=True)
     results = {}
-    for link in ("LAN", "200M+3ms"):
+    for link in a.links:
         shape(lab, link)
         overlap = [f"training.diloco.overlap_steps={a.overlap}"]
         for mode, extra in (("ddp", []), ("ddp-bf16", ["training.ddp_comm_hook=bf16"]), ("diloco", diloco(a)),
@@ -187,12 +198,13 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--inner", type=int, default=8, help="DiLoCo's H")
     p.add_argument("--overlap", type=int, default=2, help="targets: DiLoCo's overlap_steps in the overlap rows")
-    p.add_argument("--modes", default="ddp,ddp-bf16,diloco,diloco-overlap,diloco-avg,diloco-avg-overlap",
-                   help="targets: which two-node rows to run")
+    p.add_argument("--modes", default="ceiling,ddp,ddp-bf16,diloco,diloco-overlap,diloco-avg,diloco-avg-overlap",
+                   help="targets: which two-node rows to run (ceiling: the two nodes each alone at once)")
+    p.add_argument("--links", default="LAN,200M+3ms", help="targets: the links to run the two-node rows on")
     p.add_argument("--ddp-loss", type=float, default=None,
                    help="targets: DDP's final val loss on the LAN from an earlier run, when ddp is not in --modes")
     a = p.parse_args()
-    a.modes = a.modes.split(",")
+    a.modes, a.links = a.modes.split(","), a.links.split(",")
     a.model = a.model or ("small" if a.what == "targets" else "mini")
     tmp = Path(tempfile.mkdtemp(prefix="bench-lowcomm-"))
     with Lab(3 if a.what == "table" else 2) as lab:

@@ -58,14 +58,9 @@ class DiLoCo:
         self.in_flight: _InFlight | None = None  # a round sent and not yet finished (overlap)
 
     @torch.no_grad()
-    def sync(self, bad_steps: int, loss_sum: float, losses: int) -> Round:
-        """End a round on every rank: average the pseudo-gradients and take the outer step."""
-        self.start(bad_steps, loss_sum, losses, carry=False)
-        return self.finish()
-
-    @torch.no_grad()
     def start(self, bad_steps: int, loss_sum: float, losses: int, *, carry: bool = True) -> None:
-        """Send this round's pseudo-gradient and flags; ``finish`` takes the outer step when they have arrived.
+        """End a round: send this round's pseudo-gradient and flags; ``finish`` waits for them and takes the
+        outer step (right after, without overlap).
         With ``carry`` the rank may take local steps in between (overlap: Streaming DiLoCo's, Douillard et
         al. 2025): ``finish`` puts them on top of the new shared weights, so no step is lost."""
         d = self.d
