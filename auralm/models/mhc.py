@@ -61,15 +61,15 @@ class _Sinkhorn(torch.autograd.Function):
             for dim in (1, 0):
                 sums.append(m.sum(dim=dim, keepdim=True))
                 m.div_(sums[-1])
-        ctx.save_for_backward(m.clone(), *sums)
-        return m
+        ctx.save_for_backward(m, *sums)
+        return m  # saved as the output it is
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         """Back through m' = m / s, s = m summed over one dimension: dL/dm = (dL/dm' - sum(dL/dm' * m')) / s;
         then m = m' * s. At the start m = exp(z - max z), so dL/dz = dL/dm * m (the shift changes nothing)."""
         m, *sums = ctx.saved_tensors
-        g = grad.contiguous().clone()
+        m, g = m.clone(), grad.contiguous().clone()  # the saved result stays as it is (a second backward)
         for k in range(len(sums) - 1, -1, -1):
             dim = 1 if k % 2 == 0 else 0
             g.sub_((g * m).sum(dim=dim, keepdim=True)).div_(sums[k])

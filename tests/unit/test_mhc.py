@@ -61,8 +61,11 @@ def test_sinkhorns_hand_written_backward_is_autograds_through_every_round(spread
     logits = (torch.randn(4, 4, 64, generator=gen, dtype=torch.float64) * spread).requires_grad_()
     weights = torch.randn(4, 4, 64, generator=gen, dtype=torch.float64)
     want, = torch.autograd.grad((_unrolled_sinkhorn(logits, 20) * weights).sum(), logits)
-    got, = torch.autograd.grad((mhc._Sinkhorn.apply(logits, 20) * weights).sum(), logits)
+    loss = (mhc._Sinkhorn.apply(logits, 20) * weights).sum()
+    got, = torch.autograd.grad(loss, logits, retain_graph=True)
     assert torch.allclose(got, want, rtol=1e-9, atol=1e-12)
+    again, = torch.autograd.grad(loss, logits)  # the backward pass leaves what it saved as it was
+    assert torch.equal(again, got)
     # and in float32, as the model calls it: to float32's precision
     small = logits.detach().float().requires_grad_()
     got32, = torch.autograd.grad((mhc.sinkhorn(small, 20) * weights.float()).sum(), small)
@@ -119,7 +122,7 @@ def test_connection_matrices_stay_doubly_stochastic_through_training_and_amax_is
         opt.step()
         opt.zero_grad()
         first = first or float(loss.detach())
-    assert float(loss) < first  # it learns
+    assert float(loss.detach()) < first  # it learns
     gates = torch.stack([hc.gate.detach() for hc in model.connections()])
     assert not torch.allclose(gates, torch.full_like(gates, mhc.GATE_INIT))  # the gates are trained
     for hc in model.connections():
