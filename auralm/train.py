@@ -549,8 +549,10 @@ def train(cfg: Config, d: distributed.Dist, whole: bool = True) -> torch.nn.Modu
             log.event(step, "balance", f"balance {t.balance}: {shares.describe('rows/s')}",
                       **shares.to_dict())
     ddp = not diloco and d.world > 1 and not fsdp
+    # gradient_as_bucket_view: the gradients are views into DDP's all-reduce buckets, which saves copying every
+    # gradient into its bucket and back each step (and that memory)
     model = DDP(raw, device_ids=[d.device.index] if d.device.type == "cuda" else None, process_group=d.group,
-                broadcast_buffers=False) if ddp else raw
+                broadcast_buffers=False, gradient_as_bucket_view=True) if ddp else raw
     hook = comm_hooks.register(model, t.ddp_comm_hook, d, rank=t.powersgd_rank, start_iter=t.warmup_steps,
                                seed=t.seed) if ddp else None
 
