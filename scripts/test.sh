@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The test command: installs what it needs, then runs every tier pytest can run here.
-# As root it also installs the system packages the cluster tier needs (sshd, ip, iptables, ...).
+# As root it also installs the system packages the cluster tier needs (sshd, ip, iptables, ...)
+# and a C compiler for the fused mHC loops (auralm/kernels).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   need=()
   for tool in sshd:openssh-server ssh-keygen:openssh-client ip:iproute2 iptables:iptables tc:iproute2 \
-              faketime:faketime rsync:rsync ping:iputils-ping runuser:util-linux pkill:procps git:git tmux:tmux; do
+              faketime:faketime rsync:rsync cc:gcc ping:iputils-ping runuser:util-linux pkill:procps git:git tmux:tmux; do
     command -v "${tool%%:*}" >/dev/null || [ -x "/usr/sbin/${tool%%:*}" ] || need+=("${tool##*:}")
   done
   /usr/bin/python3 -c "import venv, ensurepip" 2>/dev/null || need+=(python3-venv)

@@ -30,6 +30,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from auralm import kernels
+
 GATE_INIT = 0.01
 RES_DIAGONAL = 2.0  # H_res's static logits: this on the diagonal, 0 elsewhere (diagonal 0.71 at n=4; more peaked
 # starts converge slower in Sinkhorn: at 4.0 (0.95) 20 rounds left rows 2% off after training at a high lr)
@@ -116,6 +118,8 @@ class HyperConnection(nn.Module):
     def forward(self, x: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         shape = x.shape
         x = x.reshape(-1, self.n, shape[-1]).contiguous()  # (tokens, n, d)
+        if x.device.type == "cpu" and x.dtype == torch.float32 and kernels.mhc() is not None:
+            return self._forward_fused(x, sublayer, shape)
         pre, post, res = self.coefficients(x)
         self.last_res = res.detach()
         # the streams stay in their own type (float32 under autocast, as a plain residual stream does): autocast
@@ -125,6 +129,21 @@ class HyperConnection(nn.Module):
         out = sublayer(inp.view(*shape[:-2], shape[-1])).reshape(-1, shape[-1])
         with torch.autocast(x.device.type, enabled=False):
             return _Write.apply(res.to(x.dtype), x, post.to(x.dtype), out.to(x.dtype)).view(shape)
+
+    def _forward_fused(self, x: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor],
+                       shape: torch.Size) -> torch.Tensor:
+        """``forward`` on a CPU in float32, the same arithmetic in the fused loops of auralm/kernels/mhc.c:
+        every pass over the streams that can be one is one."""
+        n, g = self.n, self.gate.float()
+        handoff = _Handoff()
+        with torch.autocast(x.device.type, enabled=False):
+            z, inp = _ProjectRead.apply(x, self.phi.weight.float(), g[0], self.pre_bias.float(), handoff)
+            post = 2 * torch.sigmoid(g[1] * z[:, n:2 * n] + self.post_bias.float())
+            res = _FusedSinkhorn.apply((g[2] * z[:, 2 * n:]).view(-1, n, n) + self.res_bias.float(), self.iters)
+        self.last_res = res.detach()
+        out = sublayer(inp.view(*shape[:-2], shape[-1])).reshape(-1, shape[-1])
+        with torch.autocast(x.device.type, enabled=False):
+            return _FusedWrite.apply(res, x.detach(), post, out.float(), handoff).view(shape)
 
     @torch.no_grad()
     def get_connection_matrix(self) -> torch.Tensor:
@@ -209,3 +228,116 @@ def amax(connections: list[HyperConnection]) -> list[tuple[float, float]]:
         composite = res if composite is None else res @ composite
         out.append((float(composite.abs().sum(-1).amax()), float(composite.abs().sum(-2).amax())))
     return out
+
+
+# ---- the fused CPU path (float32, contiguous; the loops are in auralm/kernels/mhc.c) ----
+
+def _ptr(t: torch.Tensor) -> int:
+    assert t.dtype == torch.float32 and t.is_contiguous()
+    return t.data_ptr()
+
+
+class _Handoff:
+    """dL/dx of a connection's write, handed to its projection's backward pass (which autograd always runs
+    after it: the write needs the projection's outputs) to be added to in place. x goes into the write
+    detached, so autograd has only one dL/dx to make, and no sum of two to take over the streams."""
+
+    def __init__(self):
+        self.grad: torch.Tensor | None = None
+
+
+class _ProjectRead(torch.autograd.Function):
+    """For streams x (tokens, n, d): z = RMSNorm(flattened x) @ phi^T (tokens, m), every coefficient's
+    input-dependent part, and what the sublayer reads, H_pre x (tokens, d), with H_pre = sigmoid(gate z_pre +
+    bias) made in here, so that the backward pass writes dL/dx in one pass: H_pre's, phi's and the norm's
+    parts together."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor,
+                handoff: _Handoff):
+        T, n, d = x.shape
+        flat = x.view(T, n * d)
+        scale = torch.rsqrt(torch.linalg.vector_norm(flat, dim=-1).square_().div_(n * d).add_(1e-6))
+        z = F.linear(flat, weight).mul_(scale[:, None])
+        pre = torch.sigmoid(gate * z[:, :n] + bias).contiguous()
+        inp = x.new_empty(T, d)
+        kernels.mhc().mhc_read(T, n, d, _ptr(pre), _ptr(x), _ptr(inp), torch.get_num_threads())
+        ctx.save_for_backward(x, weight, gate, z, scale, pre)
+        ctx.handoff = handoff
+        return z, inp
+
+    @staticmethod
+    def backward(ctx, g_z: torch.Tensor, g_inp: torch.Tensor):
+        x, weight, gate, z, scale, pre = ctx.saved_tensors
+        T, n, d = x.shape
+        lib, threads = kernels.mhc(), torch.get_num_threads()
+        g_z = torch.zeros_like(z) if g_z is None else g_z.contiguous().clone()
+        g_inp = torch.zeros(T, d) if g_inp is None else g_inp.float().contiguous()
+        g_pre = x.new_empty(T, n)
+        lib.mhc_stream_dots(T, n, d, _ptr(x), _ptr(g_inp), _ptr(g_pre), threads)
+        g_logit = g_pre.mul_(pre * (1 - pre))  # through the sigmoid
+        g_z[:, :n] += gate * g_logit
+        # z = scale * (x @ phi^T), scale = (mean(x^2) + eps)^-1/2: dL/dx = scale g_z @ phi - (g_z . z) scale^2 x / nd
+        coef = (g_z * scale[:, None]).contiguous()
+        c = ((g_z * z).sum(-1) * scale.square() / -(n * d)).contiguous()
+        gx, ctx.handoff.grad = ctx.handoff.grad, None
+        if gx is None:  # the write's output reached no loss
+            gx = torch.mm(coef, weight).view(T, n, d)
+        else:
+            gx.view(T, n * d).addmm_(coef, weight)
+        lib.mhc_pre_grad(T, n, d, _ptr(pre), _ptr(g_inp), _ptr(c), _ptr(x), _ptr(gx), threads)
+        return gx, coef.t() @ x.view(T, n * d), (g_logit * z[:, :n]).sum(), g_logit.sum(0), None
+
+
+class _FusedSinkhorn(torch.autograd.Function):
+    """``sinkhorn`` of (tokens, n, n) logits, a token's matrix at a time: the backward pass recomputes the
+    rounds of each (16 numbers at n=4) instead of keeping them."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, iters: int) -> torch.Tensor:
+        logits = logits.contiguous()
+        T, n, _ = logits.shape
+        out = torch.empty_like(logits)
+        kernels.mhc().mhc_sinkhorn_forward(T, n, iters, _LOGIT_FLOOR, _ptr(logits), _ptr(out),
+                                           torch.get_num_threads())
+        ctx.save_for_backward(logits)
+        ctx.iters = iters
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (logits,) = ctx.saved_tensors
+        T, n, _ = logits.shape
+        grad = grad.contiguous()
+        out = torch.empty_like(logits)
+        kernels.mhc().mhc_sinkhorn_backward(T, n, ctx.iters, _LOGIT_FLOOR, _ptr(logits), _ptr(grad), _ptr(out),
+                                            torch.get_num_threads())
+        return out, None
+
+
+class _FusedWrite(torch.autograd.Function):
+    """``_Write`` in one pass over the tokens each way; its dL/dx goes to the projection's backward pass
+    (``_Handoff``)."""
+
+    @staticmethod
+    def forward(ctx, res: torch.Tensor, x: torch.Tensor, post: torch.Tensor, f: torch.Tensor,
+                handoff: _Handoff) -> torch.Tensor:
+        res, post, f = res.contiguous(), post.contiguous(), f.contiguous()
+        T, n, d = x.shape
+        out = torch.empty_like(x)
+        kernels.mhc().mhc_write_forward(T, n, d, _ptr(res), _ptr(x), _ptr(post), _ptr(f), _ptr(out),
+                                        torch.get_num_threads())
+        ctx.save_for_backward(res, x, post, f)
+        ctx.handoff = handoff
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        res, x, post, f = ctx.saved_tensors
+        T, n, d = x.shape
+        grad = grad.contiguous()
+        g_res, g_x, g_post, g_f = torch.empty_like(res), torch.empty_like(x), torch.empty_like(post), torch.empty_like(f)
+        kernels.mhc().mhc_write_backward(T, n, d, _ptr(grad), _ptr(res), _ptr(x), _ptr(post), _ptr(f), _ptr(g_res),
+                                         _ptr(g_x), _ptr(g_post), _ptr(g_f), torch.get_num_threads())
+        ctx.handoff.grad = g_x
+        return g_res, None, g_post, g_f, None

@@ -1,0 +1,141 @@
+"""The fused CPU loops of the mHC connections (auralm/kernels/mhc.c) against the same arithmetic in PyTorch's
+operations: outputs and every gradient, at awkward sizes, in whole models, with any number of threads; and
+the fallback where no C compiler can build them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from auralm import config, kernels, models
+from auralm.models import mhc
+
+
+def test_the_loops_build_on_this_machine():
+    # CI installs a C compiler: a build that broke must fail here, not fall back quietly
+    assert kernels.mhc() is not None
+
+
+def _connection_run(hc: mhc.HyperConnection, sub: torch.nn.Module, x: torch.Tensor, weights: torch.Tensor):
+    for p in [*hc.parameters(), *sub.parameters()]:
+        p.grad = None
+    x = x.clone().requires_grad_()
+    y = hc(x, sub)
+    (y * weights).sum().backward()
+    return [y.detach(), x.grad] + [p.grad.clone() for p in [*hc.parameters(), *sub.parameters()]]
+
+
+@pytest.mark.parametrize("tokens,n,d", [(37, 4, 13), (64, 1, 8), (50, 3, 32), (300, 4, 64)])
+def test_a_fused_connection_gives_pytorchs_output_and_gradients(tokens, n, d):
+    torch.manual_seed(0)
+    hc = mhc.HyperConnection(d, n, 20)
+    with torch.no_grad():  # away from the start, where the input-dependent parts are small
+        hc.gate.fill_(0.7)
+        hc.phi.weight.mul_(3)
+    sub = torch.nn.Sequential(torch.nn.Linear(d, d), torch.nn.Tanh())
+    x = torch.randn(2, tokens, n, d)  # batch, time: the connection flattens them
+    weights = torch.randn(2, tokens, n, d)
+    fused = _connection_run(hc, sub, x, weights)
+    with kernels.off():
+        plain = _connection_run(hc, sub, x, weights)
+    names = ["output", "dL/dx"] + [name for name, _ in [*hc.named_parameters(), *sub.named_parameters()]]
+    for name, a, b in zip(names, fused, plain):
+        assert a.shape == b.shape, name
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-5 * float(b.abs().max())), name
+    # and the fused path is what ran: a broken loop (here: the write's output zeroed) must show above
+    lib = kernels.mhc()
+    real = lib.mhc_write_forward
+    try:
+        lib.mhc_write_forward = lambda *a: None  # leaves torch.empty's memory as it is
+        broken = _connection_run(hc, sub, torch.zeros_like(x), weights)[0]
+    finally:
+        lib.mhc_write_forward = real
+    with kernels.off():
+        assert not torch.equal(broken, _connection_run(hc, sub, torch.zeros_like(x), weights)[0])
+
+
+@pytest.mark.parametrize("spread", [1.0, 10.0])
+def test_fused_sinkhorn_matches_float64_autograd_through_the_rounds_and_the_floor(spread):
+    torch.manual_seed(1)
+    logits = torch.randn(45, 4, 4) * spread
+    logits[3, 1, 2] = logits[3].max() - 100  # below the floor: exp() clamped, no gradient through it
+    logits.requires_grad_()
+    grad = torch.randn(45, 4, 4)
+    out = mhc._FusedSinkhorn.apply(logits, 20)
+    (g_fused,) = torch.autograd.grad(out, logits, grad)
+    z = logits.detach().double().requires_grad_()  # the rounds unrolled, autograd through each
+    m = (z - z.amax((1, 2), keepdim=True)).clamp(min=mhc._LOGIT_FLOOR).exp()
+    for _ in range(20):
+        m = m / m.sum(2, keepdim=True)
+        m = m / m.sum(1, keepdim=True)
+    (g_ref,) = torch.autograd.grad(m, z, grad.double())
+    assert torch.allclose(out.double(), m, atol=1e-6)
+    assert torch.allclose(g_fused.double(), g_ref, atol=1e-5)
+    assert g_fused[3, 1, 2] == 0
+
+
+def _model_grads(threads: int, checkpointing: bool = False) -> list[torch.Tensor]:
+    cfg = config.parse(["task=lm", "model=rlm-tiny", "model.hidden_dim=64", "model.num_heads=2", "model.head_dim=32",
+                        "model.ffn_dim=128", "model.num_layers=2"])
+    torch.manual_seed(0)
+    model = models.build("lm", config.resolved_model(cfg.model), 101)
+    model.set_grad_checkpointing(checkpointing)
+    x = torch.randint(0, 101, (4, 160), generator=torch.Generator().manual_seed(2))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        _, loss = model(x, x)
+        loss.backward()
+    finally:
+        torch.set_num_threads(before)
+    return [loss.detach()] + [p.grad for p in model.parameters()]
+
+
+def test_a_whole_model_trains_alike_fused_or_not_and_the_same_with_any_number_of_threads():
+    one = _model_grads(1)
+    # 640 tokens over two threads: each token is computed whole by one thread, so the bits do not change
+    assert all(torch.equal(a, b) for a, b in zip(one, _model_grads(2)))
+    assert all(torch.equal(a, b) for a, b in zip(one, _model_grads(1, checkpointing=True)))
+    with kernels.off():
+        plain = _model_grads(1)
+    for a, b in zip(one, plain):
+        assert torch.allclose(a, b, rtol=1e-3, atol=1e-5 * float(b.abs().max()) + 1e-9)
+
+
+def test_without_a_compiler_one_warning_says_what_to_install_and_training_goes_on(tmp_path):
+    script = """
+import warnings, torch
+from auralm import kernels
+from auralm.models import mhc
+with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    hc = mhc.HyperConnection(8, 4, 5)
+    y = hc(torch.randn(3, 4, 8), torch.nn.Linear(8, 8))
+    y.sum().backward()
+    hc(torch.randn(3, 4, 8), torch.nn.Linear(8, 8))
+print(kernels.mhc(), len(seen), seen[0].message if seen else "")
+"""
+    env = {"PATH": "/usr/bin:/bin", "CC": "no-such-cc", "AURALM_KERNEL_DIR": str(tmp_path), "HOME": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lib, count, message = out.stdout.strip().split(" ", 2)
+    assert lib == "None" and count == "1"
+    assert "no C compiler" in message and "apt install gcc" in message
+    assert not list(tmp_path.glob("*.so"))
+
+
+def test_the_build_is_cached_by_its_source_and_flags(tmp_path):
+    env_dir = tmp_path / "k"
+    script = "from auralm import kernels; print(kernels._build('mhc'))"
+    env = {"PATH": "/usr/bin:/bin", "AURALM_KERNEL_DIR": str(env_dir), "HOME": str(tmp_path)}
+    first = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert first.returncode == 0, first.stderr
+    path = first.stdout.strip()
+    stamp = (env_dir / path.rsplit("/", 1)[1]).stat().st_mtime_ns
+    second = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert second.stdout.strip() == path
+    assert (env_dir / path.rsplit("/", 1)[1]).stat().st_mtime_ns == stamp  # not built again
+    assert [p.name for p in env_dir.iterdir()] == [path.rsplit("/", 1)[1]]  # no temporary file left
