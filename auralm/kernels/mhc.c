@@ -183,20 +183,21 @@ void mhc_sinkhorn_backward(int64_t T, int n, int iters, float floor, const float
     parallel_for(T, threads, sinkhorn_bwd_range, &a);
 }
 
-/* ---- what the sublayer reads: inp = sum_j pre_j x_j ---- */
+/* ---- the read, inp = sum_j pre_j x_j, and its transpose, the per stream dot products out_j = x_j . g
+   (dL/dpre from dL/dinp): v is pre (T, n) for the one, g (T, d) for the other ---- */
 
-struct read_args {
+struct stream_args {
     int n, d;
-    const float *pre, *x;
-    float *inp;
+    const float *x, *v;
+    float *out;
 };
 
 static void read_range(const void *p, int64_t lo, int64_t hi) {
-    const struct read_args *a = p;
+    const struct stream_args *a = p;
     int n = a->n, d = a->d;
     for (int64_t t = lo; t < hi; t++) {
-        const float *x = a->x + t * n * d, *pre = a->pre + t * n;
-        float *restrict o = a->inp + t * d;
+        const float *x = a->x + t * n * d, *pre = a->v + t * n;
+        float *restrict o = a->out + t * d;
         for (int k = 0; k < d; k++) o[k] = pre[0] * x[k];
         for (int j = 1; j < n; j++) {
             const float *restrict xj = x + j * d;
@@ -206,24 +207,11 @@ static void read_range(const void *p, int64_t lo, int64_t hi) {
     }
 }
 
-void mhc_read(int64_t T, int n, int d, const float *pre, const float *x, float *inp, int threads) {
-    struct read_args a = {n, d, pre, x, inp};
-    parallel_for(T, threads, read_range, &a);
-}
-
-/* ---- per stream dot products with one vector: out_j = x_j . g (dL/dpre from dL/dinp) ---- */
-
-struct dots_args {
-    int n, d;
-    const float *x, *g;
-    float *out;
-};
-
 static void dots_range(const void *p, int64_t lo, int64_t hi) {
-    const struct dots_args *a = p;
+    const struct stream_args *a = p;
     int n = a->n, d = a->d;
     for (int64_t t = lo; t < hi; t++) {
-        const float *restrict g = a->g + t * d;
+        const float *restrict g = a->v + t * d;
         for (int j = 0; j < n; j++) {
             const float *restrict xj = a->x + (t * n + j) * d;
             float s = 0.0f;
@@ -234,8 +222,13 @@ static void dots_range(const void *p, int64_t lo, int64_t hi) {
     }
 }
 
+void mhc_read(int64_t T, int n, int d, const float *pre, const float *x, float *inp, int threads) {
+    struct stream_args a = {n, d, x, pre, inp};
+    parallel_for(T, threads, read_range, &a);
+}
+
 void mhc_stream_dots(int64_t T, int n, int d, const float *x, const float *g, float *out, int threads) {
-    struct dots_args a = {n, d, x, g, out};
+    struct stream_args a = {n, d, x, g, out};
     parallel_for(T, threads, dots_range, &a);
 }
 
