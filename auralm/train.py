@@ -655,8 +655,8 @@ def train(cfg: Config, d: distributed.Dist, whole: bool = True) -> torch.nn.Modu
 
     def finish_round() -> float:
         """The outer step of the round in flight, with what follows it: the EMA, the guard's verdict."""
-        end = sent_at.pop()
         rnd = outer.finish()
+        end = rnd.end
         if ema and rnd.ok:
             ema.update()
         if guard:
@@ -684,15 +684,12 @@ def train(cfg: Config, d: distributed.Dist, whole: bool = True) -> torch.nn.Modu
         if outer.in_flight:  # fewer local steps than overlap_steps this round
             finish_round()
         end = step + length
-        sent_at.append(end)
-        outer.start(bad, loss_sum, losses, carry=t.diloco.overlap_steps > 0)
+        outer.start(bad, loss_sum, losses, carry=t.diloco.overlap_steps > 0, end=end)
         if not t.diloco.overlap_steps:
             return end, finish_round(), norm
         # overlap: the round's loss over all ranks arrives later (an evaluation or checkpoint waits for it); until
         # then the log shows this rank's own
         return end, loss_sum / losses if losses else float("nan"), norm
-
-    sent_at: list[int] = []  # the step that ends the round in flight
 
     while step < t.max_steps:
         previous = step

@@ -36,6 +36,7 @@ class Round:
     loss: float  # the mean local loss of the round over all ranks, weighted by rows (nan if none)
     bad_steps: list[int]  # local steps skipped by the guard in this round, per rank
     broken: list[int]  # ranks whose pseudo-gradient was not finite
+    end: int  # the training step the round ended at (as ``start`` was told)
 
 
 @dataclass
@@ -45,6 +46,7 @@ class _InFlight:
     dtype: torch.dtype  # the weights' type (payload's may be bf16)
     flags: torch.Tensor
     at_start: list[torch.Tensor] | None  # the rank's weights when it sent them, when it steps on meanwhile
+    end: int
 
 
 class DiLoCo:
@@ -58,7 +60,7 @@ class DiLoCo:
         self.in_flight: _InFlight | None = None  # a round sent and not yet finished (overlap)
 
     @torch.no_grad()
-    def start(self, bad_steps: int, loss_sum: float, losses: int, *, carry: bool = True) -> None:
+    def start(self, bad_steps: int, loss_sum: float, losses: int, *, carry: bool = True, end: int = 0) -> None:
         """End a round: send this round's pseudo-gradient and flags; ``finish`` waits for them and takes the
         outer step (right after, without overlap).
         With ``carry`` the rank may take local steps in between (overlap: Streaming DiLoCo's, Douillard et
@@ -75,7 +77,7 @@ class DiLoCo:
         works = [dist.all_reduce(payload, group=d.group_for(payload), async_op=True),
                  dist.all_reduce(flags, async_op=True)] if d.world > 1 else []
         self.in_flight = _InFlight(works, payload, delta.dtype, flags,
-                                   [p.detach().clone() for p in self.params] if carry else None)
+                                   [p.detach().clone() for p in self.params] if carry else None, end)
 
     @torch.no_grad()
     def finish(self) -> Round:
@@ -91,7 +93,7 @@ class DiLoCo:
         loss = float(flags[-2] / flags[-1]) if flags[-1] > 0 else float("nan")
         if broken:
             self.discard()  # the local steps since start go too: every rank back to the round's start
-            return Round(False, loss, counts, broken)
+            return Round(False, loss, counts, broken, sent.end)
         if sent.at_start is not None:  # the local steps since start: kept as a change, put back below
             for p, began in zip(self.params, sent.at_start):
                 p.sub_(began)
@@ -108,7 +110,7 @@ class DiLoCo:
         else:
             for s, p in zip(self.shared, self.params):
                 p.add_(s)
-        return Round(True, loss, counts, [])
+        return Round(True, loss, counts, [], sent.end)
 
     @torch.no_grad()
     def discard(self) -> None:
