@@ -98,15 +98,14 @@ class HyperConnection(nn.Module):
         self.last_res: torch.Tensor | None = None  # H_res of every token of the last forward, (tokens, n, n)
 
     def coefficients(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """For streams x (tokens, n, d), in float32: H_pre (tokens, n), H_post (tokens, n), H_res (tokens, n, n)."""
+        """For streams x (tokens, n, d): H_pre (tokens, n), H_post (tokens, n), H_res (tokens, n, n), in float32."""
         n = self.n
         flat = x.flatten(-2)
         # RMSNorm(flat) @ phi, with the norm's per-token scale applied after the product (the same numbers,
-        # one pass over the streams fewer)
-        # in float32 like the streams: under autocast the product would first copy them all to bf16 (and its
-        # gradient back), two passes more than the small product itself costs
+        # one pass over the streams fewer); the product in the streams' type, as autocast runs a linear layer
+        # (float32 streams: float32; bf16 streams: bf16 operands, float32 sums), the rest in float32
         with torch.autocast(x.device.type, enabled=False):
-            z = F.linear(flat.float(), self.phi.weight.float()) * _RMSScale.apply(flat.float())[:, None]
+            z = F.linear(flat, self.phi.weight.to(x.dtype)).float() * _RMSScale.apply(flat.float())[:, None]
         g = self.gate.float()
         pre = torch.sigmoid(g[0] * z[:, :n] + self.pre_bias)
         post = 2 * torch.sigmoid(g[1] * z[:, n:2 * n] + self.post_bias)
@@ -118,22 +117,23 @@ class HyperConnection(nn.Module):
     def forward(self, x: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         shape = x.shape
         x = x.reshape(-1, self.n, shape[-1]).contiguous()  # (tokens, n, d)
-        if x.device.type == "cpu" and x.dtype == torch.float32 and kernels.mhc() is not None:
+        if x.device.type == "cpu" and kernels.mhc(x.dtype) is not None:
             return self._forward_fused(x, sublayer, shape)
+        # computed as the fused loops do: in float32, the streams only stored in their own type (``expand``)
         pre, post, res = self.coefficients(x)
+        xs = x.float()
         self.last_res = res.detach()
-        # the streams stay in their own type (float32 under autocast, as a plain residual stream does): autocast
-        # would take the mixing to bf16, casting the n streams there and back at every connection
+        # outside autocast, which would take the mixing to bf16, casting the n streams there and back
         with torch.autocast(x.device.type, enabled=False):
-            inp = _Read.apply(pre.to(x.dtype), x)  # (tokens, d)
+            inp = _Read.apply(pre, xs)  # (tokens, d)
         out = sublayer(inp.view(*shape[:-2], shape[-1])).reshape(-1, shape[-1])
         with torch.autocast(x.device.type, enabled=False):
-            return _Write.apply(res.to(x.dtype), x, post.to(x.dtype), out.to(x.dtype)).view(shape)
+            return _Write.apply(res, xs, post, out.float()).to(x.dtype).view(shape)
 
     def _forward_fused(self, x: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor],
                        shape: torch.Size) -> torch.Tensor:
-        """``forward`` on a CPU in float32, the same arithmetic in the fused loops of auralm/kernels/mhc.c:
-        every pass over the streams that can be one is one."""
+        """``forward`` on a CPU, the same arithmetic in the fused loops of auralm/kernels/mhc.c: every pass over
+        the streams that can be one is one."""
         n, g = self.n, self.gate.float()
         handoff = _Handoff()
         with torch.autocast(x.device.type, enabled=False):
@@ -143,7 +143,7 @@ class HyperConnection(nn.Module):
         self.last_res = res.detach()
         out = sublayer(inp.view(*shape[:-2], shape[-1])).reshape(-1, shape[-1])
         with torch.autocast(x.device.type, enabled=False):
-            return _FusedWrite.apply(res, x.detach(), post, out.float(), handoff).view(shape)
+            return _FusedWrite.apply(res, x.detach(), post, out.to(x.dtype), handoff).view(shape)
 
     @torch.no_grad()
     def get_connection_matrix(self) -> torch.Tensor:
@@ -204,14 +204,24 @@ class _Write(torch.autograd.Function):
                 torch.bmm(grad, f.unsqueeze(-1)).squeeze(-1), torch.bmm(post.unsqueeze(1), grad).squeeze(1))
 
 
+def stream_dtype(h: torch.Tensor) -> torch.dtype:
+    """The type the streams are stored in: bfloat16 under bf16 autocast, as the paper's kernels keep them (every
+    sum is still taken in float32; the n streams are what mHC adds to a step's memory traffic, and bf16 halves
+    it), else ``h``'s."""
+    device = h.device.type
+    if torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) == torch.bfloat16:
+        return torch.bfloat16
+    return h.dtype
+
+
 def expand(h: torch.Tensor, n: int) -> torch.Tensor:
-    """The embedding (..., d) as n equal streams (..., n, d)."""
-    return h.unsqueeze(-2).expand(*h.shape[:-1], n, h.shape[-1]).contiguous()
+    """The embedding (..., d) as n equal streams (..., n, d), of ``stream_dtype``."""
+    return h.to(stream_dtype(h)).unsqueeze(-2).expand(*h.shape[:-1], n, h.shape[-1]).contiguous()
 
 
 def collapse(x: torch.Tensor) -> torch.Tensor:
-    """The streams (..., n, d) read out as their mean (..., d)."""
-    return x.mean(-2)
+    """The streams (..., n, d) read out as their mean (..., d), in float32 (what a plain residual stream is)."""
+    return x.mean(-2, dtype=torch.float32)
 
 
 @torch.no_grad()
@@ -230,38 +240,41 @@ def amax(connections: list[HyperConnection]) -> list[tuple[float, float]]:
     return out
 
 
-# ---- the fused CPU path (float32, contiguous; the loops are in auralm/kernels/mhc.c) ----
+# ---- the fused CPU path (streams float32 or bfloat16, the rest float32; the loops are in auralm/kernels/mhc.c) ----
 
-def _ptr(t: torch.Tensor) -> int:
-    assert t.dtype == torch.float32 and t.is_contiguous()
+def _ptr(t: torch.Tensor | None, dtype: torch.dtype = torch.float32) -> int | None:
+    if t is None:
+        return None
+    assert t.dtype == dtype and t.is_contiguous()
     return t.data_ptr()
 
 
 class _Handoff:
-    """dL/dx of a connection's write, handed to its projection's backward pass (which autograd always runs
-    after it: the write needs the projection's outputs) to be added to in place. x goes into the write
-    detached, so autograd has only one dL/dx to make, and no sum of two to take over the streams."""
+    """The write's output gradient and H_res, handed from its backward pass to its projection's (which autograd
+    always runs after it: the write needs the projection's outputs), where dL/dx is made whole in one pass:
+    x goes into the write detached, so autograd has only one dL/dx to make, and no sum of two to take over the
+    streams."""
 
     def __init__(self):
-        self.grad: torch.Tensor | None = None
+        self.grad: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 class _ProjectRead(torch.autograd.Function):
     """For streams x (tokens, n, d): z = RMSNorm(flattened x) @ phi^T (tokens, m), every coefficient's
-    input-dependent part, and what the sublayer reads, H_pre x (tokens, d), with H_pre = sigmoid(gate z_pre +
-    bias) made in here, so that the backward pass writes dL/dx in one pass: H_pre's, phi's and the norm's
-    parts together."""
+    input-dependent part, and what the sublayer reads, H_pre x (tokens, d, float32), with H_pre = sigmoid(gate
+    z_pre + bias) made in here, so that the backward pass writes dL/dx in one pass: the write's, H_pre's, phi's
+    and the norm's parts together."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor,
                 handoff: _Handoff):
         T, n, d = x.shape
-        flat = x.view(T, n * d)
-        scale = torch.rsqrt(torch.linalg.vector_norm(flat, dim=-1).square_().div_(n * d).add_(1e-6))
-        z = F.linear(flat, weight).mul_(scale[:, None])
-        pre = torch.sigmoid(gate * z[:, :n] + bias).contiguous()
-        inp = x.new_empty(T, d)
-        kernels.mhc().mhc_read(T, n, d, _ptr(pre), _ptr(x), _ptr(inp), torch.get_num_threads())
+        # the product in the streams' type: for bf16 on the CPU's bf16 matrix units, as autocast runs every
+        # linear layer (the norm's scale is applied after it, with the read, in one pass of the loop below)
+        z = F.linear(x.view(T, n * d), weight.to(x.dtype)).float()
+        scale, pre, inp = torch.empty(T), torch.empty(T, n), torch.empty(T, d)
+        kernels.mhc(x.dtype).mhc_project_read(T, n, d, z.shape[1], float(gate), _ptr(bias), _ptr(x, x.dtype), _ptr(z),
+                                              _ptr(scale), _ptr(pre), _ptr(inp), torch.get_num_threads())
         ctx.save_for_backward(x, weight, gate, z, scale, pre)
         ctx.handoff = handoff
         return z, inp
@@ -270,23 +283,23 @@ class _ProjectRead(torch.autograd.Function):
     def backward(ctx, g_z: torch.Tensor, g_inp: torch.Tensor):
         x, weight, gate, z, scale, pre = ctx.saved_tensors
         T, n, d = x.shape
-        lib, threads = kernels.mhc(), torch.get_num_threads()
+        lib, threads, s = kernels.mhc(x.dtype), torch.get_num_threads(), x.dtype
         g_z = torch.zeros_like(z) if g_z is None else g_z.contiguous().clone()
         g_inp = torch.zeros(T, d) if g_inp is None else g_inp.float().contiguous()
-        g_pre = x.new_empty(T, n)
-        lib.mhc_stream_dots(T, n, d, _ptr(x), _ptr(g_inp), _ptr(g_pre), threads)
+        g_pre = torch.empty(T, n)
+        lib.mhc_stream_dots(T, n, d, _ptr(x, s), _ptr(g_inp), _ptr(g_pre), threads)
         g_logit = g_pre.mul_(pre * (1 - pre))  # through the sigmoid
         g_z[:, :n] += gate * g_logit
-        # z = scale * (x @ phi^T), scale = (mean(x^2) + eps)^-1/2: dL/dx = scale g_z @ phi - (g_z . z) scale^2 x / nd
+        # z = scale (x @ phi^T), scale = (mean(x^2) + eps)^-1/2: dL/dx = scale g_z @ phi - (g_z . z) scale^2 x / nd
         coef = (g_z * scale[:, None]).contiguous()
         c = ((g_z * z).sum(-1) * scale.square() / -(n * d)).contiguous()
-        gx, ctx.handoff.grad = ctx.handoff.grad, None
-        if gx is None:  # the write's output reached no loss
-            gx = torch.mm(coef, weight).view(T, n, d)
-        else:
-            gx.view(T, n * d).addmm_(coef, weight)
-        lib.mhc_pre_grad(T, n, d, _ptr(pre), _ptr(g_inp), _ptr(c), _ptr(x), _ptr(gx), threads)
-        return gx, coef.t() @ x.view(T, n * d), (g_logit * z[:, :n]).sum(), g_logit.sum(0), None
+        grad, res = ctx.handoff.grad or (None, None)  # None: the write's output reached no loss
+        ctx.handoff.grad = None
+        gx = torch.empty_like(x)
+        lib.mhc_grad_x(T, n, d, z.shape[1], _ptr(grad, s), _ptr(res), _ptr(pre), _ptr(g_inp), _ptr(c), _ptr(coef),
+                       _ptr(weight), _ptr(x, s), _ptr(gx, s), threads)
+        g_weight = (coef.t().to(s) @ x.view(T, n * d)).float()
+        return gx, g_weight, (g_logit * z[:, :n]).sum(), g_logit.sum(0), None
 
 
 class _FusedSinkhorn(torch.autograd.Function):
@@ -316,8 +329,8 @@ class _FusedSinkhorn(torch.autograd.Function):
 
 
 class _FusedWrite(torch.autograd.Function):
-    """``_Write`` in one pass over the tokens each way; its dL/dx goes to the projection's backward pass
-    (``_Handoff``)."""
+    """``_Write`` in one pass over the tokens each way, f and the new streams in the streams' type; its dL/dx is
+    made by the projection's backward pass (``_Handoff``)."""
 
     @staticmethod
     def forward(ctx, res: torch.Tensor, x: torch.Tensor, post: torch.Tensor, f: torch.Tensor,
@@ -325,8 +338,8 @@ class _FusedWrite(torch.autograd.Function):
         res, post, f = res.contiguous(), post.contiguous(), f.contiguous()
         T, n, d = x.shape
         out = torch.empty_like(x)
-        kernels.mhc().mhc_write_forward(T, n, d, _ptr(res), _ptr(x), _ptr(post), _ptr(f), _ptr(out),
-                                        torch.get_num_threads())
+        kernels.mhc(x.dtype).mhc_write_forward(T, n, d, _ptr(res), _ptr(x, x.dtype), _ptr(post), _ptr(f, x.dtype),
+                                               _ptr(out, x.dtype), torch.get_num_threads())
         ctx.save_for_backward(res, x, post, f)
         ctx.handoff = handoff
         return out
@@ -335,9 +348,10 @@ class _FusedWrite(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         res, x, post, f = ctx.saved_tensors
         T, n, d = x.shape
-        grad = grad.contiguous()
-        g_res, g_x, g_post, g_f = torch.empty_like(res), torch.empty_like(x), torch.empty_like(post), torch.empty_like(f)
-        kernels.mhc().mhc_write_backward(T, n, d, _ptr(grad), _ptr(res), _ptr(x), _ptr(post), _ptr(f), _ptr(g_res),
-                                         _ptr(g_x), _ptr(g_post), _ptr(g_f), torch.get_num_threads())
-        ctx.handoff.grad = g_x
+        s = x.dtype
+        grad = grad.to(s).contiguous()
+        g_res, g_post, g_f = torch.empty_like(res), torch.empty_like(post), torch.empty_like(f)
+        kernels.mhc(s).mhc_write_backward(T, n, d, _ptr(grad, s), _ptr(res), _ptr(x, s), _ptr(post), _ptr(f, s),
+                                          _ptr(g_res), _ptr(g_post), _ptr(g_f, s), torch.get_num_threads())
+        ctx.handoff.grad = (grad, res)
         return g_res, None, g_post, g_f, None

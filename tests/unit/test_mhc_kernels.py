@@ -1,6 +1,7 @@
 """The fused CPU loops of the mHC connections (auralm/kernels/mhc.c) against the same arithmetic in PyTorch's
-operations: outputs and every gradient, at awkward sizes, in whole models, with any number of threads; and
-the fallback where no C compiler can build them."""
+operations: outputs and every gradient, at awkward sizes, with float32 and bfloat16 streams, in whole models,
+with any number of threads; bfloat16 rounding as torch's; and the fallback where no C compiler can build
+them."""
 
 from __future__ import annotations
 
@@ -16,19 +17,21 @@ from auralm.models import mhc
 
 def test_the_loops_build_on_this_machine():
     # CI installs a C compiler: a build that broke must fail here, not fall back quietly
-    assert kernels.mhc() is not None
+    assert kernels.mhc() is not None and kernels.mhc(torch.bfloat16) is not None
+    assert kernels.mhc(torch.float16) is None  # not built for: the PyTorch path
 
 
 def _connection_run(hc: mhc.HyperConnection, sub: torch.nn.Module, x: torch.Tensor, weights: torch.Tensor):
     for p in [*hc.parameters(), *sub.parameters()]:
         p.grad = None
     x = x.clone().requires_grad_()
-    y = hc(x, sub)
-    (y * weights).sum().backward()
-    return [y.detach(), x.grad] + [p.grad.clone() for p in [*hc.parameters(), *sub.parameters()]]
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=x.dtype == torch.bfloat16):
+        y = hc(x, sub)
+    (y.float() * weights).sum().backward()
+    return [y.detach().float(), x.grad.float()] + [p.grad.clone() for p in [*hc.parameters(), *sub.parameters()]]
 
 
-@pytest.mark.parametrize("tokens,n,d", [(37, 4, 13), (64, 1, 8), (50, 3, 32), (300, 4, 64)])
+@pytest.mark.parametrize("tokens,n,d", [(37, 4, 13), (64, 1, 8), (50, 3, 32), (300, 4, 64), (9, 4, 80)])
 def test_a_fused_connection_gives_pytorchs_output_and_gradients(tokens, n, d):
     torch.manual_seed(0)
     hc = mhc.HyperConnection(d, n, 20)
@@ -57,6 +60,54 @@ def test_a_fused_connection_gives_pytorchs_output_and_gradients(tokens, n, d):
         assert not torch.equal(broken, _connection_run(hc, sub, torch.zeros_like(x), weights)[0])
 
 
+@pytest.mark.parametrize("tokens,n,d", [(37, 4, 13), (300, 4, 64), (9, 3, 80)])
+def test_with_bfloat16_streams_a_fused_connection_gives_pytorchs_output_and_gradients(tokens, n, d):
+    # both compute in float32 from the same bf16 streams (the projection with bf16 operands) and store bf16: they
+    # differ by the order of float32 sums, and dL/dx by a rounding more on the PyTorch path (its two parts are
+    # rounded to bf16 before they are added); either moves a stored value by about one bf16 step (2^-8 of it)
+    torch.manual_seed(0)
+    hc = mhc.HyperConnection(d, n, 20)
+    with torch.no_grad():
+        hc.gate.fill_(0.7)
+        hc.phi.weight.mul_(3)
+    sub = torch.nn.Sequential(torch.nn.Linear(d, d), torch.nn.Tanh())
+    x = torch.randn(2, tokens, n, d).bfloat16()
+    weights = torch.randn(2, tokens, n, d)
+    fused = _connection_run(hc, sub, x, weights)
+    with kernels.off():
+        plain = _connection_run(hc, sub, x, weights)
+    names = ["output", "dL/dx"] + [name for name, _ in [*hc.named_parameters(), *sub.named_parameters()]]
+    for name, a, b in zip(names, fused, plain):
+        assert a.shape == b.shape, name
+        assert torch.allclose(a, b, rtol=2e-2, atol=2e-2 * float(b.abs().max())), name
+        assert (a - b).abs().mean() < 4e-3 * b.abs().mean() + 1e-7, name  # most values closer than that
+    lib = kernels.mhc(torch.bfloat16)  # and the bf16 loops are what ran
+    real = lib.mhc_write_forward
+    try:
+        lib.mhc_write_forward = lambda *a: None
+        broken = _connection_run(hc, sub, torch.zeros_like(x), weights)[0]
+    finally:
+        lib.mhc_write_forward = real
+    with kernels.off():
+        assert not torch.equal(broken, _connection_run(hc, sub, torch.zeros_like(x), weights)[0])
+
+
+def test_bfloat16_streams_are_rounded_as_torch_rounds_and_a_nan_stays_a_nan():
+    # out = res x + post f with one stream, post 1 and f 0: one float32 product, then the rounding to bf16
+    specials = [float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 3e38, 1e-40, -1e-40, 1.0 + 2 ** -8,
+                1.0 + 3 * 2 ** -8]
+    x = torch.cat([torch.tensor(specials), torch.randn(4096 - len(specials)) * 10]).bfloat16().view(-1, 1, 64)
+    f = torch.zeros(x.shape[0], 64, dtype=torch.bfloat16)
+    for r in (1.0, 1 / 3, 1.0 + 2 ** -9, -7.3):
+        res, post = torch.full((x.shape[0], 1, 1), r), torch.ones(x.shape[0], 1)
+        out = torch.empty_like(x)
+        kernels.mhc(torch.bfloat16).mhc_write_forward(x.shape[0], 1, 64, res.data_ptr(), x.data_ptr(),
+                                                      post.data_ptr(), f.data_ptr(), out.data_ptr(), 1)
+        want = (x.float() * r).bfloat16()
+        assert torch.equal(out.isnan(), want.isnan())
+        assert torch.equal(out[~want.isnan()], want[~want.isnan()]), r
+
+
 @pytest.mark.parametrize("spread", [1.0, 10.0])
 def test_fused_sinkhorn_matches_float64_autograd_through_the_rounds_and_the_floor(spread):
     torch.manual_seed(1)
@@ -77,7 +128,7 @@ def test_fused_sinkhorn_matches_float64_autograd_through_the_rounds_and_the_floo
     assert g_fused[3, 1, 2] == 0
 
 
-def _model_grads(threads: int, checkpointing: bool = False) -> list[torch.Tensor]:
+def _model_grads(threads: int, checkpointing: bool = False, bf16: bool = False) -> list[torch.Tensor]:
     cfg = config.parse(["task=lm", "model=rlm-tiny", "model.hidden_dim=64", "model.num_heads=2", "model.head_dim=32",
                         "model.ffn_dim=128", "model.num_layers=2"])
     torch.manual_seed(0)
@@ -87,7 +138,8 @@ def _model_grads(threads: int, checkpointing: bool = False) -> list[torch.Tensor
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        _, loss = model(x, x)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            _, loss = model(x, x)
         loss.backward()
     finally:
         torch.set_num_threads(before)
@@ -103,6 +155,23 @@ def test_a_whole_model_trains_alike_fused_or_not_and_the_same_with_any_number_of
         plain = _model_grads(1)
     for a, b in zip(one, plain):
         assert torch.allclose(a, b, rtol=1e-3, atol=1e-5 * float(b.abs().max()) + 1e-9)
+
+
+def test_under_bf16_autocast_the_streams_are_bfloat16_and_the_model_trains_alike_with_any_number_of_threads():
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert mhc.expand(torch.randn(2, 3, 8), 4).dtype == torch.bfloat16
+        assert mhc.collapse(mhc.expand(torch.randn(2, 3, 8), 4)).dtype == torch.float32
+    assert mhc.expand(torch.randn(2, 3, 8), 4).dtype == torch.float32
+    one = _model_grads(1, bf16=True)
+    assert all(torch.equal(a, b) for a, b in zip(one, _model_grads(2, bf16=True)))
+    with kernels.off():
+        plain = _model_grads(1, bf16=True)
+    assert abs(float(one[0]) - float(plain[0])) < 1e-3 * float(plain[0])  # the loss
+    # the gradients, as a whole: bf16 streams round differently on the two paths, and some parameters' gradients
+    # are sums that nearly cancel (the connections start with equal streams), so no elementwise bound holds
+    flat = torch.cat([g.flatten() for g in one[1:]])
+    ref = torch.cat([g.flatten() for g in plain[1:]])
+    assert float((flat - ref).norm() / ref.norm()) < 2e-2
 
 
 def test_without_a_compiler_one_warning_says_what_to_install_and_training_goes_on(tmp_path):
