@@ -199,7 +199,7 @@ struct sinkhorn_args {
     int n, iters;
     float floor;
     const float *logits, *grad;
-    float *out, *grad_logits;
+    float *out, *sums, *grad_logits; /* sums: each token's 2 * iters * n divisors, (T, 2 * iters, n) */
 };
 
 /* the block's tokens t0 .. t0+cnt-1 of src (T, nn) into dst[e * LANES + lane]; lanes past cnt get zeros */
@@ -259,41 +259,42 @@ static void unnormalise(int n, float *m, float *g, int stride, int step, const f
 
 static void sinkhorn_fwd_range(const void *p, int64_t lo, int64_t hi) {
     const struct sinkhorn_args *a = p;
-    int n = a->n, nn = n * n;
-    float *m = malloc(sizeof(float) * (size_t)nn * LANES), top[LANES];
+    int n = a->n, nn = n * n, ns = 2 * a->iters * n;
+    float *m = malloc(sizeof(float) * (size_t)(nn + ns) * LANES), top[LANES];
     if (!m) abort();
+    float *sums = m + (size_t)nn * LANES;
     for (int64_t t0 = lo; t0 < hi; t0 += LANES) {
         int cnt = hi - t0 < LANES ? (int)(hi - t0) : LANES;
         gather(a->logits, t0, cnt, nn, m);
         sinkhorn_start(nn, a->floor, m, top);
         for (int r = 0; r < a->iters; r++) {
-            normalise(n, m, 1, n, NULL); /* rows */
-            normalise(n, m, n, 1, NULL); /* columns */
+            normalise(n, m, 1, n, sums + (size_t)(2 * r) * n * LANES);     /* rows */
+            normalise(n, m, n, 1, sums + (size_t)(2 * r + 1) * n * LANES); /* columns */
         }
         scatter(m, t0, cnt, nn, a->out);
+        scatter(sums, t0, cnt, ns, a->sums);
     }
     free(m);
 }
 
 /* Back through each division m' = m / s (s summed over a row or a column): dL/dm = (dL/dm' - sum(dL/dm' m')) / s,
-   then m = m' s; at the start m = exp(z - max z), so dL/dz = dL/dm m (the shift changes nothing; below the
-   floor the clamp passes no gradient). The forward rounds are run again, keeping only their sums. */
+   then m = m' s, from the result and the forward's divisors; at the start m = exp(z - max z), so
+   dL/dz = dL/dm m (the shift changes nothing; below the floor the clamp passes no gradient). */
 static void sinkhorn_bwd_range(const void *p, int64_t lo, int64_t hi) {
     const struct sinkhorn_args *a = p;
-    int n = a->n, nn = n * n;
+    int n = a->n, nn = n * n, ns = 2 * a->iters * n;
     size_t per = (size_t)nn * LANES;
-    float *buf = malloc(sizeof(float) * (3 * per + (size_t)2 * a->iters * n * LANES)), top[LANES];
+    float *buf = malloc(sizeof(float) * (3 * per + (size_t)ns * LANES)), top[LANES];
     if (!buf) abort();
     float *m = buf, *g = buf + per, *z = buf + 2 * per, *sums = buf + 3 * per;
     for (int64_t t0 = lo; t0 < hi; t0 += LANES) {
         int cnt = hi - t0 < LANES ? (int)(hi - t0) : LANES;
         gather(a->logits, t0, cnt, nn, z);
-        for (size_t e = 0; e < per; e++) m[e] = z[e];
-        sinkhorn_start(nn, a->floor, m, top);
-        for (int r = 0; r < a->iters; r++) {
-            normalise(n, m, 1, n, sums + (size_t)(2 * r) * n * LANES);
-            normalise(n, m, n, 1, sums + (size_t)(2 * r + 1) * n * LANES);
-        }
+        for (int l = 0; l < LANES; l++) top[l] = z[l];
+        for (int e = 1; e < nn; e++)
+            for (int l = 0; l < LANES; l++) top[l] = z[e * LANES + l] > top[l] ? z[e * LANES + l] : top[l];
+        gather(a->out, t0, cnt, nn, m);
+        gather(a->sums, t0, cnt, ns, sums);
         gather(a->grad, t0, cnt, nn, g);
         for (int r = a->iters - 1; r >= 0; r--) {
             unnormalise(n, m, g, n, 1, sums + (size_t)(2 * r + 1) * n * LANES);
@@ -307,14 +308,15 @@ static void sinkhorn_bwd_range(const void *p, int64_t lo, int64_t hi) {
     free(buf);
 }
 
-void mhc_sinkhorn_forward(int64_t T, int n, int iters, float floor, const float *logits, float *out, int threads) {
-    struct sinkhorn_args a = {n, iters, floor, logits, NULL, out, NULL};
+void mhc_sinkhorn_forward(int64_t T, int n, int iters, float floor, const float *logits, float *out, float *sums,
+                          int threads) {
+    struct sinkhorn_args a = {n, iters, floor, logits, NULL, out, sums, NULL};
     parallel_for(T, threads, sinkhorn_fwd_range, &a);
 }
 
-void mhc_sinkhorn_backward(int64_t T, int n, int iters, float floor, const float *logits, const float *grad,
-                           float *grad_logits, int threads) {
-    struct sinkhorn_args a = {n, iters, floor, logits, grad, NULL, grad_logits};
+void mhc_sinkhorn_backward(int64_t T, int n, int iters, float floor, const float *logits, const float *out,
+                           const float *sums, const float *grad, float *grad_logits, int threads) {
+    struct sinkhorn_args a = {n, iters, floor, logits, grad, (float *)out, (float *)sums, grad_logits};
     parallel_for(T, threads, sinkhorn_bwd_range, &a);
 }
 

@@ -303,29 +303,29 @@ class _ProjectRead(torch.autograd.Function):
 
 
 class _FusedSinkhorn(torch.autograd.Function):
-    """``sinkhorn`` of (tokens, n, n) logits, a token's matrix at a time: the backward pass recomputes the
-    rounds of each (16 numbers at n=4) instead of keeping them."""
+    """``sinkhorn`` of (tokens, n, n) logits, a token's matrix at a time; the backward pass goes back through the
+    rounds from the result and each round's divisors (2 * iters * n numbers a token), kept from the forward."""
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, iters: int) -> torch.Tensor:
         logits = logits.contiguous()
         T, n, _ = logits.shape
-        out = torch.empty_like(logits)
-        kernels.mhc().mhc_sinkhorn_forward(T, n, iters, _LOGIT_FLOOR, _ptr(logits), _ptr(out),
+        out, sums = torch.empty_like(logits), logits.new_empty(T, 2 * iters, n)
+        kernels.mhc().mhc_sinkhorn_forward(T, n, iters, _LOGIT_FLOOR, _ptr(logits), _ptr(out), _ptr(sums),
                                            torch.get_num_threads())
-        ctx.save_for_backward(logits)
+        ctx.save_for_backward(logits, out, sums)
         ctx.iters = iters
         return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        (logits,) = ctx.saved_tensors
+        logits, out, sums = ctx.saved_tensors
         T, n, _ = logits.shape
         grad = grad.contiguous()
-        out = torch.empty_like(logits)
-        kernels.mhc().mhc_sinkhorn_backward(T, n, ctx.iters, _LOGIT_FLOOR, _ptr(logits), _ptr(grad), _ptr(out),
-                                            torch.get_num_threads())
-        return out, None
+        g = torch.empty_like(logits)
+        kernels.mhc().mhc_sinkhorn_backward(T, n, ctx.iters, _LOGIT_FLOOR, _ptr(logits), _ptr(out), _ptr(sums),
+                                            _ptr(grad), _ptr(g), torch.get_num_threads())
+        return g, None
 
 
 class _FusedWrite(torch.autograd.Function):
