@@ -162,6 +162,8 @@ def test_under_bf16_autocast_the_streams_are_bfloat16_and_the_model_trains_alike
         assert mhc.expand(torch.randn(2, 3, 8), 4).dtype == torch.bfloat16
         assert mhc.collapse(mhc.expand(torch.randn(2, 3, 8), 4)).dtype == torch.float32
     assert mhc.expand(torch.randn(2, 3, 8), 4).dtype == torch.float32
+    with kernels.off(), torch.autocast("cpu", dtype=torch.bfloat16):  # no loops on a CPU: float32 streams
+        assert mhc.expand(torch.randn(2, 3, 8), 4).dtype == torch.float32
     one = _model_grads(1, bf16=True)
     assert all(torch.equal(a, b) for a, b in zip(one, _model_grads(2, bf16=True)))
     with kernels.off():
