@@ -320,6 +320,21 @@ void mhc_sinkhorn_backward(int64_t T, int n, int iters, float floor, const float
     parallel_for(T, threads, sinkhorn_bwd_range, &a);
 }
 
+/* out = sum_j w_j rows_j: n rows of d floats, one after the other */
+static inline void combine(const float *w, const float *rows, int n, int d, float *out) {
+    int k = 0;
+    for (; k + VL <= d; k += VL) {
+        vf v = w[0] * vloadf(rows + k);
+        for (int j = 1; j < n; j++) v += w[j] * vloadf(rows + j * d + k);
+        vstoref(out + k, v);
+    }
+    for (; k < d; k++) {
+        float v = w[0] * rows[k];
+        for (int j = 1; j < n; j++) v += w[j] * rows[j * d + k];
+        out[k] = v;
+    }
+}
+
 /* ---- the projection's per-token part and the read. In: z = x W^T (flattened streams, unscaled). Out: z times
    the RMS scale of the token's streams, scale = (mean(x^2) + 1e-6)^-1/2, pre = sigmoid(gate z_pre + bias) and
    inp = sum_j pre_j x_j; one pass over the streams ---- */
@@ -343,17 +358,7 @@ static void project_range(const void *p, int64_t lo, int64_t hi) {
         for (int c = 0; c < m; c++) z[c] *= s;
         a->scale[t] = s;
         for (int j = 0; j < n; j++) pre[j] = 1.0f / (1.0f + expf(-(a->gate * z[j] + a->bias[j])));
-        int k = 0;
-        for (; k + VL <= d; k += VL) {
-            vf v = pre[0] * vloadf(x + k);
-            for (int j = 1; j < n; j++) v += pre[j] * vloadf(x + j * d + k);
-            vstoref(o + k, v);
-        }
-        for (; k < d; k++) {
-            float v = pre[0] * x[k];
-            for (int j = 1; j < n; j++) v += pre[j] * x[j * d + k];
-            o[k] = v;
-        }
+        combine(pre, x, n, d, o);
     }
     free(buf);
 }
@@ -538,17 +543,7 @@ static void write_bwd_range(const void *p, int64_t lo, int64_t hi) {
         const float *x = widen(a->x + t * nd, nd, buf), *grad = widen(a->grad + t * nd, nd, buf + nd);
         const float *f = widen(a->f + t * d, d, buf + 2 * nd), *post = a->post + t * n;
         float *gf = buf + 2 * nd + d;
-        int k = 0;
-        for (; k + VL <= d; k += VL) {
-            vf v = post[0] * vloadf(grad + k);
-            for (int i = 1; i < n; i++) v += post[i] * vloadf(grad + i * d + k);
-            vstoref(gf + k, v);
-        }
-        for (; k < d; k++) {
-            float v = post[0] * grad[k];
-            for (int i = 1; i < n; i++) v += post[i] * grad[i * d + k];
-            gf[k] = v;
-        }
+        combine(post, grad, n, d, gf);
         narrow(gf, d, a->g_f + t * d);
         for (int i = 0; i < n; i++) {
             for (int j = 0; j < n; j++) a->g_res[(t * n + i) * n + j] = dot(grad + i * d, x + j * d, d);
