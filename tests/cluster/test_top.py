@@ -95,12 +95,14 @@ def test_top_during_a_two_node_run_in_a_real_terminal(lab3, hrmctl, tmp_path):
             return log.exists() and log.read_text().count("[rank0]:step ") >= 2
         wait_for(stepping, 240, "the first training steps")
 
+        def top_once(nodes: str) -> dict:
+            code, out, err = hrmctl("top", "--nodes", nodes, "--once", "--json", inventory=lab3.inventory, timeout=90)
+            assert code == 0, out + err
+            return json.loads(out)
+
         # --once --json: both ranks of the run, each on its own node, with step and loss; none on node2
         def both_ranks():
-            code, out, err = hrmctl("top", "--nodes", "node0,node1,node2", "--once", "--json",
-                                    inventory=lab3.inventory, timeout=90)
-            assert code == 0, out + err
-            doc = json.loads(out)
+            doc = top_once("node0,node1,node2")
             ranks = [r for r in doc["ranks"] if r["run"] == "top2"]
             return doc if len(ranks) == 2 and all(r["step"] is not None for r in ranks) else None
         doc = wait_for(both_ranks, 60, "both ranks' heartbeats")
@@ -118,10 +120,7 @@ def test_top_during_a_two_node_run_in_a_real_terminal(lab3, hrmctl, tmp_path):
         # first half second, which can fall between two exchanges when a step takes longer (a loaded CI
         # machine: node1 read 0 B/s once), so it is read until a window holds one
         def traffic():
-            code, out, err = hrmctl("top", "--nodes", "node0,node1", "--once", "--json", inventory=lab3.inventory,
-                                    timeout=90)
-            assert code == 0, out + err
-            nodes = json.loads(out)["nodes"]
+            nodes = top_once("node0,node1")["nodes"]
             return nodes[0]["net_tx"] > 0 and nodes[1]["net_rx"] > 0
         wait_for(traffic, 60, "gradient traffic between node0 and node1")
 
