@@ -34,13 +34,10 @@ _STREAMS = {torch.float32: [], torch.bfloat16: ["-DSTREAM_BF16"]}  # the stream 
 
 _i64, _int, _float, _ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_void_p
 _SIGNATURES = {
-    "mhc_sinkhorn_forward": [_i64, _int, _int, _float, _ptr, _ptr, _ptr, _int],
-    "mhc_sinkhorn_backward": [_i64, _int, _int, _float, _ptr, _ptr, _ptr, _ptr, _ptr, _int],
-    "mhc_project_read": [_i64, _int, _int, _int, _float, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _int],
-    "mhc_stream_dots": [_i64, _int, _int, _ptr, _ptr, _ptr, _int],
-    "mhc_grad_x": [_i64, _int, _int, _int, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _int],
+    "mhc_coefficients_forward": [_i64, _int, _int, _int, _int, _float] + [_ptr] * 10 + [_int],
+    "mhc_coefficients_backward": [_i64, _int, _int, _int, _int, _float] + [_ptr] * 18 + [_int],
     "mhc_write_forward": [_i64, _int, _int, _ptr, _ptr, _ptr, _ptr, _ptr, _int],
-    "mhc_write_backward": [_i64, _int, _int, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _int],
+    "mhc_write_backward": [_i64, _int, _int, _ptr, _ptr, _ptr, _int],
 }
 
 

@@ -3,8 +3,8 @@
    Eager PyTorch runs each step of a connection as its own pass over the n streams of every token (and its
    batched matrix products over 4x4 matrices loop over the tokens one small call at a time); here each
    function is one pass over the tokens, with a token's streams in the first-level cache while they are
-   used. Tokens are split over `threads` POSIX threads; every token is computed by one thread in the same
-   order whatever the split, so the results do not depend on the number of threads.
+   used. Tokens are split over `threads` POSIX threads in whole blocks of 16; every token is computed by one
+   thread in the same order whatever the split, so the results do not depend on the number of threads.
 
    The streams (x, their gradient, the new streams, and the sublayer's output f that is written into them) are
    of type `stream_t`: float, or with STREAM_BF16 defined bfloat16 (what the paper's kernels keep them in under
@@ -12,8 +12,8 @@
    Everything else is float32: the coefficients, what the sublayer reads (inp) and its gradient.
 
    Shapes: T tokens, n streams, d features, m = 2n + n*n coefficients.
-   x, grad, out, gx: (T, n, d); f, inp, g_inp: (T, d); pre, post: (T, n); res, logits: (T, n, n);
-   z, coef: (T, m); W: (m, n*d). */
+   x, grad, out, gx: (T, n, d); f, inp, g_inp: (T, d); scale: (T); pre, post: (T, n); res: (T, n, n);
+   z, G, coef: (T, m); W: (m, n*d); sums: (ceil(T / 16), 2 * iters * n, 16). */
 
 #include <math.h>
 #include <pthread.h>
@@ -176,6 +176,7 @@ static void parallel_for(int64_t T, int threads, range_fn fn, const void *args) 
     pthread_t tid[MAX_THREADS];
     int started[MAX_THREADS];
     int64_t chunk = (T + threads - 1) / threads;
+    chunk = (chunk + 15) / 16 * 16; /* whole blocks of 16 tokens (LANES) */
     for (int k = 0; k < threads; k++) {
         jobs[k].fn = fn;
         jobs[k].args = args;
@@ -187,137 +188,6 @@ static void parallel_for(int64_t T, int threads, range_fn fn, const void *args) 
         if (!started[k]) run_job(&jobs[k]); /* this thread's share, and any a thread could not be made for */
     for (int k = 1; k < threads; k++)
         if (started[k]) pthread_join(tid[k], NULL);
-}
-
-/* ---- Sinkhorn-Knopp: rows then columns, `iters` rounds, of exp(logits - max), per token ----
-   Tokens go through in blocks of LANES, element-major within a block (m[e * LANES + lane]), so that every
-   step is a vector operation across the block's tokens. */
-
-#define LANES 16
-
-struct sinkhorn_args {
-    int n, iters;
-    float floor;
-    const float *logits, *grad;
-    float *out, *sums, *grad_logits; /* sums: each token's 2 * iters * n divisors, (T, 2 * iters, n) */
-};
-
-/* the block's tokens t0 .. t0+cnt-1 of src (T, nn) into dst[e * LANES + lane]; lanes past cnt get zeros */
-static void gather(const float *src, int64_t t0, int cnt, int nn, float *dst) {
-    for (int e = 0; e < nn; e++)
-        for (int l = 0; l < LANES; l++) dst[e * LANES + l] = l < cnt ? src[(t0 + l) * nn + e] : 0.0f;
-}
-
-static void scatter(const float *src, int64_t t0, int cnt, int nn, float *dst) {
-    for (int l = 0; l < cnt; l++)
-        for (int e = 0; e < nn; e++) dst[(t0 + l) * nn + e] = src[e * LANES + l];
-}
-
-/* z (logits) -> m = exp(max(z - max z, floor)) in place; top gets each lane's max */
-static void sinkhorn_start(int nn, float floor, float *z, float *top) {
-    for (int l = 0; l < LANES; l++) top[l] = z[l];
-    for (int e = 1; e < nn; e++)
-        for (int l = 0; l < LANES; l++) top[l] = z[e * LANES + l] > top[l] ? z[e * LANES + l] : top[l];
-    for (int e = 0; e < nn; e++)
-        for (int l = 0; l < LANES; l++) {
-            float v = z[e * LANES + l] - top[l];
-            z[e * LANES + l] = expf(v < floor ? floor : v);
-        }
-}
-
-/* one division of m by its sums over a row (stride 1, step n between rows) or a column (stride n, step 1);
-   the sums go to sums[k * n * LANES ...] when sums is not NULL */
-static void normalise(int n, float *m, int stride, int step, float *sums) {
-    for (int a = 0; a < n; a++) {
-        float s[LANES];
-        for (int l = 0; l < LANES; l++) s[l] = 0.0f;
-        for (int b = 0; b < n; b++)
-            for (int l = 0; l < LANES; l++) s[l] += m[(a * step + b * stride) * LANES + l];
-        for (int b = 0; b < n; b++)
-            for (int l = 0; l < LANES; l++) m[(a * step + b * stride) * LANES + l] /= s[l];
-        if (sums)
-            for (int l = 0; l < LANES; l++) sums[a * LANES + l] = s[l];
-    }
-}
-
-/* back through one division (same layout): g = (g - sum(g m')) / s, then m = m' s */
-static void unnormalise(int n, float *m, float *g, int stride, int step, const float *sums) {
-    for (int a = 0; a < n; a++) {
-        float dot[LANES];
-        const float *s = sums + a * LANES;
-        for (int l = 0; l < LANES; l++) dot[l] = 0.0f;
-        for (int b = 0; b < n; b++)
-            for (int l = 0; l < LANES; l++) dot[l] += g[(a * step + b * stride) * LANES + l] * m[(a * step + b * stride) * LANES + l];
-        for (int b = 0; b < n; b++)
-            for (int l = 0; l < LANES; l++) {
-                int e = (a * step + b * stride) * LANES + l;
-                g[e] = (g[e] - dot[l]) / s[l];
-                m[e] *= s[l];
-            }
-    }
-}
-
-static void sinkhorn_fwd_range(const void *p, int64_t lo, int64_t hi) {
-    const struct sinkhorn_args *a = p;
-    int n = a->n, nn = n * n, ns = 2 * a->iters * n;
-    float *m = malloc(sizeof(float) * (size_t)(nn + ns) * LANES), top[LANES];
-    if (!m) abort();
-    float *sums = m + (size_t)nn * LANES;
-    for (int64_t t0 = lo; t0 < hi; t0 += LANES) {
-        int cnt = hi - t0 < LANES ? (int)(hi - t0) : LANES;
-        gather(a->logits, t0, cnt, nn, m);
-        sinkhorn_start(nn, a->floor, m, top);
-        for (int r = 0; r < a->iters; r++) {
-            normalise(n, m, 1, n, sums + (size_t)(2 * r) * n * LANES);     /* rows */
-            normalise(n, m, n, 1, sums + (size_t)(2 * r + 1) * n * LANES); /* columns */
-        }
-        scatter(m, t0, cnt, nn, a->out);
-        scatter(sums, t0, cnt, ns, a->sums);
-    }
-    free(m);
-}
-
-/* Back through each division m' = m / s (s summed over a row or a column): dL/dm = (dL/dm' - sum(dL/dm' m')) / s,
-   then m = m' s, from the result and the forward's divisors; at the start m = exp(z - max z), so
-   dL/dz = dL/dm m (the shift changes nothing; below the floor the clamp passes no gradient). */
-static void sinkhorn_bwd_range(const void *p, int64_t lo, int64_t hi) {
-    const struct sinkhorn_args *a = p;
-    int n = a->n, nn = n * n, ns = 2 * a->iters * n;
-    size_t per = (size_t)nn * LANES;
-    float *buf = malloc(sizeof(float) * (3 * per + (size_t)ns * LANES)), top[LANES];
-    if (!buf) abort();
-    float *m = buf, *g = buf + per, *z = buf + 2 * per, *sums = buf + 3 * per;
-    for (int64_t t0 = lo; t0 < hi; t0 += LANES) {
-        int cnt = hi - t0 < LANES ? (int)(hi - t0) : LANES;
-        gather(a->logits, t0, cnt, nn, z);
-        for (int l = 0; l < LANES; l++) top[l] = z[l];
-        for (int e = 1; e < nn; e++)
-            for (int l = 0; l < LANES; l++) top[l] = z[e * LANES + l] > top[l] ? z[e * LANES + l] : top[l];
-        gather(a->out, t0, cnt, nn, m);
-        gather(a->sums, t0, cnt, ns, sums);
-        gather(a->grad, t0, cnt, nn, g);
-        for (int r = a->iters - 1; r >= 0; r--) {
-            unnormalise(n, m, g, n, 1, sums + (size_t)(2 * r + 1) * n * LANES);
-            unnormalise(n, m, g, 1, n, sums + (size_t)(2 * r) * n * LANES);
-        }
-        for (int e = 0; e < nn; e++)
-            for (int l = 0; l < LANES; l++)
-                g[e * LANES + l] = z[e * LANES + l] - top[l] < a->floor ? 0.0f : g[e * LANES + l] * m[e * LANES + l];
-        scatter(g, t0, cnt, nn, a->grad_logits);
-    }
-    free(buf);
-}
-
-void mhc_sinkhorn_forward(int64_t T, int n, int iters, float floor, const float *logits, float *out, float *sums,
-                          int threads) {
-    struct sinkhorn_args a = {n, iters, floor, logits, NULL, out, sums, NULL};
-    parallel_for(T, threads, sinkhorn_fwd_range, &a);
-}
-
-void mhc_sinkhorn_backward(int64_t T, int n, int iters, float floor, const float *logits, const float *out,
-                           const float *sums, const float *grad, float *grad_logits, int threads) {
-    struct sinkhorn_args a = {n, iters, floor, logits, grad, (float *)out, (float *)sums, grad_logits};
-    parallel_for(T, threads, sinkhorn_bwd_range, &a);
 }
 
 /* out = sum_j w_j rows_j: n rows of d floats, one after the other */
@@ -335,96 +205,183 @@ static inline void combine(const float *w, const float *rows, int n, int d, floa
     }
 }
 
-/* ---- the projection's per-token part and the read. In: z = x W^T (flattened streams, unscaled). Out: z times
-   the RMS scale of the token's streams, scale = (mean(x^2) + 1e-6)^-1/2, pre = sigmoid(gate z_pre + bias) and
-   inp = sum_j pre_j x_j; one pass over the streams ---- */
+/* ---- Sinkhorn-Knopp: rows then columns, `iters` rounds, of exp(logits - max), per token ----
+   Tokens go through in blocks of LANES (= VL), element-major within a block (element e of the block's token l at
+   [e * LANES + l]), so that every step is one vector operation across the block's tokens, the block's matrices
+   in registers. A block's divisors are kept for the backward pass, (2 * iters * n, LANES) a block. */
 
-struct project_args {
-    int n, d, m;
-    float gate;
-    const float *bias;
-    const stream_t *x;
-    float *z, *scale, *pre, *inp;
-};
+#define LANES VL
+#define MAX_N 8 /* the connections with more streams take the PyTorch path (MAX_FUSED_FLOWS in mhc.py) */
 
-static void project_range(const void *p, int64_t lo, int64_t hi) {
-    const struct project_args *a = p;
-    int n = a->n, d = a->d, m = a->m, nd = n * d;
-    float *buf = widen_buffer(nd);
-    for (int64_t t = lo; t < hi; t++) {
-        const float *x = widen(a->x + t * nd, nd, buf);
-        float s = 1.0f / sqrtf(dot(x, x, nd) / (float)nd + 1e-6f);
-        float *z = a->z + t * m, *pre = a->pre + t * n, *o = a->inp + t * d;
-        for (int c = 0; c < m; c++) z[c] *= s;
-        a->scale[t] = s;
-        for (int j = 0; j < n; j++) pre[j] = 1.0f / (1.0f + expf(-(a->gate * z[j] + a->bias[j])));
-        combine(pre, x, n, d, o);
-    }
-    free(buf);
+/* the block's tokens t0 .. t0+cnt-1 of src (T, nn) into dst[e * LANES + lane]; lanes past cnt get zeros */
+static void gather(const float *src, int64_t t0, int cnt, int nn, float *dst) {
+    for (int e = 0; e < nn; e++)
+        for (int l = 0; l < LANES; l++) dst[e * LANES + l] = l < cnt ? src[(t0 + l) * nn + e] : 0.0f;
 }
 
-void mhc_project_read(int64_t T, int n, int d, int m, float gate, const float *bias, const stream_t *x, float *z,
-                      float *scale, float *pre, float *inp, int threads) {
-    struct project_args a = {n, d, m, gate, bias, x, z, scale, pre, inp};
-    parallel_for(T, threads, project_range, &a);
+static void scatter(const float *src, int64_t t0, int cnt, int nn, float *dst) {
+    for (int l = 0; l < cnt; l++)
+        for (int e = 0; e < nn; e++) dst[(t0 + l) * nn + e] = src[e * LANES + l];
 }
 
-/* ---- the read's transpose, the per stream dot products out_j = x_j . g (dL/dpre from dL/dinp) ---- */
-
-struct dots_args {
-    int n, d;
-    const stream_t *x;
-    const float *g;
-    float *out;
-};
-
-static void dots_range(const void *p, int64_t lo, int64_t hi) {
-    const struct dots_args *a = p;
-    int n = a->n, d = a->d;
-    float *buf = widen_buffer(n * d);
-    for (int64_t t = lo; t < hi; t++) {
-        const float *x = widen(a->x + t * n * d, n * d, buf);
-        for (int j = 0; j < n; j++) a->out[t * n + j] = dot(x + j * d, a->g + t * d, d);
-    }
-    free(buf);
+/* each lane's largest logit (a shift of all of a matrix's logits leaves its result as it is) */
+static void lane_max(int nn, const float *z, float *top) {
+    for (int l = 0; l < LANES; l++) top[l] = z[l];
+    for (int e = 1; e < nn; e++)
+        for (int l = 0; l < LANES; l++) top[l] = z[e * LANES + l] > top[l] ? z[e * LANES + l] : top[l];
 }
 
-void mhc_stream_dots(int64_t T, int n, int d, const stream_t *x, const float *g, float *out, int threads) {
-    struct dots_args a = {n, d, x, g, out};
-    parallel_for(T, threads, dots_range, &a);
+/* element (a, b) of a row (row != 0: a-th row, b-th column) or of a column (a-th column, b-th row) */
+#define AT(n, row, a, b) ((row) ? (a) * (n) + (b) : (b) * (n) + (a))
+
+/* the block's matrices (logits in z) -> doubly stochastic, in z; sums gets every division's divisors */
+static inline __attribute__((always_inline)) void sinkhorn_block(const int n, int iters, float floor, float *z,
+                                                                  float *sums) {
+    float top[LANES];
+    lane_max(n * n, z, top);
+    for (int e = 0; e < n * n; e++)
+        for (int l = 0; l < LANES; l++) {
+            float v = z[e * LANES + l] - top[l];
+            z[e * LANES + l] = expf(v < floor ? floor : v);
+        }
+    vf m[MAX_N * MAX_N];
+    for (int e = 0; e < n * n; e++) m[e] = vloadf(z + e * LANES);
+    for (int r = 0; r < iters; r++)
+        for (int row = 1; row >= 0; row--)
+            for (int a = 0; a < n; a++) {
+                vf s = m[AT(n, row, a, 0)];
+                for (int b = 1; b < n; b++) s += m[AT(n, row, a, b)];
+                vf q = 1.0f / s;
+                for (int b = 0; b < n; b++) m[AT(n, row, a, b)] *= q;
+                vstoref(sums, s);
+                sums += LANES;
+            }
+    for (int e = 0; e < n * n; e++) vstoref(z + e * LANES, m[e]);
 }
 
-/* ---- dL/dx, every part of it in one pass: through the write (sum_i res_ij grad_i; grad NULL where the write
-   reached no loss), the read (pre_j g_inp), the RMS scale (c x_j) and the projection (coef W, coef = dL/dz
-   times the scale): gx_j = sum_i res_ij grad_i + pre_j g_inp + c x_j + sum_q coef_q W_q,j ---- */
+/* back through the rounds: each division m' = m / s (s summed over a row or a column) from the result and its
+   divisors, dL/dm = (dL/dm' - sum(dL/dm' m')) / s, then m = m' s; at the start m = exp(z - max z), so
+   dL/dz = dL/dm m (the shift changes nothing; below the floor the clamp passes no gradient).
+   In: z the logits, out the result, g dL/dout; out: g = dL/dz. */
+static inline __attribute__((always_inline)) void sinkhorn_block_back(const int n, int iters, float floor,
+                                                                       const float *z, const float *out,
+                                                                       const float *sums, float *g) {
+    vf m[MAX_N * MAX_N], gv[MAX_N * MAX_N];
+    for (int e = 0; e < n * n; e++) m[e] = vloadf(out + e * LANES), gv[e] = vloadf(g + e * LANES);
+    sums += (size_t)2 * iters * n * LANES;
+    for (int r = iters - 1; r >= 0; r--)
+        for (int row = 0; row <= 1; row++)
+            for (int a = n - 1; a >= 0; a--) {
+                sums -= LANES;
+                vf s = vloadf(sums), q = 1.0f / s, dot = gv[AT(n, row, a, 0)] * m[AT(n, row, a, 0)];
+                for (int b = 1; b < n; b++) dot += gv[AT(n, row, a, b)] * m[AT(n, row, a, b)];
+                for (int b = 0; b < n; b++) {
+                    int e = AT(n, row, a, b);
+                    gv[e] = (gv[e] - dot) * q;
+                    m[e] *= s;
+                }
+            }
+    for (int e = 0; e < n * n; e++) vstoref(g + e * LANES, gv[e] * m[e]);
+    float top[LANES];
+    lane_max(n * n, z, top);
+    for (int e = 0; e < n * n; e++)
+        for (int l = 0; l < LANES; l++)
+            if (z[e * LANES + l] - top[l] < floor) g[e * LANES + l] = 0.0f;
+}
 
-struct grad_x_args {
-    int n, d, m;
-    const stream_t *grad, *x;
-    const float *res, *pre, *g_inp, *c, *coef, *W;
+/* ---- a connection's coefficients and its read, forward and backward ----
+   Forward, per token: the RMS scale of the flattened streams, s = (mean(x^2) + 1e-6)^-1/2, applied to z = x W^T
+   (made before, by BLAS); u = gate * z + bias, each part with its own gate; H_pre = sigmoid(u_pre), H_post =
+   2 sigmoid(u_post), H_res = Sinkhorn(u_res) (a block of tokens at a time); and what the sublayer reads,
+   inp = sum_j pre_j x_j. One pass over the streams.
+   Backward, per token: dL/du (G) from dL/dinp, dL/dH_post and dL/dH_res; dL/dz = gate * G and coef = dL/dz s
+   (for dL/dW = coef^T x, by BLAS after); and dL/dx whole in the same pass: through the write that follows the
+   sublayer (sum_i res_ij grad_i; grad NULL where the write reached no loss), the read (pre_j dL/dinp), the scale
+   (c x_j, c = (dL/dz . z) s^2 / -nd) and the projection (coef W). */
+
+struct coef_args {
+    int n, d, m, iters;
+    float floor;
+    const float *gate, *bias; /* gate: pre, post, res; bias: m (pre n, post n, res n*n) */
+    const stream_t *x, *grad, *f;
+    const float *W, *g_inp, *g_post, *g_res;
+    float *z, *scale, *pre, *post, *res, *sums, *inp, *G, *coef;
     stream_t *gx;
 };
 
-/* features k0 .. k0 + nv*VL of dL/dx_j for the tokens t .. t + nt - 1 (x[u], grad[u]: token t+u's streams as
-   floats, grad NULL for none; out: each token's dL/dx_j, d apart). nv (4 or 1) and nt (2 or 1) are constants
-   once inlined, so that the nt*nv sums are registers while W's m rows stream by, each row loaded once for both
-   tokens. Each token's sums are its own, in the same order however the tokens are paired. */
-static inline __attribute__((always_inline)) void grad_x_span(const struct grad_x_args *a, int64_t t, int j, int k0,
-                                                              const float *const *x, const float *const *grad,
-                                                              float *out, const int nv, const int nt) {
+static inline float sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
+
+static inline __attribute__((always_inline)) void coef_fwd_block(const struct coef_args *a, int64_t t0, int cnt,
+                                                                 float *buf, const int n) {
+    int d = a->d, m = a->m, nd = n * d, nn = n * n;
+    float lg[MAX_N * MAX_N * LANES];
+    for (int l = 0; l < LANES; l++) {
+        int64_t t = t0 + l;
+        if (l >= cnt) {
+            for (int e = 0; e < nn; e++) lg[e * LANES + l] = 0.0f;
+            continue;
+        }
+        const float *x = widen(a->x + t * nd, nd, buf);
+        float s = 1.0f / sqrtf(dot(x, x, nd) / (float)nd + 1e-6f);
+        float *z = a->z + t * m, *pre = a->pre + t * n, *post = a->post + t * n;
+        for (int c = 0; c < m; c++) z[c] *= s;
+        a->scale[t] = s;
+        for (int j = 0; j < n; j++) {
+            pre[j] = sigmoid(a->gate[0] * z[j] + a->bias[j]);
+            post[j] = 2.0f * sigmoid(a->gate[1] * z[n + j] + a->bias[n + j]);
+        }
+        for (int e = 0; e < nn; e++) lg[e * LANES + l] = a->gate[2] * z[2 * n + e] + a->bias[2 * n + e];
+        combine(pre, x, n, d, a->inp + t * d);
+    }
+    sinkhorn_block(n, a->iters, a->floor, lg, a->sums + (t0 / LANES) * 2 * a->iters * n * LANES);
+    scatter(lg, t0, cnt, nn, a->res);
+}
+
+static void coef_fwd_range(const void *p, int64_t lo, int64_t hi) {
+    const struct coef_args *a = p;
+    float *buf = widen_buffer(a->n * a->d);
+    for (int64_t t0 = lo; t0 < hi; t0 += LANES) {
+        int cnt = hi - t0 < LANES ? (int)(hi - t0) : LANES;
+        if (a->n == 4)
+            coef_fwd_block(a, t0, cnt, buf, 4); /* the default, with every loop over the streams unrolled */
+        else
+            coef_fwd_block(a, t0, cnt, buf, a->n);
+    }
+    free(buf);
+}
+
+void mhc_coefficients_forward(int64_t T, int n, int d, int m, int iters, float floor, const float *gate,
+                              const float *bias, const stream_t *x, float *z, float *scale, float *pre, float *post,
+                              float *res, float *sums, float *inp, int threads) {
+    struct coef_args a = {n, d, m, iters, floor, gate, bias, x, NULL, NULL, NULL, NULL, NULL, NULL,
+                          z, scale, pre, post, res, sums, inp, NULL, NULL, NULL};
+    parallel_for(T, threads, coef_fwd_range, &a);
+}
+
+/* features k0 .. k0 + nv*VL of dL/dx_j for the tokens t .. t + nt - 1 (c[u], coef + u*m: token t+u's scale part
+   and dL/dz times the scale). nv (4 or 1) and nt (2 or 1) are constants once inlined, so that the nt*nv sums are
+   registers while W's m rows stream by, each row loaded once for both tokens; the block's tokens go by for one
+   span of W before the next, so that the span (m * nv * VL floats) stays in the first-level cache. Each token's
+   sums are its own, in the same order however the tokens are paired. */
+static inline __attribute__((always_inline)) void grad_x_span(const struct coef_args *a, int64_t t, int j, int k0,
+                                                              const float *c, const float *coef, const int nv,
+                                                              const int nt) {
     int n = a->n, d = a->d, m = a->m, nd = n * d;
     vf acc[2][4];
 #pragma GCC unroll 2
     for (int u = 0; u < nt; u++) {
-        const float *g = a->g_inp + (t + u) * d + k0;
-        float w = a->pre[(t + u) * n + j], c = a->c[t + u];
+        int64_t tu = t + u;
+        const float *g = a->g_inp + tu * d + k0;
+        const stream_t *x = a->x + tu * nd + j * d + k0;
+        float w = a->pre[tu * n + j];
 #pragma GCC unroll 4
-        for (int v = 0; v < nv; v++) acc[u][v] = w * vloadf(g + v * VL) + c * vloadf(x[u] + j * d + k0 + v * VL);
-        if (grad)
+        for (int v = 0; v < nv; v++) acc[u][v] = w * vloadf(g + v * VL) + c[u] * vld(x + v * VL);
+        if (a->grad)
             for (int i = 0; i < n; i++) {
-                float r = a->res[((t + u) * n + i) * n + j];
+                float r = a->res[(tu * n + i) * n + j];
+                const stream_t *gi = a->grad + tu * nd + i * d + k0;
 #pragma GCC unroll 4
-                for (int v = 0; v < nv; v++) acc[u][v] += r * vloadf(grad[u] + i * d + k0 + v * VL);
+                for (int v = 0; v < nv; v++) acc[u][v] += r * vld(gi + v * VL);
             }
     }
     for (int q = 0; q < m; q++) {
@@ -433,60 +390,126 @@ static inline __attribute__((always_inline)) void grad_x_span(const struct grad_
         for (int v = 0; v < nv; v++) {
             vf wv = vloadf(wq + v * VL);
 #pragma GCC unroll 2
-            for (int u = 0; u < nt; u++) acc[u][v] += a->coef[(t + u) * m + q] * wv;
+            for (int u = 0; u < nt; u++) acc[u][v] += coef[u * m + q] * wv;
         }
     }
 #pragma GCC unroll 2
     for (int u = 0; u < nt; u++)
 #pragma GCC unroll 4
-        for (int v = 0; v < nv; v++) vstoref(out + u * d + k0 + v * VL, acc[u][v]);
+        for (int v = 0; v < nv; v++) vst(a->gx + (t + u) * nd + j * d + k0 + v * VL, acc[u][v]);
 }
 
-/* dL/dx of the tokens t .. t + nt - 1, their streams widened into buf */
-static inline __attribute__((always_inline)) void grad_x_tokens(const struct grad_x_args *a, int64_t t, float *buf,
-                                                                const int nt) {
+/* the features from k0 on (fewer than VL) of dL/dx_j of token t, as grad_x_span's sums */
+static void grad_x_tail(const struct coef_args *a, int64_t t, int j, int k0, float c, const float *coef) {
     int n = a->n, d = a->d, m = a->m, nd = n * d;
-    float *out = buf + 4 * nd;
-    const float *x[2], *grad[2];
-    for (int u = 0; u < nt; u++) {
-        x[u] = widen(a->x + (t + u) * nd, nd, buf + u * nd);
-        grad[u] = a->grad ? widen(a->grad + (t + u) * nd, nd, buf + (2 + u) * nd) : NULL;
-    }
-    const float *const *g = a->grad ? grad : NULL;
-    for (int j = 0; j < n; j++) {
-        int k = 0;
-        for (; k + 4 * VL <= d; k += 4 * VL) grad_x_span(a, t, j, k, x, g, out, 4, nt);
-        for (; k + VL <= d; k += VL) grad_x_span(a, t, j, k, x, g, out, 1, nt);
-        for (int u = 0; u < nt; u++) {
-            int64_t tu = t + u;
-            for (int kk = k; kk < d; kk++) { /* the last d % VL features */
-                float v = a->pre[tu * n + j] * a->g_inp[tu * d + kk] + a->c[tu] * x[u][j * d + kk];
-                if (g)
-                    for (int i = 0; i < n; i++) v += a->res[(tu * n + i) * n + j] * g[u][i * d + kk];
-                for (int q = 0; q < m; q++) v += a->coef[tu * m + q] * a->W[(int64_t)q * nd + j * d + kk];
-                out[u * d + kk] = v;
-            }
-            narrow(out + u * d, d, a->gx + (tu * n + j) * d);
-        }
+    for (int k = k0; k < d; k++) {
+        float v = a->pre[t * n + j] * a->g_inp[t * d + k] + c * ld(a->x[t * nd + j * d + k]);
+        if (a->grad)
+            for (int i = 0; i < n; i++) v += a->res[(t * n + i) * n + j] * ld(a->grad[t * nd + i * d + k]);
+        for (int q = 0; q < m; q++) v += coef[q] * a->W[(int64_t)q * nd + j * d + k];
+        a->gx[t * nd + j * d + k] = st(v);
     }
 }
 
-static void grad_x_range(const void *p, int64_t lo, int64_t hi) {
-    const struct grad_x_args *a = p;
+/* dL/dx of the block's tokens, over the features in spans of nv vectors from k0 on; returns where it stopped */
+static inline __attribute__((always_inline)) int grad_x_spans(const struct coef_args *a, int64_t t0, int cnt, int j,
+                                                               int k, const float *c, const float *coef,
+                                                               const int nv) {
+    int m = a->m;
+    for (; k + nv * VL <= a->d; k += nv * VL) {
+        int l = 0;
+        for (; l + 2 <= cnt; l += 2) grad_x_span(a, t0 + l, j, k, c + l, coef + l * m, nv, 2);
+        if (l < cnt) grad_x_span(a, t0 + l, j, k, c + l, coef + l * m, nv, 1);
+    }
+    return k;
+}
+
+static inline __attribute__((always_inline)) void coef_bwd_block(const struct coef_args *a, int64_t t0, int cnt,
+                                                                 float *buf, const int n) {
+    int d = a->d, m = a->m, nd = n * d, nn = n * n;
+    float lg[MAX_N * MAX_N * LANES], out[MAX_N * MAX_N * LANES], g[MAX_N * MAX_N * LANES];
+    for (int e = 0; e < nn; e++) /* the logits again, as the forward made them */
+        for (int l = 0; l < LANES; l++)
+            lg[e * LANES + l] = l < cnt ? a->gate[2] * a->z[(t0 + l) * m + 2 * n + e] + a->bias[2 * n + e] : 0.0f;
+    gather(a->res, t0, cnt, nn, out);
+    /* dL/dH_res and dL/dH_post through the write, grad_i . x_j and grad_i . f, and dL/dH_pre, x_j . dL/dinp,
+       each token's streams widened once (plus any other path's gradients of them, where given) */
+    float gp[LANES * MAX_N], gpre[LANES * MAX_N];
+    for (int l = 0; l < LANES; l++) {
+        int64_t t = t0 + l;
+        if (l >= cnt) {
+            for (int e = 0; e < nn; e++) g[e * LANES + l] = 0.0f;
+            continue;
+        }
+        const float *x = widen(a->x + t * nd, nd, buf);
+        for (int j = 0; j < n; j++) gpre[l * n + j] = dot(x + j * d, a->g_inp + t * d, d);
+        if (a->grad) {
+            const float *grad = widen(a->grad + t * nd, nd, buf + nd), *f = widen(a->f + t * d, d, buf + 2 * nd);
+            for (int i = 0; i < n; i++) {
+                for (int j = 0; j < n; j++) g[(i * n + j) * LANES + l] = dot(grad + i * d, x + j * d, d);
+                gp[l * n + i] = dot(grad + i * d, f, d);
+            }
+        } else {
+            for (int e = 0; e < nn; e++) g[e * LANES + l] = 0.0f;
+            for (int i = 0; i < n; i++) gp[l * n + i] = 0.0f;
+        }
+        if (a->g_res)
+            for (int e = 0; e < nn; e++) g[e * LANES + l] += a->g_res[t * nn + e];
+        if (a->g_post)
+            for (int i = 0; i < n; i++) gp[l * n + i] += a->g_post[t * n + i];
+    }
+    sinkhorn_block_back(n, a->iters, a->floor, lg, out, a->sums + (t0 / LANES) * 2 * a->iters * n * LANES, g);
+    float c[LANES];
+    for (int l = 0; l < cnt; l++) {
+        int64_t t = t0 + l;
+        const float *pre = a->pre + t * n, *post = a->post + t * n, *z = a->z + t * m;
+        float *G = a->G + t * m, *coef = a->coef + t * m, s = a->scale[t];
+        for (int j = 0; j < n; j++) {
+            G[j] = gpre[l * n + j] * pre[j] * (1.0f - pre[j]);             /* sigmoid' */
+            G[n + j] = gp[l * n + j] * post[j] * (1.0f - 0.5f * post[j]); /* 2 sigmoid' */
+        }
+        for (int e = 0; e < nn; e++) G[2 * n + e] = g[e * LANES + l];
+        float gz = 0.0f;
+        for (int q = 0; q < m; q++) {
+            float gq = a->gate[q < n ? 0 : q < 2 * n ? 1 : 2] * G[q];
+            gz += gq * z[q];
+            coef[q] = gq * s;
+        }
+        c[l] = gz * s * s / -(float)nd;
+    }
+    const float *coef = a->coef + t0 * m;
+    for (int j = 0; j < n; j++) {
+        int k = grad_x_spans(a, t0, cnt, j, 0, c, coef, 4);
+        k = grad_x_spans(a, t0, cnt, j, k, c, coef, 1);
+        if (k < d)
+            for (int l = 0; l < cnt; l++) grad_x_tail(a, t0 + l, j, k, c[l], coef + l * m);
+    }
+}
+
+static void coef_bwd_range(const void *p, int64_t lo, int64_t hi) {
+    const struct coef_args *a = p;
     int nd = a->n * a->d;
-    float *buf = malloc(sizeof(float) * (size_t)(4 * nd + 2 * a->d)); /* two tokens' x, grad, and dL/dx_j */
-    if (!buf) abort();
-    int64_t t = lo;
-    for (; t + 2 <= hi; t += 2) grad_x_tokens(a, t, buf, 2);
-    if (t < hi) grad_x_tokens(a, t, buf, 1);
+    float *buf = widen_buffer(2 * nd + a->d); /* a token's x, grad and f */
+    for (int64_t t0 = lo; t0 < hi; t0 += LANES) {
+        int cnt = hi - t0 < LANES ? (int)(hi - t0) : LANES;
+        if (a->n == 4)
+            coef_bwd_block(a, t0, cnt, buf, 4); /* the default, with every loop over the streams unrolled */
+        else
+            coef_bwd_block(a, t0, cnt, buf, a->n);
+    }
     free(buf);
 }
 
-void mhc_grad_x(int64_t T, int n, int d, int m, const stream_t *grad, const float *res, const float *pre,
-                const float *g_inp, const float *c, const float *coef, const float *W, const stream_t *x,
-                stream_t *gx, int threads) {
-    struct grad_x_args a = {n, d, m, grad, x, res, pre, g_inp, c, coef, W, gx};
-    parallel_for(T, threads, grad_x_range, &a);
+void mhc_coefficients_backward(int64_t T, int n, int d, int m, int iters, float floor, const float *gate,
+                               const float *bias, const stream_t *x, const float *z, const float *scale,
+                               const float *pre, const float *post, const float *res, const float *sums,
+                               const float *W, const float *g_inp, const float *g_post, const float *g_res,
+                               const stream_t *grad, const stream_t *f, float *G, float *coef, stream_t *gx,
+                               int threads) {
+    struct coef_args a = {n, d, m, iters, floor, gate, bias, x, grad, f, W, g_inp, g_post, g_res,
+                          (float *)z, (float *)scale, (float *)pre, (float *)post, (float *)res, (float *)sums,
+                          NULL, G, coef, gx};
+    parallel_for(T, threads, coef_bwd_range, &a);
 }
 
 /* ---- the new streams: out_i = sum_j res_ij x_j + post_i f ---- */
@@ -496,7 +519,6 @@ struct write_args {
     const float *res, *post;
     const stream_t *x, *f, *grad;
     stream_t *out, *g_f;
-    float *g_res, *g_post;
 };
 
 static void write_fwd_range(const void *p, int64_t lo, int64_t hi) {
@@ -529,33 +551,27 @@ static void write_fwd_range(const void *p, int64_t lo, int64_t hi) {
 
 void mhc_write_forward(int64_t T, int n, int d, const float *res, const stream_t *x, const float *post,
                        const stream_t *f, stream_t *out, int threads) {
-    struct write_args a = {n, d, res, post, x, f, NULL, out, NULL, NULL, NULL};
+    struct write_args a = {n, d, res, post, x, f, NULL, out, NULL};
     parallel_for(T, threads, write_fwd_range, &a);
 }
 
-/* g_res_ij = grad_i . x_j; g_post_i = grad_i . f; g_f = sum_i post_i grad_i (dL/dx is mhc_grad_x's) */
+/* g_f = sum_i post_i grad_i (the gradients of H_res and H_post, and dL/dx, are made by
+   mhc_coefficients_backward, in its pass over the streams) */
 static void write_bwd_range(const void *p, int64_t lo, int64_t hi) {
     const struct write_args *a = p;
     int n = a->n, d = a->d, nd = n * d;
-    float *buf = malloc(sizeof(float) * (size_t)(2 * nd + 2 * d)); /* the token's x, grad, f and g_f */
+    float *buf = malloc(sizeof(float) * (size_t)(nd + d)); /* the token's grad (widened) and g_f */
     if (!buf) abort();
     for (int64_t t = lo; t < hi; t++) {
-        const float *x = widen(a->x + t * nd, nd, buf), *grad = widen(a->grad + t * nd, nd, buf + nd);
-        const float *f = widen(a->f + t * d, d, buf + 2 * nd), *post = a->post + t * n;
-        float *gf = buf + 2 * nd + d;
-        combine(post, grad, n, d, gf);
-        narrow(gf, d, a->g_f + t * d);
-        for (int i = 0; i < n; i++) {
-            for (int j = 0; j < n; j++) a->g_res[(t * n + i) * n + j] = dot(grad + i * d, x + j * d, d);
-            a->g_post[t * n + i] = dot(grad + i * d, f, d);
-        }
+        const float *grad = widen(a->grad + t * nd, nd, buf);
+        combine(a->post + t * n, grad, n, d, buf + nd);
+        narrow(buf + nd, d, a->g_f + t * d);
     }
     free(buf);
 }
 
-void mhc_write_backward(int64_t T, int n, int d, const stream_t *grad, const float *res, const stream_t *x,
-                        const float *post, const stream_t *f, float *g_res, float *g_post, stream_t *g_f,
+void mhc_write_backward(int64_t T, int n, int d, const stream_t *grad, const float *post, stream_t *g_f,
                         int threads) {
-    struct write_args a = {n, d, res, post, x, f, grad, NULL, g_f, g_res, g_post};
+    struct write_args a = {n, d, NULL, post, NULL, NULL, grad, NULL, g_f};
     parallel_for(T, threads, write_bwd_range, &a);
 }

@@ -35,6 +35,7 @@ from auralm import kernels
 GATE_INIT = 0.01
 RES_DIAGONAL = 2.0  # H_res's static logits: this on the diagonal, 0 elsewhere (diagonal 0.71 at n=4; more peaked
 # starts converge slower in Sinkhorn: at 4.0 (0.95) 20 rounds left rows 2% off after training at a high lr)
+MAX_FUSED_FLOWS = 8  # mhc.c's MAX_N: more streams take the PyTorch path
 _LOGIT_FLOOR = -60.0  # exp() of logits below the row maximum by more than this would underflow
 
 
@@ -117,7 +118,7 @@ class HyperConnection(nn.Module):
     def forward(self, x: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         shape = x.shape
         x = x.reshape(-1, self.n, shape[-1]).contiguous()  # (tokens, n, d)
-        if x.device.type == "cpu" and kernels.mhc(x.dtype) is not None:
+        if x.device.type == "cpu" and self.n <= MAX_FUSED_FLOWS and kernels.mhc(x.dtype) is not None:
             return self._forward_fused(x, sublayer, shape)
         # computed as the fused loops do: in float32, the streams only stored in their own type (``expand``)
         pre, post, res = self.coefficients(x)
@@ -134,12 +135,11 @@ class HyperConnection(nn.Module):
                        shape: torch.Size) -> torch.Tensor:
         """``forward`` on a CPU, the same arithmetic in the fused loops of auralm/kernels/mhc.c: every pass over
         the streams that can be one is one."""
-        n, g = self.n, self.gate.float()
         handoff = _Handoff()
         with torch.autocast(x.device.type, enabled=False):
-            z, inp = _ProjectRead.apply(x, self.phi.weight.float(), g[0], self.pre_bias.float(), handoff)
-            post = 2 * torch.sigmoid(g[1] * z[:, n:2 * n] + self.post_bias.float())
-            res = _FusedSinkhorn.apply((g[2] * z[:, 2 * n:]).view(-1, n, n) + self.res_bias.float(), self.iters)
+            inp, post, res = _Coefficients.apply(x, self.phi.weight.float(), self.gate.float(),
+                                                 self.pre_bias.float(), self.post_bias.float(),
+                                                 self.res_bias.float(), self.iters, handoff)
         self.last_res = res.detach()
         out = sublayer(inp.view(*shape[:-2], shape[-1])).reshape(-1, shape[-1])
         with torch.autocast(x.device.type, enabled=False):
@@ -252,87 +252,65 @@ def _ptr(t: torch.Tensor | None, dtype: torch.dtype = torch.float32) -> int | No
 
 
 class _Handoff:
-    """The write's output gradient and H_res, handed from its backward pass to its projection's (which autograd
-    always runs after it: the write needs the projection's outputs), where dL/dx is made whole in one pass:
-    x goes into the write detached, so autograd has only one dL/dx to make, and no sum of two to take over the
-    streams."""
+    """The write's output gradient and its sublayer's output f, handed from the write's backward pass to its
+    coefficients' (which autograd always runs after it: the write needs the coefficients), where one pass over the
+    streams makes the gradients of H_res and H_post through the write and dL/dx whole: x goes into the write
+    detached, so autograd has only one dL/dx to make, and no sum of two to take over the streams."""
 
     def __init__(self):
-        self.grad: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.f: torch.Tensor | None = None
+        self.grad: torch.Tensor | None = None
 
 
-class _ProjectRead(torch.autograd.Function):
-    """For streams x (tokens, n, d): z = RMSNorm(flattened x) @ phi^T (tokens, m), every coefficient's
-    input-dependent part, and what the sublayer reads, H_pre x (tokens, d, float32), with H_pre = sigmoid(gate
-    z_pre + bias) made in here, so that the backward pass writes dL/dx in one pass: the write's, H_pre's, phi's
-    and the norm's parts together."""
+class _Coefficients(torch.autograd.Function):
+    """For streams x (tokens, n, d): H_pre, H_post and H_res (Sinkhorn's, in blocks of 16 tokens) of every
+    token from z = RMSNorm(flattened x) @ phi^T, and what the sublayer reads, H_pre x (tokens, d, float32),
+    in one pass of mhc_coefficients_forward over the streams after BLAS made x @ phi^T; the backward pass
+    makes the gradients of H_res and H_post through the write, then dL/dx, in one pass too: the write's,
+    H_pre's, phi's and the norm's parts together."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor, bias: torch.Tensor,
-                handoff: _Handoff):
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor, pre_bias: torch.Tensor,
+                post_bias: torch.Tensor, res_bias: torch.Tensor, iters: int, handoff: _Handoff):
         T, n, d = x.shape
         # the product in the streams' type: for bf16 on the CPU's bf16 matrix units, as autocast runs every
-        # linear layer (the norm's scale is applied after it, with the read, in one pass of the loop below)
+        # linear layer (the norm's scale is applied after it, in the loop)
         z = F.linear(x.view(T, n * d), weight.to(x.dtype)).float()
-        scale, pre, inp = torch.empty(T), torch.empty(T, n), torch.empty(T, d)
-        kernels.mhc(x.dtype).mhc_project_read(T, n, d, z.shape[1], float(gate), _ptr(bias), _ptr(x, x.dtype), _ptr(z),
-                                              _ptr(scale), _ptr(pre), _ptr(inp), torch.get_num_threads())
-        ctx.save_for_backward(x, weight, gate, z, scale, pre)
-        ctx.handoff = handoff
-        return z, inp
+        bias = torch.cat([pre_bias, post_bias, res_bias.flatten()])
+        scale, pre, post, inp = torch.empty(T), torch.empty(T, n), torch.empty(T, n), torch.empty(T, d)
+        res, sums = torch.empty(T, n, n), torch.empty(-(-T // 16), 2 * iters * n, 16)
+        kernels.mhc(x.dtype).mhc_coefficients_forward(
+            T, n, d, z.shape[1], iters, _LOGIT_FLOOR, _ptr(gate), _ptr(bias), _ptr(x, x.dtype), _ptr(z), _ptr(scale),
+            _ptr(pre), _ptr(post), _ptr(res), _ptr(sums), _ptr(inp), torch.get_num_threads())
+        ctx.save_for_backward(x, weight, gate, bias, z, scale, pre, post, res, sums)
+        ctx.iters, ctx.handoff = iters, handoff
+        ctx.set_materialize_grads(False)  # H_post's and H_res's gradients come from the write, by the handoff
+        return inp, post, res
 
     @staticmethod
-    def backward(ctx, g_z: torch.Tensor, g_inp: torch.Tensor):
-        x, weight, gate, z, scale, pre = ctx.saved_tensors
+    def backward(ctx, g_inp: torch.Tensor, g_post: torch.Tensor, g_res: torch.Tensor):
+        x, weight, gate, bias, z, scale, pre, post, res, sums = ctx.saved_tensors
         T, n, d = x.shape
-        lib, threads, s = kernels.mhc(x.dtype), torch.get_num_threads(), x.dtype
-        g_z = torch.zeros_like(z) if g_z is None else g_z.contiguous().clone()
+        s = x.dtype
         g_inp = torch.zeros(T, d) if g_inp is None else g_inp.float().contiguous()
-        g_pre = torch.empty(T, n)
-        lib.mhc_stream_dots(T, n, d, _ptr(x, s), _ptr(g_inp), _ptr(g_pre), threads)
-        g_logit = g_pre.mul_(pre * (1 - pre))  # through the sigmoid
-        g_z[:, :n] += gate * g_logit
-        # z = scale (x @ phi^T), scale = (mean(x^2) + eps)^-1/2: dL/dx = scale g_z @ phi - (g_z . z) scale^2 x / nd
-        coef = (g_z * scale[:, None]).contiguous()
-        c = ((g_z * z).sum(-1) * scale.square() / -(n * d)).contiguous()
-        grad, res = ctx.handoff.grad or (None, None)  # None: the write's output reached no loss
-        ctx.handoff.grad = None
-        gx = torch.empty_like(x)
-        lib.mhc_grad_x(T, n, d, z.shape[1], _ptr(grad, s), _ptr(res), _ptr(pre), _ptr(g_inp), _ptr(c), _ptr(coef),
-                       _ptr(weight), _ptr(x, s), _ptr(gx, s), threads)
+        g_post = None if g_post is None else g_post.contiguous()  # the write's zeros (_FusedWrite), or more
+        g_res = None if g_res is None else g_res.contiguous()
+        grad, f = ctx.handoff.grad, ctx.handoff.f  # grad None: the write's output reached no loss
+        ctx.handoff.grad = ctx.handoff.f = None
+        G, coef, gx = torch.empty_like(z), torch.empty_like(z), torch.empty_like(x)
+        kernels.mhc(s).mhc_coefficients_backward(
+            T, n, d, z.shape[1], ctx.iters, _LOGIT_FLOOR, _ptr(gate), _ptr(bias), _ptr(x, s), _ptr(z), _ptr(scale),
+            _ptr(pre), _ptr(post), _ptr(res), _ptr(sums), _ptr(weight), _ptr(g_inp), _ptr(g_post), _ptr(g_res),
+            _ptr(grad, s), _ptr(f, s), _ptr(G), _ptr(coef), _ptr(gx, s), torch.get_num_threads())
         g_weight = (coef.t().to(s) @ x.view(T, n * d)).float()
-        return gx, g_weight, (g_logit * z[:, :n]).sum(), g_logit.sum(0), None
-
-
-class _FusedSinkhorn(torch.autograd.Function):
-    """``sinkhorn`` of (tokens, n, n) logits, a token's matrix at a time; the backward pass goes back through the
-    rounds from the result and each round's divisors (2 * iters * n numbers a token), kept from the forward."""
-
-    @staticmethod
-    def forward(ctx, logits: torch.Tensor, iters: int) -> torch.Tensor:
-        logits = logits.contiguous()
-        T, n, _ = logits.shape
-        out, sums = torch.empty_like(logits), logits.new_empty(T, 2 * iters, n)
-        kernels.mhc().mhc_sinkhorn_forward(T, n, iters, _LOGIT_FLOOR, _ptr(logits), _ptr(out), _ptr(sums),
-                                           torch.get_num_threads())
-        ctx.save_for_backward(logits, out, sums)
-        ctx.iters = iters
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        logits, out, sums = ctx.saved_tensors
-        T, n, _ = logits.shape
-        grad = grad.contiguous()
-        g = torch.empty_like(logits)
-        kernels.mhc().mhc_sinkhorn_backward(T, n, ctx.iters, _LOGIT_FLOOR, _ptr(logits), _ptr(out), _ptr(sums),
-                                            _ptr(grad), _ptr(g), torch.get_num_threads())
-        return g, None
+        g_bias = G.sum(0)  # G = dL/d(gate z + bias)
+        g_gate = torch.stack([part.sum() for part in (G * z).sum(0).split([n, n, n * n])])
+        return gx, g_weight, g_gate, g_bias[:n], g_bias[n:2 * n], g_bias[2 * n:].view(n, n), None, None
 
 
 class _FusedWrite(torch.autograd.Function):
-    """``_Write`` in one pass over the tokens each way, f and the new streams in the streams' type; its dL/dx is
-    made by the projection's backward pass (``_Handoff``)."""
+    """``_Write`` in one pass over the tokens each way, f and the new streams in the streams' type; its backward
+    pass makes dL/df, and hands the rest (the gradients of H_res, H_post and x) to the coefficients' (``_Handoff``)."""
 
     @staticmethod
     def forward(ctx, res: torch.Tensor, x: torch.Tensor, post: torch.Tensor, f: torch.Tensor,
@@ -342,18 +320,20 @@ class _FusedWrite(torch.autograd.Function):
         out = torch.empty_like(x)
         kernels.mhc(x.dtype).mhc_write_forward(T, n, d, _ptr(res), _ptr(x, x.dtype), _ptr(post), _ptr(f, x.dtype),
                                                _ptr(out, x.dtype), torch.get_num_threads())
-        ctx.save_for_backward(res, x, post, f)
-        ctx.handoff = handoff
+        ctx.save_for_backward(post)
+        ctx.handoff, handoff.f = handoff, f
         return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        res, x, post, f = ctx.saved_tensors
-        T, n, d = x.shape
-        s = x.dtype
+        (post,) = ctx.saved_tensors
+        s = ctx.handoff.f.dtype
         grad = grad.to(s).contiguous()
-        g_res, g_post, g_f = torch.empty_like(res), torch.empty_like(post), torch.empty_like(f)
-        kernels.mhc(s).mhc_write_backward(T, n, d, _ptr(grad, s), _ptr(res), _ptr(x, s), _ptr(post), _ptr(f, s),
-                                          _ptr(g_res), _ptr(g_post), _ptr(g_f, s), torch.get_num_threads())
-        ctx.handoff.grad = (grad, res)
-        return g_res, None, g_post, g_f, None
+        T, d = ctx.handoff.f.shape
+        g_f = torch.empty(T, d, dtype=s)
+        kernels.mhc(s).mhc_write_backward(T, post.shape[1], d, _ptr(grad, s), _ptr(post), _ptr(g_f, s),
+                                          torch.get_num_threads())
+        ctx.handoff.grad = grad
+        # a gradient for H_post, if only zeros: the coefficients' backward pass, which makes dL/dx, must run even
+        # where the sublayer's output does not depend on what it reads
+        return None, None, torch.zeros_like(post), g_f, None
