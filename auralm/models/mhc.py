@@ -223,7 +223,22 @@ def expand(h: torch.Tensor, n: int) -> torch.Tensor:
 
 def collapse(x: torch.Tensor) -> torch.Tensor:
     """The streams (..., n, d) read out as their mean (..., d), in float32 (what a plain residual stream is)."""
-    return x.mean(-2, dtype=torch.float32)
+    return _Collapse.apply(x)
+
+
+class _Collapse(torch.autograd.Function):
+    """``collapse``, with its gradient (1/n of the output's, the same for every stream) made once per token and
+    copied out to the n streams in their type: autograd's divides a float32 copy of all n streams, then casts it
+    (3.6 ms against 0.5 ms at 2048 tokens of 4 x 256 bf16 streams)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        ctx.shape, ctx.dtype = x.shape, x.dtype
+        return x.mean(-2, dtype=torch.float32)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return (grad / ctx.shape[-2]).to(ctx.dtype).unsqueeze(-2).expand(ctx.shape).contiguous()
 
 
 @torch.no_grad()

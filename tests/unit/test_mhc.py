@@ -231,3 +231,16 @@ def test_a_guide_command_line_without_a_size_is_an_rlm_on_text():
                         "model.mhc_sinkhorn_iters=20", "training.optimizer.lr=3e-4"])
     assert (cfg.task, cfg.model.name, config.resolved_model(cfg.model)["n_embd"]) == ("lm", "rlm-tiny", 128)
     assert config.parse(["task=lm", "model=rlm-small", "model.mhc_flows=2"]).model.name == "rlm-small"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_collapse_is_the_streams_mean_in_float32_with_autograds_gradient(dtype):
+    x = torch.randn(2, 5, 4, 8).to(dtype).requires_grad_()
+    grad = torch.randn(2, 5, 8)
+    out = mhc.collapse(x)
+    out.backward(grad)
+    ref = x.detach().clone().requires_grad_()
+    want = ref.mean(-2, dtype=torch.float32)
+    want.backward(grad)
+    assert out.dtype == torch.float32 and torch.equal(out, want)
+    assert x.grad.dtype == dtype and x.grad.is_contiguous() and torch.equal(x.grad, ref.grad)
