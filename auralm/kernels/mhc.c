@@ -311,16 +311,23 @@ struct coef_args {
 
 static inline float sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
 
+/* H_res's logit e of the token whose (scaled) z is given: the forward makes it, the backward again, the same bits */
+static inline float res_logit(const struct coef_args *a, const float *z, int n, int e) {
+    return a->gate[2] * z[2 * n + e] + a->bias[2 * n + e];
+}
+
+/* the divisors Sinkhorn kept for the block that starts at token t0 */
+static inline float *block_sums(const struct coef_args *a, int64_t t0) {
+    return a->sums + (t0 / LANES) * 2 * a->iters * a->n * LANES;
+}
+
 static inline __attribute__((always_inline)) void coef_fwd_block(const struct coef_args *a, int64_t t0, int cnt,
                                                                  float *buf, const int n) {
     int d = a->d, m = a->m, nd = n * d, nn = n * n;
     float lg[MAX_N * MAX_N * LANES];
-    for (int l = 0; l < LANES; l++) {
+    memset(lg, 0, sizeof(float) * (size_t)(nn * LANES)); /* lanes past cnt: zeros */
+    for (int l = 0; l < cnt; l++) {
         int64_t t = t0 + l;
-        if (l >= cnt) {
-            for (int e = 0; e < nn; e++) lg[e * LANES + l] = 0.0f;
-            continue;
-        }
         const float *x = widen(a->x + t * nd, nd, buf);
         float s = 1.0f / sqrtf(dot(x, x, nd) / (float)nd + 1e-6f);
         float *z = a->z + t * m, *pre = a->pre + t * n, *post = a->post + t * n;
@@ -330,10 +337,10 @@ static inline __attribute__((always_inline)) void coef_fwd_block(const struct co
             pre[j] = sigmoid(a->gate[0] * z[j] + a->bias[j]);
             post[j] = 2.0f * sigmoid(a->gate[1] * z[n + j] + a->bias[n + j]);
         }
-        for (int e = 0; e < nn; e++) lg[e * LANES + l] = a->gate[2] * z[2 * n + e] + a->bias[2 * n + e];
+        for (int e = 0; e < nn; e++) lg[e * LANES + l] = res_logit(a, z, n, e);
         combine(pre, x, n, d, a->inp + t * d);
     }
-    sinkhorn_block(n, a->iters, a->floor, lg, a->sums + (t0 / LANES) * 2 * a->iters * n * LANES);
+    sinkhorn_block(n, a->iters, a->floor, lg, block_sums(a, t0));
     scatter(lg, t0, cnt, nn, a->res);
 }
 
@@ -428,19 +435,16 @@ static inline __attribute__((always_inline)) void coef_bwd_block(const struct co
                                                                  float *buf, const int n) {
     int d = a->d, m = a->m, nd = n * d, nn = n * n;
     float lg[MAX_N * MAX_N * LANES], out[MAX_N * MAX_N * LANES], g[MAX_N * MAX_N * LANES];
-    for (int e = 0; e < nn; e++) /* the logits again, as the forward made them */
-        for (int l = 0; l < LANES; l++)
-            lg[e * LANES + l] = l < cnt ? a->gate[2] * a->z[(t0 + l) * m + 2 * n + e] + a->bias[2 * n + e] : 0.0f;
+    memset(lg, 0, sizeof(float) * (size_t)(nn * LANES)); /* lanes past cnt: zeros */
+    memset(g, 0, sizeof(float) * (size_t)(nn * LANES));
+    for (int l = 0; l < cnt; l++) /* the logits again, as the forward made them */
+        for (int e = 0; e < nn; e++) lg[e * LANES + l] = res_logit(a, a->z + (t0 + l) * m, n, e);
     gather(a->res, t0, cnt, nn, out);
     /* dL/dH_res and dL/dH_post through the write, grad_i . x_j and grad_i . f, and dL/dH_pre, x_j . dL/dinp,
        each token's streams widened once (plus any other path's gradients of them, where given) */
-    float gp[LANES * MAX_N], gpre[LANES * MAX_N];
-    for (int l = 0; l < LANES; l++) {
+    float gp[LANES * MAX_N] = {0}, gpre[LANES * MAX_N];
+    for (int l = 0; l < cnt; l++) {
         int64_t t = t0 + l;
-        if (l >= cnt) {
-            for (int e = 0; e < nn; e++) g[e * LANES + l] = 0.0f;
-            continue;
-        }
         const float *x = widen(a->x + t * nd, nd, buf);
         for (int j = 0; j < n; j++) gpre[l * n + j] = dot(x + j * d, a->g_inp + t * d, d);
         if (a->grad) {
@@ -449,16 +453,13 @@ static inline __attribute__((always_inline)) void coef_bwd_block(const struct co
                 for (int j = 0; j < n; j++) g[(i * n + j) * LANES + l] = dot(grad + i * d, x + j * d, d);
                 gp[l * n + i] = dot(grad + i * d, f, d);
             }
-        } else {
-            for (int e = 0; e < nn; e++) g[e * LANES + l] = 0.0f;
-            for (int i = 0; i < n; i++) gp[l * n + i] = 0.0f;
         }
         if (a->g_res)
             for (int e = 0; e < nn; e++) g[e * LANES + l] += a->g_res[t * nn + e];
         if (a->g_post)
             for (int i = 0; i < n; i++) gp[l * n + i] += a->g_post[t * n + i];
     }
-    sinkhorn_block_back(n, a->iters, a->floor, lg, out, a->sums + (t0 / LANES) * 2 * a->iters * n * LANES, g);
+    sinkhorn_block_back(n, a->iters, a->floor, lg, out, block_sums(a, t0), g);
     float c[LANES];
     for (int l = 0; l < cnt; l++) {
         int64_t t = t0 + l;
