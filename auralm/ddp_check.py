@@ -276,8 +276,9 @@ def training_section(cfg: config.Config, d: Dist, bw: list[dict], lat: dict, sec
         "steps_timed": 0, "s_per_micro_batch": None, "s_by_rank": None, "s_per_step": None, "error": "not timed"}
     link = link_budget.link_from_rows(bw)
     busbw, at = link if link else (0.0, 0)
-    b = link_budget.budget(busbw_GBps=busbw, latency_us=lat["p50_us"], world=d.world,
-                           parameters=model["parameters"], compute_s=compute["s_per_step"])
+    by_rank = [t * cfg.training.grad_accum for t in compute["s_by_rank"]] if compute["s_by_rank"] else None
+    b = link_budget.budget(busbw_GBps=busbw, latency_us=lat["p50_us"], world=d.world, parameters=model["parameters"],
+                           compute_s=compute["s_per_step"], powersgd=model["powersgd"], compute_by_rank=by_rank)
     return {**b, "bandwidth_bytes": at, "model": model, "compute": compute}
 
 
@@ -289,14 +290,13 @@ def training_lines(tr: dict) -> list[str]:
     lines = [f"  training: model {m['name']} ({m['task']}), {m['parameters'] / 1e6:.2f}M parameters, batch "
              f"{m['batch_size']} x grad_accum {m['grad_accum']} per rank; compute "
              f"{link_budget.seconds(tr['compute_s'])} per step ({timed})",
-             f"  {'sync':<22} {'bytes/step':>12} {'comm s/step':>12} {'comm/compute':>13}"]
-    for label, part, nbytes, comm in (
-            ("ddp (fp32 gradients)", tr["ddp"], tr["ddp"]["bytes"], tr["ddp"]["comm_s"]),
-            ("ddp + bf16 hook", tr["ddp_bf16"], tr["ddp_bf16"]["bytes"], tr["ddp_bf16"]["comm_s"]),
-            (f"diloco H={tr['diloco']['inner_steps']}", tr["diloco"],
-             tr["diloco"]["bytes_per_sync"] / (tr["diloco"]["inner_steps"] or 1), tr["diloco"]["comm_s_per_step"])):
-        ratio = "-" if part["ratio"] is None else f"{part['ratio']:.3f}"
-        lines.append(f"  {label:<22} {link_budget.human_bytes(nbytes):>12} {link_budget.seconds(comm):>12} {ratio:>13}")
+             f"  {'sync':<30} {'bytes/step':>12} {'comm s/step':>12} {'compute s/step':>15} {'comm/compute':>13}"]
+    for label, nbytes, comm, compute, ratio in link_budget.rows(tr):
+        ratio = "-" if ratio is None else f"{ratio:.3f}"
+        lines.append(f"  {label:<30} {link_budget.human_bytes(nbytes):>12} {link_budget.seconds(comm):>12} "
+                     f"{link_budget.seconds(compute):>15} {ratio:>13}")
+    if tr.get("balance"):
+        lines.append("  " + link_budget.shares_line(tr["balance"]))
     lines.append("  " + link_budget.suggestion_line(tr["suggestion"]))
     return lines
 

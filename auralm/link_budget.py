@@ -8,8 +8,19 @@ algbw = bytes / time and busbw = algbw x 2(n-1)/n, so one all-reduce of ``B`` by
 - DDP sends every gradient in fp32 (4 bytes a parameter) in buckets of 25 MiB, one all-reduce each;
   it overlaps them with the backward pass, so a small share of the compute time costs little;
 - the bf16 (or fp16) comm hook sends the same buckets at half the bytes;
+- PowerSGD (``training.ddp_comm_hook=powersgd``, rank ``r``) sends, per gradient viewed as an n x m
+  matrix (its first dimension by the rest), the factors P (n x r) and Q (m x r) in fp32 when that is
+  under half the matrix, else the gradient whole, as torch's hook decides; up to three all-reduces a
+  bucket (the whole ones, then P, then Q). Only its bytes are modelled, not the compute its
+  compression costs;
 - DiLoCo (``training.sync=diloco``) all-reduces the pseudo-gradient in bf16 (2 bytes a parameter)
   once per ``H`` local steps (``training.diloco.inner_steps``), so its share per step is a 1/H of that.
+
+When the ranks' compute times are known and differ, the work shares (``training.balance=auto``) are
+reckoned too: with equal shares a DDP step waits for the slowest rank, ``max(s_r)``; with shares in
+proportion to speed the global batch goes at the ranks' summed speed, ``n / sum(1/s_r)``, and a DiLoCo
+round at the fastest rank's pace, ``min(s_r)`` a local step. When that gains at least BALANCE_GAIN,
+``training.balance=auto`` joins the suggestion and the ratios are taken against the balanced times.
 
 The suggestion: plain DDP when its communication is at most DDP_OK of the compute, the bf16 hook
 when that brings it there, else DiLoCo with the smallest round H that brings its share to at most
@@ -30,6 +41,8 @@ DDP_BUCKET_BYTES = 25 * 1024 ** 2  # DistributedDataParallel's bucket_cap_mb=25
 DDP_OK = 0.15  # DDP's communication at most this share of the compute: hidden behind the backward pass
 DILOCO_OK = 0.05  # DiLoCo's synchronisation blocks every rank: keep it to this share of the compute
 ROUND_H = (10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
+BALANCE_GAIN = 1.15  # suggest training.balance=auto when it makes a DDP step at least this much shorter
+POWERSGD_MIN_COMPRESSION = 2  # torch's PowerSGDState(min_compression_rate=2): compress only what halves
 DILOCO_USUAL_MAX_H = 1000  # beyond this many inner steps, DiLoCo is outside what it is usually run with
 DEFAULT_LM_VOCAB = 8192  # hrmctl prepare-data's default --vocab-size
 
@@ -64,11 +77,40 @@ def _ratio(comm_s: float, compute_s: float | None) -> float | None:
     return comm_s / compute_s if compute_s and compute_s > 0 else None
 
 
+def powersgd_elements(shapes: list[tuple[int, ...]], rank: int) -> int:
+    """The elements PowerSGD all-reduces per step for gradients of these shapes, as torch's powerSGD_hook decides:
+    each viewed as (n, m) = (its first dimension, the rest), r = min(n, m, rank); P and Q, (n + m) r elements,
+    when that times POWERSGD_MIN_COMPRESSION is under n m, else the n m elements as they are."""
+    total = 0
+    for shape in shapes:
+        numel = math.prod(shape)
+        n = shape[0] if shape else 1
+        m = numel // n if n else 0
+        factors = (n + m) * min(n, m, rank)
+        total += factors if factors * POWERSGD_MIN_COMPRESSION < numel else numel
+    return total
+
+
+def shares(s_by_rank: list[float] | None) -> dict | None:
+    """The ranks' compute per step under equal shares and under shares in proportion to speed (see the module's
+    text): {"s_by_rank", "equal_s", "auto_s", "diloco_s", "gain", "suggest"}; None with fewer than two times."""
+    if not s_by_rank or len(s_by_rank) < 2 or min(s_by_rank) <= 0:
+        return None
+    equal, auto = max(s_by_rank), len(s_by_rank) / sum(1 / s for s in s_by_rank)
+    return {"s_by_rank": list(s_by_rank), "equal_s": equal, "auto_s": auto, "diloco_s": min(s_by_rank),
+            "gain": equal / auto, "suggest": equal / auto >= BALANCE_GAIN}
+
+
 def budget(*, busbw_GBps: float, latency_us: float, world: int, parameters: int, compute_s: float | None,
-           diloco_bytes_per_param: int = 2) -> dict:
-    """Per-step communication of DDP (fp32), DDP with the bf16 hook and DiLoCo, against ``compute_s`` (seconds
-    of compute per optimizer step on the slowest rank; None when unknown), and the suggestion."""
+           diloco_bytes_per_param: int = 2, powersgd: dict | None = None,
+           compute_by_rank: list[float] | None = None) -> dict:
+    """Per-step communication of DDP (fp32), DDP with the bf16 hook, with PowerSGD (``powersgd``: {"rank",
+    "elements"} from powersgd_elements) and DiLoCo, against ``compute_s`` (seconds of compute per optimizer step on
+    the slowest rank; None when unknown) or, when ``compute_by_rank`` (every rank's) calls for work shares, the
+    balanced times; and the suggestion."""
     lat = latency_us / 1e6
+    bal = shares(compute_by_rank)
+    ddp_compute, diloco_compute = (bal["auto_s"], bal["diloco_s"]) if bal and bal["suggest"] else (compute_s, compute_s)
     grad = 4 * parameters
     n_buckets = buckets(grad)
     ddp_s = allreduce_s(grad, world, busbw_GBps, lat, n_buckets)
@@ -76,16 +118,23 @@ def budget(*, busbw_GBps: float, latency_us: float, world: int, parameters: int,
     pseudo = diloco_bytes_per_param * parameters
     sync_s = allreduce_s(pseudo, world, busbw_GBps, lat, buckets(pseudo))
     out = {"world": world, "parameters": parameters, "busbw_GBps": busbw_GBps, "latency_us": latency_us,
-           "compute_s": compute_s,
-           "ddp": {"bytes": grad, "buckets": n_buckets, "comm_s": ddp_s, "ratio": _ratio(ddp_s, compute_s)},
-           "ddp_bf16": {"bytes": grad // 2, "buckets": n_buckets, "comm_s": half_s,
-                        "ratio": _ratio(half_s, compute_s)},
-           "thresholds": {"ddp": DDP_OK, "diloco": DILOCO_OK}}
-    H = diloco_steps(sync_s, compute_s)
+           "compute_s": compute_s, "balance": bal,
+           "ddp": {"bytes": grad, "buckets": n_buckets, "comm_s": ddp_s, "compute_s": ddp_compute,
+                   "ratio": _ratio(ddp_s, ddp_compute)},
+           "ddp_bf16": {"bytes": grad // 2, "buckets": n_buckets, "comm_s": half_s, "compute_s": ddp_compute,
+                        "ratio": _ratio(half_s, ddp_compute)},
+           "ddp_powersgd": None,
+           "thresholds": {"ddp": DDP_OK, "diloco": DILOCO_OK, "balance_gain": BALANCE_GAIN}}
+    if powersgd:
+        low = 4 * powersgd["elements"]
+        low_s = allreduce_s(low, world, busbw_GBps, lat, 3 * n_buckets)  # whole tensors, P, Q: one after another
+        out["ddp_powersgd"] = {"rank": powersgd["rank"], "bytes": low, "buckets": n_buckets, "comm_s": low_s,
+                               "compute_s": ddp_compute, "ratio": _ratio(low_s, ddp_compute)}
+    H = diloco_steps(sync_s, diloco_compute)
     out["diloco"] = {"bytes_per_sync": pseudo, "comm_s_per_sync": sync_s, "inner_steps": H,
-                     "comm_s_per_step": sync_s / H if H else None,
-                     "ratio": _ratio(sync_s / H, compute_s) if H else None,
-                     "overlap_steps": overlap_steps(sync_s, compute_s, H)}
+                     "comm_s_per_step": sync_s / H if H else None, "compute_s": diloco_compute,
+                     "ratio": _ratio(sync_s / H, diloco_compute) if H else None,
+                     "overlap_steps": overlap_steps(sync_s, diloco_compute, H)}
     out["suggestion"] = suggest(out)
     out["text"] = describe(out)
     return out
@@ -109,7 +158,28 @@ def overlap_steps(sync_s: float, compute_s: float | None, inner_steps: int | Non
 
 
 def suggest(b: dict) -> dict | None:
-    """{"sync", "ddp_comm_hook", "inner_steps", "overrides", "why"}: what to train with on this link."""
+    """{"sync", "ddp_comm_hook", "inner_steps", "balance", "overrides", "why"}: what to train with on this link,
+    and with which shares."""
+    s = _sync_suggestion(b)
+    if s is None:
+        return None
+    s["balance"] = "equal"
+    bal = b.get("balance")
+    if b["world"] > 1 and bal and bal["suggest"]:
+        s["balance"] = "auto"
+        s["overrides"] = ["training.balance=auto", *s["overrides"]]
+        pace = (f"a DDP step of the global batch would take {seconds(bal['auto_s'])} instead of "
+                f"{seconds(bal['equal_s'])}" if s["sync"] == "ddp" else
+                f"DiLoCo's rounds would go at the fastest rank's {seconds(bal['diloco_s'])} a local step, the slower "
+                f"ranks taking fewer")
+        s["why"] += (f"; the ranks compute a step in {seconds(min(bal['s_by_rank']))} to "
+                     f"{seconds(max(bal['s_by_rank']))}: with shares in proportion to their speed {pace} "
+                     f"({bal['gain']:.2f}x the samples/s of equal shares)")
+    return s
+
+
+def _sync_suggestion(b: dict) -> dict | None:
+    """{"sync", "ddp_comm_hook", "inner_steps", "overrides", "why"}: how to synchronise on this link."""
     if b["world"] <= 1:
         return {"sync": "ddp", "ddp_comm_hook": "none", "inner_steps": None, "overrides": [],
                 "why": "one rank: nothing is communicated"}
@@ -172,10 +242,18 @@ def describe(b: dict) -> str:
             f"{seconds(ddp['comm_s'])} of communication per step")
     if b["compute_s"] is None:
         return text + "; the compute time per step is unknown, so no suggestion."
-    text += (f" against {seconds(b['compute_s'])} of compute ({_pct(ddp['ratio'])}). The bf16 hook halves it to "
-             f"{seconds(half['comm_s'])} ({_pct(half['ratio'])}); DiLoCo with H={dl['inner_steps']} sends "
-             f"{human_bytes(dl['bytes_per_sync'])} of bf16 pseudo-gradient once per {dl['inner_steps']} steps, "
-             f"{seconds(dl['comm_s_per_step'])} per step ({_pct(dl['ratio'])}).")
+    bal = b.get("balance")
+    against = (f"{seconds(bal['auto_s'])} of compute with work shares ({seconds(b['compute_s'])} with equal ones)"
+               if bal and bal["suggest"] else f"{seconds(b['compute_s'])} of compute")
+    text += (f" against {against} ({_pct(ddp['ratio'])}). The bf16 hook halves it to "
+             f"{seconds(half['comm_s'])} ({_pct(half['ratio'])})")
+    low = b.get("ddp_powersgd")
+    if low:
+        text += (f"; PowerSGD at rank {low['rank']} sends {human_bytes(low['bytes'])}, {seconds(low['comm_s'])} "
+                 f"({_pct(low['ratio'])}, plus the compute of its compression)")
+    text += (f"; DiLoCo with H={dl['inner_steps']} sends {human_bytes(dl['bytes_per_sync'])} of bf16 "
+             f"pseudo-gradient once per {dl['inner_steps']} steps, {seconds(dl['comm_s_per_step'])} per step "
+             f"({_pct(dl['ratio'])}).")
     s = b["suggestion"]
     return text + " " + suggestion_line(s) + "."
 
@@ -183,10 +261,38 @@ def describe(b: dict) -> str:
 def suggestion_line(s: dict | None) -> str:
     if s is None:
         return "No suggestion (the compute time per step is unknown)"
+    how = f": {' '.join(s['overrides'])}" if s["overrides"] else " (the default, no override)"
+    return f"Suggestion: {suggestion_name(s)}{how} — {s['why']}"
+
+
+def suggestion_name(s: dict) -> str:
+    """"plain DDP", "DDP with the bf16 hook" or "DiLoCo with H=50", with ", work shares by speed" when it has them."""
     what = "plain DDP" if s["sync"] == "ddp" and s["ddp_comm_hook"] == "none" else \
         f"DDP with the {s['ddp_comm_hook']} hook" if s["sync"] == "ddp" else f"DiLoCo with H={s['inner_steps']}"
-    how = f": {' '.join(s['overrides'])}" if s["overrides"] else " (the default, no override)"
-    return f"Suggestion: {what}{how} — {s['why']}"
+    return what + (", work shares by speed" if s.get("balance") == "auto" else "")
+
+
+def shares_line(bal: dict) -> str:
+    """The ranks' compute per step, and a step's under equal shares and under shares by speed."""
+    return (f"ranks' compute per step {', '.join(seconds(t) for t in bal['s_by_rank'])}: {seconds(bal['equal_s'])} a "
+            f"step with equal shares, {seconds(bal['auto_s'])} with shares by speed ({bal['gain']:.2f}x the samples/s)")
+
+
+def rows(b: dict) -> list[tuple[str, float, float | None, float | None, float | None]]:
+    """The table of a budget: (way of synchronising, bytes per step, communication s per step, compute s per step,
+    comm / compute); the compute is the balanced one when the suggestion has work shares."""
+    low, dl = b.get("ddp_powersgd"), b["diloco"]
+    out = [("ddp (fp32 gradients)", b["ddp"]["bytes"], b["ddp"]["comm_s"]),
+           ("ddp + bf16 hook", b["ddp_bf16"]["bytes"], b["ddp_bf16"]["comm_s"])]
+    parts = [b["ddp"], b["ddp_bf16"]]
+    if low:
+        out.append((f"ddp + powersgd r={low['rank']}", low["bytes"], low["comm_s"]))
+        parts.append(low)
+    if dl.get("inner_steps"):
+        out.append((f"diloco H={dl['inner_steps']} (bf16, once per H)", dl["bytes_per_sync"] / dl["inner_steps"],
+                    dl["comm_s_per_step"]))
+        parts.append(dl)
+    return [(*row, part.get("compute_s"), part["ratio"]) for row, part in zip(out, parts)]
 
 
 # ---------------------------------------------------------------- the model a run trains, and hrmctl train's warning
@@ -224,33 +330,48 @@ def age(seconds_ago: float) -> str:
     return ""
 
 
-def advise(link: dict, run: dict, *, world: int, sync: str = "ddp", hook: str = "none", now: float | None = None) -> dict:
+def advise(link: dict, run: dict, *, world: int, sync: str = "ddp", hook: str = "none", balance: str = "equal",
+           now: float | None = None) -> dict:
     """hrmctl train's look at a cached link (``link``: one entry of links.json) for this run's model (``run``: as in
-    scaled_compute, with "name"): {"warn", "line", "budget", "compute_s", "estimated"}. ``warn`` when this run's
-    communication (its sync and comm hook) would take longer than its compute."""
+    scaled_compute, with "name" and "powersgd"): {"warn", "line", "budget", "compute_s", "estimated", ...}. ``warn``
+    when this run's DDP communication (its comm hook, its shares) would take longer than its compute, or when its
+    ranks differ in speed (test-ddp timed each) and it gives them equal shares."""
     compute_s, estimated = scaled_compute(link["compute"], run)
+    measured = link["compute"].get("s_by_rank")
+    by_rank = [t * compute_s / max(measured) for t in measured] if measured and min(measured) > 0 else None
     b = budget(busbw_GBps=link["busbw_GBps"], latency_us=link["latency_us"], world=world,
-               parameters=run["parameters"], compute_s=compute_s)
+               parameters=run["parameters"], compute_s=compute_s, powersgd=run.get("powersgd"),
+               compute_by_rank=by_rank if by_rank and len(by_rank) == world else None)
     out = {"warn": False, "line": None, "budget": b, "compute_s": compute_s, "estimated": estimated,
-           "sync": sync, "ddp_comm_hook": hook, "measured_at": link.get("measured_at")}
-    if sync != "ddp" or hook == "powersgd" or world <= 1:  # DiLoCo already, or a compression not modelled here
+           "sync": sync, "ddp_comm_hook": hook, "balance": balance, "measured_at": link.get("measured_at")}
+    if world <= 1:
         return out
-    mine = b["ddp_bf16"] if hook in ("bf16", "fp16") else b["ddp"]
-    out["comm_s"], out["ratio"] = mine["comm_s"], mine["ratio"]
-    if mine["ratio"] is None or mine["ratio"] <= 1:
-        return out
-    s = b["suggestion"]
+    s, bal = b["suggestion"], b["balance"]
     when = age((now or time.time()) - link["measured_at"]) if link.get("measured_at") else ""
-    wire = f"{hook} gradients" if hook in ("bf16", "fp16") else "fp32 gradients"
     how = ("estimate: scaled from the " + ("same model at batch " if link["compute"].get("spec") == run.get("spec")
                                            else f"model {link['compute'].get('name')} at batch ")
            + f"{link['compute']['batch_size']} measured by test-ddp") if estimated else "measured by test-ddp"
-    out["warn"] = True
-    out["line"] = (f"{','.join(link.get('nodes', []))}: DDP would spend ~{seconds(mine['comm_s'])} per step "
-                   f"communicating ({run['parameters'] / 1e6:.2f}M parameters as {wire} at "
-                   f"{link['busbw_GBps'] * 1e3:.3g} MB/s bus bandwidth, test-ddp {when}) against "
-                   f"~{seconds(compute_s)} of compute ({how}): communication dominates; "
-                   + (f"try {' '.join(s['overrides'])}" if s and s["overrides"] else "check the link with hrmctl test-ddp"))
+    nodes = ",".join(link.get("nodes", []))
+    mine = {"bf16": b["ddp_bf16"], "fp16": b["ddp_bf16"], "powersgd": b["ddp_powersgd"]}.get(hook, b["ddp"])
+    if sync == "ddp" and mine:
+        step_s = bal["auto_s"] if bal and balance != "equal" else compute_s  # the compute of this run's steps
+        out["comm_s"], out["ratio"] = mine["comm_s"], _ratio(mine["comm_s"], step_s)
+        if out["ratio"] is not None and out["ratio"] > 1:
+            wire = (f"PowerSGD rank-{mine['rank']} factors" if hook == "powersgd" else
+                    f"{hook} gradients" if hook in ("bf16", "fp16") else "fp32 gradients")
+            out["warn"] = True
+            out["line"] = (f"{nodes}: DDP would spend ~{seconds(mine['comm_s'])} per step communicating "
+                           f"({run['parameters'] / 1e6:.2f}M parameters as {wire} at {link['busbw_GBps'] * 1e3:.3g} "
+                           f"MB/s bus bandwidth, test-ddp {when}) against ~{seconds(step_s)} of compute ({how}): "
+                           "communication dominates; " + (f"try {' '.join(s['overrides'])}" if s and s["overrides"]
+                                                          else "check the link with hrmctl test-ddp"))
+            return out
+    if balance == "equal" and bal and bal["suggest"]:
+        out["warn"] = True
+        waits = "every DDP step waits for the slowest" if sync == "ddp" else "every DiLoCo round waits for the slowest"
+        out["line"] = (f"{nodes}: the ranks compute a step in {seconds(min(bal['s_by_rank']))} to "
+                       f"{seconds(max(bal['s_by_rank']))} (test-ddp {when}) and this run gives them equal shares: "
+                       f"{waits}; try training.balance=auto (about {bal['gain']:.2f}x the samples/s)")
     return out
 
 
@@ -276,7 +397,10 @@ def run_model(cfg, world: int) -> dict:
     sizing.per_rank(cfg, world)
     arch = config.resolved_model(cfg.model)
     vocab = lm_vocab(cfg.data_dir or f"data/{cfg.task}") if cfg.task == "lm" else None
-    return {"name": cfg.model.name, "task": cfg.task, "parameters": sizing.count_parameters(cfg.task, arch, vocab),
+    shapes = sizing.parameter_shapes(cfg.task, arch, vocab)
+    rank = cfg.training.powersgd_rank
+    return {"name": cfg.model.name, "task": cfg.task, "parameters": sum(math.prod(s) for s in shapes),
+            "powersgd": {"rank": rank, "elements": powersgd_elements(shapes, rank)},
             "batch_size": cfg.training.batch_size, "grad_accum": cfg.training.grad_accum,
             "tokens_per_sample": arch["block_size"] if cfg.task == "lm" else 81, "vocab": vocab,
             "passes": passes(arch, models.family_of(cfg.task, arch)),
@@ -303,8 +427,7 @@ def main(argv: list[str]) -> int:
         cfg = config.parse(args)
         world = world or link["world"]
         t = cfg.training
-        out = advise(link, run_model(cfg, world), world=world, sync=getattr(t, "sync", "ddp"),
-                     hook=getattr(t, "ddp_comm_hook", "none"))
+        out = advise(link, run_model(cfg, world), world=world, sync=t.sync, hook=t.ddp_comm_hook, balance=t.balance)
     except (UserError, ValueError, KeyError, IndexError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

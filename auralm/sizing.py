@@ -22,10 +22,19 @@ from auralm.errors import UserError
 from auralm.models.layers import swiglu_width
 
 
-def count_parameters(task: str, arch: dict, vocab: int | None) -> int:
+def meta_model(task: str, arch: dict, vocab: int | None) -> torch.nn.Module:
+    """The model built on the meta device: shapes, no memory."""
     with torch.device("meta"):
-        model = models.build(task, arch, vocab)
-    return sum(p.numel() for p in model.parameters())
+        return models.build(task, arch, vocab)
+
+
+def parameter_shapes(task: str, arch: dict, vocab: int | None) -> list[tuple[int, ...]]:
+    """The shape of every trainable parameter, in the model's order (a tied weight once): what DDP all-reduces."""
+    return [tuple(p.shape) for p in meta_model(task, arch, vocab).parameters() if p.requires_grad]
+
+
+def count_parameters(task: str, arch: dict, vocab: int | None) -> int:
+    return sum(p.numel() for p in meta_model(task, arch, vocab).parameters())
 
 
 def blocks_in_graph(task: str, arch: dict) -> int:

@@ -6,6 +6,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from auralm import link_budget
+
 
 def human_bytes(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
@@ -66,21 +68,16 @@ def show_training(tr: dict, console: Console) -> None:
                     f"per rank; compute {_s(tr['compute_s'])} per step ({timed})", title_justify="left")
     for col in ("sync", "bytes per step", "comm per step", "compute per step", "comm / compute"):
         t.add_column(col, justify="left" if col == "sync" else "right")
-    dl = tr["diloco"]
-    rows = [("ddp (fp32 gradients)", tr["ddp"]["bytes"], tr["ddp"]["comm_s"], tr["ddp"]["ratio"]),
-            ("ddp + bf16 hook", tr["ddp_bf16"]["bytes"], tr["ddp_bf16"]["comm_s"], tr["ddp_bf16"]["ratio"])]
-    if dl.get("inner_steps"):
-        rows.append((f"diloco, H={dl['inner_steps']} (bf16, once per H)", dl["bytes_per_sync"] / dl["inner_steps"],
-                     dl["comm_s_per_step"], dl["ratio"]))
-    for label, nbytes, comm, ratio in rows:
-        t.add_row(label, _mb(nbytes), _s(comm), _s(tr["compute_s"]), "-" if ratio is None else f"{ratio:.3f}")
+    for label, nbytes, comm, compute, ratio in link_budget.rows(tr):
+        t.add_row(label, _mb(nbytes), _s(comm), _s(compute), "-" if ratio is None else f"{ratio:.3f}")
     console.print(t)
+    if tr.get("balance"):
+        console.print(link_budget.shares_line(tr["balance"]), highlight=False)
     s = tr.get("suggestion")
     if s is None:
         console.print("no suggestion: the compute time per step is unknown", highlight=False)
         return
-    what = ("plain ddp (the default)" if s["sync"] == "ddp" and s["ddp_comm_hook"] == "none"
-            else f"ddp with the {s['ddp_comm_hook']} hook" if s["sync"] == "ddp" else f"diloco with H={s['inner_steps']}")
+    what = link_budget.suggestion_name(s) + (" (the default)" if not s["overrides"] else "")
     how = f" — [bold]{escape(' '.join(s['overrides']))}[/bold]" if s["overrides"] else ""
     console.print(f"suggestion: {what}{how} ({escape(s['why'])}); link {tr['busbw_GBps'] * 1e3:.3g} MB/s bus "
                   f"bandwidth, {tr['latency_us']:.0f} us latency, {tr['world']} ranks", highlight=False)

@@ -1,14 +1,15 @@
 """What test-ddp measured of each set of nodes, kept for `hrmctl train`: the link cache and train's warning.
 
 `hrmctl test-ddp` saves, per set of nodes (the sorted names), the bus bandwidth and latency it measured,
-the world, backend and time, and the compute time per step of the model it timed (auralm.ddp_check's
-`training` section) in links.json under hrmctl's cache directory ($HRMCTL_CACHE, else
-$XDG_CACHE_HOME/hrmctl, else ~/.cache/hrmctl). Before a multi-node `hrmctl train` (not DiLoCo), the
-entry of its nodes, if any, is handed with the run's overrides to `python -m auralm.link_budget`
+the world, backend and time, and the compute time per step of the model it timed, the slowest rank's and
+every rank's (auralm.ddp_check's `training` section) in links.json under hrmctl's cache directory
+($HRMCTL_CACHE, else $XDG_CACHE_HOME/hrmctl, else ~/.cache/hrmctl). Before a multi-node `hrmctl train`,
+the entry of its nodes, if any, is handed with the run's overrides to `python -m auralm.link_budget`
 (a process, started at once so that it runs beside the preflight; it sizes the run's model on the meta
-device and scales the cached compute to it), and when DDP's communication would take longer than the
-compute, one warning line says so with the figures and the overrides to try. Never an error, never a
-reason not to run: anything missing or failing here is silence.
+device and scales the cached compute to it). When DDP's communication (with the run's comm hook, PowerSGD
+included) would take longer than the compute, or when the ranks differ in speed and the run gives them
+equal shares, one warning line says so with the figures and the overrides to try. Never an error, never
+a reason not to run: anything missing or failing here is silence.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from cli.nodes.inventory import Node
 from cli.launch.plan import TRAINER
 
 ADVICE_TIMEOUT_S = 20
-SYNC_KEYS = ("training.sync",)
 
 
 def cache_path() -> Path:
@@ -65,6 +65,7 @@ def entry_from_result(result: dict, names: list[str], now: float | None = None) 
             "busbw_GBps": tr["busbw_GBps"], "bandwidth_bytes": tr.get("bandwidth_bytes"),
             "latency_us": tr["latency_us"], "measured_at": now or time.time(),
             "compute": {"s_per_step": compute["s_per_step"], "steps_timed": compute["steps_timed"],
+                        "s_by_rank": [t * model.get("grad_accum", 1) for t in compute.get("s_by_rank") or []] or None,
                         **{k: model[k] for k in ("name", "task", "parameters", "batch_size", "grad_accum",
                                                  "tokens_per_sample", "passes", "vocab", "spec")
                            if k in model}}}
@@ -89,10 +90,6 @@ def remember(result: dict | None, nodes: list[Node]) -> Path | None:
         return save(entry) if entry else None
     except (OSError, KeyError, TypeError, ValueError):
         return None
-
-
-def _is_diloco(args: list[str]) -> bool:
-    return any(a.partition("=")[0].lstrip("+") in SYNC_KEYS and a.partition("=")[2].strip() == "diloco" for a in args)
 
 
 class Advice:
@@ -121,7 +118,7 @@ class Advice:
 
 def start(opts) -> Advice | None:
     """The advice for a multi-node run of the trainer with a cached link, started; None when there is nothing to say."""
-    if opts.module != TRAINER or len(opts.nodes) < 2 or _is_diloco(opts.args):
+    if opts.module != TRAINER or len(opts.nodes) < 2:
         return None
     entry = load([n.name for n in opts.nodes])
     if not entry:
@@ -141,7 +138,7 @@ def summary(advice: Advice | None) -> dict | None:
     b = res["budget"]
     return {"warn": res["warn"], "line": res["line"], "comm_s": res.get("comm_s"), "compute_s": res["compute_s"],
             "ratio": res.get("ratio"), "estimated": res["estimated"], "sync": res["sync"],
-            "ddp_comm_hook": res["ddp_comm_hook"], "parameters": b["parameters"], "world": b["world"],
+            "ddp_comm_hook": res["ddp_comm_hook"], "balance": res.get("balance"), "parameters": b["parameters"], "world": b["world"],
             "busbw_GBps": b["busbw_GBps"], "latency_us": b["latency_us"], "measured_at": res["measured_at"],
             "suggestion": b["suggestion"]}
 

@@ -31,13 +31,16 @@ def _check_section(tr: dict) -> None:
     assert tr["compute_s"] == c["s_per_step"] == max(c["s_by_rank"]) > 0
     assert tr["busbw_GBps"] > 0 and tr["latency_us"] > 0
     assert tr["ddp"]["comm_s"] > tr["ddp_bf16"]["comm_s"] > 0 and tr["ddp"]["bytes"] == 4 * m["parameters"]
-    assert tr["ddp"]["ratio"] == pytest.approx(tr["ddp"]["comm_s"] / tr["compute_s"])
+    assert tr["ddp"]["ratio"] == pytest.approx(tr["ddp"]["comm_s"] / tr["ddp"]["compute_s"])
     s = tr["suggestion"]
     assert s["sync"] in ("ddp", "diloco") and s["why"] and tr["text"]
     # the section is link_budget's own prediction from these very figures
     again = lb.budget(busbw_GBps=tr["busbw_GBps"], latency_us=tr["latency_us"], world=2,
-                      parameters=m["parameters"], compute_s=tr["compute_s"])
-    assert again["suggestion"] == s and again["ddp"] == tr["ddp"]
+                      parameters=m["parameters"], compute_s=tr["compute_s"], powersgd=m["powersgd"],
+                      compute_by_rank=[t * m["grad_accum"] for t in c["s_by_rank"]])
+    assert again["suggestion"] == s and again["ddp"] == tr["ddp"] and again["ddp_powersgd"] == tr["ddp_powersgd"]
+    assert 0 < tr["ddp_powersgd"]["bytes"] < tr["ddp_bf16"]["bytes"]  # rank-2 factors: less than half the bytes
+    assert (s["balance"] == "auto") == tr["balance"]["suggest"] == (s["overrides"][:1] == ["training.balance=auto"])
 
 
 def _cached(cache, tr: dict) -> dict:
@@ -60,7 +63,7 @@ def _consistent(link: dict, err: str, entry: dict, tr: dict) -> None:
     assert not link["estimated"] and link["compute_s"] == pytest.approx(entry["compute"]["s_per_step"])
     assert link["comm_s"] == pytest.approx(tr["ddp"]["comm_s"])
     dominates = tr["ddp"]["comm_s"] > tr["compute_s"]
-    assert link["warn"] == dominates
+    assert link["warn"] == (dominates or tr["balance"]["suggest"])  # or the ranks differ and the run has equal shares
     assert ("warning: node0,node1: DDP would spend" in err) == dominates
     assert link["suggestion"] == tr["suggestion"]
 
@@ -100,18 +103,53 @@ def test_slow_link_makes_train_warn_with_the_suggested_overrides(lab3, hrmctl, t
     assert tr["ddp"]["comm_s"] > tr["compute_s"] and tr["suggestion"]["sync"] == "diloco"
     H, K = tr["suggestion"]["inner_steps"], tr["suggestion"]["overlap_steps"]
     overlap = [f"training.diloco.overlap_steps={K}"] if K else []
-    assert tr["suggestion"]["overrides"] == ["training.sync=diloco", f"training.diloco.inner_steps={H}", *overlap]
+    shares = ["training.balance=auto"] if tr["balance"]["suggest"] else []  # two namespaces of one machine: rarely
+    sync = ["training.sync=diloco", f"training.diloco.inner_steps={H}", *overlap]
+    assert tr["suggestion"]["overrides"] == [*shares, *sync]
     assert tr["diloco"]["ratio"] <= lb.DILOCO_OK
-    assert K == lb.overlap_steps(tr["diloco"]["comm_s_per_sync"], tr["compute_s"], H)
+    assert K == lb.overlap_steps(tr["diloco"]["comm_s_per_sync"], tr["diloco"]["compute_s"], H)
     entry = _cached(cache, tr)
     link, err = _train_dry_run(hrmctl, lab3, cache)  # the figures are cached: the link need not be slow now
     _consistent(link, err, entry, tr)
     line = next(l for l in err.splitlines() if l.startswith("warning: node0,node1:"))
-    assert line.endswith(" ".join(["try training.sync=diloco", f"training.diloco.inner_steps={H}", *overlap]))
-    # asking for DiLoCo already: no warning
+    assert line.endswith(" ".join(["try", *shares, *sync]))
+    # asking for DiLoCo already: nothing to say of the communication
     code, out, err = hrmctl("train", "--nodes", "node0,node1", "--dry-run", "--json", *MODEL, "training.sync=diloco",
                             inventory=lab3.inventory, env={"HRMCTL_CACHE": str(cache)})
     assert code == 0, out + err
-    assert json.loads(out)["link"] is None and "warning:" not in err
+    assert json.loads(out)["link"]["sync"] == "diloco" and "DDP would spend" not in err
     print(f"5 Mbit/s: busbw {tr['busbw_GBps'] * 1e6:.0f} KB/s, latency {tr['latency_us']:.0f} us, "
           f"compute {tr['compute_s']:.3f} s/step, ddp {tr['ddp']['comm_s']:.2f} s/step; {tr['suggestion']['overrides']}")
+
+
+def test_a_node_at_a_third_of_a_core_gets_work_shares_suggested(lab3, hrmctl, tmp_path):
+    """node0 on a core of its own, node1 on the other held to a third of it (a cgroup CPU quota): test-ddp times
+    the model on each, finds node1 about three times slower and suggests shares by speed; `hrmctl train` with equal
+    shares warns, with training.balance=auto it does not."""
+    cache = tmp_path / "cache"
+    lab3.node("node0").limit_cpu(cpus="0")
+    lab3.node("node1").limit_cpu(cpus="1", quota=0.33)
+    try:
+        tr = _test_ddp(hrmctl, lab3, cache, "--max-size", "1MiB", "--seconds", "0.05")
+    finally:
+        for name in ("node0", "node1"):
+            lab3.node(name).limit_cpu()
+    _check_section(tr)
+    bal, s = tr["balance"], tr["suggestion"]
+    fast, slow = tr["compute"]["s_by_rank"]  # rank 0 is node0
+    assert slow > 1.8 * fast, tr["compute"]["s_by_rank"]
+    assert bal["suggest"] and bal["gain"] == pytest.approx((1 + slow / fast) / 2)
+    assert bal["auto_s"] == pytest.approx(2 / (1 / fast + 1 / slow)) and bal["equal_s"] == slow
+    assert s["balance"] == "auto" and s["overrides"][0] == "training.balance=auto"
+    assert tr["ddp"]["compute_s"] == pytest.approx(bal["auto_s"])  # the ratios are the balanced run's
+    link, err = _train_dry_run(hrmctl, lab3, cache)
+    assert link["warn"] and link["balance"] == "equal"
+    line = next(l for l in err.splitlines() if l.startswith("warning: node0,node1:"))
+    assert "this run gives them equal shares" in line and line.endswith(
+        f"try training.balance=auto (about {bal['gain']:.2f}x the samples/s)")
+    code, out, err = hrmctl("train", "--nodes", "node0,node1", "--dry-run", "--json", *MODEL, "training.balance=auto",
+                            inventory=lab3.inventory, env={"HRMCTL_CACHE": str(cache)})
+    assert code == 0, out + err
+    assert not json.loads(out)["link"]["warn"] and "warning: node0,node1" not in err
+    print(f"node1 at a third of a core: compute {fast:.3f} s and {slow:.3f} s a step, shares by speed "
+          f"{bal['gain']:.2f}x; {s['overrides']}")

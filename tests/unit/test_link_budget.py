@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import time
 
 import pytest
@@ -88,6 +89,113 @@ def test_the_link_is_the_best_of_the_two_largest_sizes():
     assert lb.link_from_rows([{"bytes": 1024, "busbw_GBps": 0.0}]) is None  # a world of one
 
 
+def test_powersgd_bytes_worked_by_hand():
+    # each gradient as (first dimension, the rest); rank r = min(n, m, 2); P and Q when 2 (n + m) r < n m:
+    # (1000, 500): 2 x 1500 = 3000 (6000 < 500000); (64, 3, 3, 3) as (64, 27): 2 x 91 = 182 (364 < 1728);
+    # (10,) as (10, 1): r = 1, 11 elements would not halve 10: sent whole; (4, 4): 2 x 8 = 16 is not under 16/2
+    shapes = [(1000, 500), (64, 3, 3, 3), (10,), (4, 4)]
+    assert lb.powersgd_elements(shapes, 2) == 3000 + 182 + 10 + 16
+    assert lb.powersgd_elements([(1000, 500)], 4) == 6000
+    # 1M parameters whose factors are 100k elements: 400 kB at 100 MB/s on two ranks = 4 ms + 3 messages x 1 ms
+    # (the whole tensors, then P, then Q, one after another) in DDP's one bucket, against 0.1 s of compute
+    b = lb.budget(busbw_GBps=0.1, latency_us=1000, world=2, parameters=1_000_000, compute_s=0.1,
+                  powersgd={"rank": 2, "elements": 100_000})
+    low = b["ddp_powersgd"]
+    assert low["bytes"] == 400_000 and low["comm_s"] == pytest.approx(0.007) and low["ratio"] == pytest.approx(0.07)
+    assert [r[0] for r in lb.rows(b)] == ["ddp (fp32 gradients)", "ddp + bf16 hook", "ddp + powersgd r=2",
+                                          "diloco H=10 (bf16, once per H)"]
+    assert "PowerSGD at rank 2 sends 400 KB, 7 ms (7.0%" in b["text"]
+
+
+PSGD_SCRIPT = """
+import json, os, sys
+import torch, torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+from torch.nn.parallel import DistributedDataParallel
+from auralm import config, models
+
+cfg = config.parse(sys.argv[2:])
+arch = config.resolved_model(cfg.model)
+vocab = 512 if cfg.task == "lm" else None
+dist.init_process_group("gloo", rank=0, world_size=1)
+model = models.build(cfg.task, arch, vocab)
+
+class Touch(torch.nn.Module):  # a loss that reaches every parameter, whatever the model's own forward takes
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+    def forward(self):
+        return sum((p * p).sum() for p in self.inner.parameters())
+
+# one bucket: torch's hook waits for its P and Q all-reduces inside callbacks on gloo's few worker threads, and
+# with this loss every bucket is ready at the same moment; several such chains at once can take every thread and hang
+ddp = DistributedDataParallel(Touch(model), bucket_cap_mb=1000)
+state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=int(sys.argv[1]),
+                                    start_powerSGD_iter=2)
+ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+for _ in range(3):  # two plain all-reduces, then one compressed step
+    ddp().backward()
+print(json.dumps({"sent": state.total_numel_after_compression, "before": state.total_numel_before_compression}))
+"""
+
+
+@pytest.mark.parametrize("rank,overrides", [(2, ["task=lm", "model=tiny"]), (1, ["task=sudoku", "model=hrm-tiny"]),
+                                            (4, ["task=sudoku", "model=trm-tiny"])])
+def test_powersgd_elements_are_what_torchs_hook_sends(tmp_path, rank, overrides):
+    """torch's own powerSGD_hook on a real DDP (gloo, one process) counts the elements of its one compressed step."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from auralm import config, sizing
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    done = subprocess.run([sys.executable, "-c", PSGD_SCRIPT, str(rank), *overrides], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    counted = json.loads(done.stdout.strip().splitlines()[-1])
+    cfg = config.parse(overrides)
+    shapes = sizing.parameter_shapes(cfg.task, config.resolved_model(cfg.model), 512 if cfg.task == "lm" else None)
+    assert counted["before"] == sum(math.prod(s) for s in shapes)
+    assert lb.powersgd_elements(shapes, rank) == counted["sent"] < counted["before"]
+
+
+def test_work_shares_join_the_suggestion_when_the_ranks_differ():
+    # ranks at 0.1 s and 0.2 s a step: equal shares wait 0.2 s; shares by speed do the global batch in
+    # 2 / (1/0.1 + 1/0.2) = 0.1333 s (1.5x the samples/s); a DiLoCo round goes at the fastest rank's 0.1 s a step
+    bal = lb.shares([0.1, 0.2])
+    assert bal["equal_s"] == 0.2 and bal["auto_s"] == pytest.approx(2 / 15) and bal["diloco_s"] == 0.1
+    assert bal["gain"] == pytest.approx(1.5) and bal["suggest"]
+    assert not lb.shares([0.1, 0.11])["suggest"] and lb.shares([0.1]) is None and lb.shares(None) is None
+    # a fast link (1M parameters, 4 MB at 1 GB/s = 4 ms): plain DDP, with the shares, its ratio against 0.1333 s
+    b = lb.budget(busbw_GBps=1.0, latency_us=0, world=2, parameters=1_000_000, compute_s=0.2,
+                  compute_by_rank=[0.1, 0.2])
+    s = b["suggestion"]
+    assert (s["sync"], s["ddp_comm_hook"], s["balance"]) == ("ddp", "none", "auto")
+    assert s["overrides"] == ["training.balance=auto"]
+    assert b["ddp"]["ratio"] == pytest.approx(0.004 / (2 / 15)) and b["ddp"]["compute_s"] == pytest.approx(2 / 15)
+    assert "1.50x the samples/s of equal shares" in s["why"]
+    assert "plain DDP, work shares by speed: training.balance=auto" in b["text"]
+    assert "0.133 s of compute with work shares (0.2 s with equal ones)" in b["text"]
+    # a slow link: DiLoCo's H from the fastest rank's 0.1 s: 2 MB at 25 MB/s = 80 ms a sync, 5% of 0.1 s needs
+    # H >= 16: 20; with the slowest rank's 0.2 s it would have been 10
+    b = lb.budget(busbw_GBps=0.025, latency_us=0, world=2, parameters=1_000_000, compute_s=0.2,
+                  compute_by_rank=[0.1, 0.2])
+    assert b["diloco"]["inner_steps"] == 20 and b["diloco"]["compute_s"] == 0.1
+    assert b["suggestion"]["overrides"][:3] == ["training.balance=auto", "training.sync=diloco",
+                                                "training.diloco.inner_steps=20"]
+    assert "fastest rank's 0.1 s a local step" in b["suggestion"]["why"]
+    assert lb.budget(busbw_GBps=0.025, latency_us=0, world=2, parameters=1_000_000,
+                     compute_s=0.2)["diloco"]["inner_steps"] == 10
+    # equal enough: no shares suggested, nothing changes
+    b = lb.budget(busbw_GBps=1.0, latency_us=0, world=2, parameters=1_000_000, compute_s=0.2,
+                  compute_by_rank=[0.19, 0.2])
+    assert b["suggestion"]["overrides"] == [] and b["ddp"]["compute_s"] == 0.2 and not b["balance"]["suggest"]
+
+
 # ---------------------------------------------------------------- scaling the cached compute, and the warning
 
 SMALL = {"name": "small", "parameters": 14_000_000, "batch_size": 16, "grad_accum": 1, "tokens_per_sample": 256,
@@ -133,6 +241,30 @@ def test_advise_warns_only_when_communication_dominates():
     assert not lb.advise(link, dict(SMALL), world=2, sync="diloco")["warn"]
     # a fast link: no warning
     assert not lb.advise(_link({**SMALL, "s_per_step": 1.2}, busbw=1.0), dict(SMALL), world=2)["warn"]
+    # PowerSGD is modelled too: 1.4M factor elements, 5.6 MB at 25 MB/s = 0.224 s + 9 x 0.5 ms: no warning
+    psgd = dict(SMALL, powersgd={"rank": 2, "elements": 1_400_000})
+    a = lb.advise(link, psgd, world=2, hook="powersgd")
+    assert not a["warn"] and a["comm_s"] == pytest.approx(0.2285)
+    a = lb.advise(_link({**SMALL, "s_per_step": 0.1}), psgd, world=2, hook="powersgd")
+    assert a["warn"] and "as PowerSGD rank-2 factors" in a["line"]
+
+
+def test_advise_warns_of_equal_shares_on_ranks_of_unequal_speed():
+    # test-ddp timed the ranks at 0.6 s and 1.2 s; a fast link: the communication is fine, the shares are not
+    link = _link({**SMALL, "s_per_step": 1.2, "s_by_rank": [0.6, 1.2]}, busbw=1.0)
+    a = lb.advise(link, dict(SMALL), world=2)
+    assert a["warn"] and a["line"] == ("node0,node1: the ranks compute a step in 0.6 s to 1.2 s (test-ddp 3 h ago) and "
+                                       "this run gives them equal shares: every DDP step waits for the slowest; try "
+                                       "training.balance=auto (about 1.50x the samples/s)")
+    assert "every DiLoCo round waits" in lb.advise(link, dict(SMALL), world=2, sync="diloco")["line"]
+    assert not lb.advise(link, dict(SMALL), world=2, balance="auto")["warn"]
+    assert not lb.advise(link, dict(SMALL), world=2, balance="node0:2,node1:1")["warn"]
+    # the times scale with the run's model: half the batch, half of each rank's time; the ratio stays
+    a = lb.advise(link, dict(SMALL, batch_size=8), world=2)
+    assert a["warn"] and "0.3 s to 0.6 s" in a["line"]
+    # a slow link with shares by speed: the run's step is the balanced 0.8 s, against which 2.24 s dominates
+    a = lb.advise(_link({**SMALL, "s_per_step": 1.2, "s_by_rank": [0.6, 1.2]}), dict(SMALL), world=2, balance="auto")
+    assert a["warn"] and a["ratio"] == pytest.approx(2.2415 / 0.8) and "against ~0.8 s of compute" in a["line"]
 
 
 # ---------------------------------------------------------------- the cache file, and train's warning end to end
@@ -162,7 +294,7 @@ def test_cache_round_trip_under_home_and_xdg(home, monkeypatch):
     entry = links.load(["node0", "node1"])
     assert entry == json.loads(path.read_text())["node0,node1"]
     assert entry["busbw_GBps"] == 0.025 and entry["latency_us"] == 500.0 and entry["world"] == 2
-    assert entry["compute"] == {"s_per_step": 1.2, "steps_timed": 3, **model}
+    assert entry["compute"] == {"s_per_step": 1.2, "steps_timed": 3, "s_by_rank": [1.2, 1.08], **model}
     assert links.load(["node0", "node2"]) is None
     monkeypatch.setenv("XDG_CACHE_HOME", str(home / "xdg"))
     assert links.cache_path() == home / "xdg" / "hrmctl" / "links.json" and links.load(["node0", "node1"]) is None
@@ -194,8 +326,11 @@ def test_train_warning_from_the_cache_end_to_end(home):
     assert "(estimate: scaled from the model small at batch 16 measured by test-ddp)" in line
     assert line.endswith("try training.sync=diloco training.diloco.inner_steps=20 training.diloco.overlap_steps=1")
     assert "\n" not in line
-    # DiLoCo asked for, one node, or no entry for these nodes: nothing started, nothing printed
-    assert links.start(LaunchOptions(nodes=_nodes(), args=overrides + ["training.sync=diloco"])) is None
+    # DiLoCo asked for: nothing to say of the communication, and the ranks' speeds (1.2 s, 1.08 s) are close
+    doc = links.warn(links.start(LaunchOptions(nodes=_nodes(), args=overrides + ["training.sync=diloco"])),
+                     Console(file=io.StringIO()))
+    assert doc is not None and doc["sync"] == "diloco" and not doc["warn"]
+    # one node, or no entry for these nodes: nothing started, nothing printed
     assert links.start(LaunchOptions(nodes=_nodes()[:1], args=overrides)) is None
     assert links.start(LaunchOptions(nodes=[_nodes()[0], Node(name="x", host="h", user="u")], args=overrides)) is None
     # a fast link: the advice runs, but says nothing
