@@ -138,8 +138,8 @@ def summary(advice: Advice | None) -> dict | None:
     b = res["budget"]
     return {"warn": res["warn"], "line": res["line"], "comm_s": res.get("comm_s"), "compute_s": res["compute_s"],
             "ratio": res.get("ratio"), "estimated": res["estimated"], "sync": res["sync"],
-            "ddp_comm_hook": res["ddp_comm_hook"], "balance": res.get("balance"), "parameters": b["parameters"], "world": b["world"],
-            "busbw_GBps": b["busbw_GBps"], "latency_us": b["latency_us"], "measured_at": res["measured_at"],
+            "ddp_comm_hook": res["ddp_comm_hook"], "balance": res.get("balance"), "parameters": b["parameters"],
+            "world": b["world"], "busbw_GBps": b["busbw_GBps"], "latency_us": b["latency_us"], "measured_at": res["measured_at"],
             "suggestion": b["suggestion"]}
 
 
