@@ -211,11 +211,12 @@ def random_batch(task: str, arch: dict, vocab: int | None, batch: int, device: t
 def compute_probe(cfg: config.Config, model: dict, d: Dist, seconds: float) -> dict:
     """The trainer's model, built as the trainer builds it, timed on every rank at once for one optimizer step of
     random inputs (forward, backward, optimizer; after one warm-up step): {"steps_timed", "s_per_micro_batch" (the
-    slowest rank's median), "s_by_rank", "s_per_step" (x grad_accum), "error"}. Each rank times steps for about
+    slowest rank's median), "s_by_rank", "s_per_step" (x grad_accum), "s_per_step_by_rank", "error"}. Each rank times steps for about
     ``seconds`` (at least one, three when they fit in twice that, at most PROBE_MAX_STEPS); "steps_timed" is the
     fewest any rank timed."""
     t = cfg.training
-    out = {"steps_timed": 0, "s_per_micro_batch": None, "s_by_rank": None, "s_per_step": None, "error": None}
+    out = {"steps_timed": 0, "s_per_micro_batch": None, "s_by_rank": None, "s_per_step": None,
+           "s_per_step_by_rank": None, "error": None}
     error = None
     try:
         from auralm import models, objective, optim
@@ -265,7 +266,7 @@ def compute_probe(cfg: config.Config, model: dict, d: Dist, seconds: float) -> d
     steps = int(least.item())
     by_rank = mine.tolist()
     out.update(steps_timed=steps, s_by_rank=by_rank, s_per_micro_batch=max(by_rank),
-               s_per_step=max(by_rank) * t.grad_accum)
+               s_per_step=max(by_rank) * t.grad_accum, s_per_step_by_rank=[s * t.grad_accum for s in by_rank])
     return out
 
 
@@ -273,12 +274,13 @@ def training_section(cfg: config.Config, d: Dist, bw: list[dict], lat: dict, sec
     """The link budget (auralm.link_budget) for the trainer's model on this world, with the model and its compute."""
     model = link_budget.run_model(cfg, d.world)
     compute = compute_probe(cfg, model, d, seconds) if seconds > 0 else {
-        "steps_timed": 0, "s_per_micro_batch": None, "s_by_rank": None, "s_per_step": None, "error": "not timed"}
+        "steps_timed": 0, "s_per_micro_batch": None, "s_by_rank": None, "s_per_step": None,
+        "s_per_step_by_rank": None, "error": "not timed"}
     link = link_budget.link_from_rows(bw)
     busbw, at = link if link else (0.0, 0)
-    by_rank = [t * cfg.training.grad_accum for t in compute["s_by_rank"]] if compute["s_by_rank"] else None
     b = link_budget.budget(busbw_GBps=busbw, latency_us=lat["p50_us"], world=d.world, parameters=model["parameters"],
-                           compute_s=compute["s_per_step"], powersgd=model["powersgd"], compute_by_rank=by_rank)
+                           compute_s=compute["s_per_step"], powersgd=model["powersgd"],
+                           compute_by_rank=compute["s_per_step_by_rank"])
     return {**b, "bandwidth_bytes": at, "model": model, "compute": compute}
 
 

@@ -282,17 +282,14 @@ def rows(b: dict) -> list[tuple[str, float, float | None, float | None, float | 
     """The table of a budget: (way of synchronising, bytes per step, communication s per step, compute s per step,
     comm / compute); the compute is the balanced one when the suggestion has work shares."""
     low, dl = b.get("ddp_powersgd"), b["diloco"]
-    out = [("ddp (fp32 gradients)", b["ddp"]["bytes"], b["ddp"]["comm_s"]),
-           ("ddp + bf16 hook", b["ddp_bf16"]["bytes"], b["ddp_bf16"]["comm_s"])]
-    parts = [b["ddp"], b["ddp_bf16"]]
+    parts = [("ddp (fp32 gradients)", b["ddp"]), ("ddp + bf16 hook", b["ddp_bf16"])]
     if low:
-        out.append((f"ddp + powersgd r={low['rank']}", low["bytes"], low["comm_s"]))
-        parts.append(low)
+        parts.append((f"ddp + powersgd r={low['rank']}", low))
+    out = [(label, p["bytes"], p["comm_s"], p["compute_s"], p["ratio"]) for label, p in parts]
     if dl.get("inner_steps"):
         out.append((f"diloco H={dl['inner_steps']} (bf16, once per H)", dl["bytes_per_sync"] / dl["inner_steps"],
-                    dl["comm_s_per_step"]))
-        parts.append(dl)
-    return [(*row, part.get("compute_s"), part["ratio"]) for row, part in zip(out, parts)]
+                    dl["comm_s_per_step"], dl["compute_s"], dl["ratio"]))
+    return out
 
 
 # ---------------------------------------------------------------- the model a run trains, and hrmctl train's warning
@@ -337,7 +334,7 @@ def advise(link: dict, run: dict, *, world: int, sync: str = "ddp", hook: str = 
     when this run's DDP communication (its comm hook, its shares) would take longer than its compute, or when its
     ranks differ in speed (test-ddp timed each) and it gives them equal shares."""
     compute_s, estimated = scaled_compute(link["compute"], run)
-    measured = link["compute"].get("s_by_rank")
+    measured = link["compute"].get("s_per_step_by_rank")
     by_rank = [t * compute_s / max(measured) for t in measured] if measured and min(measured) > 0 else None
     b = budget(busbw_GBps=link["busbw_GBps"], latency_us=link["latency_us"], world=world,
                parameters=run["parameters"], compute_s=compute_s, powersgd=run.get("powersgd"),

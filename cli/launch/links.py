@@ -65,7 +65,7 @@ def entry_from_result(result: dict, names: list[str], now: float | None = None) 
             "busbw_GBps": tr["busbw_GBps"], "bandwidth_bytes": tr.get("bandwidth_bytes"),
             "latency_us": tr["latency_us"], "measured_at": now or time.time(),
             "compute": {"s_per_step": compute["s_per_step"], "steps_timed": compute["steps_timed"],
-                        "s_by_rank": [t * model.get("grad_accum", 1) for t in compute.get("s_by_rank") or []] or None,
+                        "s_per_step_by_rank": compute.get("s_per_step_by_rank"),
                         **{k: model[k] for k in ("name", "task", "parameters", "batch_size", "grad_accum",
                                                  "tokens_per_sample", "passes", "vocab", "spec")
                            if k in model}}}

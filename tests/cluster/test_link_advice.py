@@ -29,6 +29,7 @@ def _check_section(tr: dict) -> None:
     assert tr["world"] == 2 and tr["parameters"] == m["parameters"] > 0
     assert c["error"] is None and c["steps_timed"] >= 1 and len(c["s_by_rank"]) == 2
     assert tr["compute_s"] == c["s_per_step"] == max(c["s_by_rank"]) > 0
+    assert c["s_per_step_by_rank"] == [t * m["grad_accum"] for t in c["s_by_rank"]]
     assert tr["busbw_GBps"] > 0 and tr["latency_us"] > 0
     assert tr["ddp"]["comm_s"] > tr["ddp_bf16"]["comm_s"] > 0 and tr["ddp"]["bytes"] == 4 * m["parameters"]
     assert tr["ddp"]["ratio"] == pytest.approx(tr["ddp"]["comm_s"] / tr["ddp"]["compute_s"])

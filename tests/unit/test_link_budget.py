@@ -251,7 +251,7 @@ def test_advise_warns_only_when_communication_dominates():
 
 def test_advise_warns_of_equal_shares_on_ranks_of_unequal_speed():
     # test-ddp timed the ranks at 0.6 s and 1.2 s; a fast link: the communication is fine, the shares are not
-    link = _link({**SMALL, "s_per_step": 1.2, "s_by_rank": [0.6, 1.2]}, busbw=1.0)
+    link = _link({**SMALL, "s_per_step": 1.2, "s_per_step_by_rank": [0.6, 1.2]}, busbw=1.0)
     a = lb.advise(link, dict(SMALL), world=2)
     assert a["warn"] and a["line"] == ("node0,node1: the ranks compute a step in 0.6 s to 1.2 s (test-ddp 3 h ago) and "
                                        "this run gives them equal shares: every DDP step waits for the slowest; try "
@@ -263,7 +263,8 @@ def test_advise_warns_of_equal_shares_on_ranks_of_unequal_speed():
     a = lb.advise(link, dict(SMALL, batch_size=8), world=2)
     assert a["warn"] and "0.3 s to 0.6 s" in a["line"]
     # a slow link with shares by speed: the run's step is the balanced 0.8 s, against which 2.24 s dominates
-    a = lb.advise(_link({**SMALL, "s_per_step": 1.2, "s_by_rank": [0.6, 1.2]}), dict(SMALL), world=2, balance="auto")
+    a = lb.advise(_link({**SMALL, "s_per_step": 1.2, "s_per_step_by_rank": [0.6, 1.2]}), dict(SMALL), world=2,
+                  balance="auto")
     assert a["warn"] and a["ratio"] == pytest.approx(2.2415 / 0.8) and "against ~0.8 s of compute" in a["line"]
 
 
@@ -275,7 +276,8 @@ def _result(parameters: int, s_per_step: float, busbw: float, model: dict) -> di
     return {"world_size": 2, "backend": "gloo", "ok": True,
             "training": {**b, "bandwidth_bytes": 64 * MiB, "model": model,
                          "compute": {"steps_timed": 3, "s_per_step": s_per_step, "s_per_micro_batch": s_per_step,
-                                     "s_by_rank": [s_per_step, s_per_step * 0.9], "error": None}}}
+                                     "s_by_rank": [s_per_step, s_per_step * 0.9],
+                                     "s_per_step_by_rank": [s_per_step, s_per_step * 0.9], "error": None}}}
 
 
 @pytest.fixture
@@ -294,7 +296,7 @@ def test_cache_round_trip_under_home_and_xdg(home, monkeypatch):
     entry = links.load(["node0", "node1"])
     assert entry == json.loads(path.read_text())["node0,node1"]
     assert entry["busbw_GBps"] == 0.025 and entry["latency_us"] == 500.0 and entry["world"] == 2
-    assert entry["compute"] == {"s_per_step": 1.2, "steps_timed": 3, "s_by_rank": [1.2, 1.08], **model}
+    assert entry["compute"] == {"s_per_step": 1.2, "steps_timed": 3, "s_per_step_by_rank": [1.2, 1.08], **model}
     assert links.load(["node0", "node2"]) is None
     monkeypatch.setenv("XDG_CACHE_HOME", str(home / "xdg"))
     assert links.cache_path() == home / "xdg" / "hrmctl" / "links.json" and links.load(["node0", "node1"]) is None
