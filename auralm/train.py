@@ -31,7 +31,7 @@ from auralm.evaluate import evaluate as evaluate_split
 from auralm.errors import UserError
 from auralm.nan_guard import NanGuard
 from auralm.parallel import balance, comm_hooks, fsdp as fsdp_lib
-from auralm.parallel.diloco import DiLoCo
+from auralm.parallel.diloco import DiLoCo, few_rounds_note
 from auralm.runlog import RunLog
 from auralm import heartbeat
 
@@ -537,6 +537,9 @@ def train(cfg: Config, d: distributed.Dist, whole: bool = True) -> torch.nn.Modu
                     f"{t.diloco.outer_momentum}" + (f"; each round's all-reduce overlaps the next round's first "
                                                     f"{t.diloco.overlap_steps} local steps"
                                                     if t.diloco.overlap_steps else ""))
+            note = few_rounds_note(t.diloco, t.max_steps)
+            if note:
+                log.event(step, "diloco_few_rounds", note, rounds=t.max_steps // t.diloco.inner_steps)
         elif t.ddp_comm_hook != "none":
             log.say(f"sync: ddp, gradients compressed with the {t.ddp_comm_hook} hook")
         if fsdp:

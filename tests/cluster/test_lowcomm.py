@@ -51,6 +51,7 @@ def test_diloco_trains_two_nodes_over_a_slow_link_and_ends_with_equal_weights(la
     assert code == 0, out + err
     assert "sync: diloco, 4 local steps a round" in out
     assert ("overlaps the next round's first 2 local steps" in out) == (overlap == 2)
+    assert "warning: diloco: 3 round(s) of 4 local steps" in out  # the paper's outer step on a short run
     run = _run_dir(lab3, f"diloco-slow-{overlap}")
     assert [r["step"] for r in _jsonl(run / "metrics.jsonl")] == [4, 8, 12]  # a record at each round's end
     assert (run / "checkpoint-8" / "diloco.pt").is_file()  # interval 6 falls inside a round: saved at its end
