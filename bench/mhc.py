@@ -1,11 +1,13 @@
 """mHC against the plain transformer: training speed, and validation loss at equal tokens.
 
-    python bench/mhc.py speed [--model rlm-tiny] [--batch 8] [--steps 6] [--dtype auto] [--width 256,512]
+    python bench/mhc.py speed [--model rlm-tiny] [--batch 8] [--steps 6] [--dtype auto] [--width 256,512] [--same-process]
     python bench/mhc.py loss  [--model rlm-tiny] [--batch 16] [--steps 400] [--eval 25]
 
-speed: one process, one thread, the two models built from the same keys (``model.mhc_enabled`` true with
-       mhc_flows=4, and false) and timed alternately, a training step (forward, backward, AdamW) at a
-       time, on the Spanish text of ../shared/data; tokens/s of each and their ratio, for each width.
+speed: the two models built from the same keys (``model.mhc_enabled`` true with mhc_flows=4, and false),
+       each in a process of its own as in training (one thread, the same core), timed alternately, a
+       training step (forward, backward, AdamW) at a time, on the Spanish text of ../shared/data; tokens/s
+       of each and their ratio (medians), for each width. --same-process: both in one process, as this
+       bench did before session 16; sharing one heap there costs the mHC model's step about 7% (docs/rlm.md).
 loss:  `python -m auralm.train` twice (the two run side by side, one core each) on the same data, seed,
        batch and steps, so both see the same tokens; validation loss every --eval steps, and the largest
        mhc/amax_pre and amax_post of the mHC run. Writes docs/figures/mhc-loss.png (matplotlib) when it can.
@@ -36,48 +38,108 @@ def prepare(tmp: Path) -> Path:
     return out
 
 
-def speed(a, tmp: Path) -> None:
+def _trainer(a, data_dir: Path, width: int, mhc: bool):
+    """One model's training step, as a function that returns the tokens it trained on; and the dtype's name."""
     import torch
 
-    from auralm import config, cpu_memory, data, models, optim, train
+    from auralm import config, data, models, optim, train
+
+    meta = data.load_manifest(data_dir, "lm")
+    cfg = config.parse(["task=lm", f"model={a.model}", f"model.hidden_dim={width}",
+                        f"model.num_heads={width // 64}", f"model.ffn_dim={-(-8 * width // 3 // 16) * 16}",
+                        f"model.mhc_enabled={str(mhc).lower()}", f"training.dtype={a.dtype}",
+                        f"training.batch_size={a.batch}"])
+    arch = config.resolved_model(cfg.model)
+    ds = data.open_split(data_dir, meta, "train", arch["block_size"])
+    torch.manual_seed(0)
+    model = models.build("lm", arch, meta["tokenizer"]["vocab_size"])
+    opt = optim.make_optimizer(model, cfg.training, torch.device("cpu"))
+    batches = data.batches(ds, a.batch, 0, 1, 0)
+
+    def step() -> int:
+        x, y = next(batches)
+        with train.autocast(cfg.training, torch.device("cpu")):
+            _, loss = model(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return x.numel()
+
+    dtype = "bf16" if isinstance(train.autocast(cfg.training, torch.device("cpu")), torch.autocast) else "fp32"
+    return step, dtype
+
+
+def _setup_process() -> None:
+    import torch
+
+    from auralm import cpu_memory
 
     torch.set_num_threads(1)
     cpu_memory.keep_freed_memory()  # what the trainer does on CPU
+
+
+def step_worker(a) -> None:
+    """One model in a process of its own, as in training: a training step for every line on stdin, its seconds
+    on stdout."""
+    _setup_process()
+    step, dtype = _trainer(a, Path(a.data_dir), a.width[0], a.mhc == "true")
+    print(dtype, flush=True)
+    for _ in sys.stdin:
+        began = time.perf_counter()
+        tokens = step()
+        print(f"{tokens} {time.perf_counter() - began}", flush=True)
+
+
+def speed(a, tmp: Path) -> None:
     data_dir = prepare(tmp)
-    meta = data.load_manifest(data_dir, "lm")
-    out = ["| width | dtype | plain tokens/s | mHC n=4 tokens/s | ratio |", "|---|---|---|---|---|"]
+    where = "one process" if a.same_process else "a process each"
+    out = [f"| width | dtype | plain tokens/s | mHC n=4 tokens/s | ratio | models in |", "|---|---|---|---|---|---|"]
     for width in a.width:
-        rates = {}
-        runs = {}
-        for mhc in (False, True):
-            cfg = config.parse(["task=lm", f"model={a.model}", f"model.hidden_dim={width}",
-                                f"model.num_heads={width // 64}", f"model.ffn_dim={-(-8 * width // 3 // 16) * 16}",
-                                f"model.mhc_enabled={str(mhc).lower()}", f"training.dtype={a.dtype}",
-                                f"training.batch_size={a.batch}"])
-            arch = config.resolved_model(cfg.model)
-            ds = data.open_split(data_dir, meta, "train", arch["block_size"])
-            torch.manual_seed(0)
-            model = models.build("lm", arch, meta["tokenizer"]["vocab_size"])
-            runs[mhc] = (cfg, model, optim.make_optimizer(model, cfg.training, torch.device("cpu")),
-                         data.batches(ds, a.batch, 0, 1, 0))
-            rates[mhc] = []
+        if a.same_process:  # both models in this process: they share its allocator and its heap
+            _setup_process()
+            runs = {mhc: _trainer(a, data_dir, width, mhc) for mhc in (False, True)}
+            steppers = {mhc: _timed(step) for mhc, (step, _) in runs.items()}
+            dtype = runs[True][1]
+        else:
+            steppers, dtype = _workers(a, data_dir, width)
+        rates = {mhc: [] for mhc in steppers}
         for rep in range(a.steps + 1):  # alternately, so both see the same state of the machine
-            for mhc, (cfg, model, opt, batches) in runs.items():
-                x, y = next(batches)
-                began = time.perf_counter()
-                with train.autocast(cfg.training, torch.device("cpu")):
-                    _, loss = model(x, y)
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
+            for mhc, stepper in steppers.items():
+                tokens, seconds = stepper()
                 if rep:  # the first step of each warms up
-                    rates[mhc].append(x.numel() / (time.perf_counter() - began))
+                    rates[mhc].append(tokens / seconds)
         plain, wide = (sorted(rates[m])[len(rates[m]) // 2] for m in (False, True))  # medians
-        dtype = "bf16" if isinstance(train.autocast(runs[True][0].training, torch.device("cpu")), torch.autocast) \
-            else "fp32"
-        out.append(f"| {width} | {dtype} | {plain:.0f} | {wide:.0f} | {wide / plain:.2f} |")
+        out.append(f"| {width} | {dtype} | {plain:.0f} | {wide:.0f} | {wide / plain:.2f} | {where} |")
         print(out[-1], file=sys.stderr, flush=True)
     print("\n".join(out))
+
+
+def _timed(step):
+    def stepper() -> tuple[int, float]:
+        began = time.perf_counter()
+        tokens = step()
+        return tokens, time.perf_counter() - began
+    return stepper
+
+
+def _workers(a, data_dir: Path, width: int):
+    """A step_worker for each model, both on the same core (this one's first), stepped in turn."""
+    core = sorted(os.sched_getaffinity(0))[0]
+    steppers, dtype = {}, "?"
+    for mhc in (False, True):
+        cmd = [sys.executable, __file__, "step-worker", "--data-dir", str(data_dir), "--width", str(width),
+               "--mhc", str(mhc).lower(), "--model", a.model, "--batch", str(a.batch), "--dtype", a.dtype]
+        proc = subprocess.Popen(["taskset", "-c", str(core), *cmd], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        dtype = proc.stdout.readline().strip() or sys.exit(f"the worker for mhc={mhc} did not start")
+
+        def stepper(proc=proc) -> tuple[int, float]:
+            proc.stdin.write("step\n")
+            proc.stdin.flush()
+            tokens, seconds = proc.stdout.readline().split()
+            return int(tokens), float(seconds)
+        steppers[mhc] = stepper
+    return steppers, dtype
 
 
 def loss(a, tmp: Path) -> None:
@@ -138,7 +200,7 @@ def loss(a, tmp: Path) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=("speed", "loss"))
+    p.add_argument("what", choices=("speed", "loss", "step-worker"))
     p.add_argument("--model", default="rlm-tiny")
     p.add_argument("--batch", type=int, default=None)
     p.add_argument("--steps", type=int, default=None)
@@ -146,10 +208,16 @@ def main() -> None:
     p.add_argument("--width", default="256", help="speed: hidden sizes to time, comma-separated")
     p.add_argument("--eval", type=int, default=25)
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--same-process", action="store_true",
+                   help="speed: both models in this one process (the earlier way: they share one heap)")
+    p.add_argument("--data-dir", help=argparse.SUPPRESS)  # step-worker's
+    p.add_argument("--mhc", help=argparse.SUPPRESS)  # step-worker's
     a = p.parse_args()
     a.width = [int(w) for w in a.width.split(",")]
     a.batch = a.batch or (8 if a.what == "speed" else 16)
     a.steps = a.steps or (6 if a.what == "speed" else 400)
+    if a.what == "step-worker":
+        return step_worker(a)
     with tempfile.TemporaryDirectory(prefix="bench-mhc-") as tmp:
         {"speed": speed, "loss": loss}[a.what](a, Path(tmp))
 

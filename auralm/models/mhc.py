@@ -289,8 +289,11 @@ class _Coefficients(torch.autograd.Function):
                 post_bias: torch.Tensor, res_bias: torch.Tensor, iters: int, handoff: _Handoff):
         T, n, d = x.shape
         # the product in the streams' type: for bf16 on the CPU's bf16 matrix units, as autocast runs every
-        # linear layer (the norm's scale is applied after it, in the loop)
-        z = F.linear(x.view(T, n * d), weight.to(x.dtype)).float()
+        # linear layer (the norm's scale is applied after it, in the loop); made as phi @ x^T, (m, T), and
+        # transposed while it is widened: with the m = 2n + n^2 outputs as the product's rows BLAS runs it in
+        # half the time of x @ phi^T (bf16: 0.66 against 1.42 ms at 2048 tokens of 4 x 256 streams)
+        z = torch.empty(T, weight.shape[0])
+        z.copy_((weight.to(x.dtype) @ x.view(T, n * d).t()).t())
         bias = torch.cat([pre_bias, post_bias, res_bias.flatten()])
         scale, pre, post, inp = torch.empty(T), torch.empty(T, n), torch.empty(T, n), torch.empty(T, d)
         res, sums = torch.empty(T, n, n), torch.empty(-(-T // 16), 2 * iters * n, 16)
