@@ -7,7 +7,7 @@ speed: the two models built from the same keys (``model.mhc_enabled`` true with 
        each in a process of its own as in training (one thread, the same core), timed alternately, a
        training step (forward, backward, AdamW) at a time, on the Spanish text of ../shared/data; tokens/s
        of each and their ratio (medians), for each width. --same-process: both in one process, as this
-       bench did before session 16; sharing one heap there costs the mHC model's step about 7% (docs/rlm.md).
+       bench did before session 16 (their steps then share one heap and allocator).
 loss:  `python -m auralm.train` twice (the two run side by side, one core each) on the same data, seed,
        batch and steps, so both see the same tokens; validation loss every --eval steps, and the largest
        mhc/amax_pre and amax_post of the mHC run. Writes docs/figures/mhc-loss.png (matplotlib) when it can.
