@@ -93,21 +93,24 @@ def step_worker(a) -> None:
 def speed(a, tmp: Path) -> None:
     data_dir = prepare(tmp)
     where = "one process" if a.same_process else "a process each"
-    out = [f"| width | dtype | plain tokens/s | mHC n=4 tokens/s | ratio | models in |", "|---|---|---|---|---|---|"]
+    out = ["| width | dtype | plain tokens/s | mHC n=4 tokens/s | ratio | models in |", "|---|---|---|---|---|---|"]
     for width in a.width:
         if a.same_process:  # both models in this process: they share its allocator and its heap
             _setup_process()
             runs = {mhc: _trainer(a, data_dir, width, mhc) for mhc in (False, True)}
             steppers = {mhc: _timed(step) for mhc, (step, _) in runs.items()}
-            dtype = runs[True][1]
+            dtype, procs = runs[True][1], []
         else:
-            steppers, dtype = _workers(a, data_dir, width)
+            steppers, dtype, procs = _workers(a, data_dir, width)
         rates = {mhc: [] for mhc in steppers}
         for rep in range(a.steps + 1):  # alternately, so both see the same state of the machine
             for mhc, stepper in steppers.items():
                 tokens, seconds = stepper()
                 if rep:  # the first step of each warms up
                     rates[mhc].append(tokens / seconds)
+        for proc in procs:  # end of stdin: the worker leaves
+            proc.stdin.close()
+            proc.wait()
         plain, wide = (sorted(rates[m])[len(rates[m]) // 2] for m in (False, True))  # medians
         out.append(f"| {width} | {dtype} | {plain:.0f} | {wide:.0f} | {wide / plain:.2f} | {where} |")
         print(out[-1], file=sys.stderr, flush=True)
@@ -125,21 +128,22 @@ def _timed(step):
 def _workers(a, data_dir: Path, width: int):
     """A step_worker for each model, both on the same core (this one's first), stepped in turn."""
     core = sorted(os.sched_getaffinity(0))[0]
-    steppers, dtype = {}, "?"
+    steppers, dtype, procs = {}, "?", []
     for mhc in (False, True):
         cmd = [sys.executable, __file__, "step-worker", "--data-dir", str(data_dir), "--width", str(width),
                "--mhc", str(mhc).lower(), "--model", a.model, "--batch", str(a.batch), "--dtype", a.dtype]
         proc = subprocess.Popen(["taskset", "-c", str(core), *cmd], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        procs.append(proc)
         dtype = proc.stdout.readline().strip() or sys.exit(f"the worker for mhc={mhc} did not start")
 
-        def stepper(proc=proc) -> tuple[int, float]:
+        def stepper(proc=proc, mhc=mhc) -> tuple[int, float]:
             proc.stdin.write("step\n")
             proc.stdin.flush()
-            tokens, seconds = proc.stdout.readline().split()
-            return int(tokens), float(seconds)
+            reply = proc.stdout.readline().split() or sys.exit(f"the worker for mhc={mhc} stopped")
+            return int(reply[0]), float(reply[1])
         steppers[mhc] = stepper
-    return steppers, dtype
+    return steppers, dtype, procs
 
 
 def loss(a, tmp: Path) -> None:
