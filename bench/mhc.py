@@ -83,20 +83,21 @@ def step_worker(a) -> None:
     on stdout."""
     _setup_process()
     step, dtype = _trainer(a, Path(a.data_dir), a.width[0], a.mhc == "true")
+    stepper = _timed(step)
     print(dtype, flush=True)
     for _ in sys.stdin:
-        began = time.perf_counter()
-        tokens = step()
-        print(f"{tokens} {time.perf_counter() - began}", flush=True)
+        tokens, seconds = stepper()
+        print(f"{tokens} {seconds}", flush=True)
 
 
 def speed(a, tmp: Path) -> None:
     data_dir = prepare(tmp)
     where = "one process" if a.same_process else "a process each"
     out = ["| width | dtype | plain tokens/s | mHC n=4 tokens/s | ratio | models in |", "|---|---|---|---|---|---|"]
+    if a.same_process:
+        _setup_process()
     for width in a.width:
         if a.same_process:  # both models in this process: they share its allocator and its heap
-            _setup_process()
             runs = {mhc: _trainer(a, data_dir, width, mhc) for mhc in (False, True)}
             steppers = {mhc: _timed(step) for mhc, (step, _) in runs.items()}
             dtype, procs = runs[True][1], []

@@ -280,7 +280,7 @@ class _Handoff:
 class _Coefficients(torch.autograd.Function):
     """For streams x (tokens, n, d): H_pre, H_post and H_res (Sinkhorn's, in blocks of 16 tokens) of every
     token from z = RMSNorm(flattened x) @ phi^T, and what the sublayer reads, H_pre x (tokens, d, float32),
-    in one pass of mhc_coefficients_forward over the streams after BLAS made x @ phi^T; the backward pass
+    in one pass of mhc_coefficients_forward over the streams after BLAS made phi @ x^T; the backward pass
     makes the gradients of H_res and H_post through the write, then dL/dx, in one pass too: the write's,
     H_pre's, phi's and the norm's parts together."""
 
