@@ -34,6 +34,24 @@ def test_generation_is_deterministic():
     assert sudoku.generate(5, 7, 40, 50) != sudoku.generate(5, 8, 40, 50)
 
 
+def test_the_naked_single_shortcut_makes_the_same_puzzles_as_the_search_alone(monkeypatch):
+    """make_puzzle skips the uniqueness search for a blanked cell the givens force; the puzzles must not change,
+    and a forced cell is one the search would have kept blank."""
+    made = [sudoku.make_puzzle(random.Random(seed), givens) for seed, givens in ((1, 24), (2, 30), (3, 45))]
+    calls = []
+    real = sudoku._forced
+
+    def checked(puzzle, i):
+        forced = real(puzzle, i)
+        calls.append(forced)
+        assert not forced or sudoku.count_solutions(puzzle)[0] == 1
+        return False  # the search decides every cell
+
+    monkeypatch.setattr(sudoku, "_forced", checked)
+    assert [sudoku.make_puzzle(random.Random(seed), givens) for seed, givens in ((1, 24), (2, 30), (3, 45))] == made
+    assert any(calls) and not all(calls)  # the shortcut was taken for some cells, the search needed for others
+
+
 def test_solver_counts_several_solutions_and_none():
     empty = [0] * 81
     assert sudoku.count_solutions(empty, limit=2)[0] == 2
