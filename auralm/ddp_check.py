@@ -280,7 +280,7 @@ def training_section(cfg: config.Config, d: Dist, bw: list[dict], lat: dict, sec
     busbw, at = link if link else (0.0, 0)
     b = link_budget.budget(busbw_GBps=busbw, latency_us=lat["p50_us"], world=d.world, parameters=model["parameters"],
                            compute_s=compute["s_per_step"], powersgd=model["powersgd"],
-                           compute_by_rank=compute["s_per_step_by_rank"])
+                           compute_by_rank=compute["s_per_step_by_rank"], max_steps=model["max_steps"])
     return {**b, "bandwidth_bytes": at, "model": model, "compute": compute}
 
 

@@ -41,10 +41,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from _handrun import hrmctl  # noqa: E402
+from auralm.link_budget import AVERAGE  # noqa: E402  (the outer step = the ranks' average)
 from tests.lab import Lab  # noqa: E402
 
 QUIJOTE = ROOT.parent / "shared" / "data" / "quijote" / "pg2000.txt"
-AVERAGE = ["training.diloco.outer_lr=1", "training.diloco.outer_momentum=0"]  # the outer step = the ranks' average
 LINKS = {"LAN": (None, 0.0), "200M+3ms": (200, 3.0), "50M+20ms": (50, 20.0)}
 
 
@@ -128,8 +128,8 @@ def targets(lab: Lab, a, cwd: Path) -> None:
         shape(lab, link)
         overlap = [f"training.diloco.overlap_steps={a.overlap}"]
         for mode, extra in (("ddp", []), ("ddp-bf16", ["training.ddp_comm_hook=bf16"]), ("diloco", diloco(a)),
-                            ("diloco-overlap", diloco(a) + overlap), ("diloco-avg", diloco(a) + AVERAGE),
-                            ("diloco-avg-overlap", diloco(a) + AVERAGE + overlap)):
+                            ("diloco-overlap", diloco(a) + overlap), ("diloco-avg", diloco(a) + list(AVERAGE)),
+                            ("diloco-avg-overlap", diloco(a) + list(AVERAGE) + overlap)):
             if mode not in a.modes or mode.startswith("diloco-avg") and link == "LAN":
                 continue
             r = train(lab, ["node0", "node1"], f"t-{mode}-{link.replace('+', '')}", common(a) + extra, cwd)

@@ -28,9 +28,7 @@ import torch.distributed as dist
 
 from auralm.config import DilocoConfig
 from auralm.distributed import Dist
-
-
-FEW_ROUNDS = 20  # runs of fewer rounds, the range measured here (docs/lowcomm.md), get few_rounds_note()
+from auralm.link_budget import AVERAGE, FEW_ROUNDS
 
 
 def few_rounds_note(cfg: DilocoConfig, max_steps: int) -> str | None:
@@ -47,7 +45,7 @@ def few_rounds_note(cfg: DilocoConfig, max_steps: int) -> str | None:
     return (f"warning: diloco: {rounds} round(s) of {cfg.inner_steps} local steps with an outer step with momentum "
             f"(lr {cfg.outer_lr}, momentum {cfg.outer_momentum}): on runs of 6 and 18 rounds it ended 5.4% and 7.1% "
             f"above DDP's val loss, the plain average of the ranks' weights 1.8% and 1.4%; to average instead: "
-            f"training.diloco.outer_lr=1 training.diloco.outer_momentum=0 (docs/lowcomm.md)")
+            f"{' '.join(AVERAGE)} (docs/lowcomm.md)")
 
 
 @dataclass
