@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 
 import pytest
@@ -69,9 +70,24 @@ def make_lab():
 
 
 @pytest.fixture(scope="session")
-def lab3(make_lab) -> Lab:
-    """Three healthy nodes shared by the tests that leave them healthy (undo your faults)."""
-    return make_lab(3)
+def lab3(make_lab, tmp_path_factory) -> Lab:
+    """Three healthy nodes shared by the tests that leave them healthy (undo your faults). Each node's default
+    sudoku data (~/hrmctl/data/sudoku, what the trainer makes there at its first run) is made once here, by the
+    same generator with the same seed, and copied to every node: the files are the ones each node would make.
+    Tests of that making use other directories (tests/cluster/test_launch.py)."""
+    import subprocess
+
+    from auralm.data import ensure_sudoku
+
+    lab = make_lab(3)
+    made = tmp_path_factory.mktemp("default-data") / "sudoku"
+    ensure_sudoku(made)
+    for node in lab.nodes:
+        data = node.home / "hrmctl" / "data"
+        data.mkdir(exist_ok=True)
+        shutil.copytree(made, data / "sudoku")
+        subprocess.run(["chown", "-R", f"{node.user}:{node.user}", str(data)], check=True)
+    return lab
 
 
 @pytest.fixture

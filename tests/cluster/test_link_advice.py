@@ -38,7 +38,7 @@ def _check_section(tr: dict) -> None:
     # the section is link_budget's own prediction from these very figures
     again = lb.budget(busbw_GBps=tr["busbw_GBps"], latency_us=tr["latency_us"], world=2,
                       parameters=m["parameters"], compute_s=tr["compute_s"], powersgd=m["powersgd"],
-                      compute_by_rank=[t * m["grad_accum"] for t in c["s_by_rank"]])
+                      compute_by_rank=[t * m["grad_accum"] for t in c["s_by_rank"]], max_steps=m["max_steps"])
     assert again["suggestion"] == s and again["ddp"] == tr["ddp"] and again["ddp_powersgd"] == tr["ddp_powersgd"]
     assert 0 < tr["ddp_powersgd"]["bytes"] < tr["ddp_bf16"]["bytes"]  # rank-2 factors: less than half the bytes
     assert (s["balance"] == "auto") == tr["balance"]["suggest"] == (s["overrides"][:1] == ["training.balance=auto"])
