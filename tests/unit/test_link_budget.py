@@ -135,7 +135,12 @@ state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_ran
 ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
 for _ in range(3):  # two plain all-reduces, then one compressed step
     ddp().backward()
-print(json.dumps({"sent": state.total_numel_after_compression, "before": state.total_numel_before_compression}))
+print(json.dumps({"sent": state.total_numel_after_compression, "before": state.total_numel_before_compression}),
+      flush=True)
+# the process group ended here, its threads joined: left to the interpreter's exit, a thread still joinable
+# there once aborted the process ("terminate called without an active exception") after the line above
+del ddp
+dist.destroy_process_group()
 """
 
 
