@@ -211,7 +211,7 @@ def _sync_suggestion(b: dict) -> dict | None:
         overrides.append(f"training.diloco.overlap_steps={k}")
         why += (f"; and with its all-reduce ({seconds(d['comm_s_per_sync'])}) travelling during the next round's "
                 f"first {k} local step{'s' if k > 1 else ''} the ranks need not wait for it")
-    rounds = b["max_steps"] // d["inner_steps"] if b.get("max_steps") else None
+    rounds = b["max_steps"] // d["inner_steps"] if b["max_steps"] else None  # None: the run's length is unknown
     if rounds is not None and rounds < FEW_ROUNDS:
         overrides += AVERAGE
         why += (f"; this run has {rounds} round{'s' if rounds != 1 else ''}: with so few the ranks' plain average "

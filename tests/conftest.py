@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.lab import Lab, missing_capability, remove_stale
+from tests.lab import Lab, missing_capability, remove_stale, sh
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
@@ -75,8 +75,6 @@ def lab3(make_lab, tmp_path_factory) -> Lab:
     sudoku data (~/hrmctl/data/sudoku, what the trainer makes there at its first run) is made once here, by the
     same generator with the same seed, and copied to every node: the files are the ones each node would make.
     Tests of that making use other directories (tests/cluster/test_launch.py)."""
-    import subprocess
-
     from auralm.data import ensure_sudoku
 
     lab = make_lab(3)
@@ -86,7 +84,7 @@ def lab3(make_lab, tmp_path_factory) -> Lab:
         data = node.home / "hrmctl" / "data"
         data.mkdir(exist_ok=True)
         shutil.copytree(made, data / "sudoku")
-        subprocess.run(["chown", "-R", f"{node.user}:{node.user}", str(data)], check=True)
+        sh(["chown", "-R", f"{node.user}:{node.user}", str(data)])
     return lab
 
 
