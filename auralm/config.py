@@ -7,12 +7,12 @@ not given keep the defaults below; the resolved config is saved with every run.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from auralm import guide_spellings, model_families
 from auralm.errors import UserError
 
 TASKS = ("sudoku", "lm")
@@ -73,38 +73,10 @@ SYNCS = ("ddp", "diloco")
 COMM_HOOKS = ("none", "bf16", "fp16", "powersgd")
 PARALLELS = ("ddp", "fsdp")
 
-# What the HRM and TRM guides type, as the keys they stand for (``arch.*`` is ``model.*`` throughout).
-ALIASES = {
-    "arch.hidden_size": "model.n_embd", "arch.num_heads": "model.n_head", "arch.seq_len": "model.block_size",
-    "lr": "training.lr", "puzzle_emb_lr": "training.puzzle_emb_lr", "weight_decay": "training.weight_decay",
-    "puzzle_emb_weight_decay": "training.puzzle_emb_weight_decay", "global_batch_size": "training.global_batch_size",
-    "epochs": "training.epochs", "eval_interval": "training.eval_every_epochs", "data_path": "data_dir",
-    "data_paths": "data_dir", "lr_warmup_steps": "training.warmup_steps", "lr_min_ratio": "training.min_lr_ratio",
-    "beta1": "training.beta1", "beta2": "training.beta2", "seed": "training.seed", "ema": "training.ema",
-    "ema_rate": "training.ema_decay", "checkpoint_path": "out_dir", "run_name": "run_name",
-    # the RLM-mHC guide
-    "model.hidden_dim": "model.n_embd", "model.num_layers": "model.n_layer", "model.num_heads": "model.n_head",
-    "model.max_seq_len": "model.block_size", "data.max_length": "model.block_size",
-    "model.gradient_checkpointing": "training.grad_checkpoint",
-    "training.optimizer.lr": "training.lr", "training.optimizer.weight_decay": "training.weight_decay",
-    "training.scheduler.warmup_steps": "training.warmup_steps",
-    "training.scheduler.min_lr_ratio": "training.min_lr_ratio",
-    "training.gradient_accumulation_steps": "training.grad_accum", "training.max_grad_norm": "training.grad_clip",
-    "training.save_steps": "training.checkpoint_interval", "training.logging_steps": "training.log_interval",
-    "training.mixed_precision": "training.dtype", "resume_from_checkpoint": "resume",
-    "training.gradient_checkpointing": "training.grad_checkpoint",
-}
-# One key of a guide that sets two of ours: training.optimizer.betas=[0.9,0.95] (also (0.9, 0.95) or 0.9,0.95).
-COMPOUND = {"training.optimizer.betas": ("training.beta1", "training.beta2")}
-# training.mixed_precision's values as training.dtype's: accelerate's "no" is fp32 (and so is false, which is
-# what YAML makes of an unquoted no).
-MIXED_PRECISION = {"no": "fp32", "false": "fp32", "fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
-# The HRM language-model launcher's ``--model 50m|100m``, as model names.
-MODEL_ALIASES = {"50m": "hrm-50m", "100m": "hrm-100m", "27m": "hrm-27m"}
-# ``arch=NAME`` as in the guides: the paper's model of that family.
-ARCH_NAMES = {"hrm": "hrm-27m", "hrm_v1": "hrm-27m", "trm": "trm-7m"}
-# Keys the guides pass that only matter to their own tooling: accepted with these values only.
-ACCEPTED = {"evaluators": ("[]",)}
+SCHEDULES = ("cosine", "linear", "constant")
+# The guides' spellings of our keys (and of hrmctl's options): one table, auralm/guide_spellings.py.
+ALIASES, COMPOUND, VALUES = guide_spellings.ALIASES, guide_spellings.COMPOUND, guide_spellings.VALUES
+MODEL_ALIASES, ARCH_NAMES, ACCEPTED = guide_spellings.MODEL_ALIASES, guide_spellings.ARCH_NAMES, guide_spellings.ACCEPTED
 
 
 @dataclass
@@ -158,6 +130,7 @@ class TrainingConfig:
     grad_accum: int = 1
     lr: float = 2e-3
     min_lr_ratio: float = 0.1  # the cosine ends at lr * min_lr_ratio
+    schedule: str = "cosine"  # after the warmup: cosine or linear down to lr * min_lr_ratio, or constant at lr
     warmup_steps: int = 30
     weight_decay: float = 0.1
     beta1: float = 0.9
@@ -256,12 +229,18 @@ class Config:
     guard: GuardConfig = field(default_factory=GuardConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    # how the model was chosen when not by model=NAME itself ("hrm-27m (HRM) chosen from arch=hrm_v1"): said in the
+    # log and by --dry-run; set by apply(), not a key
+    model_choice: str = field(default="", metadata={"internal": True})
 
 
 def _keys(obj, prefix: str = "") -> dict[str, type]:
     """Every settable key with its type; a section is also settable (``model=tiny`` sets its name)."""
     out = {}
+    internal = {f.name for f in dataclasses.fields(obj) if f.metadata.get("internal")}
     for name, typ in typing.get_type_hints(type(obj)).items():
+        if name in internal:
+            continue
         value = getattr(obj, name)
         if dataclasses.is_dataclass(value):
             if any(f.name == "name" for f in dataclasses.fields(value)):
@@ -323,10 +302,12 @@ def _canonical(key: str, text: str) -> tuple[str, str]:
         if len(items) != 1:
             raise UserError(f"data_paths={text}: give exactly one data directory (data_paths=[DIR] or data_dir=DIR)")
         text = items[0]
-    if key == "training.mixed_precision":
-        if text.lower() not in MIXED_PRECISION:
-            raise UserError(f"training.mixed_precision={text!r}: expected bf16, fp16 or fp32 (or no)")
-        text = MIXED_PRECISION[text.lower()]
+    if key in VALUES:  # a guide's words for our values (training.mixed_precision=no is fp32)
+        if text.lower() not in VALUES[key]:
+            words = sorted(VALUES[key])
+            raise UserError(f"{key}={text!r}: expected one of {', '.join(words)}" if key != "training.mixed_precision"
+                            else f"{key}={text!r}: expected bf16, fp16 or fp32 (or no)")
+        text = VALUES[key][text.lower()]
     if key == "resume_from_checkpoint":  # the Hugging Face Trainer's true: the newest checkpoint
         text = {"true": "latest", "false": "", "none": "", "null": ""}.get(text.lower(), text)
     key = ALIASES.get(key, key)
@@ -381,9 +362,8 @@ def _set(cfg: Config, keys: dict, given: str, text: str) -> list[str]:
     elif key in keys:
         pairs = [(key, text)]
     else:
-        known = list(keys) + list(ALIASES) + list(COMPOUND) + ["arch." + k for k in RECURRENT_KEYS]
-        near = difflib.get_close_matches(given.lstrip("+"), known, n=1, cutoff=0.5)
-        hint = f" (did you mean {near[0]!r}?)" if near else f" (known keys: {', '.join(sorted(keys))})"
+        known = list(keys) + list(COMPOUND) + list(ACCEPTED) + ["arch." + k for k in RECURRENT_KEYS]
+        hint = guide_spellings.suggest(given, known) or f" (known keys: {', '.join(sorted(keys))})"
         raise UserError(f"unknown key {given!r}{hint}")
     for key, text in pairs:
         if key == "training.batch_size" and text.strip().lower() == "auto":
@@ -422,25 +402,42 @@ def apply(cfg: Config, overrides: list[str]) -> Config:
     keys = _keys(cfg)
     items = [_split(item) for item in overrides]
     files = [text for key, text in items if key.lstrip("+") == "config"]
-    given: set[str] = set()
+    typed: dict[str, str] = {}  # our key -> the key=value that set it, as typed (the last one)
     for path in files:
         for key, text in read_config_file(path):
             try:
-                given.update(_set(cfg, keys, key, text))
+                typed.update((k, f"{key}={text}") for k in _set(cfg, keys, key, text))
             except UserError as e:
                 raise UserError(f"config file {path}: {e}") from None
     for key, text in items:
         if key.lstrip("+") != "config":
-            given.update(_set(cfg, keys, key, text))
-    if cfg.data.train_path and "task" not in given:
+            typed.update((k, f"{key}={text}") for k in _set(cfg, keys, key, text))
+    if cfg.data.train_path and "task" not in typed:
         cfg.task = "lm"
-    rlm_only = sorted(k for k in given if k.startswith("model.") and k[len("model."):] in RLM_KEYS)
-    if rlm_only and "model" not in given and "model.name" not in given:
-        cfg.model.name = "rlm-tiny"  # the RLM-mHC guide names no size: its keys are the RLM's
-        if "task" not in given:
-            cfg.task = "lm"
+    _choose_model(cfg, typed)
     check(cfg)
     return cfg
+
+
+def _choose_model(cfg: Config, typed: dict[str, str]) -> None:
+    """The model the keys name when ``model=`` does not (auralm.model_families), said in ``cfg.model_choice``; a
+    ``model.*`` key the model does not read is refused."""
+    how = ""
+    if "model" in typed:
+        if typed["model"].partition("=")[2] != cfg.model.name:  # arch=hrm_v1, model=50m
+            how = f", chosen from {typed['model']}"
+    else:
+        chosen = model_families.choose(SIZES, cfg.model.name, typed, cfg.task if "task" in typed else None)
+        if chosen:
+            cfg.model.name, item = chosen
+            how = f", chosen from {item}"
+            if SIZES[cfg.model.name].get("family") == "rlm" and "task" not in typed:
+                cfg.task = "lm"  # the RLM is a language model
+    if cfg.model.name not in SIZES:
+        return  # check() names the known sizes
+    family = model_families.NAMES[model_families.family(SIZES[cfg.model.name])].split(" (")[0]
+    cfg.model_choice = f"{cfg.model.name} ({family}){how}" if how else ""
+    model_families.check(SIZES, cfg.model.name, typed, how or ("" if "model" in typed else ", the default model"))
 
 
 def expand(overrides: list[str]) -> list[str]:
@@ -537,6 +534,7 @@ def check(cfg: Config) -> None:
         if value < 0:
             raise UserError(f"{key}={value}: must not be negative")
     _one_of("training.optimizer", t.optimizer, OPTIMIZERS)
+    _one_of("training.schedule", t.schedule, SCHEDULES)
     _one_of("training.sync", t.sync, SYNCS)
     _one_of("training.ddp_comm_hook", t.ddp_comm_hook, COMM_HOOKS)
     _one_of("training.diloco.comm_dtype", t.diloco.comm_dtype, ("bf16", "fp32"))
@@ -589,16 +587,6 @@ def check(cfg: Config) -> None:
     arch = resolved_model(cfg.model)
     family = arch.get("family")
     recurrent = family in ("hrm", "trm")
-    if not recurrent:
-        given = [k for k in RECURRENT_KEYS if getattr(cfg.model, k) is not None]
-        if given:
-            raise UserError(f"model.{given[0]} (arch.{given[0]}) applies to the hrm-* and trm-* models, not "
-                            f"model={cfg.model.name}: pick one, e.g. model=hrm-tiny")
-    if family != "rlm":
-        given = [k for k in RLM_KEYS if getattr(cfg.model, k) is not None]
-        if given:
-            raise UserError(f"model.{given[0]} applies to the rlm-* models, not model={cfg.model.name}: pick one, "
-                            f"e.g. model=rlm-tiny")
     for key in ("n_layer", "n_head", "n_embd", "block_size") + (("L_layers", "H_cycles", "L_cycles",
                                                                  "halt_max_steps") if recurrent else ()):
         if key in arch and arch[key] <= 0:

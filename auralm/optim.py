@@ -17,11 +17,16 @@ from auralm.errors import UserError
 
 def lr_at(t: config.TrainingConfig, step: int) -> float:
     """Linear warmup to ``lr`` over ``warmup_steps``, then a cosine down to ``lr * min_lr_ratio`` at ``max_steps``
-    (``min_lr_ratio=1``: constant after the warmup, as in the HRM recipe)."""
+    (``min_lr_ratio=1``: constant after the warmup, as in the HRM recipe). ``training.schedule=linear`` goes down in
+    a straight line instead, ``constant`` stays at ``lr`` (the RLM guide's ``training.scheduler.type``)."""
     if step <= t.warmup_steps:
         return t.lr * step / t.warmup_steps
+    if t.schedule == "constant":
+        return t.lr
     progress = min(1.0, (step - t.warmup_steps) / max(1, t.max_steps - t.warmup_steps))
     low = t.lr * t.min_lr_ratio
+    if t.schedule == "linear":
+        return t.lr - progress * (t.lr - low)
     return low + 0.5 * (1 + math.cos(math.pi * progress)) * (t.lr - low)
 
 

@@ -152,7 +152,8 @@ def test_a_model_given_as_a_string_sets_the_size(tmp_path):
     ("training:\n  lr: [1, 2\n  batch_size: 3\n", "config file {f}: not valid YAML at line 3"),
     ("- a\n- b\n", "config file {f}: expected a mapping of keys"),
     ("training:\n  optimizer:\n    lrr: 1e-3\n",
-     "config file {f}: unknown key 'training.optimizer.lrr' (did you mean 'training.optimizer.lr'?)"),
+     "config file {f}: unknown key 'training.optimizer.lrr' (did you mean 'training.optimizer.lr'? the RLM-mHC "
+     "guide's spelling of training.lr)"),
     ("training:\n  batch_size: many\n", "config file {f}: training.batch_size='many': expected an integer"),
 ])
 def test_a_bad_config_file_is_one_error_naming_the_file(tmp_path, content, message):

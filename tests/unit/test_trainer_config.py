@@ -101,7 +101,9 @@ def test_a_line_pasted_from_the_trm_guide_parses_into_our_keys():
     ("arch.hiden_size=64", "did you mean 'arch.hidden_size'"),
     ("arch.H_cycle=2", "did you mean 'arch.H_cycles'"),
     ("puzle_emb_lr=1e-4", "did you mean 'puzzle_emb_lr'"),
-    ("model=mini arch.H_cycles=2", "applies to the hrm-* and trm-* models, not model=mini"),
+    ("model=mini arch.H_cycles=2", "arch.H_cycles (model.H_cycles) is not a key of model=mini (GPT): it belongs to "
+                                   "HRM and TRM; model=hrm-tiny (or arch=hrm_v1) or model=trm-tiny (or arch=trm) "
+                                   "selects one"),
     ("evaluators=[arc]", "evaluators=[arc]: only [] is supported"),
     ('data_paths=[a,b]', "give exactly one data directory"),
 ])
