@@ -525,6 +525,8 @@ def train(cfg: Config, d: distributed.Dist, whole: bool = True) -> torch.nn.Modu
         guard.load_state_dict(state.get("guard", {}) if state else {})
         guard.take_snapshot(step)
     log.config(config.to_dict(cfg), step)  # from here on the run directory is written (and TensorBoard, W&B)
+    if d.rank == 0 and cfg.model_choice:  # a model the keys chose (arch=hrm_v1, model.hidden_dim=...): said
+        log.say(f"model: {cfg.model_choice}")
     if d.rank == 0 and not state:
         n = sum(p.numel() for p in raw.parameters())
         log.say(f"model {cfg.model.name} ({models.family_of(cfg.task, arch)}): {n / 1e6:.2f}M parameters")
