@@ -251,6 +251,11 @@ def _keys(obj, prefix: str = "") -> dict[str, type]:
     return out
 
 
+def key_names() -> list[str]:
+    """Every key of ours (the guides' spellings aside)."""
+    return list(_keys(Config()))
+
+
 def parse_steps(text: str) -> tuple[int, ...]:
     """``10,11,12`` or ``10-14`` or a mix, as a sorted tuple of steps; ``""`` is none."""
     steps: set[int] = set()

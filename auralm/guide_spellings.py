@@ -126,8 +126,8 @@ def suggest(given: str, ours: list[str], *, option: bool = False) -> str:
         last = {k.rsplit(".", 1)[-1].lower(): k for k in ours if not k.startswith("-")}
         if word in last:  # --warmup_steps 10: our key of that name, as an override
             return f" (did you mean the override {last[word]}=VALUE?)"
-    candidates: dict[str, str | Spelling] = {normal(k): k for k in ours}
-    candidates.update((normal(s.theirs), s) for s in TABLE if s.ours or s.is_option == option)
+    candidates: dict[str, str | Spelling] = {normal(s.theirs): s for s in TABLE if s.ours or s.is_option == option}
+    candidates.update((normal(k), k) for k in ours)  # ours first where a guide writes the same word
     near = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6 if option else 0.5)
     if not near:
         return ""

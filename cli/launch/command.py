@@ -8,10 +8,11 @@ import json
 from rich.console import Console
 from rich.markup import escape
 
+from auralm import guide_spellings
 from auralm.config import split_global_batch
 from cli.errors import HrmctlError
 from cli.nodes.inventory import Node, load_inventory, local_node
-from cli.launch import links
+from cli.launch import guide_options, links
 from cli.launch.plan import TRAINER
 from cli.launch.prepare import (LaunchOptions, Prepared, check_trainer_args, dry_run_json, dry_run_text,
                                expand_config_files, prepare)
@@ -29,10 +30,43 @@ def select_nodes(inventory: str | None, nodes: str | None) -> list[Node]:
     return load_inventory(inventory).select(nodes)
 
 
+def _own_options() -> list[str]:
+    """The running command's options (for "did you mean")."""
+    import click
+
+    ctx = click.get_current_context(silent=True)
+    return [o for p in (ctx.command.params if ctx else []) for o in getattr(p, "opts", []) if o.startswith("--")]
+
+
 def _reject_options(extra: list[str], what: str) -> None:
     for a in extra:
         if a.startswith("-"):
-            raise HrmctlError(f"unknown option {a}; {what}, and hrmctl's own options are listed by --help")
+            hint = guide_spellings.suggest(a.partition("=")[0], _own_options(), option=True)
+            raise HrmctlError(f"unknown option {a}{hint or f'; {what}, and hrmctl options are listed by --help'}")
+
+
+def _read_guide_options(opts: LaunchOptions, err: Console) -> None:
+    """A guide's options among the overrides (``--learning_rate 3e-4``, ``--dry_run``) as ours, said in one line."""
+    read = guide_options.read(opts.args, "trainer overrides are key=value", _own_options())
+    opts.args = read.args
+    for attr, value in read.options.items():
+        setattr(opts, attr, value)
+    if read.said:
+        err.print(f"hrmctl: read as ours: {'; '.join(read.said)}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _model_choice(opts: LaunchOptions) -> str:
+    """How the overrides chose the model when model= did not name it ("hrm-27m (HRM), chosen from arch=hrm_v1"),
+    by the trainer's own parser; a bad override is refused here, before anything starts."""
+    if opts.module != TRAINER:
+        return ""
+    from auralm import config
+    from auralm.errors import UserError
+
+    try:
+        return config.parse(opts.args).model_choice
+    except UserError as e:
+        raise HrmctlError(f"trainer overrides rejected: {e}") from None
 
 
 def options(*, inventory, nodes, master_port, nproc, backend, env, max_restarts, dry_run, run_id,
@@ -91,18 +125,21 @@ def auto_batch_plan(size: dict, prep: Prepared) -> dict | None:
 
 
 def _dry_run(opts: LaunchOptions, as_json: bool, console: Console, err: Console | None = None,
-            advice: links.Advice | None = None) -> int:
+            advice: links.Advice | None = None, choice: str = "") -> int:
     prep = prepare(opts, console)
     size = model_size(opts, sum(p.nproc for p in prep.plans))
     auto = auto_batch_plan(size, prep)
     link = links.warn(advice, err or console)
     if as_json:
-        console.print_json(json.dumps({**dry_run_json(prep), "model": size, **({"auto_batch": auto} if auto else {}),
+        console.print_json(json.dumps({**dry_run_json(prep), "model": size, **({"model_choice": choice} if choice else {}),
+                                       **({"auto_batch": auto} if auto else {}),
                                        **({"link": link} if opts.module == TRAINER else {})}))
         return 0
     for line in dry_run_text(prep):
         console.print(escape(line), highlight=False, soft_wrap=True)
     gib = 1 << 30
+    if choice:
+        console.print(f"# model: {escape(choice)}", highlight=False, soft_wrap=True)
     if size and auto:
         console.print(f"# model {size['name']}: {size['parameters'] / 1e6:.2f}M parameters; per rank about "
                       f"{size['states_bytes'] / gib:.2f} GiB of weights, gradients and optimizer states, and "
@@ -157,11 +194,17 @@ def plan_then_run(opts: LaunchOptions, console: Console, before_run=None) -> tup
 
 
 def train(opts: LaunchOptions, *, sync_data: bool, as_json: bool, console: Console, err: Console) -> int:
-    _reject_options(opts.args, "trainer overrides are key=value")
+    if opts.module == TRAINER:
+        _read_guide_options(opts, err)
+    else:
+        _reject_options(opts.args, "trainer overrides are key=value")
     opts.args = expand_config_files(opts.module, opts.args)
+    choice = _model_choice(opts)
+    if choice and not (opts.dry_run and not as_json):  # the dry run's text says it with the model's size
+        err.print(f"model: {choice}", markup=False, highlight=False, soft_wrap=True)
     advice = links.start(opts)  # test-ddp's figures for these nodes, if any: sized beside the preflight
     if opts.dry_run:
-        return _dry_run(opts, as_json, console, err, advice)
+        return _dry_run(opts, as_json, console, err, advice, choice)
     opts.json_output = as_json
     if sync_data:
         _sync_data(opts, console)
