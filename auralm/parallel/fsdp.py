@@ -64,8 +64,9 @@ def shard(model: nn.Module, bf16: bool, cpu_offload: bool, device: torch.device 
     for block in blocks:
         fully_shard(block, **kw)
     fully_shard(model, **kw)
-    # the KV-cached generation's entry points besides forward (the evaluation samples): they gather too
-    for module, method in [*((b, "cached") for b in blocks), (model, "step")]:
+    # the entry points besides forward, which gather the shards too: the KV-cached generation's (the evaluation
+    # samples) and the recurrent models' evaluation (ACT.solve runs the core itself, around forward)
+    for module, method in [*((b, "cached") for b in blocks), (model, "step"), (model, "solve")]:
         if hasattr(module, method):
             register_fsdp_forward_method(module, method)
     what = f"{len(blocks)} blocks and the root" if blocks else "the whole model as one unit"

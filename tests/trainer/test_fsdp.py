@@ -1,15 +1,20 @@
 """training.parallel=fsdp on real gloo ranks: the same losses as DDP with half the parameters per rank, sharded
 checkpoints that resume exactly at the same world size and onto other world sizes (2 -> 1 -> 3), the NaN guard's
-recovery from each rank's own shards, and `hrmctl export` gathering a checkpoint into one loadable model."""
+recovery from each rank's own shards, and `hrmctl export` gathering a checkpoint into one loadable model; the
+recurrent HRM and TRM under torchrun: train, evaluate on their shards, save, resume exactly, and `hrmctl
+eval`/`solve`/`export` on their sharded checkpoints."""
 
 from __future__ import annotations
+
+import json
+import subprocess
 
 import pytest
 import torch
 
 from auralm import checkpoint, config, data
 from auralm.errors import UserError
-from tests.trainer.helpers import QUIJOTE, by_step, records, run_ranks, small_sudoku, tiny_args
+from tests.trainer.helpers import PYTHON, QUIJOTE, by_step, python_env, records, run_ranks, small_sudoku, tiny_args
 
 pytestmark = pytest.mark.slow
 
@@ -187,3 +192,56 @@ def test_nan_guard_restores_every_ranks_own_shards(sudoku_dir, fsdp_run, tmp_pat
 def test_fsdp_with_diloco_or_a_comm_hook_is_one_clear_error(extra):
     with pytest.raises(UserError, match=r"training.parallel=fsdp cannot be combined with training\."):
         config.parse(["training.parallel=fsdp", extra])
+
+
+# the recurrent families at their smallest: one layer per level, width 32
+RECURRENT = {"hrm": ["model=hrm-tiny", "model.n_embd=32", "model.n_head=2", "model.H_layers=1", "model.L_layers=1"],
+             "trm": ["model=trm-tiny", "model.n_embd=32", "model.n_head=2", "model.L_layers=1"]}
+
+
+def _torchrun(args: list[str], cwd) -> subprocess.CompletedProcess:
+    """``auralm.train`` on two ranks under a real torchrun (gloo, CPU)."""
+    res = subprocess.run([PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
+                          "auralm.train", *args], capture_output=True, text=True, timeout=300, cwd=cwd,
+                         env=python_env(HRMCTL_BACKEND="gloo"))
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    return res
+
+
+@pytest.mark.parametrize("family", sorted(RECURRENT))
+def test_recurrent_families_train_evaluate_save_and_resume_exactly_under_torchrun(sudoku_dir, tmp_path, family,
+                                                                                  capsys):
+    """HRM and TRM have one FSDP unit (the root) and are evaluated through ``solve``, not ``forward``: every rank
+    evaluates on its shards at steps 2 and 4, the checkpoints are sharded, a resume from step 2 repeats steps 3
+    and 4 exactly, and the tools read the sharded checkpoint whole in one process, with the run's figures."""
+    common = [*RECURRENT[family], "training.parallel=fsdp", "training.batch_size=8", "training.eval_interval=2",
+              "training.eval_batches=1", "training.checkpoint_interval=2"]
+    run, resumed = tmp_path / "run", tmp_path / "resumed"
+    first = _torchrun(_args(sudoku_dir, run, *common, "training.max_steps=4"), tmp_path)
+    assert f"fsdp: the whole model as one unit sharded, fp32" in first.stdout
+    _torchrun(_args(sudoku_dir, resumed, *common, "training.max_steps=4", f"resume={run / 'checkpoint-2'}"),
+              tmp_path)
+    a, b = by_step(run), by_step(resumed)
+    assert sorted(a) == [1, 2, 3, 4] and sorted(b) == [3, 4]
+    assert "exact_accuracy" in a[2] and "exact_by_segments" in a[4]  # the evaluations ran, on both ranks' shards
+    for s in (3, 4):
+        assert b[s]["loss"] == a[s]["loss"], s
+    assert b[4]["val_loss"] == a[4]["val_loss"] and b[4]["exact_accuracy"] == a[4]["exact_accuracy"]
+    assert all(checkpoint.is_sharded(run / f"checkpoint-{s}") for s in (2, 4))
+    assert _same_state(_export(run / "checkpoint-4", tmp_path / "a").state_dict(),
+                       _export(resumed / "checkpoint-4", tmp_path / "b").state_dict())
+    # hrmctl eval: the whole model in one process gives the figures of the run's final evaluation (all of val)
+    from auralm import evaluate, solve
+
+    capsys.readouterr()
+    assert evaluate.main([str(run / "checkpoint-4"), "--batch-size", "8", "--json"]) == 0
+    ev = json.loads(capsys.readouterr().out)
+    assert ev["val_loss"] == pytest.approx(a[4]["val_loss"], rel=1e-5)
+    assert ev["exact_by_segments"] == a[4]["exact_by_segments"] and ev["cell_acc"] == pytest.approx(a[4]["cell_acc"])
+    # hrmctl solve: a grid per puzzle
+    puzzles = tmp_path / "puzzles.txt"
+    x, _ = data.open_split(sudoku_dir, data.load_manifest(sudoku_dir, "sudoku"), "val", 81).batch([0, 1])
+    puzzles.write_text("".join("".join(map(str, row)) + "\n" for row in x.tolist()))
+    assert solve.main([str(run / "checkpoint-4"), str(puzzles), "--json"]) in (0, 1)
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(lines) == 3 and all(len(line["grid"]) == 81 for line in lines[:2]) and lines[2]["puzzles"] == 2
