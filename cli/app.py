@@ -151,6 +151,49 @@ def doctor_cmd(nodes: Nodes = None, inventory: Inventory = None, accept_new_host
                   accept_new_host_keys=accept_new_host_keys, as_json=json, console=out)
 
 
+@command("init")
+def init_cmd(hosts: Annotated[Optional[str], typer.Option(
+                 "--hosts", help="Comma-separated hosts: address, name or user@address:port (default: the Host "
+                                 "entries of ~/.ssh/config).")] = None,
+             inventory: Annotated[Optional[str], typer.Option(
+                 "--inventory", "-i", help="The file to write (default: ./hrmctl.toml).")] = None,
+             force: Annotated[bool, typer.Option("--force", help="Replace an existing inventory.")] = False,
+             check: Annotated[bool, typer.Option(help="Try SSH to every node after writing.")] = True,
+             accept_new_host_keys: AcceptNew = False) -> int:
+    """Write hrmctl.toml from the hosts given or ~/.ssh/config, then try SSH to each (and say the fix)."""
+    from cli.setup.inventory import init
+
+    return init(hosts, path=inventory, force=force, check=check, accept_new_host_keys=accept_new_host_keys,
+                console=out, err=err)
+
+
+@command("setup")
+def setup_cmd(nodes: Nodes = None, inventory: Inventory = None, accept_new_host_keys: AcceptNew = False,
+              json: Json = False,
+              dry_run: Annotated[bool, typer.Option(
+                  "--dry-run", help="Print per node what would be sent and installed (torch build and why).")] = False,
+              allow_dirty: Annotated[bool, typer.Option(
+                  "--allow-dirty", help="Send the working tree as it is (default: refuse uncommitted changes).")]
+              = False,
+              reinstall: Annotated[bool, typer.Option(
+                  "--reinstall", help="Build every node's venv again even when its stamp matches.")] = False,
+              pip: Annotated[bool, typer.Option(
+                  "--pip", help="Install with the nodes' pip instead of uv (slower; same result).")] = False) -> int:
+    """Make every node ready to train: this checkout's commit, this machine's packages, the right torch build.
+
+    In parallel, a progress bar per node; a second run on ready nodes changes nothing. Exit 0 when every node
+    matches this machine, 1 when one does not, 3 when no node answered."""
+    from cli.setup.run import setup_nodes
+    from cli.setup.view import show
+    from cli.nodes.inventory import load_inventory
+
+    selected = load_inventory(inventory).select(nodes)
+    results = setup_nodes(selected, dry_run=dry_run, allow_dirty=allow_dirty, reinstall=reinstall, use_uv=not pip,
+                          console=err, progress=not json and err.is_terminal,
+                          accept_new_host_keys=accept_new_host_keys)
+    return show(results, dry_run=dry_run, as_json=json, console=out, err=err)
+
+
 @command("top")
 def top_cmd(nodes: Nodes = None, inventory: Inventory = None, accept_new_host_keys: AcceptNew = False,
             interval: Annotated[float, typer.Option(help="Seconds between two readings of every node.")] = 1.0,

@@ -501,6 +501,13 @@ def project_facts(workdir: str | None) -> dict:
             out["commit"] = head.strip()
             status = _git(path, "status", "--porcelain", "--untracked-files=no")
             out["dirty"] = None if status is None else bool(status.strip())
+    if out["present"] and out["commit"] is None:  # placed by `hrmctl setup` (no .git): its stamp says the commit
+        try:
+            with open(os.path.join(path, ".hrmctl-setup.json")) as fh:
+                stamp = json.load(fh)
+            out["commit"], out["dirty"], out["placed_by"] = stamp.get("commit"), stamp.get("dirty"), "hrmctl setup"
+        except (OSError, ValueError, AttributeError):
+            pass
     return out
 
 

@@ -136,7 +136,21 @@ def scan(job):
         return answer
     answer["writable"] = os.access(root, os.W_OK | os.X_OK)
     answer["free"] = free_bytes(root)
-    walk(root, "", answer, job["checksum"], job["dry_run"])
+    only = job.get("only")  # top-level names to scan (hrmctl setup: the project's, not .venv or data)
+    if only is None:
+        walk(root, "", answer, job["checksum"], job["dry_run"])
+        return answer
+    for name in only:
+        path = os.path.join(root, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            answer["dirs"].append(name)
+            walk(path, name + "/", answer, job["checksum"], job["dry_run"])
+        elif os.path.lexists(path):
+            st = os.lstat(path)
+            if stat.S_ISREG(st.st_mode):
+                answer["files"][name] = [st.st_size, st.st_mtime_ns, None]
+            else:
+                answer["links"].append(name)
     return answer
 
 

@@ -104,8 +104,9 @@ def _human(n: float) -> str:
 class _NodeSync:
     def __init__(self, session: Session, source_future: Future, result: NodeSync, *, checksum: bool,
                  delete: bool, dry_run: bool, stall_timeout: float, progress: "_Progress",
-                 cancel: threading.Event, accept_new_host_keys: bool = False):
+                 cancel: threading.Event, accept_new_host_keys: bool = False, only: list[str] | None = None):
         self.session, self.source_future, self.r = session, source_future, result
+        self.only = only  # scan only these top-level names of the destination (None: all of it)
         self.accept_new_host_keys = accept_new_host_keys
         self.checksum, self.delete, self.dry_run = checksum, delete, dry_run
         self.stall_timeout, self.progress, self.cancel = stall_timeout, progress, cancel
@@ -119,8 +120,10 @@ class _NodeSync:
             self.agent.close()
 
     def _run(self) -> None:
-        scan = self.agent.call({"op": "scan", "dest": self.r.dest, "checksum": self.checksum,
-                                "dry_run": self.dry_run})
+        job = {"op": "scan", "dest": self.r.dest, "checksum": self.checksum, "dry_run": self.dry_run}
+        if self.only is not None:
+            job["only"] = self.only
+        scan = self.agent.call(job)
         root = scan["root"]
         self.r.dest = root
         source: Source = self.source_future.result()
