@@ -24,8 +24,13 @@ def token_loss(logits: torch.Tensor, y: torch.Tensor | None) -> torch.Tensor | N
 
 
 def _log_stablemax(x: torch.Tensor) -> torch.Tensor:
-    s = torch.where(x >= 0, x + 1, 1 / (1 - x))  # s(x): linear above 0, 1/(1-x) below; never overflows
-    return torch.log(s / s.sum(-1, keepdim=True))
+    """log(s(x) / sum s(x)) over the last dimension, s(x) = x + 1 above 0 and 1 / (1 - x) below, taken in logs:
+    log s(x) = log1p(x) above 0, -log1p(-x) below, then minus their logsumexp. Each branch is given only the
+    inputs of its own side (clamped), so the unused one is never evaluated at a pole: written as
+    ``where(x >= 0, x + 1, 1 / (1 - x))`` it was 1 / 0 at x = 1.0 and its backward 0 x inf = NaN, at a logit
+    bf16 rounds to often. In logs nothing overflows either: value and gradient are finite for every finite x."""
+    log_s = torch.where(x >= 0, torch.log1p(x.clamp(min=0)), -torch.log1p(-x.clamp(max=0)))
+    return log_s - torch.logsumexp(log_s, dim=-1, keepdim=True)
 
 
 def per_token_loss(logits: torch.Tensor, y: torch.Tensor, kind: str = "softmax") -> torch.Tensor:
