@@ -436,10 +436,10 @@ def _choose_model(cfg: Config, typed: dict[str, str]) -> None:
         if chosen:
             cfg.model.name, item = chosen
             how = f", chosen from {item}"
-            if SIZES[cfg.model.name].get("family") == "rlm" and "task" not in typed:
-                cfg.task = "lm"  # the RLM is a language model
     if cfg.model.name not in SIZES:
         return  # check() names the known sizes
+    if SIZES[cfg.model.name].get("family") == "rlm" and "task" not in typed:
+        cfg.task = "lm"  # the RLM is a language model only
     family = model_families.NAMES[model_families.family(SIZES[cfg.model.name])].split(" (")[0]
     cfg.model_choice = f"{cfg.model.name} ({family}){how}" if how else ""
     model_families.check(SIZES, cfg.model.name, typed, how or ("" if "model" in typed else ", the default model"))

@@ -60,10 +60,12 @@ def choose(sizes: dict, default: str, typed: dict[str, str], task: str | None) -
     ``typed``: our key -> the ``key=value`` as given (last one wins); ``task``: as given, or None. The model's
     shape keys decide first; a guide's training keys (``training.optimizer.lr``) only when the task allows."""
     shape = [(k, item) for k, item in typed.items() if k.startswith("model.")]
-    for k, item in shape + [(k, item) for k, item in typed.items() if not k.startswith("model.")]:
-        fam = guide_family(item.partition("=")[0])
-        if fam and (k.startswith("model.") or fam != "rlm" or task in (None, "lm")):
-            return GUIDE_SIZE[fam], item
+    found = [(fam, item) for k, item in shape + [(k, item) for k, item in typed.items() if not k.startswith("model.")]
+             for fam in [guide_family(item.partition("=")[0])]
+             if fam and (k.startswith("model.") or fam != "rlm" or task in (None, "lm"))]
+    if found:  # arch.* is HRM's unless a key only TRM reads (arch.mlp_t) says TRM
+        fam, item = next((f for f in found if f[0] == "trm"), found[0])
+        return GUIDE_SIZE[fam], item
     keys = keys_of(sizes)
     fields = {k[len("model."):] for k, _ in shape}
     foreign = sorted(f for f in fields if f not in keys[family(sizes[default])])

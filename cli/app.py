@@ -286,6 +286,7 @@ def test_ddp_cmd(
 
 @command("train", context_settings={"ignore_unknown_options": True})
 def train_cmd(
+        ctx: typer.Context,
         overrides: Annotated[Optional[list[str]], typer.Argument(
             metavar="KEY=VALUE", show_default=False,
             help="Trainer overrides, e.g. model=hrm-tiny training.max_steps=500 (see docs/trainer.md).")] = None,
@@ -309,7 +310,12 @@ def train_cmd(
     opts = _launch(inventory=inventory, nodes=nodes, master_port=master_port, nproc=nproc, backend=backend, env=env,
                    dry_run=dry_run, run_id=run_id, accept_new_host_keys=accept_new_host_keys, reprobe=reprobe,
                    module=module, args=list(overrides or []), max_restarts=max_restarts)
-    return train(opts, sync_data=sync_data, as_json=json, console=out, err=err)
+    return train(opts, sync_data=sync_data, as_json=json, console=out, err=err, own_options=_options_of(ctx))
+
+
+def _options_of(ctx: typer.Context) -> list[str]:
+    """The command's long options, for the "did you mean" of an unknown one."""
+    return [o for p in ctx.command.params for o in getattr(p, "opts", []) if o.startswith("--")]
 
 
 RunsDir = Annotated[str, typer.Option("--dir", help="The runs directory (where `hrmctl train` writes: ./runs).")]

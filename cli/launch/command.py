@@ -30,24 +30,16 @@ def select_nodes(inventory: str | None, nodes: str | None) -> list[Node]:
     return load_inventory(inventory).select(nodes)
 
 
-def _own_options() -> list[str]:
-    """The running command's options (for "did you mean")."""
-    import click
-
-    ctx = click.get_current_context(silent=True)
-    return [o for p in (ctx.command.params if ctx else []) for o in getattr(p, "opts", []) if o.startswith("--")]
-
-
-def _reject_options(extra: list[str], what: str) -> None:
+def _reject_options(extra: list[str], what: str, own_options: list[str] = ()) -> None:
     for a in extra:
         if a.startswith("-"):
-            hint = guide_spellings.suggest(a.partition("=")[0], _own_options(), option=True)
+            hint = guide_spellings.suggest(a.partition("=")[0], list(own_options), option=True)
             raise HrmctlError(f"unknown option {a}{hint or f'; {what}, and hrmctl options are listed by --help'}")
 
 
-def _read_guide_options(opts: LaunchOptions, err: Console) -> None:
+def _read_guide_options(opts: LaunchOptions, err: Console, own_options: list[str]) -> None:
     """A guide's options among the overrides (``--learning_rate 3e-4``, ``--dry_run``) as ours, said in one line."""
-    read = guide_options.read(opts.args, "trainer overrides are key=value", _own_options())
+    read = guide_options.read(opts.args, "trainer overrides are key=value", own_options)
     opts.args = read.args
     for attr, value in read.options.items():
         setattr(opts, attr, value)
@@ -193,11 +185,13 @@ def plan_then_run(opts: LaunchOptions, console: Console, before_run=None) -> tup
     return prep, run(opts, prep, console, replan)
 
 
-def train(opts: LaunchOptions, *, sync_data: bool, as_json: bool, console: Console, err: Console) -> int:
+def train(opts: LaunchOptions, *, sync_data: bool, as_json: bool, console: Console, err: Console,
+          own_options: list[str] = ()) -> int:
+    """``own_options``: hrmctl train's, for the "did you mean" of an unknown one."""
     if opts.module == TRAINER:
-        _read_guide_options(opts, err)
+        _read_guide_options(opts, err, list(own_options))
     else:
-        _reject_options(opts.args, "trainer overrides are key=value")
+        _reject_options(opts.args, "trainer overrides are key=value", own_options)
     opts.args = expand_config_files(opts.module, opts.args)
     choice = _model_choice(opts)
     if choice and not (opts.dry_run and not as_json):  # the dry run's text says it with the model's size

@@ -1,0 +1,216 @@
+"""Issue #33, items 2, 5 and 10: a guide's line trains the family it names (or is refused in one line naming the family a
+key belongs to and the model= that selects it), the RLM guide's finetune.yaml keys act, and the guides' option
+spellings (the HRM launcher's --learning_rate ...) are read as ours or refused with a correct "did you mean"."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from auralm import config, guide_spellings, model_families, optim, tracking
+from auralm.errors import UserError
+
+# The guides' lines as they are typed (the keys after the guide's own program name).
+HRM_PRETRAIN = ("data_path=data/sudoku-extreme-1k-aug-1000 epochs=20000 eval_interval=2000 global_batch_size=384 "
+                "lr=7e-5 puzzle_emb_lr=7e-5 weight_decay=1.0 puzzle_emb_weight_decay=1.0")  # the HRM guide's pretrain.py
+HRM_SMALL = ("arch=hrm_v1 data_path=data/sudoku-extreme-small global_batch_size=4 lr=1e-4 arch.hidden_size=32 "
+             "arch.H_layers=1 arch.L_layers=1 arch.num_heads=1 arch.expansion=2")  # issue #33, item 1
+RLM_QUICK = "model.hidden_dim=256 model.num_layers=4 model.num_heads=4 model.mhc_flows=4"  # the RLM guide's quick start
+RLM_BASIC = ("data.train_path=data/corpus.jsonl training.optimizer.lr=3e-4 training.batch_size=8 "
+             "training.mixed_precision=bf16 training.max_steps=1000")  # the RLM guide's basic training line
+
+
+@pytest.mark.parametrize("line, name, family, said", [
+    (HRM_PRETRAIN, "hrm-27m", "hrm", "hrm-27m (HRM), chosen from puzzle_emb_lr=7e-5"),
+    (HRM_SMALL, "hrm-27m", "hrm", "hrm-27m (HRM), chosen from arch=hrm_v1"),
+    ("arch.H_layers=1 arch.L_layers=1 arch.H_cycles=2", "hrm-27m", "hrm", "hrm-27m (HRM), chosen from arch.H_layers=1"),
+    ("arch.H_cycles=3 arch.mlp_t=true", "trm-7m", "trm", "trm-7m (TRM), chosen from arch.mlp_t=true"),
+    (RLM_QUICK, "rlm-tiny", "rlm", "rlm-tiny (RLM), chosen from model.hidden_dim=256"),
+    (RLM_BASIC, "rlm-tiny", "rlm", "rlm-tiny (RLM), chosen from data.train_path=data/corpus.jsonl"),
+    ("model.ffn_dim=128", "rlm-tiny", "rlm", "rlm-tiny (RLM), chosen from model.ffn_dim=128"),
+    ("model.mhc_flows=2", "rlm-tiny", "rlm", "rlm-tiny (RLM), chosen from model.mhc_flows=2"),
+    ("model.H_layers=2", "hrm-tiny", "hrm", "hrm-tiny (HRM), chosen from model.H_layers=2"),
+    ("model=50m task=lm", "hrm-50m", "hrm", "hrm-50m (HRM), chosen from model=50m"),
+    ("model.H_cycles=3", "trm-tiny", "trm", ""),  # the default model has it: nothing chosen, nothing said
+    ("model=hrm-tiny arch.H_layers=1", "hrm-tiny", "hrm", ""),
+    ("task=sudoku training.optimizer.lr=1e-3", "trm-tiny", "trm", ""),  # a training key alone does not pick the RLM
+    ("training.wandb.project=p", "trm-tiny", "trm", ""),  # nor does W&B
+])
+def test_a_guide_line_trains_the_family_it_names_and_says_so(line, name, family, said):
+    cfg = config.parse(shlex.split(line))
+    arch = config.resolved_model(cfg.model)
+    assert (cfg.model.name, model_families.family(arch), cfg.model_choice) == (name, family, said)
+    if family == "rlm":
+        assert cfg.task == "lm"
+
+
+def test_the_guides_keys_reach_the_chosen_model():
+    arch = config.resolved_model(config.parse(shlex.split(HRM_SMALL)).model)
+    assert (arch["n_embd"], arch["H_layers"], arch["L_layers"], arch["n_head"], arch["expansion"]) == (32, 1, 1, 1, 2)
+    arch = config.resolved_model(config.parse(shlex.split(RLM_QUICK)).model)
+    assert (arch["n_embd"], arch["n_layer"], arch["n_head"], arch["mhc_flows"]) == (256, 4, 4, 4)
+    cfg = config.parse(shlex.split(HRM_PRETRAIN))
+    assert (cfg.training.puzzle_emb_lr, cfg.training.global_batch_size, cfg.data_dir) == \
+        (7e-5, 384, "data/sudoku-extreme-1k-aug-1000")
+
+
+@pytest.mark.parametrize("line, message", [
+    ("model=trm-tiny arch.H_layers=2", "arch.H_layers (model.H_layers) is not a key of model=trm-tiny (TRM): it belongs "
+                                       "to HRM; model=hrm-tiny (or arch=hrm_v1) selects it"),
+    ("model=hrm-tiny arch.mlp_t=true", "arch.mlp_t (model.mlp_t) is not a key of model=hrm-tiny (HRM): it belongs to "
+                                       "TRM; model=trm-tiny (or arch=trm) selects it"),
+    ("model=tiny model.mhc_flows=2", "model.mhc_flows is not a key of model=tiny (GPT): it belongs to RLM; "
+                                     "model=rlm-tiny selects it"),
+    ("model=rlm-tiny arch.H_cycles=2", "arch.H_cycles (model.H_cycles) is not a key of model=rlm-tiny (RLM): it "
+                                       "belongs to HRM and TRM; model=hrm-tiny (or arch=hrm_v1) or model=trm-tiny "
+                                       "(or arch=trm) selects one"),
+    ("model.n_layer=3", "model.n_layer is not a key of model=trm-tiny (TRM, the default model): it belongs to GPT and "
+                        "RLM; model=tiny or model=rlm-tiny selects one"),
+    ("model=hrm-tiny model.num_layers=4", "model.num_layers (model.n_layer) is not a key of model=hrm-tiny (HRM)"),
+    ("arch.H_layers=1 model.ffn_dim=64", "model.ffn_dim is not a key of model=hrm-27m (HRM, chosen from "
+                                         "arch.H_layers=1): it belongs to RLM; model=rlm-tiny selects it"),
+])
+def test_a_key_the_model_does_not_read_is_refused_naming_its_family(line, message):
+    with pytest.raises(UserError) as e:
+        config.parse(shlex.split(line))
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_every_family_reads_the_keys_of_its_sizes():
+    keys = model_families.keys_of(config.SIZES)
+    assert set(keys) == {"gpt", "hrm", "trm", "rlm"}
+    assert "H_layers" in keys["hrm"] and "H_layers" not in keys["trm"]
+    assert "mlp_t" in keys["trm"] and "mlp_t" not in keys["hrm"]
+    assert {"ffn_dim", "mhc_flows", "n_layer"} <= keys["rlm"] and "n_layer" not in keys["hrm"] | keys["trm"]
+    for name, size in config.SIZES.items():  # every size's own keys are accepted on it
+        fam = model_families.family(size)
+        overrides = [f"model={name}"] + (["task=lm"] if fam == "rlm" else [])
+        for k in sorted(keys[fam] - {"vocab_size", "dropout"}):
+            config.parse(overrides + [f"model.{k}={size[k]}"])
+
+
+@pytest.mark.parametrize("override, meant", [
+    ("learning_rate=1e-4", "did you mean 'training.lr'? --learning_rate is the HRM distributed launcher's spelling"),
+    ("eval_steps=100", "did you mean 'training.eval_interval'? --eval_steps is the HRM distributed launcher's "
+                       "spelling"),
+    ("batch_size=8", "did you mean 'training.batch_size'?"),
+    ("dry_run=true", "did you mean --dry-run?"),
+    ("train_samples=1000", "--train_samples has no counterpart here: hrmctl trains on a prepared data directory"),
+    ("training.max_step=5", "did you mean 'training.max_steps'?"),
+    ("arch.hiden_size=64", "did you mean 'arch.hidden_size'? the HRM guide's pretrain.py's spelling of model.n_embd"),
+])
+def test_did_you_mean_names_the_key_the_guide_means(override, meant):
+    with pytest.raises(UserError) as e:
+        config.parse([override])
+    assert meant in str(e.value), str(e.value)
+    assert "ema_rate" not in str(e.value) and "guard.lr_steps" not in str(e.value)
+
+
+def test_one_table_every_spelling_points_at_a_key_or_option_of_ours():
+    keys = set(config.key_names())
+    options = {"--dry-run", "--nproc", "--master-port"}
+    for s in guide_spellings.TABLE:
+        assert s.ours in keys | options or (not s.ours and s.note), s
+    assert guide_spellings.ALIASES["arch.hidden_size"] == "model.n_embd" is not None
+    assert config.ALIASES is guide_spellings.ALIASES  # the config reads the same table
+
+
+FINETUNE_YAML = """\
+# the RLM guide's finetune.yaml, with the keys it types
+training:
+  optimizer: {type: adamw, lr: 1.0e-3, weight_decay: 0.01, betas: [0.9, 0.999]}
+  scheduler: {type: linear, warmup_steps: 2}
+  wandb: {project: rlm-finetune, entity: aura-lab}
+  max_steps: 6
+"""
+
+
+def test_the_finetune_yaml_types_act(tmp_path):
+    f = tmp_path / "finetune.yaml"
+    f.write_text(FINETUNE_YAML)
+    cfg = config.parse(["model=rlm-tiny", f"config={f}"])
+    t = cfg.training
+    assert (t.optimizer, t.schedule, t.lr, t.warmup_steps, t.beta2) == ("adamw", "linear", 1e-3, 2, 0.999)
+    assert (cfg.logging.wandb.project, cfg.logging.wandb.entity) == ("rlm-finetune", "aura-lab")
+    # linear: a straight line from lr after the warmup down to lr * min_lr_ratio at max_steps
+    expected = [5e-4, 1e-3, 7.75e-4, 5.5e-4, 3.25e-4, 1e-4]
+    assert all(math.isclose(optim.lr_at(t, s), e) for s, e in zip(range(1, 7), expected))
+    t.schedule = "constant"
+    assert [optim.lr_at(t, s) for s in (3, 6)] == [1e-3, 1e-3]
+    t.schedule = "cosine"
+    assert math.isclose(optim.lr_at(t, 4), 1e-4 + 0.5 * (1 + math.cos(math.pi / 2)) * 0.9e-3)
+    p = tracking.plan(cfg.logging)
+    assert (p.wandb_project, p.wandb_entity) == ("rlm-finetune", "aura-lab")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("training.optimizer.type=sgd", "training.optimizer.type='sgd': expected one of adam_atan2, adamatan2, adamw"),
+    ("training.scheduler.type=polynomial", "training.scheduler.type='polynomial': expected one of constant, "
+                                           "constant_with_warmup, cosine, cosine_with_min_lr, linear"),
+    ("training.schedule=step", "training.schedule='step': expected one of cosine, linear, constant"),
+])
+def test_a_type_we_do_not_have_is_one_line(override, message):
+    with pytest.raises(UserError) as e:
+        config.parse(["model=rlm-tiny", "task=lm", override])
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+# ---------------------------------------------------------------- hrmctl train: the launcher's options
+
+
+def hrmctl(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "cli", *args], capture_output=True, text=True, timeout=120, cwd=cwd,
+                          env={**os.environ, "HRMCTL_INVENTORY": str(cwd / "none.toml")})
+
+
+def test_the_launchers_options_are_read_as_ours(tmp_path):
+    res = hrmctl("train", "--model", "50m", "task=lm", "--batch_size", "2", "--learning_rate=3e-4", "--dry_run",
+                 "--eval_steps", "50", "--run-id", "g1", "--json", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    [node] = doc["nodes"]
+    argv = node["argv"]
+    tail = argv[argv.index("auralm.train") + 1:]
+    assert tail[:5] == ["model=50m", "task=lm", "training.batch_size=2", "training.lr=3e-4",
+                        "training.eval_interval=50"], tail
+    assert doc["model"]["name"] == "hrm-50m" and doc["model_choice"] == "hrm-50m (HRM), chosen from model=50m"
+    assert res.stderr.splitlines()[0] == (
+        "hrmctl: read as ours: --model 50m is model=50m (50m and 100m are hrm-50m and hrm-100m); --batch_size 2 is "
+        "training.batch_size=2 (per rank and micro-step); --learning_rate 3e-4 is training.lr=3e-4; --dry_run is "
+        "--dry-run; --eval_steps 50 is training.eval_interval=50 (evaluate every N steps)")
+
+
+def test_the_dry_run_says_which_model_the_keys_chose(tmp_path):
+    res = hrmctl("train", "--dry-run", *shlex.split(HRM_SMALL), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "# model: hrm-27m (HRM), chosen from arch=hrm_v1" in res.stdout.splitlines()
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--train_samples", "1000"], "error: unknown option --train_samples (the HRM distributed launcher's "
+                                  "--train_samples has no counterpart here: hrmctl trains on a prepared data "
+                                  "directory: cap its size with `hrmctl prepare-data SOURCE --max-tokens N`"),
+    (["--learing_rate", "1e-4"], "error: unknown option --learing_rate (did you mean --learning_rate? the HRM "
+                                 "distributed launcher's spelling of training.lr)"),
+    (["--dry-runn"], "error: unknown option --dry-runn (did you mean --dry-run?)"),
+    (["--max_step", "5"], "error: unknown option --max_step (did you mean --max_steps? the HRM distributed "
+                          "launcher's spelling of training.max_steps)"),
+    (["--node_rank", "1"], "error: unknown option --node_rank (torchrun's --node_rank has no counterpart here: "
+                           "hrmctl sets it on every node from --nodes"),
+    (["--learning_rate"], "error: --learning_rate needs a value (the HRM distributed launcher's spelling of "
+                          "training.lr)"),
+    (["learning_rate=1e-4"], "error: trainer overrides rejected: unknown key 'learning_rate' (did you mean "
+                             "'training.lr'?"),
+    (["model=trm-tiny", "arch.H_layers=2"], "error: trainer overrides rejected: arch.H_layers (model.H_layers) is "
+                                            "not a key of model=trm-tiny (TRM): it belongs to HRM"),
+])
+def test_a_spelling_we_do_not_take_is_one_line_with_the_right_pointer(tmp_path, args, line):
+    res = hrmctl("train", "--dry-run", *args, cwd=tmp_path)
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr.startswith(line) and res.stderr.count("\n") == 1 and "Traceback" not in res.stderr
