@@ -106,3 +106,42 @@ def test_on_two_ranks_local_rank_0_prepares_and_the_other_waits(guide, tmp_path)
     assert (corpus.parent / "quijote.jsonl.auralm" / "meta.json").exists()
     x, y = r0["state"], r1["state"]
     assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+
+
+FINETUNE_YAML = """\
+# the RLM guide's finetune.yaml: the optimizer's and the scheduler's types, and W&B under training
+training:
+  optimizer: {type: adamw, lr: 1.0e-3, weight_decay: 0.01}
+  scheduler: {type: linear, warmup_steps: 2, min_lr_ratio: 0.1}
+  wandb: {project: rlm-finetune, entity: aura-lab}
+  batch_size: 4
+  max_steps: 6
+  logging_steps: 1
+  eval_interval: 0
+  sample_tokens: 0
+data:
+  train_path: {jsonl}
+  vocab_size: 512
+"""
+
+
+def test_the_finetune_yaml_trains_with_its_schedule_and_its_wandb_project(guide, tmp_path, monkeypatch, capsys):
+    pytest.importorskip("wandb")
+    from tests.unit.test_tracking import wandb_offline_records
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wb"))
+    _, corpus = guide
+    f = tmp_path / "finetune.yaml"
+    f.write_text(FINETUNE_YAML.replace("{jsonl}", str(corpus)))
+    run = tmp_path / "run"
+    assert train.main([f"config={f}", *MODEL[1:], f"out_dir={run}"]) == 0  # no model=: the guide's keys pick it
+    out = capsys.readouterr().out
+    assert "model: rlm-tiny (RLM), chosen from model.hidden_dim=64" in out.splitlines()
+    lr = {s: r["lr"] for s, r in by_step(run).items()}
+    expected = {1: 5e-4, 2: 1e-3, 3: 7.75e-4, 4: 5.5e-4, 5: 3.25e-4, 6: 1e-4}  # warmup, then a straight line
+    assert sorted(lr) == sorted(expected) and all(abs(lr[s] - e) < 1e-9 for s, e in expected.items()), lr
+    [wandb_dir] = (tmp_path / "wb" / "wandb").glob("offline-run-*")
+    run_id = (run / "wandb-run-id").read_text().strip()
+    runs = [r.run for r in wandb_offline_records(wandb_dir / f"run-{run_id}.wandb") if r.WhichOneof("record_type") == "run"]
+    assert runs and (runs[0].project, runs[0].entity) == ("rlm-finetune", "aura-lab")
