@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import fcntl
 import hashlib
+import itertools
 import json
 import os
 import random
@@ -232,9 +233,14 @@ def train_path_dir(source: Path) -> tuple[Path, bool]:
     return cache / "auralm" / "data" / f"{source.name}-{tag}", True
 
 
-def _source_files(source: str) -> list[Path] | None:
-    """The local files of ``source`` (a file or a directory of them), or None for a dataset name."""
+def _source_files(source: str, config: str | None = None) -> list[Path] | None:
+    """The local files of ``source`` (a file or a directory of them), or None for a dataset: a name on the Hub, or
+    with ``config`` a local dataset directory (its README's ``configs:``, or a loading script)."""
     path = Path(source)
+    if config and path.is_dir():
+        return None
+    if config and path.exists():
+        raise UserError(f"--config {config} names a configuration of a dataset; {source} is a file: drop --config")
     if not path.exists():
         if source.startswith((".", "/", "~")) or Path(source).suffix in (".txt", ".jsonl", ".json", ".parquet"):
             raise UserError(f"data source {source} does not exist")
@@ -248,9 +254,9 @@ def _source_files(source: str) -> list[Path] | None:
 
 
 def _hub_reachable() -> bool:
-    host = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname
+    url = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
     try:
-        socket.create_connection((host, 443), timeout=3).close()
+        socket.create_connection((url.hostname, url.port or (80 if url.scheme == "http" else 443)), timeout=3).close()
         return True
     except OSError:
         return False
@@ -279,21 +285,36 @@ def _read_jsonl(files: list[Path], text_field: str) -> list[str]:
     return texts
 
 
-def _read_texts(source: str, files: list[Path] | None, text_field: str, split: str) -> list[str]:
-    if files is not None and all(f.suffix == ".jsonl" for f in files):
+def _hub_name() -> str:
+    return urllib.parse.urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "the Hub"
+
+
+def _dataset_name(source: str, config: str | None) -> str:
+    return f"{source} (config {config})" if config else source
+
+
+def _read_texts(source: str, files: list[Path] | None, text_field: str, split: str, config: str | None = None,
+                streaming: bool = False):
+    """The texts of ``source``: a list, or (``streaming``) an iterator that reads the dataset as it is consumed."""
+    if files is not None and all(f.suffix == ".jsonl" for f in files) and not streaming:
         return _read_jsonl(files, text_field)
     import datasets  # only preparing lm data needs it
 
     datasets.disable_progress_bars()
-    datasets.logging.set_verbosity_error()
-    offline = files is None and not _hub_reachable()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its errors are ours to say, in one line
+    local = files is not None or Path(source).exists()
+    offline = not local and not _hub_reachable()
+    if offline and streaming:
+        raise UserError(f"cannot stream dataset {_dataset_name(source, config)}: {_hub_name()} is unreachable from "
+                        f"this machine (streaming reads the Hub as it goes); connect, or prepare the data where the "
+                        f"Hub answers and copy it here (`hrmctl sync-data`)")
     try:
         if files is None:
             if offline:  # use the local cache only, instead of a minute of retries
                 import huggingface_hub.constants
 
                 huggingface_hub.constants.HF_HUB_OFFLINE = datasets.config.HF_HUB_OFFLINE = True
-            ds = datasets.load_dataset(source, split=split)
+            ds = datasets.load_dataset(source, config, split=split, streaming=streaming)
         else:
             kinds = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
             kind = {kinds[f.suffix] for f in files}
@@ -301,19 +322,49 @@ def _read_texts(source: str, files: list[Path] | None, text_field: str, split: s
                 raise UserError(f"data source {source} mixes file types ({', '.join(sorted(kind))}): use one")
             kind = kind.pop()
             extra = {"sample_by": "paragraph"} if kind == "text" else {}
-            ds = datasets.load_dataset(kind, data_files=[str(f) for f in files], split="train", **extra)
+            ds = datasets.load_dataset(kind, data_files=[str(f) for f in files], split="train", streaming=streaming,
+                                       **extra)
     except UserError:
         raise
-    except Exception as e:  # offline hub, bad file: one line, the library's reason
-        if offline:
-            raise UserError(f"cannot read dataset {source}: it is not in the local Hugging Face cache "
-                            "and the Hub is unreachable") from None
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"cannot read data source {source}: {reason}") from None
-    if text_field not in ds.column_names:
-        raise UserError(f"data source {source} has no {text_field!r} column (columns: {', '.join(ds.column_names)});"
+    except Exception as e:  # offline hub, bad file, unknown config: one line, the library's reason
+        raise _read_error(source, config, offline, e) from None
+    columns = ds.column_names if not streaming else (ds.column_names or _first_columns(ds, source, config))
+    if text_field not in columns:
+        raise UserError(f"data source {source} has no {text_field!r} column (columns: {', '.join(columns)});"
                         " pass --text-field")
+    if streaming:
+        return _streamed(ds, source, config, text_field)
     return [t for t in ds[text_field] if isinstance(t, str)]
+
+
+def _read_error(source: str, config: str | None, offline: bool, e: Exception) -> UserError:
+    if offline:
+        return UserError(f"cannot read dataset {_dataset_name(source, config)}: it is not in the local Hugging Face "
+                         f"cache and {_hub_name()} is unreachable")
+    reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return UserError(f"cannot read data source {_dataset_name(source, config)}: {reason}")
+
+
+def _first_columns(ds, source: str, config: str | None) -> list[str]:
+    """A streamed dataset whose features are not declared: the columns of its first row."""
+    try:
+        return list(next(iter(ds), {}))
+    except Exception as e:
+        raise _read_error(source, config, False, e) from None
+
+
+def _streamed(ds, source: str, config: str | None, text_field: str):
+    """The texts of a streamed dataset, read as they are asked for; a failure midway is one UserError."""
+    rows = iter(ds)
+    while True:
+        try:
+            row = next(rows)
+        except StopIteration:
+            return
+        except Exception as e:
+            raise _read_error(source, config, False, e) from None
+        if isinstance(row.get(text_field), str):
+            yield row[text_field]
 
 
 def load_tokenizer(path):
@@ -338,8 +389,15 @@ def _train_tokenizer(texts: list[str], vocab_size: int, out: Path):
 
 def prepare_lm(source: str, out: Path, vocab_size: int, tokenizer: str | None, max_tokens: int | None,
                min_text_length: int, max_text_length: int | None, text_field: str = "text", split: str = "train",
-               val_fraction: float = 0.05, dtype: str = "auto", shard_tokens: int = 100_000_000) -> str:
-    files = _source_files(source)
+               val_fraction: float = 0.05, dtype: str = "auto", shard_tokens: int = 100_000_000,
+               config: str | None = None, streaming: bool = False) -> str:
+    """``config``: the dataset's configuration (C4's ``en``, Wikipedia's ``20231101.es``); ``streaming``: read the
+    dataset as it downloads and stop at ``max_tokens`` (required then): the tokenizer is trained on the first
+    texts (about 4 bytes a token of the budget, at most TOKENIZER_SAMPLE_BYTES), then the stream is read on only
+    until the budget is reached."""
+    if streaming and not max_tokens:
+        raise UserError("--streaming needs --max-tokens N: the token budget at which reading stops")
+    files = _source_files(source, config)
     if vocab_size < 257 and tokenizer is None:
         raise UserError(f"--vocab-size {vocab_size} is too small: a byte-level BPE needs at least 257")
     if dtype == "uint16" and tokenizer is None and vocab_size > 65536:
@@ -348,22 +406,26 @@ def prepare_lm(source: str, out: Path, vocab_size: int, tokenizer: str | None, m
     options = dict(vocab_size=vocab_size, tokenizer=tokenizer, max_tokens=max_tokens, min_text_length=min_text_length,
                    max_text_length=max_text_length, text_field=text_field, split=split, val_fraction=val_fraction,
                    dtype=dtype, shard_tokens=shard_tokens)
+    if config or streaming:  # only when given: data made before these options keeps its fingerprint
+        options.update(config=config, streaming=streaming)
     src = ({"files": {str(f.resolve()): sha256_file(f) for f in files}} if files is not None
-           else {"dataset": source})
+           else {"dataset": source, **({"config": config} if config else {})})
     if tokenizer is not None:
         src["tokenizer"] = {p.name: sha256_file(p) for p in sorted(Path(tokenizer).glob("*")) if p.is_file()}
     fp = fingerprint({"format": FORMAT, "task": "lm", "source": src, "options": options})
     if files is not None and _up_to_date(out, fp):  # a hub dataset cannot be checked without fetching it
         return f"up to date: {out}"
 
-    texts = _read_texts(source, files, text_field, split)
-    texts = [t for t in texts if len(t) >= min_text_length and (max_text_length is None or len(t) <= max_text_length)]
-    if not texts:
+    kept = (t for t in _read_texts(source, files, text_field, split, config, streaming)
+            if len(t) >= min_text_length and (max_text_length is None or len(t) <= max_text_length))
+    sample = _first_texts(kept, min(4 * max_tokens, TOKENIZER_SAMPLE_BYTES) if streaming else None)
+    if not sample:
         raise UserError(f"data source {source} has no text between --min-text-length {min_text_length} "
                         f"and --max-text-length {max_text_length} characters")
+    texts = itertools.chain(sample, kept)  # streaming: the rest is read only as the budget needs it
 
     def fill(tmp: Path) -> None:
-        tok = load_tokenizer(tokenizer) if tokenizer else _train_tokenizer(texts, vocab_size, tmp / "tokenizer")
+        tok = load_tokenizer(tokenizer) if tokenizer else _train_tokenizer(sample, vocab_size, tmp / "tokenizer")
         if tokenizer:
             tok.save_pretrained(tmp / "tokenizer")
         vocab = len(tok)
@@ -376,10 +438,11 @@ def prepare_lm(source: str, out: Path, vocab_size: int, tokenizer: str | None, m
         if dtype == "uint32":
             width = np.uint32
         stream, total = [], 0
-        for i in range(0, len(texts), 1000):
-            if max_tokens is not None and total >= max_tokens:
+        while max_tokens is None or total < max_tokens:
+            chunk = list(itertools.islice(texts, 1000 if not streaming else 64))
+            if not chunk:
                 break
-            for ids in tok(texts[i: i + 1000], add_special_tokens=False, return_attention_mask=False)["input_ids"]:
+            for ids in tok(chunk, add_special_tokens=False, return_attention_mask=False)["input_ids"]:
                 stream.append(np.array(ids + [eos], dtype=width))
                 total += len(ids) + 1
         tokens = np.concatenate(stream)[:max_tokens]
@@ -399,8 +462,25 @@ def prepare_lm(source: str, out: Path, vocab_size: int, tokenizer: str | None, m
 
     _write_atomically(out, fill)
     meta = json.loads((out / "meta.json").read_text())
+    read = f"; streamed {_dataset_name(source, config)} up to the budget of {max_tokens} tokens" if streaming else ""
     return (f"wrote {meta['splits']['train']['tokens']} train and {meta['splits']['val']['tokens']} validation "
-            f"tokens ({meta['dtype']}, vocabulary {meta['tokenizer']['vocab_size']}) to {out}")
+            f"tokens ({meta['dtype']}, vocabulary {meta['tokenizer']['vocab_size']}) to {out}{read}")
+
+
+TOKENIZER_SAMPLE_BYTES = 200_000_000  # streaming: the tokenizer learns from at most this much of the first text
+
+
+def _first_texts(texts, budget_bytes: int | None) -> list[str]:
+    """All of ``texts`` (None), or the first ones up to ``budget_bytes`` of UTF-8 (the rest stays in the iterator)."""
+    if budget_bytes is None:
+        return list(texts)
+    out, size = [], 0
+    for t in texts:
+        out.append(t)
+        size += len(t.encode("utf-8"))
+        if size >= budget_bytes:
+            break
+    return out
 
 
 # ---------------------------------------------------------------- reading a data directory
@@ -563,6 +643,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-text-length", type=int, help="drop texts longer than this (characters)")
     p.add_argument("--text-field", default="text")
     p.add_argument("--split", default="train", help="split of a named dataset")
+    p.add_argument("--config", help="the configuration of a named dataset (or of a local dataset directory): C4's en, "
+                   "Wikipedia's 20231101.es")
+    p.add_argument("--streaming", action="store_true", help="read a dataset as it downloads, only until --max-tokens "
+                   "tokens (needs --max-tokens)")
     p.add_argument("--dtype", choices=("auto", "uint16", "uint32"), default="auto", help="shard width")
     p.add_argument("--shard-tokens", type=int, default=100_000_000)
     p.add_argument("--difficulty", help="sudoku (default %s): " % SUDOKU_DEFAULTS["difficulty"] + ", ".join(
@@ -583,6 +667,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         a = p.parse_args(argv)
         if a.task == "sudoku":
+            if a.config or a.streaming:
+                raise UserError("--config and --streaming read a text dataset: not for --task sudoku")
             if a.source:
                 raise UserError("--task sudoku takes no SOURCE: the puzzles are generated (or --from-csv FILE)")
             if a.workers < 1:
@@ -608,7 +694,8 @@ def main(argv: list[str] | None = None) -> int:
                 if getattr(a, name) is not None and getattr(a, name) <= 0:
                     raise UserError(f"--{name.replace('_', '-')} must be greater than 0")
             msg = prepare_lm(a.source, a.out, a.vocab_size, a.tokenizer, a.max_tokens, a.min_text_length,
-                             a.max_text_length, a.text_field, a.split, dtype=a.dtype, shard_tokens=a.shard_tokens)
+                             a.max_text_length, a.text_field, a.split, dtype=a.dtype, shard_tokens=a.shard_tokens,
+                             config=a.config, streaming=a.streaming)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
