@@ -214,3 +214,13 @@ def test_a_spelling_we_do_not_take_is_one_line_with_the_right_pointer(tmp_path, 
     res = hrmctl("train", "--dry-run", *args, cwd=tmp_path)
     assert res.returncode == 2 and res.stdout == ""
     assert res.stderr.startswith(line) and res.stderr.count("\n") == 1 and "Traceback" not in res.stderr
+
+
+def test_the_docs_page_lists_every_spelling_of_the_table():
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "guides.md").read_text()
+    missing = [s.theirs for s in guide_spellings.TABLE if f"`{s.theirs}`" not in page]
+    assert not missing, missing
+    for line in (HRM_PRETRAIN, HRM_SMALL, RLM_BASIC):  # the guides' lines as the page shows them
+        assert line in page
