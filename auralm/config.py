@@ -61,7 +61,6 @@ SIZES.update({
     "rlm-base": dict(_RLM, n_embd=2048, n_layer=24, n_head=16, head_dim=128, ffn_dim=5504, block_size=2048),  # 1.3B
     "rlm-large": dict(_RLM, n_embd=4096, n_layer=32, n_head=32, head_dim=128, ffn_dim=11008, block_size=2048),  # 7B
 })
-RLM_KEYS = ("head_dim", "ffn_dim", "vocab_size", "mhc_enabled", "mhc_flows", "mhc_sinkhorn_iters")
 RECURRENT_KEYS = ("expansion", "H_layers", "L_layers", "H_cycles", "L_cycles", "halt_max_steps",
                   "halt_exploration_prob", "puzzle_emb_ndim", "pos_encodings", "mlp_t", "loss_type", "norm",
                   "eval_segments")
@@ -114,8 +113,10 @@ class ModelConfig:
 class DilocoConfig:
     """DiLoCo (training.sync=diloco): H local steps per rank, then one outer step on the averaged change."""
     inner_steps: int = 50  # H: local optimizer steps between two synchronisations
-    outer_lr: float = 0.7  # the outer Nesterov SGD (the paper's values)
-    outer_momentum: float = 0.9
+    # the outer Nesterov SGD; None (auto, the default): chosen by the run's length (auralm/parallel/diloco.py:
+    # the paper's lr 0.7 momentum 0.9 for FEW_ROUNDS rounds or more, the ranks' plain average, lr 1 momentum 0, below)
+    outer_lr: float | None = None
+    outer_momentum: float | None = None
     comm_dtype: str = "bf16"  # the pseudo-gradient's type on the wire: bf16 (half the bytes) or fp32
     overlap_steps: int = 0  # K > 0: the all-reduce travels during the next round's first K local steps
     # (Streaming DiLoCo's overlap); 0: every rank waits for it at the end of the round
@@ -337,6 +338,7 @@ def _pair(given: str, text: str) -> tuple[str, str]:
 
 
 AUTO = 0  # training.batch_size=auto, as stored (a typed 0 is refused: see _set)
+AUTO_NONE = ("training.diloco.outer_lr", "training.diloco.outer_momentum")  # =auto is stored as None
 
 
 def split_global_batch(fits: int, world: int, global_batch: int, grad_accum: int) -> tuple[int, int]:
@@ -374,12 +376,15 @@ def _set(cfg: Config, keys: dict, given: str, text: str) -> list[str]:
         if key == "training.batch_size" and text.strip().lower() == "auto":
             cfg.training.batch_size = AUTO
             continue
+        if key in AUTO_NONE and text.strip().lower() == "auto":
+            text = "none"
         try:
             value = _convert(text, keys[key])
             if key == "training.batch_size" and value <= 0:
                 raise UserError(f"{given}={text}: must be greater than 0 (or auto: the largest that fits)")
         except ValueError:
-            what = "an integer or auto" if key == "training.batch_size" else _type_name(keys[key])
+            what = "an integer or auto" if key == "training.batch_size" else \
+                "a number or auto" if key in AUTO_NONE else _type_name(keys[key])
             raise UserError(f"{given}={text!r}: expected {what}") from None
         target = cfg
         *path, last = key.split(".")
@@ -545,13 +550,13 @@ def check(cfg: Config) -> None:
     _one_of("training.diloco.comm_dtype", t.diloco.comm_dtype, ("bf16", "fp32"))
     for key, value in {"training.diloco.inner_steps": t.diloco.inner_steps, "training.diloco.outer_lr":
                        t.diloco.outer_lr, "training.powersgd_rank": t.powersgd_rank}.items():
-        if value <= 0:
+        if value is not None and value <= 0:  # outer_lr None: auto
             raise UserError(f"{key}={value}: must be greater than 0")
     if not 0 <= t.diloco.overlap_steps < t.diloco.inner_steps:
         raise UserError(f"training.diloco.overlap_steps={t.diloco.overlap_steps}: must be at least 0 and less than "
                         f"training.diloco.inner_steps={t.diloco.inner_steps} (the round's all-reduce travels during "
                         f"that many of the next round's local steps)")
-    if not 0 <= t.diloco.outer_momentum < 1:
+    if t.diloco.outer_momentum is not None and not 0 <= t.diloco.outer_momentum < 1:
         raise UserError(f"training.diloco.outer_momentum={t.diloco.outer_momentum}: must be in [0, 1)")
     if t.sync == "diloco" and t.ddp_comm_hook != "none":
         raise UserError(f"training.ddp_comm_hook={t.ddp_comm_hook} applies to training.sync=ddp; with diloco the "

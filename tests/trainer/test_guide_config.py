@@ -109,19 +109,13 @@ def test_on_two_ranks_local_rank_0_prepares_and_the_other_waits(guide, tmp_path)
 
 
 FINETUNE_YAML = """\
-# the RLM guide's finetune.yaml: the optimizer's and the scheduler's types, and W&B under training
+# the RLM guide's finetune.yaml, over the base config: the optimizer's and the scheduler's types, and W&B
 training:
   optimizer: {type: adamw, lr: 1.0e-3, weight_decay: 0.01}
-  scheduler: {type: linear, warmup_steps: 2, min_lr_ratio: 0.1}
+  scheduler: {type: linear}
   wandb: {project: rlm-finetune, entity: aura-lab}
-  batch_size: 4
   max_steps: 6
-  logging_steps: 1
-  eval_interval: 0
-  sample_tokens: 0
-data:
-  train_path: {jsonl}
-  vocab_size: 512
+  mixed_precision: "no"
 """
 
 
@@ -131,11 +125,11 @@ def test_the_finetune_yaml_trains_with_its_schedule_and_its_wandb_project(guide,
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wb"))
-    _, corpus = guide
+    base, _ = guide
     f = tmp_path / "finetune.yaml"
-    f.write_text(FINETUNE_YAML.replace("{jsonl}", str(corpus)))
+    f.write_text(FINETUNE_YAML)
     run = tmp_path / "run"
-    assert train.main([f"config={f}", *MODEL[1:], f"out_dir={run}"]) == 0  # no model=: the guide's keys pick it
+    assert train.main([f"config={base}", f"config={f}", *MODEL[1:], f"out_dir={run}"]) == 0  # no model=: its keys
     out = capsys.readouterr().out
     assert "model: rlm-tiny (RLM), chosen from model.hidden_dim=64" in out.splitlines()
     lr = {s: r["lr"] for s, r in by_step(run).items()}
