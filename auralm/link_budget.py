@@ -25,8 +25,9 @@ round at the fastest rank's pace, ``min(s_r)`` a local step. When that gains at 
 The suggestion: plain DDP when its communication is at most DDP_OK of the compute, the bf16 hook
 when that brings it there, else DiLoCo with the smallest round H that brings its share to at most
 DILOCO_OK if the ranks wait for it, and with ``training.diloco.overlap_steps`` set to the local steps
-whose compute covers one synchronisation, so that they need not; for a run of fewer than FEW_ROUNDS
-rounds (when its length is known), with the ranks' plain average as the outer step. Pure: no torch, plain dicts in and out.
+whose compute covers one synchronisation, so that they need not (its outer step is left to the trainer's
+default, ``training.diloco.outer_lr=auto``: the ranks' plain average for a run of fewer than FEW_ROUNDS
+rounds, the paper's step otherwise). Pure: no torch, plain dicts in and out.
 ``python -m auralm.link_budget --link ENTRY key=value ...`` is hrmctl train's warning (see advise()).
 """
 
@@ -45,9 +46,10 @@ ROUND_H = (10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100
 BALANCE_GAIN = 1.15  # suggest training.balance=auto when it makes a DDP step at least this much shorter
 POWERSGD_MIN_COMPRESSION = 2  # torch's PowerSGDState(min_compression_rate=2): compress only what halves
 DILOCO_USUAL_MAX_H = 1000  # beyond this many inner steps, DiLoCo is outside what it is usually run with
-FEW_ROUNDS = 20  # a DiLoCo run of fewer rounds is pointed at the ranks' plain average as its outer step: in the
+FEW_ROUNDS = 20  # a DiLoCo run of fewer rounds takes the ranks' plain average as its outer step by default: in the
 # range measured (docs/lowcomm.md: 6 and 18 rounds) the paper's outer step ended 5.4% and 7.1% above DDP's loss
 AVERAGE = ("training.diloco.outer_lr=1", "training.diloco.outer_momentum=0")  # the outer step = the ranks' average
+PAPER_STEP = ("training.diloco.outer_lr=0.7", "training.diloco.outer_momentum=0.9")  # DiLoCo's paper: Nesterov SGD
 DEFAULT_LM_VOCAB = 8192  # hrmctl prepare-data's default --vocab-size
 
 
@@ -212,11 +214,10 @@ def _sync_suggestion(b: dict) -> dict | None:
         why += (f"; and with its all-reduce ({seconds(d['comm_s_per_sync'])}) travelling during the next round's "
                 f"first {k} local step{'s' if k > 1 else ''} the ranks need not wait for it")
     rounds = b["max_steps"] // d["inner_steps"] if b["max_steps"] else None  # None: the run's length is unknown
-    if rounds is not None and rounds < FEW_ROUNDS:
-        overrides += AVERAGE
-        why += (f"; this run has {rounds} round{'s' if rounds != 1 else ''}: with so few the ranks' plain average "
-                f"as the outer step kept the loss within 2% of DDP's where the paper's outer step ended 5.4-7.1% "
-                f"above it (docs/lowcomm.md)")
+    if rounds is not None and rounds < FEW_ROUNDS:  # the default outer step (auto) is the average then: no override
+        why += (f"; this run has {rounds} round{'s' if rounds != 1 else ''}: with so few the default outer step "
+                f"(training.diloco.outer_lr=auto) is the ranks' plain average, which kept the loss within 2% of DDP's "
+                f"where the paper's outer step ended 5.4-7.1% above it (docs/lowcomm.md)")
     return {"sync": "diloco", "ddp_comm_hook": "none", "inner_steps": d["inner_steps"],
             "overlap_steps": d["overlap_steps"], "overrides": overrides, "why": why}
 

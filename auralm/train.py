@@ -31,7 +31,7 @@ from auralm.evaluate import evaluate as evaluate_split
 from auralm.errors import UserError
 from auralm.nan_guard import NanGuard
 from auralm.parallel import balance, comm_hooks, fsdp as fsdp_lib
-from auralm.parallel.diloco import DiLoCo, few_rounds_note
+from auralm.parallel.diloco import DiLoCo, choose_outer_step, few_rounds_note
 from auralm.runlog import RunLog
 from auralm import heartbeat
 
@@ -516,6 +516,7 @@ def train(cfg: Config, d: distributed.Dist, whole: bool = True) -> torch.nn.Modu
     unit = "tok/s" if train_set.unit == "tokens" else "puzzles/s"
     shares = decide_shares(cfg, d, state, lambda: measure_rate(step_kind, raw, train_set, t, d.device))
     diloco = t.sync == "diloco"
+    outer_step = choose_outer_step(t.diloco, t.max_steps) if diloco else ""  # auto: by the run's length
     outer = DiLoCo(raw, t.diloco, d, shares.sample_weight(d.rank)) if diloco else None
     if outer and "diloco" in extras:
         outer.load_state_dict(extras["diloco"])
@@ -535,10 +536,9 @@ def train(cfg: Config, d: distributed.Dist, whole: bool = True) -> torch.nn.Modu
                   f"{d.device.type}", backend=d.backend, requested=d.requested, reason=d.why)
         if diloco:
             log.say(f"sync: diloco, {t.diloco.inner_steps} local steps a round, the change of the weights "
-                    f"all-reduced as {t.diloco.comm_dtype}, outer Nesterov SGD lr {t.diloco.outer_lr} momentum "
-                    f"{t.diloco.outer_momentum}" + (f"; each round's all-reduce overlaps the next round's first "
-                                                    f"{t.diloco.overlap_steps} local steps"
-                                                    if t.diloco.overlap_steps else ""))
+                    f"all-reduced as {t.diloco.comm_dtype}, {outer_step}" +
+                    (f"; each round's all-reduce overlaps the next round's first {t.diloco.overlap_steps} local "
+                     f"steps" if t.diloco.overlap_steps else ""))
             note = few_rounds_note(t.diloco, t.max_steps)
             if note:
                 log.event(step, "diloco_few_rounds", note, rounds=t.max_steps // t.diloco.inner_steps)

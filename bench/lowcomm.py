@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from _handrun import hrmctl  # noqa: E402
-from auralm.link_budget import AVERAGE  # noqa: E402  (the outer step = the ranks' average)
+from auralm.link_budget import AVERAGE, PAPER_STEP  # noqa: E402  (the outer step: the ranks' average, the paper's)
 from tests.lab import Lab  # noqa: E402
 
 QUIJOTE = ROOT.parent / "shared" / "data" / "quijote" / "pg2000.txt"
@@ -99,7 +99,9 @@ def common(a) -> list[str]:
 
 
 def diloco(a, h: int | None = None) -> list[str]:
-    return ["training.sync=diloco", f"training.diloco.inner_steps={h or a.inner}"]
+    """DiLoCo with the paper's outer step, whatever the run's length (the default, auto, averages below
+    FEW_ROUNDS rounds); AVERAGE after it overrides it (the last value of a key wins)."""
+    return ["training.sync=diloco", f"training.diloco.inner_steps={h or a.inner}", *PAPER_STEP]
 
 
 def row(label: str, r: dict, base: float | None) -> str:

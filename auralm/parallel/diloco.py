@@ -4,7 +4,9 @@ Every rank trains its own copy with its own (inner) optimizer for H steps withou
 others. Then the ranks all-reduce the pseudo-gradient, the shared weights of the last round minus
 their own, weighted by the rows each saw, sent as bf16 by default; an outer SGD with Nesterov
 momentum (lr 0.7, momentum 0.9 as in the paper) steps the shared weights with it, and every rank
-continues from them. One collective per H steps instead of one per step.
+continues from them. One collective per H steps instead of one per step. By default
+(``training.diloco.outer_lr=auto``) a run of fewer than FEW_ROUNDS rounds takes the ranks' plain average
+instead (lr 1, no momentum: see choose_outer_step).
 
 With ``training.diloco.overlap_steps=K`` the all-reduce of a round travels while every rank takes the
 first K local steps of the next (Streaming DiLoCo's overlap, Douillard et al. 2025): the outer step is
@@ -31,21 +33,60 @@ from auralm.distributed import Dist
 from auralm.link_budget import AVERAGE, FEW_ROUNDS
 
 
+PAPER = (0.7, 0.9)  # the paper's outer step: Nesterov SGD, lr 0.7, momentum 0.9 (link_budget.PAPER_STEP)
+PLAIN = (1.0, 0.0)  # the ranks' plain average (weighted by rows): lr 1, no momentum (link_budget.AVERAGE)
+
+
+def choose_outer_step(cfg: DilocoConfig, max_steps: int) -> str:
+    """Set what ``training.diloco.outer_lr``/``outer_momentum`` left at auto (None), in place; the log's phrase
+    saying what the outer step is and why.
+
+    Both auto: by the run's length, the paper's step for FEW_ROUNDS rounds or more, else the plain average, which
+    on our measured short runs (docs/lowcomm.md, 2 ranks, ``model=small``, H=8) ended 1.7% above DDP's validation
+    loss after 6 rounds where the paper's ended 5.4% above it (1.4% against 7.1% after 18). One of them given: the
+    other from the step it belongs to (a momentum of 0: the average's lr 1; else the paper's). Explicit values are
+    kept as given."""
+    rounds = max_steps // cfg.inner_steps
+    lr, momentum = cfg.outer_lr, cfg.outer_momentum
+    if lr is None and momentum is None:
+        few = rounds < FEW_ROUNDS
+        lr, momentum = PLAIN if few else PAPER
+        why = (f"chosen by training.diloco.outer_lr=auto for {rounds} round(s) of {cfg.inner_steps} local steps "
+               f"({'fewer than' if few else 'at least'} {FEW_ROUNDS}" +
+               (f": on 6 rounds the average ended 1.7% above DDP's val loss, the paper's step 5.4%, docs/lowcomm.md; "
+                f"the paper's step: training.diloco.outer_lr={PAPER[0]:g} training.diloco.outer_momentum="
+                f"{PAPER[1]:g})" if few else ")"))
+    elif lr is None:
+        lr = PLAIN[0] if momentum == 0 else PAPER[0]
+        why = (f"the given training.diloco.outer_momentum={momentum:g} with the "
+               f"{'average' if momentum == 0 else 'paper'}'s lr (outer_lr=auto)")
+    elif momentum is None:
+        momentum = PAPER[1]
+        why = f"the given training.diloco.outer_lr={lr:g} with the paper's momentum (outer_momentum=auto)"
+    else:
+        why = "as given"
+    cfg.outer_lr, cfg.outer_momentum = lr, momentum
+    what = "the ranks' plain average" if (lr, momentum) == PLAIN else \
+        "the paper's Nesterov SGD" if (lr, momentum) == PAPER else "Nesterov SGD" if momentum else "SGD"
+    return f"outer step: {what} (lr {lr:g}, momentum {momentum:g}), {why}"
+
+
 def few_rounds_note(cfg: DilocoConfig, max_steps: int) -> str | None:
-    """A warning for a run of fewer than FEW_ROUNDS rounds with an outer step with momentum (the paper's, our
-    default), else None.
+    """A warning for a run of fewer than FEW_ROUNDS rounds with an outer step with momentum (given by the user:
+    auto takes the plain average there), else None. Call after ``choose_outer_step``.
 
     Measured on two lab nodes (docs/lowcomm.md, ``model=small``, H=8): the paper's outer step (lr 0.7, Nesterov
     0.9) ended 5.4% above DDP's validation loss after 6 rounds and 7.1% after 18, where the plain average of the
     ranks' weights (outer lr 1, no momentum) ended 1.8% and 1.4% above it. Longer runs were not measured; the
     paper's have thousands of rounds, with 8 workers."""
     rounds = max_steps // cfg.inner_steps
-    if cfg.outer_momentum == 0 or rounds >= FEW_ROUNDS:
+    if not cfg.outer_momentum or rounds >= FEW_ROUNDS:
         return None
     return (f"warning: diloco: {rounds} round(s) of {cfg.inner_steps} local steps with an outer step with momentum "
-            f"(lr {cfg.outer_lr}, momentum {cfg.outer_momentum}): on runs of 6 and 18 rounds it ended 5.4% and 7.1% "
-            f"above DDP's val loss, the plain average of the ranks' weights 1.8% and 1.4%; to average instead: "
-            f"{' '.join(AVERAGE)} (docs/lowcomm.md)")
+            f"(lr {cfg.outer_lr:g}, momentum {cfg.outer_momentum:g}): on runs of 6 and 18 rounds it ended 5.4% and "
+            f"7.1% above DDP's val loss, the plain average of the ranks' weights 1.8% and 1.4%; to average instead: "
+            f"{' '.join(AVERAGE)}, or leave both at auto (the default: the average below {FEW_ROUNDS} rounds; "
+            f"docs/lowcomm.md)")
 
 
 @dataclass
@@ -150,3 +191,6 @@ class DiLoCo:
         """After the model holds the checkpoint's (shared) weights."""
         self.restart_from_model()
         self.outer.load_state_dict(state["outer"])
+        for group in self.outer.param_groups:  # this run's outer step (the checkpoint's may differ: auto, another
+            group.update(lr=self.cfg.outer_lr, momentum=self.cfg.outer_momentum,  # length), its momentum kept
+                         nesterov=self.cfg.outer_momentum > 0)

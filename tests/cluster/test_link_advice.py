@@ -105,10 +105,12 @@ def test_slow_link_makes_train_warn_with_the_suggested_overrides(lab3, hrmctl, t
     H, K = tr["suggestion"]["inner_steps"], tr["suggestion"]["overlap_steps"]
     overlap = [f"training.diloco.overlap_steps={K}"] if K else []
     shares = ["training.balance=auto"] if tr["balance"]["suggest"] else []  # two namespaces of one machine: rarely
-    # a run of the trainer's default 1000 steps: fewer than FEW_ROUNDS rounds of H take the ranks' average
+    # a run of the trainer's default 1000 steps: its outer step is left to the trainer's default (auto), which takes
+    # the ranks' average for fewer than FEW_ROUNDS rounds of H (the reason says so), so no override of it
     assert tr["max_steps"] == 1000
-    average = list(lb.AVERAGE) if 1000 // H < lb.FEW_ROUNDS else []
-    sync = ["training.sync=diloco", f"training.diloco.inner_steps={H}", *overlap, *average]
+    assert ("the default outer step (training.diloco.outer_lr=auto) is the ranks' plain average" in
+            tr["suggestion"]["why"]) == (1000 // H < lb.FEW_ROUNDS)
+    sync = ["training.sync=diloco", f"training.diloco.inner_steps={H}", *overlap]
     assert tr["suggestion"]["overrides"] == [*shares, *sync]
     assert tr["diloco"]["ratio"] <= lb.DILOCO_OK
     assert K == lb.overlap_steps(tr["diloco"]["comm_s_per_sync"], tr["diloco"]["compute_s"], H)

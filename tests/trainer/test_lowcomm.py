@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from auralm import data
+from auralm.link_budget import PAPER_STEP
 from tests.trainer.helpers import QUIJOTE, records, run_ranks, small_sudoku, tiny_args
 
 pytestmark = pytest.mark.slow
@@ -76,7 +77,7 @@ def test_diloco_outer_step_with_lr_1_and_no_momentum_is_the_average_of_the_ranks
 def test_diloco_nesterov_outer_step_matches_its_formula_in_one_process(sudoku_dir, tmp_path):
     # one rank: the pseudo-gradient is the rank's own change d; Nesterov SGD's first step moves by lr * (1 + m) * d
     args = tiny_args(sudoku_dir, tmp_path / "run", "training.max_steps=3", "training.sync=diloco",
-                     "training.diloco.inner_steps=3", "training.diloco.comm_dtype=fp32")
+                     "training.diloco.inner_steps=3", "training.diloco.comm_dtype=fp32", *PAPER_STEP)
     (r,) = _ok(run_ranks(1, args, tmp_path, spy_sync=True))
     before = r["first_grads"]  # only to know the parameter count
     assert len(before) == len(r["synced"][0])
@@ -92,7 +93,7 @@ def test_diloco_nesterov_outer_step_matches_its_formula_in_one_process(sudoku_di
 
 def test_diloco_resumes_exactly_with_every_ranks_inner_optimizer_and_the_outer_momentum(sudoku_dir, tmp_path):
     common = ["training.max_steps=20", "training.sync=diloco", "training.diloco.inner_steps=5",
-              "training.checkpoint_interval=10", "training.log_interval=5"]
+              "training.checkpoint_interval=10", "training.log_interval=5", *PAPER_STEP]  # a momentum to resume
     straight = _ok(run_ranks(2, tiny_args(sudoku_dir, tmp_path / "a", *common), tmp_path / "ra"))
     assert (tmp_path / "a" / "checkpoint-10" / "diloco.pt").exists()
     assert (tmp_path / "a" / "checkpoint-10" / "inner_optimizer.pt").exists()

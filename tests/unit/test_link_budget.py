@@ -240,12 +240,13 @@ def test_advise_warns_only_when_communication_dominates():
     assert "1.2 s of compute (measured by test-ddp)" in a["line"] and "3 h ago" in a["line"]
     assert a["line"].endswith("try training.sync=diloco training.diloco.inner_steps=20 "
                               "training.diloco.overlap_steps=1")
-    # a run of 100 steps has 5 rounds of 20: the ranks' average as the outer step joins the suggestion; 400 steps
-    # (20 rounds) and a run of unknown length keep the paper's outer step
+    # a run of 100 steps has 5 rounds of 20: the trainer's default outer step (auto) is the ranks' average there, so
+    # no override joins the suggestion, and the reason says so; 400 steps (20 rounds) have no such reason
     short = lb.advise(link, dict(SMALL, max_steps=100), world=2)
-    assert short["line"].endswith("try training.sync=diloco training.diloco.inner_steps=20 training.diloco.overlap_steps=1"
-                                  " training.diloco.outer_lr=1 training.diloco.outer_momentum=0")
-    assert "this run has 5 rounds" in short["budget"]["suggestion"]["why"]
+    assert short["line"] == a["line"] and "outer_lr=1" not in short["line"]
+    assert "this run has 5 rounds: with so few the default outer step (training.diloco.outer_lr=auto) is the ranks' " \
+           "plain average" in short["budget"]["suggestion"]["why"]
+    assert "this run has" not in lb.advise(link, dict(SMALL, max_steps=400), world=2)["budget"]["suggestion"]["why"]
     assert lb.advise(link, dict(SMALL, max_steps=400), world=2)["line"] == a["line"]
     # with the bf16 hook already on: 1.12 s < 1.2 s, no warning
     assert not lb.advise(link, dict(SMALL), world=2, hook="bf16")["warn"]
