@@ -221,7 +221,8 @@ def _finish(result, prep, as_json: bool, console: Console, err: Console, extra: 
         if not as_json:
             console.print(f"[green]done[/green] {escape(summary_line(result))}", highlight=False)
         return 0
-    err.print(f"error: {summary_line(result)}; logs in runs/{prep.run_id}/", markup=False, highlight=False,
+    err.print(f"{'' if result.interrupted else 'error: '}{summary_line(result)}; logs in runs/{prep.run_id}/",
+              markup=False, highlight=False,
               soft_wrap=True)
     return result.code
 

@@ -1,14 +1,25 @@
 """One log for the whole job: every node's lines, live, prefixed with node and rank, one colour
 per node; rank 0's `step N/M` lines drive a progress bar; each node's lines also go to
 runs/<run-id>/<node>.log, which starts with the exact command and environment (secrets left out).
+
+The files are the record: they get every line whatever happens to the terminal. When nobody reads
+the output any more (a pipe's reader gone: EPIPE, or poll's POLLERR/POLLHUP on it; a terminal hung
+up: EIO), the output is pointed at /dev/null and `gone` says why: the launcher stops the run, as for a
+closed terminal. torchrun's `SignalException` traceback (its agent stopped by a signal: our own stop)
+becomes one line in the file and nothing on the screen.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
+import select
+import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -26,11 +37,53 @@ ROOT_CAUSE_RANK_RE = re.compile(r"^\s*rank\s*:\s*(\d+)")
 EXITCODE_RE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 ROOT_CAUSE = "Root Cause (first observed failure)"  # torchrun's report: other failures come before it
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+TRACEBACK = "Traceback (most recent call last):"
+# torchrun's agent stopped by a signal: "...SignalException: Process 123 got signal: 15" ("Signals.SIGTERM" before
+# Python 3.11)
+SIGNAL_EXCEPTION_RE = re.compile(r"^\S*SignalException: Process \d+ got signal: (?:Signals\.)?(\w+)")
+GONE_ERRNOS = (errno.EPIPE, errno.EIO, errno.ECONNRESET)  # a pipe without reader, a hung-up terminal, a socket
 
 
 def _stamp() -> str:
     now = time.time()
     return time.strftime("%H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d}"
+
+
+def reader_gone(stream) -> bool:
+    """Whether nobody reads `stream` any more: poll's POLLERR (a pipe whose reader exited) or POLLHUP (a
+    hung-up terminal, a socket closed by its peer). A file, /dev/null or a missing stream: never."""
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(mask & (select.POLLERR | select.POLLHUP) for _, mask in poller.poll(0))
+
+
+def to_devnull(stream) -> None:
+    """Point the file descriptor of `stream` at /dev/null: what is still written to it (a buffer flushed at
+    exit, a last line) goes nowhere instead of failing."""
+    try:
+        fd = stream.fileno()
+        null = os.open(os.devnull, os.O_WRONLY)
+    except (AttributeError, OSError, ValueError):
+        return
+    os.dup2(null, fd)
+    os.close(null)
+
+
+def _broken_pipe() -> None:
+    raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+
+def signal_name(signum: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 def header_lines(plan: NodeLaunch, attempt: int) -> list[str]:
@@ -41,6 +94,16 @@ def header_lines(plan: NodeLaunch, attempt: int) -> list[str]:
              f"# command: {plan.shell_line(redact=True)}"]
     lines += [f"# env: {k}={v}" for k, v in redacted(plan.env).items()]
     return lines
+
+
+@dataclass
+class Held:
+    """A node's line as it came: stamped for the file, its rank, the plan's rank for the node, the text after the
+    rank's prefix."""
+    line: str
+    rank: int | None
+    default_rank: int | None
+    body: str
 
 
 class MergedLog:
@@ -64,6 +127,12 @@ class MergedLog:
         self.first_step_at: float | None = None
         self.progress: Progress | None = None
         self.task = None
+        self.gone: str | None = None  # why the output has no reader any more (then nothing more is shown)
+        self.hushed = False  # after a stop asked for (a signal, the reader gone): the nodes' lines to the files only
+        self.pending: dict[tuple[str, int | None], list[Held]] = {}  # a traceback being read, by node and rank
+        # rich's own answer to a broken pipe is to point stdout at /dev/null and raise SystemExit, which in a thread
+        # that reads a node ends that thread without a word (and the run goes on unseen): here it is an error
+        getattr(console, "console", console).on_broken_pipe = _broken_pipe  # cli.app's LazyConsole holds rich's
         run_dir.mkdir(parents=True, exist_ok=True)
 
     def start(self, plans: list[NodeLaunch], attempt: int) -> None:
@@ -88,27 +157,104 @@ class MergedLog:
         m = RANK_RE.match(text)
         rank = int(m.group(1)) if m else None
         body = text[m.end():] if m else text
+        held = Held(f"{_stamp()} {text}", rank, default_rank, body)
         with self.lock:
-            fh = self.files.get(node)
-            if fh is not None:
-                fh.write(f"{_stamp()} {text}\n")
-                fh.flush()
-            self._watch_failure(node, body)
-            if body.startswith(FACTS_TAG):  # for the launcher, not for the reader
-                self._node_facts(node, body[len(FACTS_TAG):])
-                return
-            if self.result_tag and body.startswith(self.result_tag):
-                if self.on_result:
-                    self.on_result(node, body[len(self.result_tag):])
-                return
-            step = STEP_RE.match(body) if rank in (0, None) else None
-            if step and (rank == 0 or default_rank == 0):
-                self._step(int(step.group(1)), int(step.group(2)))
-            if self.quiet:
-                return
-            who = f"{node:<{self.width}}" + (f" r{rank}" if rank is not None else "   ")
-            out = self.progress.console if self.progress else self.console
-            out.print(f"[{self.colour[node]}]{escape(who)} │[/] {escape(body)}", highlight=False, soft_wrap=True)
+            if not self._traceback(node, held):
+                self._record(node, held.line)
+                self._take(node, held)
+
+    def _record(self, node: str, line: str) -> None:
+        fh = self.files.get(node)
+        if fh is not None:
+            fh.write(line + "\n")
+            fh.flush()
+
+    def _take(self, node: str, held: "Held") -> None:
+        """A node's line, already in its file: what it tells the launcher, and the screen."""
+        rank, body = held.rank, held.body
+        self._watch_failure(node, body)
+        if body.startswith(FACTS_TAG):  # for the launcher, not for the reader
+            self._node_facts(node, body[len(FACTS_TAG):])
+            return
+        if self.result_tag and body.startswith(self.result_tag):
+            if self.on_result:
+                self.on_result(node, body[len(self.result_tag):])
+            return
+        step = STEP_RE.match(body) if rank in (0, None) else None
+        if step and (rank == 0 or held.default_rank == 0):
+            self._step(int(step.group(1)), int(step.group(2)))
+        if self.quiet or self.hushed:
+            return
+        who = f"{node:<{self.width}}" + (f" r{rank}" if rank is not None else "   ")
+        self._show(f"[{self.colour[node]}]{escape(who)} │[/] {escape(body)}")
+
+    def _traceback(self, node: str, held: "Held") -> bool:
+        """Hold a traceback until its last line: torchrun's SignalException (its agent stopped by a signal, which
+        is our stop) becomes one line in the node's file and nothing on the screen; any other goes on as it came.
+        False when the line is not part of a traceback (and is for the caller to take)."""
+        key, body = (node, held.rank), held.body
+        lines = self.pending.get(key)
+        if lines is None:
+            if body != TRACEBACK:
+                return False
+            self.pending[key] = [held]
+            return True
+        if body == TRACEBACK or not body or body[0].isspace():  # a frame, its source, a chained traceback
+            lines.append(held)
+            return True
+        del self.pending[key]  # the exception's own line: the end of it
+        m = SIGNAL_EXCEPTION_RE.match(body)
+        if m:
+            sig = m.group(1)
+            self._record(node, f"# hrmctl: torchrun ended on {signal_name(int(sig)) if sig.isdigit() else sig} (the "
+                               f"stop's traceback left out)")
+            return True
+        self._release(node, lines)
+        return False  # the exception line itself goes on like any other
+
+    def _release(self, node: str, lines: list["Held"]) -> None:
+        for held in lines:
+            self._record(node, held.line)
+            self._take(node, held)
+
+    def flush(self) -> None:
+        """Whatever is still held (a traceback cut short: its process ended mid-way) goes on as it came."""
+        with self.lock:
+            for key in list(self.pending):
+                self._release(key[0], self.pending.pop(key))
+
+    def _show(self, markup: str) -> None:
+        """One line on the screen, unless nobody reads it any more: then the output goes to /dev/null and
+        `gone` says why (the run is stopped by the launcher; the files keep every line)."""
+        if self.gone:
+            return
+        out = self.progress.console if self.progress else self.console
+        try:
+            out.print(markup, highlight=False, soft_wrap=True)
+        except OSError as exc:
+            if exc.errno not in GONE_ERRNOS:
+                raise
+            self._lose_output(f"{os.strerror(exc.errno)} writing it")
+
+    def output_gone(self) -> str | None:
+        """Why nobody reads the output any more (see `gone`), looking at stdout and the log's stream now."""
+        if not self.gone:
+            for stream in {id(s): s for s in (sys.stdout, self.console.file)}.values():
+                if reader_gone(stream):
+                    self._lose_output("a pipe without reader")
+                    break
+        return self.gone
+
+    def _lose_output(self, why: str) -> None:
+        self.gone = self.gone or f"nobody reads the output any more ({why}; taken as a closed terminal)"
+        for stream in {id(s): s for s in (sys.stdout, self.console.file)}.values():
+            if reader_gone(stream) or stream is self.console.file:
+                to_devnull(stream)
+
+    def hush(self) -> None:
+        """From now on the nodes' lines go to their files only (a stop was asked for: what the nodes print while
+        they are stopped is not for the screen)."""
+        self.hushed = True
 
     def _watch_failure(self, node: str, body: str) -> None:
         """torchrun's failure report names rank and exit code of its root cause (after its "Failures:" list of
@@ -136,27 +282,40 @@ class MergedLog:
             self.first_step_at = time.monotonic()
         if self.quiet or not self.console.is_terminal:
             return
-        if self.progress is None:
-            self.progress = Progress(TextColumn("rank 0"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"),
-                                     TimeRemainingColumn(), console=self.console, transient=False)
-            self.progress.start()
-            self.task = self.progress.add_task("train", total=total)
-        self.progress.update(self.task, completed=step, total=total)
+        if self.gone:
+            return
+        try:
+            if self.progress is None:  # refreshed here, not by a thread of its own: every write is guarded
+                self.progress = Progress(TextColumn("rank 0"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"),
+                                         TimeRemainingColumn(), console=self.console, transient=False,
+                                         auto_refresh=False)
+                self.progress.start()
+                self.task = self.progress.add_task("train", total=total)
+            self.progress.update(self.task, completed=step, total=total, refresh=True)
+        except OSError as exc:
+            if exc.errno not in GONE_ERRNOS:
+                raise
+            self._lose_output(f"{os.strerror(exc.errno)} writing it")
 
-    def note(self, text: str, node: str | None = None) -> None:
-        """A line from hrmctl itself (also written to the node's file, or to every file)."""
+    def note(self, text: str, node: str | None = None, show: bool = True) -> None:
+        """A line from hrmctl itself (also written to the node's file, or to every file); `show=False`: files only."""
         with self.lock:
-            for name, fh in self.files.items():
+            for name in self.files:
                 if node is None or name == node:
-                    fh.write(f"# hrmctl: {text}\n")
-                    fh.flush()
-            out = self.progress.console if self.progress else self.console
-            out.print(f"[bold]hrmctl[/bold] {escape(text)}", highlight=False, soft_wrap=True)
+                    self._record(name, f"# hrmctl: {text}")
+            if show:
+                self._show(f"[bold]hrmctl[/bold] {escape(text)}")
 
     def close(self) -> None:
+        self.flush()
         with self.lock:
             if self.progress is not None:
-                self.progress.stop()
+                try:
+                    self.progress.stop()
+                except OSError as exc:
+                    if exc.errno not in GONE_ERRNOS:
+                        raise
+                    self._lose_output(f"{os.strerror(exc.errno)} writing it")
                 self.progress = None
             for fh in self.files.values():
                 fh.close()

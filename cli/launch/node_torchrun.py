@@ -55,9 +55,14 @@ def main(argv: list[str]) -> int:
         print(f"this node's torch differs from the launch plan's guess ({', '.join(differ)}); "
               "hrmctl plans again with what it found", flush=True)
         return FACTS_DIFFER
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.run import main as torchrun
 
-    torchrun(argv[3:])
+    try:
+        torchrun(argv[3:])
+    except SignalException as exc:  # stopped by a signal (the launcher's stop): torchrun stopped its workers
+        print(f"torchrun stopped by {exc.sigval.name}", file=sys.stderr, flush=True)
+        return 128 + int(exc.sigval)
     return 0
 
 

@@ -1,7 +1,12 @@
 """Run a plan: torchrun on every node at once, watch them, and stop everything everywhere.
 
 One stop: the first node whose job ends with a non-zero code, a node whose SSH connection or
-heartbeat is lost, or Ctrl-C / SIGTERM, stops the job on every node. Stopping is two-fold:
+heartbeat is lost, Ctrl-C (SIGINT), SIGTERM, SIGHUP, or the output's reader gone (a pipe's reader
+exited: taken as a closed terminal), stops the job on every node. A stop asked for (a signal, the reader
+gone) ends with exit code 128 + the signal: 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP, 141 the reader gone (what
+SIGPIPE would give), the run recorded as stopped, and the nodes' lines from then on in their files only
+(what they print while being stopped, torchrun's SignalException traceback among it, is not for the
+screen). Stopping is two-fold:
   1. the job's channel is closed: an SSH job runs on a PTY, so the node's sshd hangs up the
      torchrun agent (SIGHUP), and torchrun terminates its workers; a local job's process group
      gets SIGTERM;
@@ -15,6 +20,7 @@ heartbeat is lost, or Ctrl-C / SIGTERM, stops the job on every node. Stopping is
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -31,7 +37,7 @@ from rich.console import Console
 from cli.errors import HrmctlError
 from cli.nodes.inventory import Node
 from cli.launch.facts import remember
-from cli.launch.log import MergedLog
+from cli.launch.log import MergedLog, signal_name
 from cli.launch.plan import TRAINER, NodeLaunch
 from cli.launch.node_torchrun import FACTS_DIFFER
 from cli.nodes.remote import Job, Session, connect, for_each
@@ -44,6 +50,7 @@ HEARTBEAT_TIMEOUT_S = 8.0
 TERM_GRACE_S = 4.0
 POLL_S = 0.1
 LOST_CODE = 255
+OUTPUT_GONE_CODE = 128 + signal.SIGPIPE  # 141: what a program killed by SIGPIPE (writing to a closed pipe) gives
 REPORT_WINDOW_S = 1.5
 
 # Sent to a node's Python (the one that runs torchrun, so it has the project's dependencies, psutil among
@@ -121,22 +128,30 @@ class _Signals:
     WATCHED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
     def __init__(self) -> None:
-        self.got: str | None = None
+        self.got: int | None = None
 
     def __enter__(self) -> "_Signals":
         self.old = {s: signal.signal(s, self._note) for s in self.WATCHED}
         return self
 
     def _note(self, signum, frame) -> None:
-        self.got = self.got or signal.Signals(signum).name
+        self.got = self.got or signum
 
     def __exit__(self, *exc) -> None:
         for s, h in self.old.items():
             signal.signal(s, h)
 
     def result(self) -> RunResult:
-        why = "interrupted (Ctrl-C)" if self.got == "SIGINT" else f"interrupted ({self.got})"
-        return RunResult(130, why, interrupted=True)
+        why = "interrupted (Ctrl-C)" if self.got == signal.SIGINT else f"stopped by {signal_name(self.got)}"
+        return RunResult(128 + self.got, why, interrupted=True)
+
+
+def stop_asked(signals: _Signals, log: MergedLog) -> RunResult | None:
+    """A stop someone asked for: a signal (first), or the output's reader gone (taken as a closed terminal)."""
+    if signals.got:
+        return signals.result()
+    gone = log.output_gone()
+    return RunResult(OUTPUT_GONE_CODE, f"stopped: {gone}", interrupted=True) if gone else None
 
 
 def connect_all(nodes: list[Node], accept_new_host_keys: bool) -> dict[str, Session]:
@@ -174,8 +189,9 @@ def stop_everywhere(plans: list[NodeLaunch], jobs: dict[str, Job], accept_new_ho
     left = {}
     for o in for_each([p.node for p in plans], kill, accept_new_host_keys=accept_new_host_keys, connect_timeout=4):
         left[o.node.name] = o.value if o.ok else -1
+    deadline = time.monotonic() + 2  # the jobs' last lines: 2 s for all of them, not each
     for job in jobs.values():
-        job.wait(2)
+        job.wait(max(0.0, deadline - time.monotonic()))
     return left
 
 
@@ -206,18 +222,18 @@ class _Heartbeat(threading.Thread):
         return time.monotonic() - self.last
 
 
-def run_once(plans: list[NodeLaunch], log: MergedLog, *, attempt: int = 1, accept_new_host_keys: bool = False,
-             sessions: dict[str, Session] | None = None) -> RunResult:
-    """Start every node's command, wait, and stop everything on the first failure or interrupt.
-    `sessions` (one per node, closed here) are the preflight's; without them, new ones are made."""
+def run_once(plans: list[NodeLaunch], log: MergedLog, signals: _Signals, *, attempt: int = 1,
+             accept_new_host_keys: bool = False, sessions: dict[str, Session] | None = None) -> RunResult:
+    """Start every node's command, wait, and stop everything on the first failure or a stop asked for (see
+    stop_asked). `sessions` (one per node, closed here) are the preflight's; without them, new ones are made."""
     t0 = time.monotonic()
     sessions = sessions or connect_all([p.node for p in plans], accept_new_host_keys)
     jobs: dict[str, Job] = {}
-    ended: dict[str, int] = {}
     beats: dict[str, _Heartbeat] = {}
     result: RunResult | None = None
-    with _Signals() as signals:
-        try:
+    try:
+        result = stop_asked(signals, log)  # asked before anything started: nothing starts
+        if result is None:
             log.start(plans, attempt)
             for p in plans:
                 session = sessions[p.node.name]
@@ -227,42 +243,53 @@ def run_once(plans: list[NodeLaunch], log: MergedLog, *, attempt: int = 1, accep
                     beats[p.node.name] = _Heartbeat(session)
             for b in beats.values():
                 b.start()
-            ooms = OomCounts(sessions, plans)  # each node's OOM kills so far: was a SIGKILLed rank the OOM killer's?
-            while result is None:
-                if signals.got:
-                    result = signals.result()
-                    break
-                for p in plans:
-                    name = p.node.name
-                    if name in ended:
-                        continue
-                    code = jobs[name].wait(0)
-                    if code is not None:
-                        ended[name] = code
-                        if code != 0:
-                            result = _failure(plans, log, jobs, ended, name, ooms)
-                            break
-                if result is None and len(ended) == len(plans):
-                    result = RunResult(0, "every node finished")
-                silent = [n for n, b in beats.items() if n not in ended and b.silent_for() > HEARTBEAT_TIMEOUT_S]
-                if result is None and silent:
-                    name = silent[0]
-                    result = RunResult(LOST_CODE, f"{name} stopped answering (no SSH keep-alive reply for "
-                                       f"{beats[name].silent_for():.0f}s)", failed_node=name,
-                                       failed_rank=_plan(plans, name).first_rank)
-                if result is None:
-                    time.sleep(POLL_S)
-        finally:
-            for b in beats.values():
-                b.halt.set()
-            if result is None or result.code != 0:
-                log.note(f"{(result.reason if result else 'stopping')}: stopping the job on every node")
-                result = result or RunResult(1, "launcher error")
-                result.left_running = stop_everywhere(plans, jobs, accept_new_host_keys)
-            for s in sessions.values():
-                s.close()
+            result = _watch(plans, log, signals, jobs, beats, OomCounts(sessions, plans))
+    finally:
+        for b in beats.values():
+            b.halt.set()
+        if result is None or result.code != 0:
+            if result is not None and result.interrupted:
+                log.hush()  # what the nodes print while being stopped goes to their files only
+            log.note(f"{(result.reason if result else 'stopping')}: stopping the job on every node")
+            result = result or RunResult(1, "launcher error")
+            result.left_running = stop_everywhere(plans, jobs, accept_new_host_keys) if jobs else {}
+            if result.code == OUTPUT_GONE_CODE and signals.got:  # Ctrl-C to a pipeline: its reader went too
+                result = dataclasses.replace(signals.result(), left_running=result.left_running)
+            log.flush()
+            if result.interrupted:
+                log.note(f"{result.reason}: {stopped_where(result)}", show=False)
+        for s in sessions.values():
+            s.close()
     result.seconds = time.monotonic() - t0
     return result
+
+
+def _watch(plans: list[NodeLaunch], log: MergedLog, signals: _Signals, jobs: dict[str, Job],
+           beats: dict[str, "_Heartbeat"], ooms: "OomCounts") -> RunResult:
+    """Wait for every node's job: the first failure, lost node or stop asked for is the result."""
+    ended: dict[str, int] = {}
+    while True:
+        asked = stop_asked(signals, log)
+        if asked:
+            return asked
+        for p in plans:
+            name = p.node.name
+            if name in ended:
+                continue
+            code = jobs[name].wait(0)
+            if code is not None:
+                ended[name] = code
+                if code != 0:
+                    return _failure(plans, log, jobs, ended, name, ooms)
+        if len(ended) == len(plans):
+            return RunResult(0, "every node finished")
+        silent = [n for n, b in beats.items() if n not in ended and b.silent_for() > HEARTBEAT_TIMEOUT_S]
+        if silent:
+            name = silent[0]
+            return RunResult(LOST_CODE, f"{name} stopped answering (no SSH keep-alive reply for "
+                             f"{beats[name].silent_for():.0f}s)", failed_node=name,
+                             failed_rank=_plan(plans, name).first_rank)
+        time.sleep(POLL_S)
 
 
 def _plan(plans: list[NodeLaunch], name: str) -> NodeLaunch:
@@ -347,13 +374,6 @@ def _failure(plans: list[NodeLaunch], log: MergedLog, jobs: dict[str, Job], ende
                      failed_rank=rank)
 
 
-def signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
-
-
 def killed_by(who: str, node: str, signum: int, oom: bool = False) -> str:
     """`rank 1 on node1 was killed by SIGKILL (out of memory? ...)`: SIGKILL is what the kernel's OOM killer sends.
     ``oom``: the node's OOM-kill count grew meanwhile, so it was the OOM killer: the message says so."""
@@ -370,7 +390,8 @@ def killed_by(who: str, node: str, signum: int, oom: bool = False) -> str:
 
 def run(opts: LaunchOptions, prep: Prepared, console: Console, replan: Callable[[], Prepared]) -> RunResult:
     """Run the plan, restarting the whole job from its last checkpoint up to max_restarts times. ``replan`` makes
-    the plan again (the command's prepare) when a first launch's guessed facts were wrong on a node."""
+    the plan again (the command's prepare) when a first launch's guessed facts were wrong on a node. Ctrl-C,
+    SIGTERM and SIGHUP are noted from here to the end (see _Signals): none of them cuts the stop short."""
     run_dir = opts.runs_dir / prep.run_id
     if opts.json_output:  # stdout is for the JSON document: the live log goes to stderr
         console = Console(stderr=True)
@@ -379,39 +400,44 @@ def run(opts: LaunchOptions, prep: Prepared, console: Console, replan: Callable[
     plans = prep.plans
     status = started(run_dir, opts, prep)
     result, attempt, error = None, 1, None
-    try:
-        log.note(f"run {prep.run_id}: {len(plans)} node(s), backend {prep.backend} ({prep.why}); logs in {run_dir}/")
-        attempt, replanned = 1, False
-        while True:
-            result = run_once(plans, log, attempt=attempt, accept_new_host_keys=opts.accept_new_host_keys,
-                              sessions=prep.sessions)
-            prep.sessions = None  # closed by run_once
-            reported = dict(log.node_facts)
-            remember(reported, opts.nodes)
-            if result.code == FACTS_DIFFER and result.failed_node in reported and not replanned:
-                # a first launch's guess was wrong on that node (nothing ran there): plan again from
-                # what it reported (now cached), once; this is not a restart
-                log.note(f"planning again with {result.failed_node}'s answers")
-                prep = replan()
-                plans, replanned = prep.plans, True
-                log.note(f"backend {prep.backend} ({prep.why})")
-                continue
-            if result.code == 0 or result.interrupted or attempt > opts.max_restarts:
-                break
-            attempt += 1
-            log.note(f"{result.reason}; restart {attempt - 1} of {opts.max_restarts} from the last checkpoint")
-            if opts.module == TRAINER:  # same arguments (out_dir too), resuming from the run's last checkpoint
-                for p in plans:
-                    start = p.argv.index("-m", 2) + 2  # after `-m auralm.train`
-                    p.argv = p.argv[:start] + [a for a in p.argv[start:] if not a.startswith("resume=")
-                                               and a != "--resume"] + ["resume=latest"]
-        return result
-    except BaseException as exc:
-        error = exc
-        raise
-    finally:
-        ended(run_dir, status, result, attempt, error)
-        log.close()
+    with _Signals() as signals:
+        try:
+            log.note(f"run {prep.run_id}: {len(plans)} node(s), backend {prep.backend} ({prep.why}); logs in {run_dir}/")
+            attempt, replanned = 1, False
+            while True:
+                result = run_once(plans, log, signals, attempt=attempt, accept_new_host_keys=opts.accept_new_host_keys,
+                                  sessions=prep.sessions)
+                prep.sessions = None  # closed by run_once
+                reported = dict(log.node_facts)
+                remember(reported, opts.nodes)
+                if result.code == FACTS_DIFFER and result.failed_node in reported and not replanned:
+                    # a first launch's guess was wrong on that node (nothing ran there): plan again from
+                    # what it reported (now cached), once; this is not a restart
+                    log.note(f"planning again with {result.failed_node}'s answers")
+                    prep = replan()
+                    plans, replanned = prep.plans, True
+                    log.note(f"backend {prep.backend} ({prep.why})")
+                    continue
+                if result.code == 0 or result.interrupted or attempt > opts.max_restarts:
+                    break
+                asked = stop_asked(signals, log)
+                if asked:  # asked while this attempt's failure was being stopped: no restart
+                    result.reason += f"; no restart ({asked.reason})"
+                    break
+                attempt += 1
+                log.note(f"{result.reason}; restart {attempt - 1} of {opts.max_restarts} from the last checkpoint")
+                if opts.module == TRAINER:  # same arguments (out_dir too), resuming from the run's last checkpoint
+                    for p in plans:
+                        start = p.argv.index("-m", 2) + 2  # after `-m auralm.train`
+                        p.argv = p.argv[:start] + [a for a in p.argv[start:] if not a.startswith("resume=")
+                                                   and a != "--resume"] + ["resume=latest"]
+            return result
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            ended(run_dir, status, result, attempt, error)
+            log.close()
 
 
 # ---------------------------------------------------------------- runs/<run-id>/status.json, for `hrmctl runs`
@@ -474,10 +500,19 @@ def ended(run_dir: Path, doc: dict, result: RunResult | None, attempts: int, err
         pass
 
 
-def summary_line(result: RunResult) -> str:
+def stopped_where(result: RunResult) -> str:
+    """`every node stopped`, or the nodes where the stop could not be confirmed."""
     left = {n: c for n, c in result.left_running.items() if c}
-    tail = ""
-    if left:
-        tail = "; could not confirm the stop on " + ", ".join(
-            f"{n} ({'unreachable' if c < 0 else f'{c} processes left'})" for n, c in left.items())
-    return f"{result.reason} after {result.seconds:.1f}s{tail}"
+    if not left:
+        return "every node stopped"
+    return "could not confirm the stop on " + ", ".join(
+        f"{n} ({'unreachable' if c < 0 else f'{c} processes left'})" for n, c in left.items())
+
+
+def summary_line(result: RunResult) -> str:
+    """The run's last line: `stopped by SIGTERM: every node stopped after 12.3s` for a stop asked for, else the
+    reason, and the nodes where a stop could not be confirmed."""
+    if result.interrupted:
+        return f"{result.reason}: {stopped_where(result)} after {result.seconds:.1f}s"
+    left = any(result.left_running.values())
+    return f"{result.reason} after {result.seconds:.1f}s" + (f"; {stopped_where(result)}" if left else "")

@@ -1,0 +1,78 @@
+"""The merged log when nobody reads it any more, and torchrun's SignalException traceback (cli/launch/log.py)."""
+
+from __future__ import annotations
+
+import os
+
+from rich.console import Console
+
+from cli.launch.log import MergedLog, reader_gone
+from tests.unit.test_launch_plan import node, plan
+from cli.launch.plan import NodeFacts
+
+# what torchrun's agent prints when it is stopped by a signal (Python 3.11, torch 2.13)
+SIGNAL_TRACEBACK = """Traceback (most recent call last):
+  File "<frozen runpy>", line 198, in _run_module_as_main
+  File "/w/torch/distributed/run.py", line 990, in main
+    run(args)
+  File "/w/torch/distributed/elastic/multiprocessing/api.py", line 86, in _terminate_process_handler
+    raise SignalException(f"Process {os.getpid()} got signal: {sigval}", sigval=sigval)
+torch.distributed.elastic.multiprocessing.api.SignalException: Process 4242 got signal: 1"""
+OTHER_TRACEBACK = """Traceback (most recent call last):
+  File "/w/auralm/train.py", line 10, in main
+    step()
+RuntimeError: Connection closed by peer"""
+
+
+def one_node_log(tmp_path, console: Console) -> MergedLog:
+    plans = plan(nodes=[node("a", "10.0.0.1")], facts={"a": NodeFacts(cpus=2)})
+    log = MergedLog(console, tmp_path, plans)
+    log.start(plans, 1)
+    return log
+
+
+def test_torchruns_signal_traceback_is_one_line_in_the_file_and_none_on_screen_other_tracebacks_go_on(tmp_path):
+    screen = tmp_path / "screen.txt"
+    with open(screen, "w") as fh:
+        log = one_node_log(tmp_path, Console(file=fh, width=200, color_system=None))
+        log.line("a", 0, "before")
+        for line in SIGNAL_TRACEBACK.splitlines():
+            log.line("a", None, line)
+        for line in OTHER_TRACEBACK.splitlines():  # a rank's own traceback: kept whole, in its order
+            log.line("a", 0, f"[rank0]:{line}")
+        log.line("a", 0, "Traceback (most recent call last):")  # cut short: its process ended mid-way
+        log.close()
+    shown, kept = screen.read_text(), (tmp_path / "a.log").read_text()
+    assert "SignalException" not in shown + kept and "_terminate_process_handler" not in shown + kept
+    assert "# hrmctl: torchrun ended on SIGHUP (the stop's traceback left out)" in kept
+    rank0 = [line.split("│ ", 1)[1] for line in shown.splitlines() if "│ " in line]
+    assert rank0 == ["before", *OTHER_TRACEBACK.splitlines(), "Traceback (most recent call last):"], shown
+    assert [line.split(" ", 1)[1] for line in kept.splitlines() if line.startswith(("0", "1", "2"))] == [
+        "before", *(f"[rank0]:{line}" for line in OTHER_TRACEBACK.splitlines()),
+        "Traceback (most recent call last):"]
+
+
+def test_a_reader_gone_stops_the_screen_not_the_file(tmp_path):
+    """A pipe whose reader exited (`| head -5` after five lines): poll sees it before any write, a write that
+    fails (EPIPE) says it too; the output goes to /dev/null and the file keeps every line."""
+    read, write = os.pipe()
+    out = os.fdopen(write, "w", buffering=1)
+    log = one_node_log(tmp_path, Console(file=out, width=200))
+    log.line("a", 0, "[rank0]:step 1/9")
+    assert os.read(read, 4096).decode().rstrip().endswith("step 1/9") and log.output_gone() is None
+    os.close(read)
+    assert reader_gone(out)
+    log.line("a", 0, "[rank0]:step 2/9")  # EPIPE: no exception, the line still kept
+    assert log.gone and "taken as a closed terminal" in log.gone
+    assert not reader_gone(out)  # now /dev/null: what is still written goes nowhere, without an error
+    log.note("stopped: every node stopped")
+    log.line("a", 0, "[rank0]:step 3/9")
+    log.close()
+    kept = (tmp_path / "a.log").read_text()
+    assert "step 2/9" in kept and "step 3/9" in kept and "# hrmctl: stopped: every node stopped" in kept
+    out.close()
+
+
+def test_a_file_or_devnull_always_has_a_reader(tmp_path):
+    with open(os.devnull, "w") as null, open(tmp_path / "f", "w") as f:
+        assert not reader_gone(null) and not reader_gone(f) and not reader_gone(None)
