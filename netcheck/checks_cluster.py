@@ -38,24 +38,43 @@ def cluster_checks(probes: dict[str, Any]) -> list[Check]:
     torch_mm = {n: ".".join(p.torch_version.split("+")[0].split(".")[:2]) if p.torch_version else None
                 for n, p in probes.items()}
     commits = {n: (p.raw.get("project") or {}).get("commit") for n, p in probes.items()}
-    manifests = {n: (p.raw.get("data") or {}).get("manifest_sha256") for n, p in probes.items()}
     out = [
         _agree("torch versions", torch_mm, differ=FAIL, label="torch", prefix="torch ", none="no node has torch",
-               fix="install the same torch major.minor on every node (collectives differ between versions)"),
+               fix="`hrmctl setup` (from the machine whose packages every node should have) installs its torch "
+                   "version on every node (collectives differ between versions)"),
         _agree("project commit", commits, differ=WARN, label="commits", short=10, none="no git checkout found",
-               fix="check out the same commit on every node (`git -C <workdir> checkout <commit>`)"),
+               fix="`hrmctl setup` (from the checkout every node should run) brings every node to its commit"),
     ]
-    data = _agree("dataset", manifests, differ=FAIL, label="prepared data", short=12, prefix="manifest ",
-                  none="no prepared data (manifest.json) on any node",
-                  fix="bring every node's data to match the master's: `hrmctl sync-data <node>`")
-    missing = [n for n, v in manifests.items() if v is None]
-    if data.status == OK and missing:
-        data = Check("dataset", WARN, f"prepared data missing on {', '.join(missing)}",
-                     f"copy it there: `hrmctl sync-data {missing[0]}`")
-    out.append(data)
+    out.append(dataset_check({n: (p.raw.get("data") or {}).get("datasets") or {} for n, p in probes.items()}))
     if probes and all(p.torch_version for p in probes.values()):
         backend, why = choose_backend(probes)
         out.append(Check("backend", OK, f"{backend}: {why}"))
     else:
         out.append(Check("backend", SKIP, "not every node has torch"))
     return out
+
+
+def dataset_check(held: dict[str, dict[str, str]]) -> Check:
+    """held: node -> {data set (its directory under data_dir) -> sha256 of its meta.json}, the master first.
+    fail when a data set differs between nodes, warn when a node lacks one another node has."""
+    names = sorted({d for sets in held.values() for d in sets})
+    if not names:
+        return Check("dataset", SKIP, "no prepared data (meta.json) in any node's data_dir")
+    master = next(iter(held))
+    differ, missing = [], {}
+    for d in names:
+        groups = _groups({n: sets.get(d) for n, sets in held.items()})
+        if len(groups) > 1:
+            differ.append(f"{d}: {_describe(groups, short=12)}")
+        for n, sets in held.items():
+            if d not in sets:
+                missing.setdefault(n, []).append(d)
+    behind = [n for n, sets in held.items() if n != master and any(sets.get(d) != held[master].get(d) for d in names)]
+    fix = (f"bring {', '.join(behind)} to match {master}: " + "; ".join(f"`hrmctl sync-data {n}`" for n in behind)
+           if behind else f"bring {master}'s data to match: prepare it there, or sync from the node that has it")
+    if differ:
+        return Check("dataset", FAIL, "different prepared data: " + "; ".join(differ), fix)
+    if missing:
+        return Check("dataset", WARN, "prepared data missing: " + "; ".join(
+            f"{', '.join(ds)} on {n}" for n, ds in missing.items()), fix)
+    return Check("dataset", OK, f"{', '.join(names)}: the same meta.json everywhere")

@@ -13,7 +13,7 @@ unit tests can feed them faked /proc contents; this module is also imported loca
 Arguments:
   --route-to HOST      the peer whose route matters (workers: the master; master: a worker)
   --workdir DIR        the project's directory on the node (git commit, dirty tree)
-  --data-dir DIR       the node's data directory (free disk, dataset manifest checksum)
+  --data-dir DIR       the node's data directory (free disk, each data set's meta.json checksum)
   --tcp-rtt HOST:PORT  time TCP connects to this peer (RTT and loss from this node), in a child
                        process while the rest of the probe runs
   --samples N          how many connects for --tcp-rtt (default 5)
@@ -434,8 +434,25 @@ def free_disk_gb(path: str) -> float | None:
         return None
 
 
+DATA_MANIFEST = "meta.json"  # what `hrmctl prepare-data` (auralm.data) writes into every data directory
+
+
+def data_sets(path: str) -> dict:
+    """The prepared data sets in ``path`` (itself a data directory, or the root of several: ``path/*/``), each
+    by its directory relative to ``path`` ("." for ``path`` itself) -> the sha256 of its manifest (which holds
+    every file's size and sha256, so equal manifests mean equal data)."""
+    out = {}
+    for m in sorted(glob.glob(os.path.join(path, DATA_MANIFEST)) + glob.glob(os.path.join(path, "*", DATA_MANIFEST))):
+        try:
+            with open(m, "rb") as fh:
+                out[os.path.relpath(os.path.dirname(m), path)] = hashlib.sha256(fh.read()).hexdigest()
+        except OSError:
+            continue
+    return out
+
+
 def disk_facts(data_dir: str | None) -> dict:
-    """Free disk where data_dir is (or would be: its nearest existing parent) and its manifest."""
+    """Free disk where data_dir is (or would be: its nearest existing parent) and the data sets in it."""
     if not data_dir:
         return {"path": None}
     path = os.path.expanduser(data_dir)
@@ -445,21 +462,12 @@ def disk_facts(data_dir: str | None) -> dict:
         if parent == probe:
             break
         probe = parent
-    out = {"path": path, "exists": os.path.isdir(path), "free_gb": None, "manifest_sha256": None,
-           "manifests": []}
+    out = {"path": path, "exists": os.path.isdir(path), "free_gb": None, "manifest_sha256": None, "datasets": {}}
     out["free_gb"] = free_disk_gb(probe or "/")
     if out["exists"]:
-        found = sorted(glob.glob(os.path.join(path, "manifest.json")) + glob.glob(os.path.join(path, "*", "manifest.json")))
-        digest = hashlib.sha256()
-        for m in found:
-            try:
-                with open(m, "rb") as fh:
-                    digest.update(os.path.relpath(m, path).encode() + b"\0" + fh.read())
-            except OSError:
-                continue
-            out["manifests"].append(os.path.relpath(m, path))
-        if out["manifests"]:
-            out["manifest_sha256"] = digest.hexdigest()
+        out["datasets"] = data_sets(path)
+        if out["datasets"]:
+            out["manifest_sha256"] = hashlib.sha256(json.dumps(out["datasets"], sort_keys=True).encode()).hexdigest()
     return out
 
 

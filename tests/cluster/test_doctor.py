@@ -216,6 +216,39 @@ def test_node_without_torch_says_so(lab3, hrmctl, tmp_path):
     assert doc["cluster"]["backend"]["status"] == "skip"
 
 
+def test_two_nodes_holding_different_data_fail_the_dataset_check(lab3, hrmctl, tmp_path):
+    """issue 33, item 7: the check looked for manifest.json; prepare-data writes meta.json. Data sets made by
+    prepare-data in the nodes' data_dir: the default sudoku data alike on all three (ok), then a data set whose
+    node1 copy was made with other options (fail, naming node1 and its sync-data), node2 lacking it."""
+    import shutil
+
+    from auralm import data
+    from tests.lab import sh
+
+    code, doc, err = doctor_json(hrmctl, lab3.inventory)
+    assert doc["cluster"]["dataset"]["status"] == "ok", doc["cluster"]["dataset"]
+    assert "sudoku" in doc["cluster"]["dataset"]["detail"]
+    made = {}
+    for name, train in (("node0", "20"), ("node1", "21")):
+        made[name] = tmp_path / name / "issue33"
+        assert data.main(["--task", "sudoku", "--out", str(made[name]), "--train", train, "--test", "5"]) == 0
+    targets = []
+    try:
+        for name, src in made.items():
+            node = lab3.node(name)
+            targets.append(node.home / "hrmctl" / "data" / "issue33")
+            shutil.copytree(src, targets[-1])
+            sh(["chown", "-R", f"{node.user}:{node.user}", str(targets[-1])])
+        code, doc, err = doctor_json(hrmctl, lab3.inventory)
+    finally:
+        for t in targets:
+            shutil.rmtree(t, ignore_errors=True)
+    check = doc["cluster"]["dataset"]
+    assert code == 1 and check["status"] == "fail", check
+    assert check["detail"].startswith("different prepared data: issue33: ") and "on node1" in check["detail"], check
+    assert "`hrmctl sync-data node1`" in check["fix"] and "`hrmctl sync-data node2`" in check["fix"], check
+
+
 def test_down_node_fails_in_bounded_time_while_others_report(lab3, hrmctl):
     node2 = lab3.node("node2")
     with iptables(node2, "INPUT", "-i", "eth0", "-j", "DROP"):  # node2 answers nothing at all

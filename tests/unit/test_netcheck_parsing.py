@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from netcheck.backend import choose_backend
-from netcheck.checks import FAIL, OK, WARN, os_check
+from netcheck.checks import FAIL, OK, SKIP, WARN, os_check
 from netcheck.checks_cluster import cluster_checks
 from netcheck.checks_net import clock_check, rtt_check
 from netcheck.clock import ClockSkew, best_offset
@@ -113,15 +113,45 @@ def test_cristian_picks_the_shortest_round_trip():
 
 
 def test_backend_and_consistency():
-    gpu = FakeProbe(cuda_devices=1, nccl=True, raw={"project": {"commit": "a" * 40}, "data": {"manifest_sha256": "x"}})
-    cpu = FakeProbe(torch_version="2.12.1", raw={"project": {"commit": "b" * 40}, "data": {"manifest_sha256": "y"}})
+    gpu = FakeProbe(cuda_devices=1, nccl=True, raw={"project": {"commit": "a" * 40}, "data": {"datasets": {"sudoku": "x"}}})
+    cpu = FakeProbe(torch_version="2.12.1", raw={"project": {"commit": "b" * 40}, "data": {"datasets": {"sudoku": "y"}}})
     assert choose_backend({"n0": gpu, "n1": gpu}) == ("nccl", "every node has CUDA and NCCL")
     backend, why = choose_backend({"n0": gpu, "n1": cpu})
     assert backend == "gloo" and "n1 has no CUDA device" in why
     checks = {c.name: c for c in cluster_checks({"n0": gpu, "n1": cpu})}
     assert checks["torch versions"].status == FAIL and "2.12 on n1" in checks["torch versions"].detail
     assert checks["project commit"].status == WARN
-    assert checks["dataset"].status == FAIL and "sync-data" in checks["dataset"].fix
+    assert checks["dataset"].status == FAIL and "`hrmctl sync-data n1`" in checks["dataset"].fix
+
+
+def test_the_dataset_check_reads_what_prepare_data_writes(tmp_path):
+    """issue 33, item 7: the probe looked for manifest.json, prepare-data writes meta.json: the check never fired.
+    Real data directories made by prepare-data (sudoku), one changed on the second node, one missing on the third."""
+    import shutil
+
+    from auralm import data
+    from netcheck.checks_cluster import dataset_check
+    from netcheck.probe import disk_facts
+
+    roots = [tmp_path / f"n{i}" for i in range(3)]
+    assert data.main(["--task", "sudoku", "--out", str(roots[0] / "sudoku"), "--train", "20", "--test", "5"]) == 0
+    shutil.copytree(roots[0] / "sudoku", roots[1] / "sudoku")
+    shutil.copytree(roots[0] / "sudoku", roots[2] / "sudoku")
+    held = {f"n{i}": disk_facts(str(r))["datasets"] for i, r in enumerate(roots)}
+    assert set(held["n0"]) == {"sudoku"} and held["n0"] == held["n1"] == held["n2"]
+    assert dataset_check(held).status == OK
+    assert disk_facts(str(roots[0] / "sudoku"))["datasets"].keys() == {"."}  # data_dir itself a data directory
+    # n1's data made again with other options: another meta.json
+    assert data.main(["--task", "sudoku", "--out", str(roots[1] / "sudoku"), "--train", "21", "--test", "5"]) == 0
+    held["n1"] = disk_facts(str(roots[1]))["datasets"]
+    check = dataset_check(held)
+    assert check.status == FAIL and "sudoku: " in check.detail and "on n1" in check.detail, check
+    assert check.fix == "bring n1 to match n0: `hrmctl sync-data n1`", check.fix
+    held["n1"] = held["n0"]
+    held["n2"] = {}
+    check = dataset_check(held)
+    assert check.status == WARN and "sudoku on n2" in check.detail and "`hrmctl sync-data n2`" in check.fix, check
+    assert dataset_check({"n0": {}, "n1": {}}).status == SKIP
 
 
 def test_garbage_probe_answers_are_probe_errors():
