@@ -486,13 +486,21 @@ def _first_texts(texts, budget_bytes: int | None) -> list[str]:
 # ---------------------------------------------------------------- reading a data directory
 
 
+def prepare_command(task: str, out: str) -> str:
+    """The `hrmctl prepare-data` line that makes the data directory ``out`` for ``task``: a sudoku directory named
+    like a preset (the HRM guide's data_path=data/sudoku-extreme-small) with that --preset."""
+    name = os.path.basename(out.rstrip("/"))
+    if task == "sudoku":
+        return f"hrmctl prepare-data --task sudoku{' --preset ' + name if name in PRESETS else ''} --out {out}"
+    return f"hrmctl prepare-data SOURCE --out {out}"
+
+
 def load_manifest(data_dir: Path, task: str) -> dict:
     """The manifest of ``data_dir``, checked against the files it names and the task."""
     try:
         meta = json.loads((data_dir / "meta.json").read_text())
     except FileNotFoundError:
-        how = "--task sudoku --out" if task == "sudoku" else "SOURCE --out"
-        raise UserError(f"no data in {data_dir} (no meta.json): run `hrmctl prepare-data {how} {data_dir}`") from None
+        raise UserError(f"no data in {data_dir} (no meta.json): run `{prepare_command(task, str(data_dir))}`") from None
     except ValueError as e:
         raise UserError(f"{data_dir}/meta.json is not valid JSON ({e})") from None
     if meta.get("format") != FORMAT:
