@@ -21,6 +21,7 @@ import itertools
 import json
 import os
 import random
+import shlex
 import shutil
 import socket
 import sys
@@ -491,8 +492,8 @@ def prepare_command(task: str, out: str) -> str:
     like a preset (the HRM guide's data_path=data/sudoku-extreme-small) with that --preset."""
     name = os.path.basename(out.rstrip("/"))
     if task == "sudoku":
-        return f"hrmctl prepare-data --task sudoku{' --preset ' + name if name in PRESETS else ''} --out {out}"
-    return f"hrmctl prepare-data SOURCE --out {out}"
+        return f"hrmctl prepare-data --task sudoku{' --preset ' + name if name in PRESETS else ''} --out {shlex.quote(out)}"
+    return f"hrmctl prepare-data SOURCE --out {shlex.quote(out)}"
 
 
 def load_manifest(data_dir: Path, task: str) -> dict:
