@@ -3,6 +3,8 @@ its exact resume and NaN agreement, DDP's compression hooks, and per-node shares
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -58,11 +60,15 @@ def test_unequal_shares_give_the_gradient_of_one_process_on_the_union_of_the_bat
     assert "rank 1 (node1): weight 1 -> 11 rows" in events[0]["message"]
 
 
-def test_diloco_outer_step_with_lr_1_and_no_momentum_is_the_average_of_the_ranks_weights(sudoku_dir, tmp_path):
+def test_diloco_default_outer_step_on_a_short_run_is_the_average_of_the_ranks_weights(sudoku_dir, tmp_path, capfd):
+    # one round: fewer than FEW_ROUNDS, so the default (training.diloco.outer_lr=auto) takes lr 1 and no momentum
     args = tiny_args(sudoku_dir, tmp_path / "run", "training.max_steps=4", "training.sync=diloco",
-                     "training.diloco.inner_steps=4", "training.diloco.outer_lr=1", "training.diloco.outer_momentum=0",
-                     "training.diloco.comm_dtype=fp32", "training.eval_interval=0")
+                     "training.diloco.inner_steps=4", "training.diloco.comm_dtype=fp32", "training.eval_interval=0")
     r0, r1 = _ok(run_ranks(2, args, tmp_path, spy_sync=True))
+    assert ("outer step: the ranks' plain average (lr 1, momentum 0), chosen by training.diloco.outer_lr=auto for "
+            "1 round(s) of 4 local steps (fewer than 20") in capfd.readouterr().out  # the ranks' stdout
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())["training"]["diloco"]
+    assert (saved["outer_lr"], saved["outer_momentum"]) == (1.0, 0.0)  # the run's record has the values chosen
     assert r0["optimizer_steps"] == r1["optimizer_steps"] == 4 + 1  # 4 local steps, 1 outer step
     assert _equal_weights(r0["state"], r1["state"])
     local0, local1 = r0["synced"][0], r1["synced"][0]
