@@ -501,7 +501,9 @@ def train(cfg: Config, d: distributed.Dist, whole: bool = True) -> torch.nn.Modu
     optimizer = optim.make_optimizer(raw, t, d.device)
     step_kind = objective.make(raw, cfg)
     ema = EMA(raw, t.ema_decay) if t.ema else None
-    guard = NanGuard(cfg.guard, d, raw, optimizer, log, sharded=fsdp) if cfg.guard.enabled else None
+    precision = "fp16" if t.dtype == "fp16" else "bf16" if bf16_compute(t, d.device) else "fp32"
+    guard = NanGuard(cfg.guard, d, raw, optimizer, log, sharded=fsdp, run=cfg, precision=precision) \
+        if cfg.guard.enabled else None
     torch.manual_seed(t.seed + d.rank)  # each rank its own dropout and halting exploration
     state, extras = resume(cfg, d, log, found, raw, optimizer, vocab, step_kind, ema) if cfg.resume else (None, {})
     step = state["step"] if state else 0
@@ -524,7 +526,7 @@ def train(cfg: Config, d: distributed.Dist, whole: bool = True) -> torch.nn.Modu
         optimizer.load_state_dict(extras["inner_optimizer"])
     if guard:
         guard.load_state_dict(state.get("guard", {}) if state else {})
-        guard.take_snapshot(step)
+        guard.begin(step)
     log.config(config.to_dict(cfg), step)  # from here on the run directory is written (and TensorBoard, W&B)
     if d.rank == 0 and cfg.model_choice:  # a model the keys chose (arch=hrm_v1, model.hidden_dim=...): said
         log.say(f"model: {cfg.model_choice}")
@@ -655,7 +657,7 @@ def train(cfg: Config, d: distributed.Dist, whole: bool = True) -> torch.nn.Modu
         ok, mean = guard.check(at, loss * loss_scale, own_norm if fsdp else norm) if guard else (True, float(loss))
         apply(ok)
         if guard:
-            guard.after_step(at, ok)
+            guard.after_step(at, ok, scaler_skipped=overflowed)  # may stop the run (NanStop) on every rank
         return at, mean, norm
 
     def finish_round() -> float:
@@ -665,7 +667,7 @@ def train(cfg: Config, d: distributed.Dist, whole: bool = True) -> torch.nn.Modu
         if ema and rnd.ok:
             ema.update()
         if guard:
-            guard.after_round(end, rnd.bad_steps, rnd.broken)
+            guard.after_round(end, rnd.bad_steps, rnd.broken, learned=rnd.ok and math.isfinite(rnd.loss))
             if guard.after_step(end, rnd.ok and not any(rnd.bad_steps)):  # no snapshot of a round with skips
                 outer.restart_from_model()  # rank 0's restored weights are every rank's shared weights now
         return rnd.loss
