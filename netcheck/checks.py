@@ -188,8 +188,11 @@ def project_check(p: Any, workdir: str, python: str = "python3") -> Check:
     missing = [d for d in TRAINER_LIBS if not versions.get(d)]
     if missing:
         return Check("project", WARN, f"{head}; {', '.join(missing)} not installed",
-                     f"install what the trainer needs: `{python} -m pip install {' '.join(missing)}` "
-                     f"(or `{python} -m pip install -e {workdir}`)")
+                     f"`hrmctl setup` installs this machine's packages there (or by hand: `{python} -m pip install "
+                     f"{' '.join(missing)}`)")
+    if proj.get("dirty") and proj.get("placed_by") == "hrmctl setup":
+        return Check("project", WARN, f"{head} with uncommitted changes, sent by `hrmctl setup --allow-dirty` ({libs})",
+                     "commit the changes where you ran hrmctl setup, then `hrmctl setup` again")
     if proj.get("dirty"):
         return Check("project", WARN, f"{head} with uncommitted changes ({libs})",
                      f"commit or discard the changes in {workdir} so every node runs the same code")

@@ -56,7 +56,8 @@ STATE_DIR = Path("/run/hrmctl-lab")
 NODE_VENV = Path(os.environ.get("HRMCTL_NODE_VENV", "/opt/hrmctl-nodevenv"))
 # What the nodes' Python needs to run the probe and the trainer from a copy of the project.
 NODE_REQUIREMENTS = ["torch==2.13.0", "numpy", "safetensors", "transformers", "tokenizers", "datasets", "psutil", "pyyaml"]
-SYSTEM_PYTHON = "/usr/bin/python3"  # root's default python3 lives under /root (mode 700)
+SYSTEM_PYTHON = "/usr/bin/python3"
+BARE_PYTHON = "~/hrmctl/.venv/bin/python"  # a bare lab's inventory: the venv `hrmctl setup` builds (as hrmctl init writes)  # root's default python3 lives under /root (mode 700)
 FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 CGROUP_ROOT = Path("/sys/fs/cgroup")  # cgroup v1: one hierarchy per controller
 CGROUP_CONTROLLERS = ("cpuset", "cpu")  # limit_cpu's
@@ -332,6 +333,7 @@ class LabNode:
 class Lab:
     n: int
     python: str | None = None
+    bare: bool = False  # nodes with an empty home: no project, no venv (what `hrmctl setup` starts from)
     token: str = field(default_factory=lambda: secrets.token_hex(2))
     nodes: list[LabNode] = field(default_factory=list)
 
@@ -348,7 +350,7 @@ class Lab:
         STATE_DIR.mkdir(parents=True, exist_ok=True)
         (STATE_DIR / f"{self.token}.json").write_text(json.dumps({"pid": os.getpid(), "n": self.n}))
         self.dir.mkdir(mode=0o700)
-        python = self.python or str(ensure_node_venv())
+        python = self.python or (BARE_PYTHON if self.bare else str(ensure_node_venv()))
         self.python = python
         Path("/run/sshd").mkdir(exist_ok=True)
         sh(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"hrmlab-{self.token}", "-f", str(self.key)])
@@ -389,8 +391,8 @@ class Lab:
         ssh_dir = node.home / ".ssh"
         ssh_dir.mkdir(mode=0o700)
         shutil.copy(f"{self.key}.pub", ssh_dir / "authorized_keys")
-        workdir = node.home / "hrmctl"
-        shutil.copytree(ROOT, workdir, ignore=COPY_IGNORE, symlinks=True)
+        if not self.bare:
+            shutil.copytree(ROOT, node.home / "hrmctl", ignore=COPY_IGNORE, symlinks=True)
         sh(["chown", "-R", f"{user}:{user}", str(node.home)])
         host_key = node.dir / "ssh_host_ed25519_key"
         sh(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(host_key)])

@@ -65,7 +65,7 @@ class Checkout:
 
 def checkout(allow_dirty: bool) -> Checkout:
     commit = _git("rev-parse", "HEAD").strip()
-    changed = _git("status", "--porcelain", "--untracked-files=no").strip()
+    changed = _git("status", "--porcelain", "--untracked-files=no").rstrip()
     if changed and not allow_dirty:
         first = changed.splitlines()[0][3:]
         raise HrmctlError(f"{ROOT} has uncommitted changes ({len(changed.splitlines())} files, e.g. {first}); "
@@ -113,7 +113,7 @@ def _stage_working_tree(commit: str) -> Path:
 
 @dataclass
 class Lock:
-    lines: list[str]        # name==version, sorted as pip freeze prints them, torch and this project left out
+    lines: list[str]        # `pip freeze --all` (pip and setuptools too), torch and this project left out
     torch_version: str      # this machine's, with its local tag (2.13.0+cpu)
     pip_version: str
     python: str             # major.minor
@@ -129,7 +129,7 @@ class Lock:
 
 def package_lock() -> Lock:
     """This venv's `pip freeze`; a package that pip cannot name by version (a local path, a URL) is refused."""
-    res = subprocess.run([sys.executable, "-m", "pip", "freeze", "--exclude-editable"], capture_output=True,
+    res = subprocess.run([sys.executable, "-m", "pip", "freeze", "--all", "--exclude-editable"], capture_output=True,
                          text=True, timeout=120, env=dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1"))
     if res.returncode != 0:
         raise SetupError(f"`{sys.executable} -m pip freeze` failed: {res.stderr.strip()[-160:]}; "
@@ -213,7 +213,7 @@ def wheel_set(lock: Lock, build: TorchBuild, python: str, use_uv: bool) -> Path:
     tag = f"py{python}-{os.uname().machine}"
     pool = cache_dir() / "wheels" / tag
     pool.mkdir(parents=True, exist_ok=True)
-    extra = [f"pip=={lock.pip_version}"] + ([f"uv=={UV_VERSION}"] if use_uv else [])
+    extra = [f"uv=={UV_VERSION}"] if use_uv else []  # pip is in the lock (freeze --all: torch needs setuptools)
     want = lock.lines + extra
     missing = _missing(pool, want)
     if missing:
@@ -229,6 +229,6 @@ def wheel_set(lock: Lock, build: TorchBuild, python: str, use_uv: bool) -> Path:
         for whl in pool.glob("*.whl"):
             if _wheel_name(whl) in names or (build.cuda and whl.name.startswith(("nvidia_", "triton-"))):
                 os.link(whl, out / whl.name)
-        (out / "lock.txt").write_text(lock.text + f"pip=={lock.pip_version}\n")
+        (out / "lock.txt").write_text(lock.text)
         (out / ".complete").write_text("")
     return out

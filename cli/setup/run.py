@@ -134,9 +134,9 @@ class NodeSetup:
         if self.shared.dry_run:
             self.r.venv_action = "would build" if need_venv else "unchanged"
             return
+        self.r.venv_action = "build" if need_venv else "unchanged"
         if need_venv:
             self._build_venv(facts, build, key, venv)
-        self.r.venv_action = "build" if need_venv else "unchanged"
         self._finish(facts, build, key)
         self.bars.phase(self.name, "checking")
         self._verify()
