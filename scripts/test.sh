@@ -16,7 +16,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -qq && apt-get install -y -qq "${need[@]}" >/dev/null || { echo "apt-get install ${need[*]} failed"; exit 1; }
   fi
 fi
-bash scripts/install.sh || exit 1
+bash scripts/install.sh test || exit 1  # with the test extras (training installs none)
 .venv/bin/python -m pytest "$@"
 rc=$?
 if [ $rc -eq 5 ]; then

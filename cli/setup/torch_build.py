@@ -70,3 +70,13 @@ def choose(torch_version: str, nvidia_smi: str | None) -> TorchBuild:
     return TorchBuild(f"torch=={version}+cpu", "cpu", INDEX.format(tag="cpu"),
                       f"nvidia-smi: {shown} is older than torch {version}'s CUDA builds need (CUDA "
                       f"{oldest[0]}.{oldest[1]}): CPU build; update the NVIDIA driver for the GPU build")
+
+
+
+if __name__ == "__main__":  # scripts/install.sh: `python3 cli/setup/torch_build.py 2.13.0` -> tag, index, why
+    import sys
+
+    from nodeside import nvidia_smi  # this script's own folder: the node side's reading of nvidia-smi
+
+    chosen = choose(sys.argv[1], nvidia_smi())
+    print(chosen.tag, chosen.index, chosen.why, sep="\n")
