@@ -108,7 +108,8 @@ if __name__ == "__main__":
             from auralm.autobatch import MARGIN  # the share of memory batch_size=auto plans with, for the dry run
 
             print(json.dumps(dict(estimate(cfg), grad_accum=cfg.training.grad_accum,
-                                  global_batch_size=cfg.training.global_batch_size, memory_margin=MARGIN)))
+                                  global_batch_size=cfg.training.global_batch_size, memory_margin=MARGIN,
+                                  parallel=cfg.training.parallel)))
         else:
             print(describe(cfg))
     except UserError as e:

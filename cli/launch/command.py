@@ -13,6 +13,7 @@ from auralm.config import split_global_batch
 from cli.errors import HrmctlError
 from cli.nodes.inventory import Node, load_inventory, local_node
 from cli.launch import guide_options, links
+from cli.launch.memory import model_size
 from cli.launch.plan import TRAINER
 from cli.launch.prepare import (LaunchOptions, Prepared, check_trainer_args, dry_run_json, dry_run_text,
                                expand_config_files, prepare)
@@ -69,22 +70,6 @@ def options(*, inventory, nodes, master_port, nproc, backend, env, max_restarts,
                          master_port=master_port, nproc=nproc, backend=backend, env=parse_env_options(env or []),
                          max_restarts=max_restarts, dry_run=dry_run, run_id=run_id,
                          accept_new_host_keys=accept_new_host_keys, use_cache=not reprobe)
-
-
-def model_size(opts: LaunchOptions, world: int) -> dict | None:
-    """The trainer's model: parameters and a per-rank memory estimate (``python -m auralm.sizing``, run here as a
-    process: on the meta device, nothing allocated). None for another module, or when it cannot say."""
-    if opts.module != TRAINER:
-        return None
-    import subprocess
-    import sys
-
-    res = subprocess.run([sys.executable, "-m", "auralm.sizing", "--json", "--world", str(world), *opts.args],
-                         capture_output=True, text=True, timeout=120)
-    if res.returncode:
-        raise HrmctlError((res.stderr.strip().splitlines() or ["the model's size could not be computed"])[-1]
-                          .removeprefix("error: "))
-    return json.loads(res.stdout)
 
 
 def auto_batch_plan(size: dict, prep: Prepared) -> dict | None:

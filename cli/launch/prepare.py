@@ -5,8 +5,10 @@ Order of a launch, so that nothing starts anywhere when something is wrong:
   2. the master address (an IP the workers reach; never loopback with other nodes);
   3. every node probed in parallel (netcheck's probe; torch facts cached, see facts);
   4. the master port: free on the master and reachable from every worker (netcheck);
-     with 3 and 4, each node's directories: data and run directory writable, with room (storage.py);
-  5. the plan (plan.py) -> printed by --dry-run, or run by run.py on every node.
+     with 3 and 4, each node's directories: data and run directory writable, with room, and the data
+     prepared for the task (storage.py); and here the model's memory estimate (auralm.sizing);
+  5. the plan (plan.py), each rank's planned memory against its node's (memory.py) -> printed by
+     --dry-run, or run by run.py on every node.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from netcheck import MasterAddressError, check_master_port, master_address
 
 from cli.errors import HrmctlError, InventoryError
 from cli.nodes.inventory import Node
+from cli.launch import memory
 from cli.launch.facts import CACHE_DIR, gather, load_cache, save_cache
 from cli.launch.plan import TRAINER, NodeFacts, NodeLaunch, build_plan, choose_backend, nproc_for, redacted
 from cli.launch.run import connect_all
@@ -84,6 +87,7 @@ class Prepared:
     run_id: str
     sessions: dict[str, Session] | None = None  # the preflight's connections, for the first attempt
     facts: dict[str, NodeFacts] | None = None  # what the probes found, by node name (the dry run's memory)
+    size: dict | None = None  # the trainer's model and memory estimate for one rank (auralm.sizing; None: not it)
 
 
 def new_run_id() -> str:
@@ -203,8 +207,9 @@ def prepare(opts: LaunchOptions, console: Console) -> Prepared:
     sessions = connect_all(nodes, opts.accept_new_host_keys)
     keep = False
     try:
-        with ThreadPoolExecutor(max_workers=4) as pool:
+        with ThreadPoolExecutor(max_workers=5) as pool:
             check = pool.submit(check_trainer_args, opts.module, opts.args)
+            size_f = pool.submit(memory.model_size, opts, 1)
             probes = pool.submit(gather, sessions, nodes, addr, use_cache=opts.use_cache, guess=not opts.dry_run)
             storage = pool.submit(check_nodes, sessions, nodes, dirs)
             port_f = pool.submit(_port, sessions, nodes, addr, opts.master_port)
@@ -212,6 +217,7 @@ def prepare(opts: LaunchOptions, console: Console) -> Prepared:
             facts, _ = probes.result()
             storage.result()
             port = port_f.result()
+            size = size_f.result()
         _check_nproc(nodes, facts, opts.nproc)
         backend, why = choose_backend(opts.backend, facts)
         entry, node_env = {}, {}
@@ -223,8 +229,10 @@ def prepare(opts: LaunchOptions, console: Console) -> Prepared:
             entry[n.name] = ["-m", opts.module, *args, *extra]
         plans = build_plan(nodes, facts, master_addr=addr, master_port=port, backend=backend, entry=entry,
                            run_id=run_id, user_env=opts.env, nproc=opts.nproc, node_env=node_env)
+        memory.check(size, sum(p.nproc for p in plans), memory.shares([(p.node.name, p.nproc) for p in plans], facts),
+                     bool(size and size.get("parallel") == "fsdp"), lambda line: print(line, file=sys.stderr))
         keep = not opts.dry_run  # the launch starts the jobs over these connections: no second handshake
-        return Prepared(plans, backend, why, run_id, sessions if keep else None, facts)
+        return Prepared(plans, backend, why, run_id, sessions if keep else None, facts, size)
     finally:
         if not keep:
             for s in sessions.values():

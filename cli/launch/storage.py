@@ -18,6 +18,7 @@ The node side (SNIPPET) is standard library only, sent to the node's Python.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -33,9 +34,13 @@ OUT_KEYS = ("out_dir", "checkpoint_path")
 DEFAULT_TASK = "sudoku"
 DEFAULT_DATA_ENV = "HRMCTL_DEFAULT_DATA_DIR"  # tells the trainer: data_dir is the node's default, not the user's
 
-# Sent to the node's Python: argv[1] is a JSON spec {"workdir", "min_free", "dirs": [{"kind", "path", "generate"}]};
-# prints {"user", "psutil", "dirs": [{..., "resolved", "problem"}]} where problem is None or
-# {"why": "unwritable" | "unreadable" | "notdir" | "space", "at": path[, "free": bytes]}.
+DATA_FORMAT = "auralm-data/1"  # auralm.data.FORMAT (the snippet runs without the project; a test keeps them equal)
+
+# Sent to the node's Python: argv[1] is a JSON spec {"workdir", "min_free", "dirs": [{"kind", "path", "generate",
+# and for data "task", "format", "base" (the node's data_dir)}]}; prints {"user", "psutil", "dirs": [{...,
+# "resolved", "problem"}]} where problem is None or {"why": "unwritable" | "unreadable" | "notdir" | "space", "at":
+# path[, "free": bytes]}, or for data not prepared for the task {"why": "nodata" | "notprepared" | "form" | "task" |
+# "files", "at": path[, "found": what meta.json says]}.
 SNIPPET = r'''
 import importlib.util, json, os, sys
 
@@ -73,16 +78,39 @@ def writable(target, min_free):
     return None
 
 
+def prepared(path, task, form):
+    """None when path holds data prepared for task (meta.json of this format, every file it names at its size),
+    else what is wrong: {"why": "nodata" | "notprepared" | "form" | "task" | "files", "at", ...}."""
+    meta_path = os.path.join(path, "meta.json")
+    if not os.path.exists(meta_path):
+        return {"why": "notprepared" if os.path.isdir(path) and os.listdir(path) else "nodata", "at": path}
+    try:
+        with open(meta_path) as fh:
+            meta = json.load(fh)
+    except ValueError:
+        meta = {}
+    if not isinstance(meta, dict) or meta.get("format") != form:
+        return {"why": "form", "at": meta_path, "found": meta.get("format") if isinstance(meta, dict) else None}
+    if meta.get("task") != task:
+        return {"why": "task", "at": path, "found": meta.get("task")}
+    for name, info in sorted((meta.get("files") or {}).items()):
+        f = os.path.join(path, name)
+        if not os.path.isfile(f) or os.path.getsize(f) != info.get("bytes"):
+            return {"why": "files", "at": f}
+    return None
+
+
 def look(d, workdir, min_free):
     path = d["resolved"] = resolve(d["path"], workdir)
     if d["kind"] == "data":
+        d["base_resolved"] = resolve(d.get("base") or d["path"], workdir)
         meta = os.path.join(path, "meta.json")
-        if os.path.exists(meta) or not d.get("generate"):  # read only (missing data: the trainer names it)
+        if os.path.exists(meta) or not d.get("generate"):  # read only
             if os.path.isdir(path) and not os.access(path, os.R_OK | os.X_OK):
                 return {"why": "unreadable", "at": path}
             if os.path.exists(meta) and not os.access(meta, os.R_OK):
                 return {"why": "unreadable", "at": meta}
-            return None
+            return prepared(path, d.get("task"), d.get("format"))
         return writable(os.path.dirname(path), min_free)  # made beside it, then renamed into place
     return writable(path, min_free)
 
@@ -134,7 +162,7 @@ def trainer_dirs(args: list[str], run_id: str) -> tuple[Dirs, list[str]]:
     """The trainer's directories under hrmctl, and the overrides hrmctl adds (out_dir=runs/<run-id> when the
     user gave neither out_dir nor run_name; data_dir per node is added once the nodes have answered)."""
     train_path = given(args, ("data.train_path",))
-    dirs = Dirs(task=given(args, ("task",)) or ("lm" if train_path else DEFAULT_TASK),
+    dirs = Dirs(task=_task(args) or given(args, ("task",)) or ("lm" if train_path else DEFAULT_TASK),
                 data_given=given(args, DATA_KEYS), out_dir=given(args, OUT_KEYS), train_path=train_path)
     extra = []
     if dirs.out_dir is None:
@@ -145,6 +173,18 @@ def trainer_dirs(args: list[str], run_id: str) -> tuple[Dirs, list[str]]:
             dirs.out_dir = f"runs/{run_id}"  # checkpoints beside the logs; restarts resume from there
             extra.append(f"out_dir={dirs.out_dir}")
     return dirs, extra
+
+
+def _task(args: list[str]) -> str | None:
+    """The task the trainer's parser makes of the overrides (model.hidden_dim=... is an RLM on text: task lm), or
+    None when it refuses them (its check, beside this one, says why)."""
+    from auralm import config  # no torch: a few milliseconds
+    from auralm.errors import UserError
+
+    try:
+        return config.parse(args).task
+    except (UserError, ValueError):
+        return None
 
 
 def node_data_dir(node: Node, task: str) -> str:
@@ -160,8 +200,8 @@ def _spec(node: Node, dirs: Dirs | None, master: bool) -> dict:
     if dirs is not None:
         if not dirs.train_path:  # data.train_path: the trainer makes its data directory from the file
             data = dirs.data_given or node_data_dir(node, dirs.task)
-            wanted.append({"kind": "data", "path": data,
-                           "generate": dirs.data_given is None and dirs.task == DEFAULT_TASK})
+            wanted.append({"kind": "data", "path": data, "task": dirs.task, "format": DATA_FORMAT, "base": node.data_dir,
+                           "local": node.is_local, "generate": dirs.data_given is None and dirs.task == DEFAULT_TASK})
         if master and dirs.out_dir:
             wanted.append({"kind": "run", "path": dirs.out_dir})
     return {"workdir": node.workdir, "min_free": MIN_FREE_MB << 20, "dirs": wanted}
@@ -171,6 +211,8 @@ def problem_line(node: str, d: dict, user: str, from_inventory: bool) -> str:
     """One line: the node, the directory, what is wrong, and the fix."""
     p, label, path = d["problem"], LABELS[d["kind"]], d["resolved"]
     at = p["at"]
+    if p["why"] in DATA_PROBLEMS:
+        return data_line(node, d)
     if d["kind"] == "data":
         elsewhere = f"set data_dir for {node} in the inventory" if from_inventory else "give another data_dir="
     else:
@@ -187,6 +229,49 @@ def problem_line(node: str, d: dict, user: str, from_inventory: bool) -> str:
     free_mb = p.get("free", 0) >> 20
     return (f"{node}: only {free_mb} MB free for the {label} {path} (at least {MIN_FREE_MB} MB needed); fix: "
             f"free space on {node} where {at} lives, or {elsewhere}")
+
+
+DATA_PROBLEMS = ("nodata", "notprepared", "form", "task", "files")
+
+
+def data_line(node: str, d: dict) -> str:
+    """The node's data directory does not hold data prepared for the task: what is there, and the exact command
+    that makes it: `hrmctl sync-data NODE` when this machine's ./data has it (sync-data sends ./data to the node's
+    data_dir), else the `hrmctl prepare-data` line (with the --preset a sudoku directory named like one needs),
+    then the sync for a remote node."""
+    from auralm.data import prepare_command  # imports torch: only on this path
+
+    p, path, task = d["problem"], d["resolved"], d["task"]
+    what = {"nodata": "no prepared data (no such directory, or empty)",
+            "notprepared": "files, but no meta.json: not data made by `hrmctl prepare-data`",
+            "form": f"a meta.json of another format ({p.get('found')!r}, not {DATA_FORMAT!r})",
+            "task": f"{p.get('found')!r} data, not {task!r}",
+            "files": f"data whose files do not match its meta.json ({p['at']} is missing or of another size)"}[p["why"]]
+    sub = os.path.relpath(path, d["base_resolved"])
+    under = not sub.startswith("..") and sub != "."
+    local_copy = os.path.join("data", sub) if under else os.path.join("data", os.path.basename(path.rstrip("/")))
+    if d.get("local"):
+        fix = f"`{prepare_command(task, path if d['path'].startswith('~') else d['path'])}`"
+    elif under and not prepared_here(local_copy, task):
+        fix = f"`{prepare_command(task, local_copy)}` here, then `hrmctl sync-data {node}`"
+    elif under:
+        fix = f"`hrmctl sync-data {node}` (this machine's {local_copy} has it)"
+    else:
+        sync = f"`hrmctl sync-data {node} --src {shlex.quote(local_copy)} --dest {shlex.quote(d['path'])}`"
+        fix = (f"{sync}" if prepared_here(local_copy, task) else
+               f"`{prepare_command(task, local_copy)}` here, then {sync}")
+    return f"{node}: {path} holds {what}; fix: {fix}"
+
+
+def _here() -> dict:
+    """SNIPPET's functions, to run on this machine."""
+    ns: dict = {"__name__": "hrmctl_storage"}
+    exec(compile(SNIPPET, "cli/launch/storage.py:SNIPPET", "exec"), ns)
+    return ns
+
+
+def prepared_here(path: str, task: str) -> bool:
+    return _here()["prepared"](os.path.abspath(path), task, DATA_FORMAT) is None
 
 
 def check_nodes(sessions: dict[str, Session], nodes: list[Node], dirs: Dirs | None) -> dict[str, dict]:
@@ -225,8 +310,7 @@ def check_nodes(sessions: dict[str, Session], nodes: list[Node], dirs: Dirs | No
 
 def check_local(path: str) -> None:
     """This machine's directory for hrmctl's own logs (runs/<run-id>, relative to here): writable, with room."""
-    ns: dict = {"__name__": "hrmctl_storage"}
-    exec(compile(SNIPPET, "cli/launch/storage.py:SNIPPET", "exec"), ns)
+    ns = _here()
     resolved = ns["resolve"](path, ".")
     p = ns["writable"](resolved, MIN_FREE_MB << 20)
     if p:

@@ -444,3 +444,58 @@ def test_the_trainer_uses_each_nodes_data_dir_from_the_inventory(lab3, hrmctl, t
     finally:
         for place in (*places.values(), node0.home / "gen" / "sudoku"):
             shutil.rmtree(place.parent, ignore_errors=True)
+
+
+HRM_GUIDE = ["arch=hrm_v1", "data_path=data/sudoku-extreme-small", "global_batch_size=4", "lr=1e-4",
+             "arch.hidden_size=32", "arch.H_layers=1", "arch.L_layers=1", "arch.num_heads=1", "arch.expansion=2",
+             "training.max_steps=1"]
+
+
+def test_data_missing_on_a_node_is_refused_before_launch_with_the_command_that_makes_it(lab3, hrmctl, tmp_path):
+    """issue 33, item 8: the HRM guide's data_path on node0 but not on node1. The dry run and the launch refuse in
+    one line naming node1, the path and the prepare-data line with its --preset; nothing starts on any node. Once
+    this machine's ./data has it, the line names `hrmctl sync-data node1`, and after that sync the dry run passes."""
+    from auralm import data
+
+    node0, node1 = lab3.nodes[:2]
+    made = tmp_path / "made" / "sudoku-extreme-small"
+    assert data.main(["--task", "sudoku", "--out", str(made), "--train", "12", "--test", "4"]) == 0
+    on_node0 = node0.home / "hrmctl" / "data" / "sudoku-extreme-small"
+    on_node1 = node1.home / "hrmctl" / "data" / "sudoku-extreme-small"
+    shutil.copytree(made, on_node0)
+    subprocess.run(["chown", "-R", f"{node0.user}:{node0.user}", str(on_node0)], check=True)
+    want = (f"error: node1: {on_node1} holds no prepared data (no such directory, or empty); fix: `hrmctl prepare-data "
+            "--task sudoku --preset sudoku-extreme-small --out data/sudoku-extreme-small` here, then "
+            "`hrmctl sync-data node1`")
+    try:
+        for dry in (["--dry-run"], []):
+            code, out, err = hrmctl("train", "--nodes", "node0,node1", "--run-id", "nodata1", *dry, *HRM_GUIDE,
+                                    inventory=lab3.inventory, timeout=180)
+            assert code == 1 and err.strip().splitlines()[-1] == want, out + err
+            assert "Traceback" not in out + err and "torch.distributed.run" not in out
+        assert job_pids(node0, "nodata1") == [] and job_pids(node1, "nodata1") == []
+        assert not (tmp_path / "runs" / "nodata1").exists()
+        shutil.copytree(made, tmp_path / "data" / "sudoku-extreme-small")
+        code, out, err = hrmctl("train", "--nodes", "node0,node1", "--dry-run", *HRM_GUIDE, inventory=lab3.inventory,
+                                timeout=180)
+        assert code == 1 and err.strip().splitlines()[-1].endswith(
+            "fix: `hrmctl sync-data node1` (this machine's data/sudoku-extreme-small has it)"), out + err
+        code, out, err = hrmctl("sync-data", "node1", inventory=lab3.inventory, timeout=180)
+        assert code == 0, out + err
+        code, out, err = hrmctl("train", "--nodes", "node0,node1", "--dry-run", *HRM_GUIDE, inventory=lab3.inventory,
+                                timeout=180)
+        assert code == 0 and "torch.distributed.run" in out, out + err
+    finally:
+        shutil.rmtree(on_node0, ignore_errors=True)
+        shutil.rmtree(on_node1, ignore_errors=True)
+
+
+def test_data_missing_here_alone_is_refused_before_launch(hrmctl, tmp_path):
+    """The same with no --nodes: this machine alone, its ./data."""
+    for dry in (["--dry-run"], []):
+        code, out, err = hrmctl("train", "--run-id", "nodata0", *dry, *HRM_GUIDE, timeout=180)
+        assert code == 1, out + err
+        assert err.strip() == (f"error: localhost: {tmp_path}/data/sudoku-extreme-small holds no prepared data (no such "
+                               "directory, or empty); fix: `hrmctl prepare-data --task sudoku --preset "
+                               "sudoku-extreme-small --out data/sudoku-extreme-small`"), err
+    assert not (tmp_path / "runs").exists()

@@ -152,24 +152,28 @@ def look(spec: dict) -> dict:
 def test_directories_writable_with_room_or_one_line_naming_node_directory_and_fix(tmp_path):
     work = tmp_path / "work"
     (work / "data" / "sudoku").mkdir(parents=True)
-    (work / "data" / "sudoku" / "meta.json").write_text("{}")
+    (work / "data" / "sudoku" / "train_000.bin").write_bytes(b"x" * 162)
+    (work / "data" / "sudoku" / "meta.json").write_text(json.dumps(
+        {"format": storage.DATA_FORMAT, "task": "sudoku", "files": {"train_000.bin": {"bytes": 162, "sha256": ""}}}))
     (work / "blocked").write_text("a file where a directory should be")
-    dirs = [{"kind": "data", "path": "data/sudoku", "generate": True},  # there: only read
-            {"kind": "data", "path": "data/lm", "generate": False},  # missing, not generated: the trainer says so
-            {"kind": "data", "path": "fresh/sudoku", "generate": True},  # made in work/fresh
+    form = {"format": storage.DATA_FORMAT, "base": "data"}
+    dirs = [{"kind": "data", "path": "data/sudoku", "generate": True, "task": "sudoku", **form},  # there: only read
+            {"kind": "data", "path": "data/lm", "generate": False, "task": "lm", **form},  # missing, not generated
+            {"kind": "data", "path": "fresh/sudoku", "generate": True, "task": "sudoku", **form},  # made in work/fresh
             {"kind": "run", "path": "runs/r1"},
             {"kind": "run", "path": "blocked/r1"}]
     ans = look({"workdir": str(work), "min_free": 1, "dirs": dirs})
     assert ans["psutil"] is True and ans["user"]
     got = {d["path"]: d["problem"] for d in ans["dirs"]}
-    assert got == {"data/sudoku": None, "data/lm": None, "fresh/sudoku": None, "runs/r1": None,
+    assert got == {"data/sudoku": None, "data/lm": {"why": "nodata", "at": str(work / "data" / "lm")},
+                   "fresh/sudoku": None, "runs/r1": None,
                    "blocked/r1": {"why": "notdir", "at": str(work / "blocked")}}
     assert [d["resolved"] for d in ans["dirs"]][:1] == [str(work / "data" / "sudoku")]
     assert not (work / "runs").exists() and not (work / "fresh").exists(), "the check writes nothing"
 
     full = look({"workdir": str(work), "min_free": 1 << 62, "dirs": dirs})  # no disk has 4 EiB free
     problems = {d["path"]: d["problem"] for d in full["dirs"]}
-    assert problems["data/sudoku"] is None and problems["data/lm"] is None  # read only: no room needed
+    assert problems["data/sudoku"] is None and problems["data/lm"]["why"] == "nodata"  # read only: no room needed
     assert problems["runs/r1"]["why"] == "space" and problems["runs/r1"]["at"] == str(work)
     assert problems["fresh/sudoku"]["why"] == "space"
 
@@ -191,6 +195,51 @@ def test_directories_writable_with_room_or_one_line_naming_node_directory_and_fi
                                           "file, not a directory; fix: ") as exc:
         storage.check_local(str(work / "blocked" / "r1"))
     assert exc.value.exit_code == 1
+
+
+def test_data_not_prepared_for_the_task_is_one_line_with_the_command_that_makes_it(tmp_path, monkeypatch):
+    """issue 33, item 8: each way a node's data directory can fail the task, seen by the snippet as a node sees it,
+    and the line: prepare-data with the --preset a directory named like one needs, or sync-data when this
+    machine's ./data has it (sync-data sends ./data to the node's data_dir)."""
+    from auralm import data
+
+    work, here = tmp_path / "work", tmp_path / "here"
+    good = work / "data" / "sudoku-extreme-small"
+    assert data.main(["--task", "sudoku", "--out", str(good), "--train", "12", "--test", "4"]) == 0
+    (work / "hrm").mkdir()
+    (work / "hrm" / "dataset.json").write_text("{}")  # the HRM repository's own layout: not ours
+    form = {"format": storage.DATA_FORMAT, "base": "data"}
+
+    def problem(path, task="sudoku"):
+        ans = look({"workdir": str(work), "min_free": 1, "dirs": [{"kind": "data", "path": path, "task": task, **form}]})
+        return ans["dirs"][0]
+
+    assert problem("data/sudoku-extreme-small")["problem"] is None
+    assert problem("data/sudoku-extreme-small", task="lm")["problem"] == {"why": "task", "at": str(good),
+                                                                          "found": "sudoku"}
+    assert problem("hrm")["problem"]["why"] == "notprepared"
+    (good / "val_000.bin").write_bytes(b"short")
+    assert problem("data/sudoku-extreme-small")["problem"] == {"why": "files", "at": str(good / "val_000.bin")}
+    missing = problem("data/sudoku-extreme-small2")
+    assert missing["problem"]["why"] == "nodata"
+
+    monkeypatch.chdir(here.mkdir() or here)
+    line = storage.problem_line("node1", {**missing, "local": False}, "u", False)
+    assert line == (f"node1: {work}/data/sudoku-extreme-small2 holds no prepared data (no such directory, or empty); "
+                    "fix: `hrmctl prepare-data --task sudoku --out data/sudoku-extreme-small2` here, then "
+                    "`hrmctl sync-data node1`")
+    lost = problem("data/sudoku-extreme-small")
+    line = storage.problem_line("node1", {**lost, "local": False}, "u", False)
+    assert line.endswith("fix: `hrmctl prepare-data --task sudoku --preset sudoku-extreme-small --out "
+                         "data/sudoku-extreme-small` here, then `hrmctl sync-data node1`"), line
+    assert data.main(["--task", "sudoku", "--out", "data/sudoku-extreme-small", "--train", "12", "--test", "4"]) == 0
+    line = storage.problem_line("node1", {**lost, "local": False}, "u", False)
+    assert line.endswith("fix: `hrmctl sync-data node1` (this machine's data/sudoku-extreme-small has it)"), line
+    line = storage.problem_line("localhost", {**lost, "local": True}, "u", False)
+    assert line == (f"localhost: {good} holds data whose files do not match its meta.json ({good}/val_000.bin is "
+                    "missing or of another size); fix: `hrmctl prepare-data --task sudoku --preset "
+                    "sudoku-extreme-small --out data/sudoku-extreme-small`")
+    assert data.FORMAT == storage.DATA_FORMAT
 
 
 def test_unwritable_seen_as_the_node_user_sees_it(tmp_path, monkeypatch):

@@ -1,0 +1,89 @@
+"""The launcher's memory decision before launch (cli/launch/memory.py): each rank's planned memory (auralm.sizing's
+estimate) against its node's share of what the probe reported, and the override that fits (issue 33, item 9)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from auralm.config import split_global_batch
+from cli.errors import HrmctlError
+from cli.launch import memory
+from cli.launch.plan import NodeFacts
+
+GIB = 1 << 30
+
+
+def hrm_50m(**over) -> dict:
+    """auralm.sizing's answer for the HRM launcher's `model=50m task=lm` (world 1), measured."""
+    res = subprocess.run([sys.executable, "-m", "auralm.sizing", "--json", "--world", "1", "model=50m", "task=lm",
+                          *[f"{k}={v}" for k, v in over.items()]], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+@pytest.fixture(scope="module")
+def size():
+    return hrm_50m()
+
+
+def test_the_hrm_launchers_50m_at_the_default_batch_is_refused_on_22_gib_with_the_batch_that_fits(size):
+    assert size["batch_size"] == 64 and round((size["states_bytes"] + size["activation_bytes"]) / GIB, 2) == 42.67
+    shares = memory.shares([("node1", 1)], {"node1": NodeFacts(mem_available_gb=22.0)})
+    line = memory.verdict(size, 1, shares)
+    fits = int((0.8 * 22 * GIB - size["states_bytes"]) // size["activation_bytes_per_row"])
+    batch, accum = split_global_batch(fits, 1, 64, 1)
+    assert (fits, batch, accum) == (25, 16, 4)
+    assert line == ("node1: model hrm-50m at training.batch_size=64 needs about 42.67 GiB a rank (0.79 weights, "
+                    "gradients and optimizer states, 41.88 activations); node1 has 22.0 GiB RAM available; fix: "
+                    "training.batch_size=16 training.grad_accum=4 (the same 64 rows a step, about 11.26 GiB a rank), "
+                    "or training.batch_size=auto (about 25 rows a rank fit 80% of it; measured at start)"), line
+    # the override fits by the same estimate
+    assert size["states_bytes"] + batch * size["activation_bytes_per_row"] <= 0.8 * 22 * GIB
+    assert memory.verdict(hrm_50m(**{"training.batch_size": 16, "training.grad_accum": 4}), 1, shares) is None
+
+
+def test_ranks_share_a_nodes_ram_a_gpu_each_and_unknown_memory_is_not_judged(size):
+    facts = {"cpu": NodeFacts(cpus=4, mem_available_gb=120.0), "gpu": NodeFacts(gpus=2, gpu_memory_gb=24.0),
+             "unknown": NodeFacts()}
+    shares = memory.shares([("cpu", 4), ("gpu", 2), ("unknown", 1)], facts)
+    assert [(s.node, s.gib) for s in shares] == [("cpu", 30.0), ("gpu", 24.0)]
+    assert shares[0].what == "120.0 GiB RAM available for 4 ranks" and shares[1].what == "24.0 GiB GPU memory"
+    line = memory.verdict(size, 7, shares)
+    assert line.startswith("cpu: model hrm-50m at training.batch_size=64 needs about 42.67 GiB a rank") and \
+        "cpu has 120.0 GiB RAM available for 4 ranks" in line, line
+    assert memory.verdict(size, 7, shares[1:]).startswith("gpu: ")
+
+
+def test_the_global_batch_is_kept_by_grad_accum_alone_when_the_user_gave_it():
+    size = hrm_50m(global_batch_size=256)  # over 2 ranks: 128 a rank
+    assert memory.rank_batch(size, 2) == 128
+    line = memory.verdict(size, 2, memory.shares([("a", 1), ("b", 1)], {"a": NodeFacts(mem_available_gb=22.0),
+                                                                       "b": NodeFacts(mem_available_gb=22.0)}))
+    assert "at training.batch_size=128 " in line and "fix: training.grad_accum=8 (the same 256 rows a step" in line, line
+
+
+def test_batch_auto_is_left_to_the_ranks_and_a_model_with_no_room_for_a_row_says_so(size):
+    auto = dict(size, batch_size="auto", activation_bytes=0)
+    assert memory.verdict(auto, 1, memory.shares([("n", 1)], {"n": NodeFacts(mem_available_gb=22.0)})) is None
+    line = memory.verdict(auto, 1, memory.shares([("n", 1)], {"n": NodeFacts(mem_available_gb=0.5)}))
+    assert line.startswith("n: model hrm-50m needs about 0.79 GiB a rank") and "not even one row fits" in line, line
+    assert "training.parallel=fsdp" in line
+    # under FSDP the states are shared by the world: the same memory holds them
+    assert memory.verdict(auto, 4, memory.shares([("n", 1)], {"n": NodeFacts(mem_available_gb=0.5)}), fsdp=True) is None
+
+
+def test_the_refusal_is_exit_1_and_HRMCTL_MEMORY_CHECK_0_only_warns(size, monkeypatch):
+    shares = memory.shares([("n", 1)], {"n": NodeFacts(mem_available_gb=22.0)})
+    said = []
+    with pytest.raises(HrmctlError) as exc:
+        memory.check(size, 1, shares, False, said.append)
+    assert exc.value.exit_code == 1 and "HRMCTL_MEMORY_CHECK=0 launches anyway" in str(exc.value)
+    monkeypatch.setenv("HRMCTL_MEMORY_CHECK", "0")
+    memory.check(size, 1, shares, False, said.append)
+    assert len(said) == 1 and said[0].startswith("warning: n: model hrm-50m") and said[0].endswith(
+        "(launching anyway: HRMCTL_MEMORY_CHECK=0)")
+    memory.check(None, 1, shares, False, said.append)  # not the trainer: nothing to judge
