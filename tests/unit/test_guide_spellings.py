@@ -224,3 +224,22 @@ def test_the_docs_page_lists_every_spelling_of_the_table():
     assert not missing, missing
     for line in (HRM_PRETRAIN, HRM_SMALL, RLM_BASIC):  # the guides' lines as the page shows them
         assert line in page
+
+
+def test_the_hrm_guides_line_trains_hrm_and_the_run_says_so(tmp_path, capsys, one_thread):
+    """The small HRM line of issue #33 through the trainer (two steps; fp32, item 1 being the bf16 default's): the
+    run's log says which model the keys chose, and its saved config is HRM's with the guide's shape."""
+    from auralm import train
+    from tests.trainer.helpers import small_sudoku
+
+    data_dir = small_sudoku(tmp_path / "sudoku-extreme-small", count=60)
+    line = shlex.split(HRM_SMALL.replace("data/sudoku-extreme-small", str(data_dir)))
+    run = tmp_path / "run"
+    assert train.main([*line, "training.max_steps=2", "training.dtype=fp32", "training.eval_interval=0",
+                       "training.checkpoint_interval=0", "training.log_interval=1", f"out_dir={run}"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "model: hrm-27m (HRM), chosen from arch=hrm_v1" in out
+    assert any(line.startswith("model hrm-27m (hrm): ") for line in out), out
+    saved = json.loads((run / "config.json").read_text())
+    assert (saved["model"]["family"], saved["model"]["n_embd"], saved["model"]["H_layers"]) == ("hrm", 32, 1)
+    assert saved["model_choice"] == "hrm-27m (HRM), chosen from arch=hrm_v1"
