@@ -19,7 +19,7 @@ from cli.nodes.remote import Outcome, for_each
 
 WORKDIR = "~/hrmctl"
 HOST = re.compile(r"\A(?:(?P<user>[^@\s:]+)@)?(?P<host>[A-Za-z0-9_.\-]+|\[[0-9A-Fa-f:.]+\])(?::(?P<port>\d{1,5}))?\Z")
-NAME = re.compile(r"[^A-Za-z0-9_.\-]")
+NAME = re.compile(r"[^A-Za-z0-9_\-]")  # a TOML bare key: a dot would nest tables
 
 
 @dataclass
@@ -58,13 +58,22 @@ def ssh_config_hosts() -> list[HostSpec]:
     return [HostSpec(name=NAME.sub("-", h), host=h, from_ssh_config=True) for h in names]
 
 
+def _host_line(s: HostSpec) -> str | None:
+    """A Host of ~/.ssh/config is resolved by it (HostName, User, Port, IdentityFile) when the table names no
+    host: the node's name is its alias. An alias that has no HostName is the address itself."""
+    if s.from_ssh_config and s.name == s.host:
+        return None
+    return f'host = "{s.host}"'
+
+
 def render(specs: list[HostSpec], workdir: str = WORKDIR) -> str:
     lines = ["# Written by `hrmctl init`. Every key: README.md, section \"The inventory\".",
              "", "[defaults]", f'workdir = "{workdir}"', f'python = "{workdir}/.venv/bin/python"  # built by hrmctl setup',
              'data_dir = "data"', ""]
     for s in specs:
         lines.append(f"[nodes.{s.name}]")
-        lines.append(f'host = "{s.host}"' + ("  # resolved through ~/.ssh/config" if s.from_ssh_config else ""))
+        host = _host_line(s)
+        lines.append(host if host else "# host, user, port and key: from its Host entry in ~/.ssh/config")
         if s.user:
             lines.append(f'user = "{s.user}"')
         if s.port:
@@ -108,7 +117,7 @@ def report(outcomes: list[Outcome], console, err) -> int:
             console.print(f"{o.node.name}: ssh ok ({o.value})", markup=False, highlight=False)
             continue
         failed += 1
-        err.print(f"{o.node.name}: {o.error}", markup=False, highlight=False, soft_wrap=True)
+        err.print(o.error, markup=False, highlight=False, soft_wrap=True)  # it names the node
     if failed:
         err.print(f"{failed} of {len(outcomes)} nodes cannot be reached with a key yet; after the fix above, "
                   "`hrmctl nodes --check`, then `hrmctl setup`", markup=False, highlight=False, soft_wrap=True)
