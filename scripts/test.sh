@@ -2,8 +2,14 @@
 # The test command: installs what it needs, then runs every tier pytest can run here.
 # As root it also installs the system packages the cluster tier needs (sshd, ip, iptables, ...)
 # and a C compiler for the fused mHC loops (auralm/kernels).
+# --fast: only what needs no lab and no real training run (pytest -m "not cluster and not slow");
+# every other argument goes to pytest.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+args=()
+for a in "$@"; do
+  if [ "$a" = --fast ]; then args+=(-m "not cluster and not slow"); else args+=("$a"); fi
+done
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   need=()
   for tool in sshd:openssh-server ssh-keygen:openssh-client ip:iproute2 iptables:iptables tc:iproute2 \
@@ -17,7 +23,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   fi
 fi
 bash scripts/install.sh test || exit 1  # with the test extras (training installs none)
-.venv/bin/python -m pytest "$@"
+.venv/bin/python -m pytest ${args[@]+"${args[@]}"}
 rc=$?
 if [ $rc -eq 5 ]; then
   echo "pytest collected no tests: that is a failure"
