@@ -19,6 +19,7 @@ import select
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -229,8 +230,14 @@ class MergedLog:
         if self.gone:
             return
         out = self.progress.console if self.progress else self.console
-        try:
+        with self._screen():
             out.print(markup, highlight=False, soft_wrap=True)
+
+    @contextmanager
+    def _screen(self):
+        """Around a write to the screen: a reader gone (EPIPE, a hung-up terminal's EIO) is noted, not raised."""
+        try:
+            yield
         except OSError as exc:
             if exc.errno not in GONE_ERRNOS:
                 raise
@@ -280,11 +287,9 @@ class MergedLog:
     def _step(self, step: int, total: int) -> None:
         if self.first_step_at is None:
             self.first_step_at = time.monotonic()
-        if self.quiet or not self.console.is_terminal:
+        if self.quiet or self.gone or not self.console.is_terminal:
             return
-        if self.gone:
-            return
-        try:
+        with self._screen():
             if self.progress is None:  # refreshed here, not by a thread of its own: every write is guarded
                 self.progress = Progress(TextColumn("rank 0"), BarColumn(), MofNCompleteColumn(), TextColumn("steps"),
                                          TimeRemainingColumn(), console=self.console, transient=False,
@@ -292,10 +297,6 @@ class MergedLog:
                 self.progress.start()
                 self.task = self.progress.add_task("train", total=total)
             self.progress.update(self.task, completed=step, total=total, refresh=True)
-        except OSError as exc:
-            if exc.errno not in GONE_ERRNOS:
-                raise
-            self._lose_output(f"{os.strerror(exc.errno)} writing it")
 
     def note(self, text: str, node: str | None = None, show: bool = True) -> None:
         """A line from hrmctl itself (also written to the node's file, or to every file); `show=False`: files only."""
@@ -308,14 +309,13 @@ class MergedLog:
 
     def close(self) -> None:
         self.flush()
+        for stream in (sys.stdout, sys.stderr):  # a terminal hung up (SIGHUP): the last lines go nowhere, not in error
+            if reader_gone(stream):
+                to_devnull(stream)
         with self.lock:
             if self.progress is not None:
-                try:
+                with self._screen():
                     self.progress.stop()
-                except OSError as exc:
-                    if exc.errno not in GONE_ERRNOS:
-                        raise
-                    self._lose_output(f"{os.strerror(exc.errno)} writing it")
                 self.progress = None
             for fh in self.files.values():
                 fh.close()

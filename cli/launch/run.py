@@ -398,9 +398,9 @@ def run(opts: LaunchOptions, prep: Prepared, console: Console, replan: Callable[
     log = MergedLog(console, run_dir, prep.plans, quiet=opts.quiet, on_result=opts.on_result,
                     result_tag=opts.result_tag)
     plans = prep.plans
-    status = started(run_dir, opts, prep)
     result, attempt, error = None, 1, None
     with _Signals() as signals:
+        status = started(run_dir, opts, prep)
         try:
             log.note(f"run {prep.run_id}: {len(plans)} node(s), backend {prep.backend} ({prep.why}); logs in {run_dir}/")
             attempt, replanned = 1, False
