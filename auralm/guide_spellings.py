@@ -121,7 +121,7 @@ def suggest(given: str, ours: list[str], *, option: bool = False) -> str:
     word = normal(given)
     same = [s for s in TABLE if normal(s.theirs) == word]
     if same:
-        return _pointer(same[0], option)
+        return _pointer(same[0], option, exact=True)
     if option:
         last = {k.rsplit(".", 1)[-1].lower(): k for k in ours if not k.startswith("-")}
         if word in last:  # --warmup_steps 10: our key of that name, as an override
@@ -139,12 +139,14 @@ def suggest(given: str, ours: list[str], *, option: bool = False) -> str:
     return f" (did you mean the override {hit}=VALUE?)" if option else f" (did you mean {hit!r}?)"
 
 
-def _pointer(s: Spelling, option: bool) -> str:
-    """A row of the table as the answer to an unknown key or option."""
+def _pointer(s: Spelling, option: bool, exact: bool = False) -> str:
+    """A row of the table as the answer to an unknown key or option (``exact``: the same word as typed)."""
     if not s.ours:
         return f" ({s.guide}'s {s.theirs} has no counterpart here: {s.note})"
     if s.ours.startswith("-"):
         return f" (did you mean {s.ours}? {s.guide}'s {s.theirs})"
+    if exact and option:  # the guide's option where it is not taken (hrmctl test-ddp): our key
+        return f" (did you mean the override {s.ours}=VALUE? {s.theirs} is {s.guide}'s spelling)"
     if s.is_option == option:  # the guide's own spelling, near what was typed
         return f" (did you mean {s.theirs if option else repr(s.theirs)}? {s.guide}'s spelling of {s.ours})"
     if option:  # a guide's key typed as an option

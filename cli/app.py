@@ -254,6 +254,7 @@ def _launch(*, inventory, nodes, master_port, nproc, backend, env, dry_run, run_
 
 @command("test-ddp", context_settings={"ignore_unknown_options": True})
 def test_ddp_cmd(
+        ctx: typer.Context,
         overrides: Annotated[Optional[list[str]], typer.Argument(
             metavar="KEY=VALUE", show_default=False,
             help="The trainer's overrides for the model whose compute is timed, e.g. model=small task=lm "
@@ -281,7 +282,8 @@ def test_ddp_cmd(
     opts = _launch(inventory=inventory, nodes=nodes, master_port=master_port, nproc=nproc, backend=backend, env=env,
                    dry_run=dry_run, run_id=run_id, accept_new_host_keys=accept_new_host_keys, reprobe=reprobe,
                    module=DDP_CHECK, args=args, max_restarts=0)
-    return test_ddp(opts, overrides=list(overrides or []), as_json=json, console=out, err=err)
+    return test_ddp(opts, overrides=list(overrides or []), as_json=json, console=out, err=err,
+                    own_options=_options_of(ctx))
 
 
 @command("train", context_settings={"ignore_unknown_options": True})

@@ -213,9 +213,9 @@ def _finish(result, prep, as_json: bool, console: Console, err: Console, extra: 
 
 
 def test_ddp(opts: LaunchOptions, *, overrides: list[str] | None = None, as_json: bool, console: Console,
-             err: Console) -> int:
+             err: Console, own_options: list[str] = ()) -> int:
     if overrides:  # the model to time: checked by the trainer's parser here, before anything starts
-        _reject_options(overrides, "the model's overrides are key=value")
+        _reject_options(overrides, "the model's overrides are key=value", own_options)
         check_trainer_args(TRAINER, overrides)
     if opts.dry_run:
         return _dry_run(opts, as_json, console)

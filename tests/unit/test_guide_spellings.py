@@ -170,6 +170,12 @@ def hrmctl(*args, cwd):
 
 
 def test_the_launchers_options_are_read_as_ours(tmp_path):
+    from auralm import data
+    from tests.trainer.helpers import QUIJOTE
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(QUIJOTE.read_text(encoding="utf-8-sig")[20000:60000], encoding="utf-8")
+    assert data.main([str(corpus), "--out", str(tmp_path / "data" / "lm"), "--vocab-size", "300"]) == 0  # the preflight's
     res = hrmctl("train", "--model", "50m", "task=lm", "--batch_size", "2", "--learning_rate=3e-4", "--dry_run",
                  "--eval_steps", "50", "--run-id", "g1", "--json", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
@@ -187,6 +193,9 @@ def test_the_launchers_options_are_read_as_ours(tmp_path):
 
 
 def test_the_dry_run_says_which_model_the_keys_chose(tmp_path):
+    from tests.trainer.helpers import small_sudoku
+
+    small_sudoku(tmp_path / "data" / "sudoku-extreme-small", count=60)  # the preflight looks for the guide's data
     res = hrmctl("train", "--dry-run", *shlex.split(HRM_SMALL), cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert "# model: hrm-27m (HRM), chosen from arch=hrm_v1" in res.stdout.splitlines()
@@ -243,3 +252,12 @@ def test_the_hrm_guides_line_trains_hrm_and_the_run_says_so(tmp_path, capsys, on
     saved = json.loads((run / "config.json").read_text())
     assert (saved["model"]["family"], saved["model"]["n_embd"], saved["model"]["H_layers"]) == ("hrm", 32, 1)
     assert saved["model_choice"] == "hrm-27m (HRM), chosen from arch=hrm_v1"
+
+
+def test_test_ddp_points_a_guides_option_at_our_key(tmp_path):
+    res = hrmctl("test-ddp", "--dry-run", "model=tiny", "--learning_rate", "1", cwd=tmp_path)
+    assert (res.returncode, res.stdout) == (2, "")
+    assert res.stderr == ("error: unknown option --learning_rate (did you mean the override training.lr=VALUE? "
+                          "--learning_rate is the HRM distributed launcher's spelling)\n")
+    res = hrmctl("test-ddp", "--dry-run", "--secnds", "1", cwd=tmp_path)
+    assert res.returncode == 2 and res.stderr == "error: unknown option --secnds (did you mean --seconds?)\n"
