@@ -606,21 +606,25 @@ def check(cfg: Config) -> None:
     elif arch["n_embd"] % arch["n_head"]:
         raise UserError(f"model.n_embd={arch['n_embd']} is not a multiple of model.n_head={arch['n_head']}")
     if recurrent:
-        if arch["family"] == "hrm" and arch["H_layers"] <= 0:
-            raise UserError(f"model.H_layers={arch['H_layers']}: must be greater than 0")
-        if arch["expansion"] <= 0 or not 0 <= arch["halt_exploration_prob"] <= 1 or arch["puzzle_emb_ndim"] < 0 \
-                or arch["eval_segments"] < 0:
-            raise UserError("model.expansion must be > 0, model.halt_exploration_prob in [0, 1], "
-                            "model.puzzle_emb_ndim and model.eval_segments >= 0")
-        _one_of("model.pos_encodings", arch["pos_encodings"], POSITIONS)
-        _one_of("model.loss_type", arch["loss_type"], LOSS_TYPES)
-        _one_of("model.norm", arch["norm"], NORMS)
-        if cfg.task == "lm" and (arch["pos_encodings"] == "sudoku" or arch["mlp_t"]):
-            what = "pos_encodings=sudoku" if arch["pos_encodings"] == "sudoku" else "mlp_t=true"
-            raise UserError(f"model={cfg.model.name} with {what} is for task=sudoku; on text use "
-                            f"model.pos_encodings=rope and model.mlp_t=false")
-        if arch["pos_encodings"] == "rope" and (arch["n_embd"] // arch["n_head"]) % 2:
-            raise UserError(f"rotary positions need an even head size, not {arch['n_embd'] // arch['n_head']}")
+        check_recurrent(cfg.task, cfg.model.name, arch)
+
+
+def check_recurrent(task: str, name: str, arch: dict) -> None:
+    if arch["family"] == "hrm" and arch["H_layers"] <= 0:
+        raise UserError(f"model.H_layers={arch['H_layers']}: must be greater than 0")
+    if arch["expansion"] <= 0 or not 0 <= arch["halt_exploration_prob"] <= 1 or arch["puzzle_emb_ndim"] < 0 \
+            or arch["eval_segments"] < 0:
+        raise UserError("model.expansion must be > 0, model.halt_exploration_prob in [0, 1], "
+                        "model.puzzle_emb_ndim and model.eval_segments >= 0")
+    _one_of("model.pos_encodings", arch["pos_encodings"], POSITIONS)
+    _one_of("model.loss_type", arch["loss_type"], LOSS_TYPES)
+    _one_of("model.norm", arch["norm"], NORMS)
+    if task == "lm" and (arch["pos_encodings"] == "sudoku" or arch["mlp_t"]):
+        what = "pos_encodings=sudoku" if arch["pos_encodings"] == "sudoku" else "mlp_t=true"
+        raise UserError(f"model={name} with {what} is for task=sudoku; on text use "
+                        f"model.pos_encodings=rope and model.mlp_t=false")
+    if arch["pos_encodings"] == "rope" and (arch["n_embd"] // arch["n_head"]) % 2:
+        raise UserError(f"rotary positions need an even head size, not {arch['n_embd'] // arch['n_head']}")
 
 
 def check_rlm(task: str, arch: dict) -> None:
