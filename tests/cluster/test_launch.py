@@ -495,7 +495,7 @@ def test_data_missing_here_alone_is_refused_before_launch(hrmctl, tmp_path):
     for dry in (["--dry-run"], []):
         code, out, err = hrmctl("train", "--run-id", "nodata0", *dry, *HRM_GUIDE, timeout=180)
         assert code == 1, out + err
-        assert err.strip() == (f"error: localhost: {tmp_path}/data/sudoku-extreme-small holds no prepared data (no such "
+        assert err.strip().splitlines()[-1] == (f"error: localhost: {tmp_path}/data/sudoku-extreme-small holds no prepared data (no such "
                                "directory, or empty); fix: `hrmctl prepare-data --task sudoku --preset "
                                "sudoku-extreme-small --out data/sudoku-extreme-small`"), err
     assert not (tmp_path / "runs").exists()
