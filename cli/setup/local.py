@@ -186,17 +186,17 @@ def _missing(pool: Path, reqs: list[str]) -> list[str]:
     return out
 
 
-def torch_wheel(pool: Path, build: TorchBuild, lock: Lock) -> None:
+def torch_wheel(pool: Path, build: TorchBuild, pyver: list[str]) -> None:
     """The torch wheel of `build` in the pool: this machine's pip configuration first (a local file or mirror),
     then the build's own PyTorch index with a short timeout (its CUDA libraries come with it)."""
     if not _missing(pool, [build.requirement]):
         return
     try:
-        _pip_download([build.requirement], pool, build.requirement)
+        _pip_download([*pyver, build.requirement], pool, build.requirement)
         return
     except SetupError:
         pass
-    args = ["--index-url", build.index, "--timeout", str(INDEX_TIMEOUT_S), "--retries", "0"]
+    args = [*pyver, "--index-url", build.index, "--timeout", str(INDEX_TIMEOUT_S), "--retries", "0"]
     if build.cuda:  # its nvidia-* libraries: with dependencies, from the same index
         cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--only-binary=:all:",
                "-d", str(pool), *args, build.requirement]
@@ -216,10 +216,10 @@ def wheel_set(lock: Lock, build: TorchBuild, python: str, use_uv: bool) -> Path:
     extra = [f"uv=={UV_VERSION}"] if use_uv else []  # pip is in the lock (freeze --all: torch needs setuptools)
     want = lock.lines + extra
     missing = _missing(pool, want)
+    pyver = [] if python == lock.python else ["--python-version", python]  # a node's other Python: its wheels
     if missing:
-        pyver = [] if python == lock.python else ["--python-version", python]
         _pip_download([*pyver, *missing], pool, f"{len(missing)} packages")
-    torch_wheel(pool, build, lock)
+    torch_wheel(pool, build, pyver)
     key = hashlib.sha256((lock.sha256 + build.requirement + "".join(extra) + python).encode()).hexdigest()[:16]
     out = cache_dir() / "wheelsets" / key
     if not (out / ".complete").exists():
