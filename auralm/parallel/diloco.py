@@ -110,6 +110,8 @@ class _InFlight:
 
 class DiLoCo:
     def __init__(self, model: torch.nn.Module, cfg: DilocoConfig, d: Dist, weight: float):
+        if cfg.outer_lr is None or cfg.outer_momentum is None:  # a caller's mistake, not the user's
+            raise ValueError("DiLoCo: the outer step is still auto: call choose_outer_step(cfg, max_steps) first")
         self.d, self.weight, self.cfg = d, weight, cfg
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.shared = [p.detach().clone() for p in self.params]  # the weights every rank agreed on last
