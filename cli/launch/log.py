@@ -39,6 +39,10 @@ EXITCODE_RE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 ROOT_CAUSE = "Root Cause (first observed failure)"  # torchrun's report: other failures come before it
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 TRACEBACK = "Traceback (most recent call last):"
+CHAINED = ("During handling of the above exception, another exception occurred:",
+           "The above exception was the direct cause of the following exception:")
+LOGGER_PREFIX_RE = re.compile(r"^[DIWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] ?")  # torch's log lines
+SIGNAL_NOTE_RE = re.compile(r"\bSignalException$")
 # torchrun's agent stopped by a signal: "...SignalException: Process 123 got signal: 15" ("Signals.SIGTERM" before
 # Python 3.11)
 SIGNAL_EXCEPTION_RE = re.compile(r"^\S*SignalException: Process \d+ got signal: (?:Signals\.)?(\w+)")
@@ -130,7 +134,8 @@ class MergedLog:
         self.task = None
         self.gone: str | None = None  # why the output has no reader any more (then nothing more is shown)
         self.hushed = False  # after a stop asked for (a signal, the reader gone): the nodes' lines to the files only
-        self.pending: dict[tuple[str, int | None], list[Held]] = {}  # a traceback being read, by node and rank
+        self.pending: dict[tuple[str, int | None], list[Held]] = {}
+        self.signal_noted: set[str] = set()  # nodes whose torchrun's SignalException was left out  # a traceback being read, by node and rank
         # rich's own answer to a broken pipe is to point stdout at /dev/null and raise SystemExit, which in a thread
         # that reads a node ends that thread without a word (and the run goes on unseen): here it is an error
         getattr(console, "console", console).on_broken_pipe = _broken_pipe  # cli.app's LazyConsole holds rich's
@@ -147,6 +152,7 @@ class MergedLog:
         self.exitcode.clear()
         self.in_root_cause.clear()
         self.node_facts.clear()
+        self.signal_noted.clear()
 
     def handler(self, plan: NodeLaunch) -> Callable[[str, str], None]:
         name = plan.node.name
@@ -190,28 +196,37 @@ class MergedLog:
         self._show(f"[{self.colour[node]}]{escape(who)} │[/] {escape(body)}")
 
     def _traceback(self, node: str, held: "Held") -> bool:
-        """Hold a traceback until its last line: torchrun's SignalException (its agent stopped by a signal, which
-        is our stop) becomes one line in the node's file and nothing on the screen; any other goes on as it came.
-        False when the line is not part of a traceback (and is for the caller to take)."""
-        key, body = (node, held.rank), held.body
-        lines = self.pending.get(key)
+        """Hold a traceback until its exception's line: torchrun's SignalException (its agent stopped by a signal,
+        which is our stop) becomes one line in the node's file and nothing on the screen, with what is chained to
+        it; any other goes on as it came. torchrun's logger prefixes each line (`E1126 10:33:30.384000 10266
+        tail_log.py:154] `), its note of the exception ends in `SignalException`. False when the line is not part
+        of a traceback (and is for the caller to take)."""
+        key, text = (node, held.rank), LOGGER_PREFIX_RE.sub("", held.body, count=1)
+        if SIGNAL_NOTE_RE.search(text):  # torchrun's logger: "error in log tailer for default0. SignalException"
+            return True
+        lines = self.pending.get(key)  # [] right after a SignalException's: what may be chained to it
         if lines is None:
-            if body != TRACEBACK:
+            if text != TRACEBACK:
                 return False
             self.pending[key] = [held]
             return True
-        if body == TRACEBACK or not body or body[0].isspace():  # a frame, its source, a chained traceback
-            lines.append(held)
+        if not lines and not text.strip():  # a blank line after the stop's traceback: part of it
             return True
-        del self.pending[key]  # the exception's own line: the end of it
-        m = SIGNAL_EXCEPTION_RE.match(body)
-        if m:
+        if text == TRACEBACK or not text.strip() or text[0].isspace() or text in CHAINED:
+            lines.append(held)  # a frame, its source, a blank line, a chained traceback
+            return True
+        m = SIGNAL_EXCEPTION_RE.match(text)
+        if m and any(LOGGER_PREFIX_RE.sub("", h.body, count=1) == TRACEBACK for h in lines):
+            self.pending[key] = []  # the exception's own line: the end of it, unless another is chained to it
             sig = m.group(1)
-            self._record(node, f"# hrmctl: torchrun ended on {signal_name(int(sig)) if sig.isdigit() else sig} (the "
-                               f"stop's traceback left out)")
+            if node not in self.signal_noted:  # once: a second signal during torchrun's stop chains another
+                self.signal_noted.add(node)
+                self._record(node, f"# hrmctl: torchrun ended on {signal_name(int(sig)) if sig.isdigit() else sig} "
+                                   f"(the stop's tracebacks left out)")
             return True
+        del self.pending[key]
         self._release(node, lines)
-        return False  # the exception line itself goes on like any other
+        return False  # the exception line itself (or a line after a dropped traceback) goes on like any other
 
     def _release(self, node: str, lines: list["Held"]) -> None:
         for held in lines:

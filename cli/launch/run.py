@@ -47,20 +47,24 @@ if TYPE_CHECKING:  # the plan is made before the run, by the command: no import 
 
 HEARTBEAT_S = 2.0
 HEARTBEAT_TIMEOUT_S = 8.0
-TERM_GRACE_S = 4.0
+SETTLE_S = 1.5  # after the hang-up, what the job's processes get to end by themselves before the stop's SIGTERM
+TERM_GRACE_S = 3.0  # after the SIGTERM, before the SIGKILL
 POLL_S = 0.1
 LOST_CODE = 255
 OUTPUT_GONE_CODE = 128 + signal.SIGPIPE  # 141: what a program killed by SIGPIPE (writing to a closed pipe) gives
 REPORT_WINDOW_S = 1.5
 
 # Sent to a node's Python (the one that runs torchrun, so it has the project's dependencies, psutil among
-# them): stop every process whose environment holds HRMCTL_JOB=<argv[1]>, and their descendants; SIGTERM,
-# then SIGKILL after argv[2] seconds. Prints how many processes were found and how many are left.
+# them): stop every process whose environment holds HRMCTL_JOB=<argv[1]>, and their descendants: argv[3] seconds
+# (default 0) to end by themselves (they have just been hung up: a second signal in the middle of torchrun's own
+# stop makes it print tracebacks), then SIGTERM, then SIGKILL after argv[2] seconds. Prints how many processes were
+# found and how many are left.
 STOP_SNIPPET = r"""
 import os, sys
 import psutil
 
 job, grace = sys.argv[1], float(sys.argv[2])
+settle = float(sys.argv[3]) if len(sys.argv) > 3 else 0.0
 me = os.getpid()
 
 
@@ -96,8 +100,10 @@ def signal_all(procs, kill):
 
 
 first = tagged()
-signal_all(first.values(), kill=False)
-_, alive = psutil.wait_procs(list(first.values()), timeout=grace)
+_, alive = psutil.wait_procs(list(first.values()), timeout=settle) if settle else ([], list(first.values()))
+alive = running(alive) + [p for pid, p in tagged().items() if pid not in first]
+signal_all(alive, kill=False)
+_, alive = psutil.wait_procs(alive, timeout=grace)
 # what is still there, and what the job started meanwhile, gets SIGKILL
 late = {p.pid: p for p in running(alive)}
 late.update((pid, p) for pid, p in tagged().items() if pid not in first)
@@ -182,7 +188,8 @@ def stop_everywhere(plans: list[NodeLaunch], jobs: dict[str, Job], accept_new_ho
 
     def kill(session: Session) -> int:
         tag = by_name[session.node.name].env["HRMCTL_JOB"]
-        res = session.run_python(STOP_SNIPPET, [tag, str(TERM_GRACE_S)], timeout=TERM_GRACE_S + 6)
+        res = session.run_python(STOP_SNIPPET, [tag, str(TERM_GRACE_S), str(SETTLE_S)],
+                                 timeout=SETTLE_S + TERM_GRACE_S + 6)
         parts = res.stdout.split()
         return int(parts[1]) if res.ok and len(parts) == 2 else -1
 

@@ -18,6 +18,13 @@ SIGNAL_TRACEBACK = """Traceback (most recent call last):
   File "/w/torch/distributed/elastic/multiprocessing/api.py", line 86, in _terminate_process_handler
     raise SignalException(f"Process {os.getpid()} got signal: {sigval}", sigval=sigval)
 torch.distributed.elastic.multiprocessing.api.SignalException: Process 4242 got signal: 1"""
+# torchrun's log tailer when a second signal comes during its stop: its logger's note, then the chained tracebacks,
+# every line with the logger's prefix
+P = "E1126 10:33:30.384000 10266 torch/distributed/elastic/multiprocessing/tail_log.py:154] "
+LOGGED_CHAIN = "\n".join(P + line for line in [
+    "error in log tailer for default0. SignalException", *SIGNAL_TRACEBACK.replace(": 1", ": 15").splitlines(), "",
+    "During handling of the above exception, another exception occurred:", "",
+    *SIGNAL_TRACEBACK.replace(": 1", ": 15").splitlines(), ""])
 OTHER_TRACEBACK = """Traceback (most recent call last):
   File "/w/auralm/train.py", line 10, in main
     step()
@@ -36,7 +43,7 @@ def test_torchruns_signal_traceback_is_one_line_in_the_file_and_none_on_screen_o
     with open(screen, "w") as fh:
         log = one_node_log(tmp_path, Console(file=fh, width=200, color_system=None))
         log.line("a", 0, "before")
-        for line in SIGNAL_TRACEBACK.splitlines():
+        for line in [*SIGNAL_TRACEBACK.splitlines(), *LOGGED_CHAIN.splitlines()]:
             log.line("a", None, line)
         for line in OTHER_TRACEBACK.splitlines():  # a rank's own traceback: kept whole, in its order
             log.line("a", 0, f"[rank0]:{line}")
@@ -44,7 +51,8 @@ def test_torchruns_signal_traceback_is_one_line_in_the_file_and_none_on_screen_o
         log.close()
     shown, kept = screen.read_text(), (tmp_path / "a.log").read_text()
     assert "SignalException" not in shown + kept and "_terminate_process_handler" not in shown + kept
-    assert "# hrmctl: torchrun ended on SIGHUP (the stop's traceback left out)" in kept
+    assert kept.count("# hrmctl: torchrun ended on SIGHUP (the stop's tracebacks left out)") == 1
+    assert "During handling" not in shown + kept and P not in kept, kept
     rank0 = [line.split("│ ", 1)[1] for line in shown.splitlines() if "│ " in line]
     assert rank0 == ["before", *OTHER_TRACEBACK.splitlines(), "Traceback (most recent call last):"], shown
     assert [line.split(" ", 1)[1] for line in kept.splitlines() if line.startswith(("0", "1", "2"))] == [
