@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -46,6 +47,44 @@ def one_thread():
 def own_cache(tmp_path_factory):
     """hrmctl's cache (torch facts, trainer checks) of this test session, not the user's."""
     os.environ.setdefault("HRMCTL_CACHE", str(tmp_path_factory.mktemp("hrmctl-cache")))
+
+
+@pytest.fixture(scope="session")
+def quijote_data(tmp_path_factory):
+    """quijote_data(vocab_size, max_tokens): Don Quijote (../shared/data/quijote) prepared as `hrmctl prepare-data`
+    prepares a corpus (auralm.data.main: a byte-level BPE tokenizer trained here, uint16 shards), made once per test
+    session for each size and shared by every test that asks for that size. Read it; never write into it (copy it
+    first). Tests of the preparing itself (tests/unit/test_trainer_data.py) make their own."""
+    from auralm import data
+    from tests.trainer.helpers import QUIJOTE
+
+    made: dict[tuple[int, int], Path] = {}
+
+    def get(vocab_size: int = 512, max_tokens: int = 40000) -> Path:
+        if (vocab_size, max_tokens) not in made:
+            out = tmp_path_factory.mktemp(f"quijote-{vocab_size}-{max_tokens}") / "quijote"
+            assert data.main([str(QUIJOTE), "--out", str(out), "--vocab-size", str(vocab_size),
+                              "--max-tokens", str(max_tokens)]) == 0
+            made[vocab_size, max_tokens] = out
+        return made[vocab_size, max_tokens]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def sudoku_data(tmp_path_factory):
+    """sudoku_data(count): tests.trainer.helpers.small_sudoku's puzzles (seed 1, 50-60 givens) in a directory named
+    sudoku, made once per test session for each count and shared. Read it; never write into it (copy it first)."""
+    from tests.trainer.helpers import small_sudoku
+
+    made: dict[int, Path] = {}
+
+    def get(count: int = 1200) -> Path:
+        if count not in made:
+            made[count] = small_sudoku(tmp_path_factory.mktemp(f"sudoku-{count}") / "sudoku", count)
+        return made[count]
+
+    return get
 
 
 @pytest.fixture(scope="session")

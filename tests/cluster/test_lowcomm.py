@@ -8,16 +8,11 @@ import shutil
 
 import pytest
 
-from tests.trainer.helpers import QUIJOTE
-
 
 @pytest.fixture(scope="module")
-def text_on_nodes(lab3, tmp_path_factory):
+def text_on_nodes(lab3, quijote_data):
     """The same prepared text in every node's data directory (what `hrmctl sync-data` leaves there)."""
-    from auralm import data
-
-    local = tmp_path_factory.mktemp("lm") / "quijote"
-    assert data.main([str(QUIJOTE), "--out", str(local), "--vocab-size", "512", "--max-tokens", "60000"]) == 0
+    local = quijote_data(512, 60000)  # prepared once a session (test_memory_cap.py takes the same)
     for node in lab3.nodes:
         target = node.home / "hrmctl" / "data" / "quijote-lowcomm"
         shutil.rmtree(target, ignore_errors=True)

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from tests.trainer.helpers import records, run_ranks, small_sudoku, tiny_args
+from tests.trainer.helpers import records, run_ranks, tiny_args
 
 pytestmark = pytest.mark.slow
 GPU = {"cuda": True, "nccl": True, "why": ""}
@@ -15,8 +15,8 @@ HOST = socket.gethostname()
 
 
 @pytest.fixture(scope="module")
-def sudoku_dir(tmp_path_factory):
-    return small_sudoku(tmp_path_factory.mktemp("data") / "sudoku", 300)
+def sudoku_dir(sudoku_data):
+    return sudoku_data(300)
 
 
 def test_nccl_requested_on_cpu_ranks_gives_gloo_on_all_with_the_reason_logged(sudoku_dir, tmp_path):

@@ -9,14 +9,14 @@ import subprocess
 import pytest
 import torch
 
-from tests.trainer.helpers import PYTHON, python_env, records, run_ranks, small_sudoku, tiny_args
+from tests.trainer.helpers import PYTHON, python_env, records, run_ranks, tiny_args
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def sudoku_dir(tmp_path_factory):
-    return small_sudoku(tmp_path_factory.mktemp("data") / "sudoku")
+def sudoku_dir(sudoku_data):
+    return sudoku_data(1200)
 
 
 @pytest.mark.parametrize("accum", [1, 2])

@@ -12,9 +12,9 @@ import subprocess
 import pytest
 import torch
 
-from auralm import checkpoint, config, data
+from auralm import checkpoint, config
 from auralm.errors import UserError
-from tests.trainer.helpers import PYTHON, QUIJOTE, by_step, python_env, records, run_ranks, small_sudoku, tiny_args
+from tests.trainer.helpers import PYTHON, by_step, python_env, records, run_ranks, tiny_args
 
 pytestmark = pytest.mark.slow
 
@@ -22,8 +22,8 @@ STEPS = 8
 
 
 @pytest.fixture(scope="module")
-def sudoku_dir(tmp_path_factory):
-    return small_sudoku(tmp_path_factory.mktemp("data") / "sudoku", 600)
+def sudoku_dir(sudoku_data):
+    return sudoku_data(600)
 
 
 def _args(sudoku_dir, out, *extra):
@@ -74,9 +74,8 @@ def test_fsdp_losses_match_ddp_with_about_half_the_parameters_per_rank(sudoku_di
     assert final["equal"]
 
 
-def test_gpt_on_text_with_accumulation_matches_ddp(tmp_path, capfd):
-    text = tmp_path / "quijote"
-    assert data.main([str(QUIJOTE), "--out", str(text), "--vocab-size", "512", "--max-tokens", "20000"]) == 0
+def test_gpt_on_text_with_accumulation_matches_ddp(tmp_path, capfd, quijote_data):
+    text = quijote_data(512, 20000)
     common = ["task=lm", f"data_dir={text}", "model=tiny", "training.batch_size=4", "training.grad_accum=2",
               "training.max_steps=4", "training.dtype=fp32", "training.log_interval=1", "training.eval_interval=0",
               "training.checkpoint_interval=0", "training.warmup_steps=2", "training.sample_tokens=6"]

@@ -11,14 +11,14 @@ import safetensors.torch
 import torch
 
 from auralm import config, train
-from tests.trainer.helpers import by_step, records, run_ranks, small_sudoku
+from tests.trainer.helpers import by_step, records, run_ranks
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def sudoku_dir(tmp_path_factory):
-    return small_sudoku(tmp_path_factory.mktemp("data") / "sudoku", count=600)
+def sudoku_dir(sudoku_data):
+    return sudoku_data(600)
 
 
 def hrm_args(data_dir, out_dir, *extra):

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from auralm import checkpoint
-from tests.trainer.helpers import PYTHON, free_port, python_env, records, small_sudoku, tiny_args
+from tests.trainer.helpers import PYTHON, free_port, python_env, records, tiny_args
 
 pytestmark = pytest.mark.slow
 
@@ -25,8 +25,8 @@ def _start(world, args, cwd):
             for r in range(world)]
 
 
-def test_a_killed_rank_stops_the_others_and_resume_continues_from_the_last_checkpoint(tmp_path):
-    sudoku = small_sudoku(tmp_path / "sudoku", 600)
+def test_a_killed_rank_stops_the_others_and_resume_continues_from_the_last_checkpoint(tmp_path, sudoku_data):
+    sudoku = sudoku_data(600)
     run = tmp_path / "run"
     args = tiny_args(sudoku, run, "training.max_steps=10", "training.checkpoint_interval=3", "training.keep_last=5")
     procs = _start(2, args + ["fault.kill_at_step=8", "fault.kill_rank=1"], tmp_path)

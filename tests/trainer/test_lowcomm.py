@@ -8,23 +8,20 @@ import json
 import pytest
 import torch
 
-from auralm import data
 from auralm.link_budget import PAPER_STEP
-from tests.trainer.helpers import QUIJOTE, records, run_ranks, small_sudoku, tiny_args
+from tests.trainer.helpers import records, run_ranks, tiny_args
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def sudoku_dir(tmp_path_factory):
-    return small_sudoku(tmp_path_factory.mktemp("data") / "sudoku")
+def sudoku_dir(sudoku_data):
+    return sudoku_data(1200)
 
 
 @pytest.fixture(scope="module")
-def quijote(tmp_path_factory):
-    out = tmp_path_factory.mktemp("lm") / "quijote"
-    assert data.main([str(QUIJOTE), "--out", str(out), "--vocab-size", "512", "--max-tokens", "40000"]) == 0
-    return out
+def quijote(quijote_data):
+    return quijote_data(512, 40000)
 
 
 def _ok(results):

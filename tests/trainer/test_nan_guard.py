@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from auralm import data
-from tests.trainer.helpers import QUIJOTE, by_step, records, run_ranks, small_sudoku, tiny_args
+from tests.trainer.helpers import by_step, records, run_ranks, tiny_args
 
 pytestmark = pytest.mark.slow
 
@@ -15,8 +14,8 @@ def _same_weights(results):
     return all(torch.equal(t, r["state"][name]) for r in results[1:] for name, t in results[0]["state"].items())
 
 
-def test_a_nan_on_one_rank_makes_all_three_ranks_skip_that_step(tmp_path):
-    sudoku = small_sudoku(tmp_path / "sudoku")
+def test_a_nan_on_one_rank_makes_all_three_ranks_skip_that_step(tmp_path, sudoku_data):
+    sudoku = sudoku_data(1200)
     run = tmp_path / "run"
     results = run_ranks(3, tiny_args(sudoku, run, "training.max_steps=6", "fault.nan_at_step=4", "fault.nan_rank=2"),
                         tmp_path)
@@ -30,10 +29,8 @@ def test_a_nan_on_one_rank_makes_all_three_ranks_skip_that_step(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def quijote(tmp_path_factory):
-    out = tmp_path_factory.mktemp("lm") / "quijote"
-    assert data.main([str(QUIJOTE), "--out", str(out), "--vocab-size", "512", "--max-tokens", "40000"]) == 0
-    return out
+def quijote(quijote_data):
+    return quijote_data(512, 40000)
 
 
 def test_repeated_nans_restore_rank_0s_state_on_every_rank_and_training_recovers(quijote, tmp_path):

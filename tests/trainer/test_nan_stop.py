@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from auralm import train
-from tests.trainer.helpers import PYTHON, by_step, python_env, small_sudoku
+from tests.trainer.helpers import PYTHON, by_step, python_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
@@ -20,8 +20,8 @@ FIX = "fault.nan_at_step puts NaN into rank {rank}'s gradients at these steps"
 
 
 @pytest.fixture(scope="module")
-def sudoku_dir(tmp_path_factory):
-    return small_sudoku(tmp_path_factory.mktemp("data") / "sudoku", count=200)
+def sudoku_dir(sudoku_data):
+    return sudoku_data(200)
 
 
 def args(data, out, *extra):

@@ -13,7 +13,7 @@ import torch
 from auralm import autobatch, config, train
 from auralm.errors import UserError
 from netcheck.probe import cgroup_memory
-from tests.trainer.helpers import REPO, python_env, small_sudoku, tiny_args
+from tests.trainer.helpers import REPO, python_env, tiny_args
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -22,8 +22,8 @@ PLAN = re.compile(r"^batch_size=auto: rank (\d+) fits (\d+) \((.*)\), using (\d+
 
 
 @pytest.fixture(scope="module")
-def sudoku_dir(tmp_path_factory):
-    return small_sudoku(tmp_path_factory.mktemp("data") / "sudoku")
+def sudoku_dir(sudoku_data):
+    return sudoku_data(1200)
 
 
 # ---------------------------------------------------------------- the key

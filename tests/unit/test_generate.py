@@ -14,7 +14,7 @@ import torch
 
 from auralm import config, data, models, train
 from auralm.generate import filter_logits, generate, main, sample
-from tests.trainer.helpers import PYTHON, QUIJOTE, REPO, python_env
+from tests.trainer.helpers import PYTHON, REPO, python_env
 
 VOCAB = 97
 RLM_SMALL = ("model.hidden_dim=64", "model.num_heads=2", "model.head_dim=32", "model.ffn_dim=128", "model.num_layers=2")
@@ -129,10 +129,8 @@ def test_the_same_seed_gives_the_same_text_another_seed_another_and_the_global_r
 
 
 @pytest.fixture(scope="module")
-def quijote(tmp_path_factory):
-    out = tmp_path_factory.mktemp("data") / "quijote"
-    assert data.main([str(QUIJOTE), "--out", str(out), "--vocab-size", "300", "--max-tokens", "20000"]) == 0
-    return out
+def quijote(quijote_data):
+    return quijote_data(300, 20000)
 
 
 @pytest.mark.parametrize("name", ["gpt", "rlm-mhc"])

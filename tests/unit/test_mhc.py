@@ -191,12 +191,11 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     assert torch.allclose(grads[0], grads[1], atol=1e-6)
 
 
-def test_training_logs_amax_every_record_and_the_plain_model_none(tmp_path):
-    from auralm import data, train
-    from tests.trainer.helpers import QUIJOTE, records
+def test_training_logs_amax_every_record_and_the_plain_model_none(tmp_path, quijote_data):
+    from auralm import train
+    from tests.trainer.helpers import records
 
-    text = tmp_path / "quijote"
-    assert data.main([str(QUIJOTE), "--out", str(text), "--vocab-size", "512", "--max-tokens", "20000"]) == 0
+    text = quijote_data(512, 20000)
     common = ["task=lm", f"data_dir={text}", "model=rlm-tiny", "model.hidden_dim=64", "model.num_heads=2",
               "model.head_dim=32", "model.ffn_dim=128", "model.num_layers=2", "model.max_seq_len=32",
               "training.batch_size=4", "training.max_steps=6", "training.log_interval=2", "training.eval_interval=0",

@@ -9,11 +9,10 @@ import pytest
 import torch
 import yaml
 
-from auralm import checkpoint, config, data, inference, train
+from auralm import checkpoint, config, inference, train
 from auralm.data import sha256_file
 from auralm.errors import UserError
 from auralm.models import ACT, GPT, Pretrained, RLMModel, SudokuNet, build
-from tests.trainer.helpers import QUIJOTE
 
 VOCAB = 300
 RLM_SMALL = ["model.n_embd=64", "model.head_dim=16", "model.ffn_dim=96", "model.n_layer=2", "model.block_size=32"]
@@ -61,11 +60,10 @@ def test_every_family_saves_and_loads_back_the_same_model(tmp_path, name, task, 
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def run(tmp_path_factory, quijote_data):
     """A real short RLM run on the Spanish text, with EMA: its checkpoint-3."""
     base = tmp_path_factory.mktemp("rlm")
-    lm = base / "quijote"
-    assert data.main([str(QUIJOTE), "--out", str(lm), "--vocab-size", str(VOCAB), "--max-tokens", "20000"]) == 0
+    lm = quijote_data(VOCAB, 20000)
     torch.set_num_threads(1)
     assert train.main(["task=lm", f"data_dir={lm}", f"out_dir={base / 'run'}", "model=rlm-tiny", *RLM_SMALL,
                        "training.batch_size=4", "training.max_steps=3", "training.warmup_steps=1",

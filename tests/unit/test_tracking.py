@@ -19,15 +19,15 @@ import torch
 
 from auralm import config, train, tracking
 from auralm.errors import UserError
-from tests.trainer.helpers import PYTHON, python_env, records, small_sudoku, tiny_args
+from tests.trainer.helpers import PYTHON, python_env, records, tiny_args
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def sudoku_dir(tmp_path_factory):
-    return small_sudoku(tmp_path_factory.mktemp("data") / "sudoku", count=400)
+def sudoku_dir(sudoku_data):
+    return sudoku_data(400)
 
 
 def trm_args(data_dir, out_dir, *extra):

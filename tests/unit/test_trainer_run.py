@@ -12,15 +12,15 @@ import torch
 
 from auralm import config, data, train
 from auralm.errors import UserError
-from tests.trainer.helpers import QUIJOTE, by_step, records, small_sudoku, tiny_args
+from tests.trainer.helpers import by_step, records, small_sudoku, tiny_args
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def sudoku_dir(tmp_path_factory):
-    return small_sudoku(tmp_path_factory.mktemp("data") / "sudoku")
+def sudoku_dir(sudoku_data):
+    return sudoku_data(1200)
 
 
 def _run(*args):
@@ -43,9 +43,8 @@ def test_sudoku_loss_and_accuracy_improve(sudoku_dir, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_lm_loss_decreases_on_the_spanish_text(tmp_path, capsys):
-    lm = tmp_path / "quijote"
-    assert data.main([str(QUIJOTE), "--out", str(lm), "--vocab-size", "512", "--max-tokens", "40000"]) == 0
+def test_lm_loss_decreases_on_the_spanish_text(tmp_path, capsys, quijote_data):
+    lm = quijote_data(512, 40000)
     _run("task=lm", f"data_dir={lm}", f"out_dir={tmp_path / 'run'}", "model=tiny", "training.batch_size=16",
          "training.max_steps=40", "training.lr=1e-2", "training.warmup_steps=5", "training.log_interval=1",
          "training.eval_interval=40", "training.sample_prompt=En un lugar de la Mancha", "training.sample_tokens=8")
@@ -71,10 +70,9 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(sudoku_dir, tmp_path
 
 
 @pytest.mark.slow
-def test_lm_resume_with_dropout_continues_exactly(tmp_path, capsys):
+def test_lm_resume_with_dropout_continues_exactly(tmp_path, capsys, quijote_data):
     """auralm's own GPT (dropout in attention and residuals, the chunked loss) resumes bit for bit."""
-    lm = tmp_path / "quijote"
-    assert data.main([str(QUIJOTE), "--out", str(lm), "--vocab-size", "300", "--max-tokens", "20000"]) == 0
+    lm = quijote_data(300, 20000)
     common = ["task=lm", f"data_dir={lm}", "model=tiny", "model.dropout=0.1", "training.batch_size=8",
               "training.max_steps=12", "training.log_interval=1", "training.eval_interval=0",
               "training.sample_tokens=0"]
@@ -128,9 +126,8 @@ def test_missing_data_and_too_little_data_are_clear_errors(sudoku_dir, tmp_path)
 
 
 @pytest.mark.slow
-def test_gradient_accumulation_and_checkpointing_give_the_same_training(tmp_path):
-    lm = tmp_path / "quijote"
-    assert data.main([str(QUIJOTE), "--out", str(lm), "--vocab-size", "300", "--max-tokens", "20000"]) == 0
+def test_gradient_accumulation_and_checkpointing_give_the_same_training(tmp_path, quijote_data):
+    lm = quijote_data(300, 20000)
     common = ["task=lm", f"data_dir={lm}", "model=tiny", "training.max_steps=4", "training.log_interval=1",
               "training.eval_interval=0", "training.sample_tokens=0"]
     _run(*common, f"out_dir={tmp_path / 'plain'}", "training.batch_size=8")
@@ -219,11 +216,10 @@ def test_the_nodes_default_data_dir_gets_the_default_sudoku_data_a_given_one_doe
 
 
 @pytest.mark.slow
-def test_a_causal_hrm_learns_text_and_logs_its_recurrent_metrics(tmp_path, capsys):
+def test_a_causal_hrm_learns_text_and_logs_its_recurrent_metrics(tmp_path, capsys, quijote_data):
     """task=lm with HRM (the 50m/100m use case, shrunk): the loss falls; every log line has H-updates and L-steps
     per token, ponder and the Q losses; arch.halt_max_steps=1 turns ACT off (one segment, no Q-continue target)."""
-    lm = tmp_path / "quijote"
-    assert data.main([str(QUIJOTE), "--out", str(lm), "--vocab-size", "512", "--max-tokens", "40000"]) == 0
+    lm = quijote_data(512, 40000)
     common = ["task=lm", f"data_dir={lm}", "model=hrm-tiny", "arch.hidden_size=64", "arch.num_heads=2",
               "arch.seq_len=64", "training.batch_size=8", "training.lr=3e-3", "training.warmup_steps=5",
               "training.log_interval=1", "training.checkpoint_interval=0"]
