@@ -93,25 +93,27 @@ def per_rank(cfg: config.Config, world: int) -> None:
 
 
 if __name__ == "__main__":
-    # python -m auralm.sizing [--json] [--world N] key=value ...
+    # python -m auralm.sizing [--json] [--world N] [--vocab N] key=value ...  (--vocab: the data's vocabulary)
     try:
-        args, world = sys.argv[1:], 1
-        if "--world" in args:
-            i = args.index("--world")
-            world = int(args[i + 1])
-            del args[i: i + 2]
+        args, opts = sys.argv[1:], {"--world": 1, "--vocab": None}
+        for flag in opts:
+            if flag in args:
+                i = args.index(flag)
+                opts[flag] = int(args[i + 1])
+                del args[i: i + 2]
         cfg, _ = config.parse_command_line([a for a in args if a != "--json"])
-        per_rank(cfg, world)
+        per_rank(cfg, opts["--world"])
+        vocab = opts["--vocab"] or config.resolved_model(cfg.model).get("vocab_size")
         if "--json" in sys.argv:
             import json
 
             from auralm.autobatch import MARGIN  # the share of memory batch_size=auto plans with, for the dry run
 
-            print(json.dumps(dict(estimate(cfg), grad_accum=cfg.training.grad_accum,
+            print(json.dumps(dict(estimate(cfg, vocab), grad_accum=cfg.training.grad_accum,
                                   global_batch_size=cfg.training.global_batch_size, memory_margin=MARGIN,
-                                  parallel=cfg.training.parallel)))
+                                  parallel=cfg.training.parallel, vocab=vocab or (32000 if cfg.task == "lm" else None))))
         else:
-            print(describe(cfg))
+            print(describe(cfg, vocab))
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -29,12 +29,14 @@ SKIP_ENV = "HRMCTL_MEMORY_CHECK"  # "0": no refusal (the estimate is a rough one
 SIZING_TIMEOUT_S = 120
 
 
-def model_size(opts, world: int) -> dict | None:
+def model_size(opts, world: int, vocab: int | None = None) -> dict | None:
     """The trainer's model: parameters and a per-rank memory estimate (``python -m auralm.sizing``, run here as a
-    process: on the meta device, nothing allocated). None for another module, or when it cannot say."""
+    process: on the meta device, nothing allocated), at the data's vocabulary when given (else the model's, or
+    32000 for text). None for another module, or when it cannot say."""
     if opts.module != TRAINER:
         return None
-    res = subprocess.run([sys.executable, "-m", "auralm.sizing", "--json", "--world", str(world), *opts.args],
+    res = subprocess.run([sys.executable, "-m", "auralm.sizing", "--json", "--world", str(world),
+                          *(["--vocab", str(vocab)] if vocab else []), *opts.args],
                          capture_output=True, text=True, timeout=SIZING_TIMEOUT_S)
     if res.returncode:
         raise HrmctlError((res.stderr.strip().splitlines() or ["the model's size could not be computed"])[-1]
@@ -105,12 +107,21 @@ def verdict(size: dict, world: int, node_shares: list[Share], fsdp: bool = False
     return None
 
 
-def check(size: dict | None, world: int, node_shares: list[Share], fsdp: bool, say) -> None:
-    """Raise the refusal (exit 1) unless the plan fits; with HRMCTL_MEMORY_CHECK=0 only ``say`` it."""
-    line = verdict(size, world, node_shares, fsdp) if size else None
+def check(opts, size: dict | None, vocab: int | None, world: int, node_shares: list[Share], say) -> dict | None:
+    """Raise the refusal (exit 1) unless the plan fits; with HRMCTL_MEMORY_CHECK=0 only ``say`` it. ``size`` was
+    estimated beside the probes, before the data's vocabulary was known: a refusal is judged again at ``vocab``
+    (the logits of a 512-token vocabulary are a sixteenth of 32000's). The estimate judged is returned."""
+
+    def judge(size: dict | None) -> str | None:
+        return verdict(size, world, node_shares, size.get("parallel") == "fsdp") if size else None
+
+    line = judge(size)
+    if line and vocab and size.get("vocab") != vocab:
+        size = model_size(opts, 1, vocab)
+        line = judge(size)
     if not line:
-        return
-    if os.environ.get(SKIP_ENV) == "0":
-        say(f"warning: {line} (launching anyway: {SKIP_ENV}=0)")
-        return
-    raise HrmctlError(f"{line} (the estimate is rough: {SKIP_ENV}=0 launches anyway)", exit_code=1)
+        return size
+    if os.environ.get(SKIP_ENV) != "0":
+        raise HrmctlError(f"{line} (the estimate is rough: {SKIP_ENV}=0 launches anyway)", exit_code=1)
+    say(f"warning: {line} (launching anyway: {SKIP_ENV}=0)")
+    return size

@@ -215,7 +215,7 @@ def prepare(opts: LaunchOptions, console: Console) -> Prepared:
             port_f = pool.submit(_port, sessions, nodes, addr, opts.master_port)
             check.result()
             facts, _ = probes.result()
-            storage.result()
+            answers = storage.result()
             port = port_f.result()
             size = size_f.result()
         _check_nproc(nodes, facts, opts.nproc)
@@ -229,14 +229,20 @@ def prepare(opts: LaunchOptions, console: Console) -> Prepared:
             entry[n.name] = ["-m", opts.module, *args, *extra]
         plans = build_plan(nodes, facts, master_addr=addr, master_port=port, backend=backend, entry=entry,
                            run_id=run_id, user_env=opts.env, nproc=opts.nproc, node_env=node_env)
-        memory.check(size, sum(p.nproc for p in plans), memory.shares([(p.node.name, p.nproc) for p in plans], facts),
-                     bool(size and size.get("parallel") == "fsdp"), lambda line: print(line, file=sys.stderr))
+        size = memory.check(opts, size, _data_vocab(answers, nodes[0].name), sum(p.nproc for p in plans),
+                            memory.shares([(p.node.name, p.nproc) for p in plans], facts),
+                            lambda line: print(line, file=sys.stderr))
         keep = not opts.dry_run  # the launch starts the jobs over these connections: no second handshake
         return Prepared(plans, backend, why, run_id, sessions if keep else None, facts, size)
     finally:
         if not keep:
             for s in sessions.values():
                 s.close()
+
+
+def _data_vocab(answers: dict[str, dict], master: str) -> int | None:
+    """The vocabulary of the master's data (its meta.json's tokenizer), when the storage check read one."""
+    return next((d.get("vocab") for d in answers.get(master, {}).get("dirs", []) if d.get("kind") == "data"), None)
 
 
 def _check_nproc(nodes: list[Node], facts: dict[str, NodeFacts], nproc: int | None) -> None:

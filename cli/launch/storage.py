@@ -40,7 +40,7 @@ DATA_FORMAT = "auralm-data/1"  # auralm.data.FORMAT (the snippet runs without th
 # and for data "task", "format", "base" (the node's data_dir)}]}; prints {"user", "psutil", "dirs": [{...,
 # "resolved", "problem"}]} where problem is None or {"why": "unwritable" | "unreadable" | "notdir" | "space", "at":
 # path[, "free": bytes]}, or for data not prepared for the task {"why": "nodata" | "notprepared" | "form" | "task" |
-# "files", "at": path[, "found": what meta.json says]}.
+# "files", "at": path[, "found": what meta.json says]}; a data directory also gets "vocab" (its tokenizer's, or None).
 SNIPPET = r'''
 import importlib.util, json, os, sys
 
@@ -97,7 +97,11 @@ def prepared(path, task, form):
         f = os.path.join(path, name)
         if not os.path.isfile(f) or os.path.getsize(f) != info.get("bytes"):
             return {"why": "files", "at": f}
+    vocab[path] = (meta.get("tokenizer") or {}).get("vocab_size")
     return None
+
+
+vocab = {}  # data directory -> its tokenizer's vocabulary (lm data), as prepared() found it
 
 
 def look(d, workdir, min_free):
@@ -110,7 +114,9 @@ def look(d, workdir, min_free):
                 return {"why": "unreadable", "at": path}
             if os.path.exists(meta) and not os.access(meta, os.R_OK):
                 return {"why": "unreadable", "at": meta}
-            return prepared(path, d.get("task"), d.get("format"))
+            problem = prepared(path, d.get("task"), d.get("format"))
+            d["vocab"] = vocab.get(path)
+            return problem
         return writable(os.path.dirname(path), min_free)  # made beside it, then renamed into place
     return writable(path, min_free)
 

@@ -38,10 +38,11 @@ def text_on_node1(lab3, tmp_path_factory):
     return "~/hrmctl/data/quijote-memcap"
 
 
-def _train(lab3, hrmctl, data_dir, run_id, *extra):
+def _train(lab3, hrmctl, data_dir, run_id, *extra, env=None):
     return hrmctl("train", "--nodes", "node1", "--run-id", run_id, "task=lm", f"data_dir={data_dir}", "model=mini",
                   "training.max_steps=1", "training.eval_interval=0", "training.checkpoint_interval=0",
-                  "training.dtype=fp32", "training.eval_batches=1", *extra, inventory=lab3.inventory, timeout=300)
+                  "training.dtype=fp32", "training.eval_batches=1", *extra, inventory=lab3.inventory, timeout=300,
+                  env=env)
 
 
 def test_auto_batch_is_smaller_under_a_memory_cap_and_a_too_large_batch_says_the_node_ran_out(
@@ -66,10 +67,28 @@ def test_auto_batch_is_smaller_under_a_memory_cap_and_a_too_large_batch_says_the
         m = re.search(r"# node1: batch_size=auto: about (\d+) rows per rank fit \(80% of ([\d.]+) GiB RAM", dry)
         print("dry run:", m and m.group(0))
         assert m and float(m.group(2)) < 0.6, dry
-        # a fixed batch far past the cap: the rank is OOM-killed (or its allocation fails), and the line says so
-        code, out, err = _train(lab3, hrmctl, text_on_node1, "memcap-oom", f"training.batch_size={int(free_fit)}")
+        # a fixed batch far past the cap: refused before launch (issue 33, item 9), with the override that fits
+        # by the estimate; that override passes the dry run
+        code, out, err = _train(lab3, hrmctl, text_on_node1, "memcap-refused", f"training.batch_size={int(free_fit)}")
+        refusal = err.strip().splitlines()[-1]
+        print("refused:", refusal)
+        m = re.fullmatch(rf"error: node1: model mini at training\.batch_size={int(free_fit)} needs about [\d.]+ GiB a "
+                         r"rank \([\d.]+ weights, gradients and optimizer states, [\d.]+ activations\); node1 has "
+                         r"([\d.]+) GiB RAM available; fix: (training\.batch_size=(\d+) training\.grad_accum=(\d+)) "
+                         rf"\(the same {int(free_fit)} rows a step, about [\d.]+ GiB a rank\), or training\.batch_size="
+                         r"auto \(about \d+ rows a rank fit 80% of it; measured at start\) \(the estimate is rough: "
+                         r"HRMCTL_MEMORY_CHECK=0 launches anyway\)", refusal)
+        assert code == 1 and m and float(m.group(1)) <= 0.6, out + err
+        assert int(m.group(3)) * int(m.group(4)) == int(free_fit) and "step 1/1" not in out, out
+        code, dry, err = hrmctl("train", "--nodes", "node1", "--dry-run", "task=lm", f"data_dir={text_on_node1}",
+                                "model=mini", *m.group(2).split(), inventory=lab3.inventory, timeout=300)
+        assert code == 0, dry + err
+        # launched anyway: the rank is OOM-killed (or its allocation fails), and the line says so
+        code, out, err = _train(lab3, hrmctl, text_on_node1, "memcap-oom", f"training.batch_size={int(free_fit)}",
+                                env={"HRMCTL_MEMORY_CHECK": "0"})
         print("too large:", code, err.strip().splitlines()[-1:])
         assert code != 0, out + err
+        assert "launching anyway: HRMCTL_MEMORY_CHECK=0" in err, err
         assert ("was killed by SIGKILL: node1 ran out of memory (the kernel's OOM killer; lower training.batch_size" in err
                 or "out of CPU memory: lower training.batch_size" in out + err), out + err
     finally:

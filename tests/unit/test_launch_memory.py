@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -76,14 +77,29 @@ def test_batch_auto_is_left_to_the_ranks_and_a_model_with_no_room_for_a_row_says
     assert memory.verdict(auto, 4, memory.shares([("n", 1)], {"n": NodeFacts(mem_available_gb=0.5)}), fsdp=True) is None
 
 
+TRAINER_OPTS = SimpleNamespace(module="auralm.train", args=["model=50m", "task=lm"])
+
+
 def test_the_refusal_is_exit_1_and_HRMCTL_MEMORY_CHECK_0_only_warns(size, monkeypatch):
     shares = memory.shares([("n", 1)], {"n": NodeFacts(mem_available_gb=22.0)})
     said = []
     with pytest.raises(HrmctlError) as exc:
-        memory.check(size, 1, shares, False, said.append)
+        memory.check(TRAINER_OPTS, size, None, 1, shares, said.append)
     assert exc.value.exit_code == 1 and "HRMCTL_MEMORY_CHECK=0 launches anyway" in str(exc.value)
     monkeypatch.setenv("HRMCTL_MEMORY_CHECK", "0")
-    memory.check(size, 1, shares, False, said.append)
+    assert memory.check(TRAINER_OPTS, size, None, 1, shares, said.append) == size
     assert len(said) == 1 and said[0].startswith("warning: n: model hrm-50m") and said[0].endswith(
         "(launching anyway: HRMCTL_MEMORY_CHECK=0)")
-    memory.check(None, 1, shares, False, said.append)  # not the trainer: nothing to judge
+    assert memory.check(TRAINER_OPTS, None, None, 1, shares, said.append) is None  # not the trainer: nothing to judge
+
+
+def test_a_refusal_is_judged_again_at_the_datas_vocabulary(size):
+    """The estimate beside the probes assumes 32000 tokens; the data's meta.json says 512: at batch 64 the logits
+    alone were 2 x 1024 x 32000 x 4 bytes a row. model=50m task=lm at 64 rows needs 42.67 GiB at 32000, less at 512."""
+    assert size["vocab"] == 32000
+    at_512 = memory.model_size(TRAINER_OPTS, 1, 512)
+    assert at_512["vocab"] == 512 and at_512["activation_bytes_per_row"] < size["activation_bytes_per_row"]
+    room = (at_512["states_bytes"] + 64 * at_512["activation_bytes_per_row"]) / GIB + 0.5  # fits at 512, not 32000
+    shares = memory.shares([("n", 1)], {"n": NodeFacts(mem_available_gb=room)})
+    assert memory.verdict(size, 1, shares) is not None
+    assert memory.check(TRAINER_OPTS, size, 512, 1, shares, print) == at_512
