@@ -2,13 +2,21 @@
 # The test command: installs what it needs, then runs every tier pytest can run here.
 # As root it also installs the system packages the cluster tier needs (sshd, ip, iptables, ...)
 # and a C compiler for the fused mHC loops (auralm/kernels).
-# --fast: only what needs no lab and no real training run (pytest -m "not cluster and not slow");
-# every other argument goes to pytest.
+#   bash scripts/test.sh [--fast] [PYTEST ARGS...]
+# --fast: only what needs no lab and no real training run (pytest -m "not cluster and not slow").
+# The suite without a selection of yours (no test path, -m, -k): everything but the cluster tier on two pytest
+# processes (pytest-xdist, a file's tests together so its fixtures are made once), then the cluster tier alone,
+# its lab made once (its timings must not share the cores with other tests). With a selection: one pytest, as given.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-args=()
+fast=0 chosen=0 args=()
 for a in "$@"; do
-  if [ "$a" = --fast ]; then args+=(-m "not cluster and not slow"); else args+=("$a"); fi
+  case "$a" in
+    --fast) fast=1 ;;
+    -m|-k|-m?*|-k?*|-n|-n?*|--lf|--last-failed|--ff|--failed-first|*::*) chosen=1; args+=("$a") ;;
+    -*) args+=("$a") ;;
+    *) if [ -e "$a" ]; then chosen=1; fi; args+=("$a") ;;  # a test path
+  esac
 done
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   need=()
@@ -23,10 +31,21 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   fi
 fi
 bash scripts/install.sh test || exit 1  # with the test extras (training installs none)
-.venv/bin/python -m pytest ${args[@]+"${args[@]}"}
-rc=$?
-if [ $rc -eq 5 ]; then
-  echo "pytest collected no tests: that is a failure"
-  exit 1
+pytest() {  # exit code 5 (no test collected) is a failure
+  .venv/bin/python -m pytest "$@"
+  local rc=$?
+  if [ $rc -eq 5 ]; then echo "pytest collected no tests: that is a failure"; return 1; fi
+  return $rc
+}
+parallel=(-n 2 --dist loadfile)
+if [ $fast = 1 ]; then
+  pytest -m "not cluster and not slow" "${parallel[@]}" ${args[@]+"${args[@]}"}
+elif [ $chosen = 1 ]; then
+  pytest ${args[@]+"${args[@]}"}
+else
+  pytest -m "not cluster" "${parallel[@]}" ${args[@]+"${args[@]}"}
+  rc=$?
+  pytest -m cluster ${args[@]+"${args[@]}"}
+  rc2=$?
+  exit $(( rc != 0 ? rc : rc2 ))
 fi
-exit $rc
