@@ -13,18 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.helpers import QUIJOTE
-
 CAP = 600 * 2**20
 PLAN = re.compile(r"batch_size=auto: rank 0 fits (\d+) \((.*?)\), using (\d+) x accum (\d+) x 1 ranks = (\d+)")
 
 
 @pytest.fixture(scope="module")
-def text_on_node1(lab3, tmp_path_factory):
-    from auralm import data
-
-    local = tmp_path_factory.mktemp("lm") / "quijote"
-    assert data.main([str(QUIJOTE), "--out", str(local), "--vocab-size", "512", "--max-tokens", "60000"]) == 0
+def text_on_node1(lab3, quijote_data):
+    local = quijote_data(512, 60000)  # prepared once a session (test_lowcomm.py takes the same)
     for name in ("node1", "node2"):
         node = lab3.node(name)
         parent = node.home / "hrmctl" / "data"  # the node's data directory: its user's, as the other tests expect
