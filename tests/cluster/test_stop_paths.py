@@ -169,4 +169,3 @@ def test_a_stop_from_outside_of_a_run_on_this_machine_alone(lab3, tmp_path, path
     finally:
         pipe.end()
     assert runs_state(tmp_path, run_id)["status"] == "stopped"
-
