@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.lab import Lab  # noqa: E402
+from lab.nodes import Lab  # noqa: E402
 
 
 def hrmctl(lab: Lab, *args: str, cwd: Path, popen: bool = False, extra_env: dict | None = None):

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from netcheck.nodeprobe import probe_args, probe_source  # noqa: E402
-from tests.lab import Lab  # noqa: E402
+from lab.nodes import Lab  # noqa: E402
 
 
 def run_doctor(lab: Lab, names: list[str]) -> float:

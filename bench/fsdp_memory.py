@@ -3,7 +3,7 @@ state after an optimizer step, and the time of a training step, for model=small 
 
     python bench/fsdp_memory.py [--model small] [--steps 6] [--batch 4] [--seq 256] [--vocab 8192] [--lab]
 
-With ``--lab`` (root) the two ranks run on two lab nodes (tests/lab.py: real sshd, network namespaces, each
+With ``--lab`` (root) the two ranks run on two lab nodes (lab/nodes.py: real sshd, network namespaces, each
 node pinned to a core of its own), started over SSH, gloo between them over the lab's bridge; without it,
 two local processes over loopback.
 
@@ -99,7 +99,7 @@ def main() -> None:
 
 def _lab(world: int):
     from _handrun import pin_nodes
-    from tests.lab import Lab
+    from lab.nodes import Lab
 
     lab = Lab(world)
     lab.up()

@@ -5,11 +5,11 @@ and equal against measured shares with one node at half a core.
     python bench/lowcomm.py balance [--steps 40] [--model mini]
     python bench/lowcomm.py table   [--steps 24] [--model mini] [--inner 8]
 
-Every run is `hrmctl train` on lab nodes (tests/lab.py: real sshd, real torchrun, gloo over the
+Every run is `hrmctl train` on lab nodes (lab/nodes.py: real sshd, real torchrun, gloo over the
 lab's bridge), task=lm on the Spanish text of ../shared/data, fp32. Each node is pinned to a core of
 its own with a cgroup (node i on core i mod 2), so a node is a one-core machine; links are shaped in
 both directions with HTB (rate) and an added round-trip time (netem, or the lab's NFQUEUE delayer
-where the kernel has no netem: see tests/lab.py). Samples/s is measured from the run's metrics over
+where the kernel has no netem: see lab/nodes.py). Samples/s is measured from the run's metrics over
 the steps after the first log record (start-up, the first steps and the final evaluation are not in
 it): (samples between the first and the last record) / (training seconds between them).
 
@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from _handrun import hrmctl  # noqa: E402
 from auralm.link_budget import AVERAGE, PAPER_STEP  # noqa: E402  (the outer step: the ranks' average, the paper's)
-from tests.lab import Lab  # noqa: E402
+from lab.nodes import Lab  # noqa: E402
 
 QUIJOTE = ROOT.parent / "shared" / "data" / "quijote" / "pg2000.txt"
 LINKS = {"LAN": (None, 0.0), "200M+3ms": (200, 3.0), "50M+20ms": (50, 20.0)}

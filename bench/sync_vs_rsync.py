@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from cli.nodes.inventory import load_inventory  # noqa: E402
 from cli.sync.run import sync_nodes  # noqa: E402
-from tests.lab import Lab  # noqa: E402
+from lab.nodes import Lab  # noqa: E402
 
 TOOLS = ("hrmctl", "library", "rsync")
 

@@ -7,7 +7,7 @@ accepts each packet `delay_ms` after it arrived, or drops it with probability `l
 Run it as root inside a node's namespace with a rule that queues the packets ARRIVING at the
 node (holding outgoing ones stalls the sender's TCP):
     ip netns exec NS iptables -I INPUT -i eth0 -j NFQUEUE --queue-num 7 --queue-bypass
-    ip netns exec NS python tests/nfq_delay.py --queue 7 --delay-ms 80 [--loss 0.1]
+    ip netns exec NS python lab/nfq_delay.py --queue 7 --delay-ms 80 [--loss 0.1]
 `--queue-bypass` lets traffic through untouched when no delayer is bound. `delayed_inbound(lab_node,
 ...)` does all of it as a context manager for tests.
 """

@@ -1,4 +1,4 @@
-"""Real nodes on this machine for the cluster tier and the benchmarks.
+"""Real nodes on this machine for the cluster tier (tests/cluster) and the benchmarks (bench/).
 
 A Lab is N Linux network namespaces joined by a bridge. Each node has its own address, its own
 hostname (a UTS namespace around its sshd) mapped to that address in its own hosts file, an
@@ -18,7 +18,7 @@ built in:
   `node.veth`). `delay_ms` is ROUND-TRIP time: it is added once, to the packets arriving at the
   node, so any RTT through this link grows by delay_ms (two shaped nodes: by the sum of both).
   The delay is a netem leaf on the ingress side where the kernel has netem, else (this machine's
-  kernel has no netem) the NFQUEUE delayer of tests/nfq_delay.py, run as root in the namespace on
+  kernel has no netem) the NFQUEUE delayer of lab/nfq_delay.py, run as root in the namespace on
   queue DELAY_QUEUE. `shape_link(None)` removes all of it; each call replaces the previous one.
 - `node.limit_cpu(cpus="0", quota=0.5)` puts every process of the node's namespace (sshd, and so
   every later SSH session) into cgroup v1 cpuset and cpu groups named `hrmlab-<token>-<node>`:
@@ -34,7 +34,7 @@ built in:
   in its mount namespace: `ip netns exec` mounts a /sys of its own without the cgroup file systems), so the
   node's processes can read their cap, as on a real machine or container. Removed with the CPU groups.
 
-Root only. Run `python -m tests.lab up 3` to keep a lab for manual work (`down TOKEN` removes it).
+Root only. Run `python -m lab up 3` to keep a lab for manual work (`down TOKEN` removes it).
 """
 
 from __future__ import annotations
@@ -72,8 +72,8 @@ CFS_PERIOD_US = 10_000
 # Best effort: a machine without it simply shows none, as before.
 MOUNT_MEMORY_CGROUP = ("{ mount -t tmpfs -o mode=755 cgroup /sys/fs/cgroup && mkdir -p /sys/fs/cgroup/memory && "
                        "mount -t cgroup -o ro,memory cgroup /sys/fs/cgroup/memory; } 2>/dev/null; ")
-DELAY_QUEUE = 4711  # NFQUEUE number of shape_link's delayer (tests/nfq_delay.py's own default is 7)
-NFQ_DELAY = ROOT / "tests" / "nfq_delay.py"
+DELAY_QUEUE = 4711  # NFQUEUE number of shape_link's delayer (lab/nfq_delay.py's own default is 7)
+NFQ_DELAY = Path(__file__).with_name("nfq_delay.py")
 _IGNORE_ANYWHERE = shutil.ignore_patterns("__pycache__", "*.egg-info", ".pytest_cache")
 _IGNORE_AT_TOP = {"runs", "data", ".venv", "build"}  # the checkout's own outputs; cli/runs/ is code
 
@@ -161,7 +161,7 @@ class LabNode:
         delay_ms: added ROUND-TRIP time, not one-way: the packets ARRIVING at the node wait delay_ms
         (after the ingress rate limit), the ones it sends do not, so a ping to or from this node
         grows by delay_ms, and between two shaped nodes by the sum of their delays. Made with netem
-        where the kernel has it, else with the NFQUEUE delayer (tests/nfq_delay.py, one Python
+        where the kernel has it, else with the NFQUEUE delayer (lab/nfq_delay.py, one Python
         process per node, excluded from limit_cpu) -- which also caps what the delayed link can
         carry into the node at what that process passes (~350 Mbit/s measured here). With the
         NFQUEUE delay, ping run ON the delayed node needs -U: its default RTT ends at the reply's
@@ -562,19 +562,3 @@ def _free_subnet() -> str:
         if f" {cand}." not in used:
             return cand
     raise RuntimeError("no free 10.x.y.0/24 subnet for a lab")
-
-
-if __name__ == "__main__":
-    if len(sys.argv) >= 3 and sys.argv[1] == "up":
-        lab = Lab(int(sys.argv[2])).up()
-        STATE_DIR.joinpath(f"{lab.token}.json").write_text(json.dumps({"pid": 1, "n": lab.n}))  # keep it
-        print(json.dumps({"token": lab.token, "inventory": str(lab.inventory),
-                          "nodes": {n.name: n.ip for n in lab.nodes}}))
-    elif len(sys.argv) >= 3 and sys.argv[1] == "down":
-        tok = sys.argv[2]
-        n = json.loads((STATE_DIR / f"{tok}.json").read_text()).get("n", 16)
-        _remove(tok, [f"hrm{tok}n{i}" for i in range(n)], [f"hrm{tok}n{i}" for i in range(n)], f"hrb{tok}",
-                Path(f"/tmp/hrmlab-{tok}"))
-    else:
-        print("usage: python -m tests.lab up N | down TOKEN", file=sys.stderr)
-        sys.exit(2)

@@ -1,4 +1,4 @@
-"""Shared fixtures. The cluster tier's nodes come from tests/lab.py."""
+"""Shared fixtures. The cluster tier's nodes come from lab/nodes.py."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab import Lab, missing_capability, remove_stale, sh
+from lab.nodes import Lab, missing_capability, remove_stale, sh
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 

@@ -7,8 +7,8 @@ import subprocess
 import time
 from contextlib import contextmanager
 
-from tests.lab import ROOT, SYSTEM_PYTHON
-from tests.nfq_delay import delayed_inbound
+from lab.nodes import ROOT, SYSTEM_PYTHON
+from lab.nfq_delay import delayed_inbound
 
 # These checks are about the node itself or the network; "project" depends on the tree the lab copied.
 NETWORK_ROWS = ("ssh", "os", "python", "torch", "nccl/gloo", "libuv", "interface", "hostname", "reach", "clock",
@@ -223,7 +223,7 @@ def test_two_nodes_holding_different_data_fail_the_dataset_check(lab3, hrmctl, t
     import shutil
 
     from auralm import data
-    from tests.lab import sh
+    from lab.nodes import sh
 
     code, doc, err = doctor_json(hrmctl, lab3.inventory)
     assert doc["cluster"]["dataset"]["status"] == "ok", doc["cluster"]["dataset"]

@@ -11,7 +11,7 @@ import statistics
 import subprocess
 import sys
 
-from tests.lab import CGROUP_ROOT, STATE_DIR, Lab, _cpu_list, lab_cgroups, remove_stale
+from lab.nodes import CGROUP_ROOT, STATE_DIR, Lab, _cpu_list, lab_cgroups, remove_stale
 
 RATE_MBIT = 50.0
 

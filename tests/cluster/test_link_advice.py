@@ -82,7 +82,7 @@ def test_lan_link_budget_is_saved_and_train_agrees_with_it(lab3, hrmctl, tmp_pat
 
 
 def _shape(node, rate_mbit: float | None) -> None:
-    if hasattr(node, "shape_link"):  # tests/lab.py's helper, where it exists
+    if hasattr(node, "shape_link"):  # lab/nodes.py's helper, where it exists
         node.shape_link(rate_mbit)
     elif rate_mbit is None:
         node.netns(["tc", "qdisc", "del", "dev", "eth0", "root"], check=False)

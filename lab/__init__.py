@@ -1,0 +1,9 @@
+"""The lab: real nodes made on this machine (network namespaces on a bridge, an OpenSSH server, a user and a
+hostname per node), with real faults (shaped links, NFQUEUE delays, firewall rules, shifted clocks, CPU and memory
+caps). Used by the cluster tier (tests/conftest.py, tests/cluster/) and by the benchmarks (bench/); it imports the
+standard library only, never cli/, netcheck/ or auralm/.
+
+nodes.py       Lab and LabNode: making, faulting and removing nodes (its docstring says how)
+nfq_delay.py   the NFQUEUE delayer that shape_link uses where the kernel has no netem
+__main__.py    `python -m lab up N` / `python -m lab down TOKEN`
+"""
