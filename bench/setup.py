@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from cli.setup import local  # noqa: E402
 from cli.setup.torch_build import choose  # noqa: E402
-from tests.lab import Lab  # noqa: E402
+from lab.nodes import Lab  # noqa: E402
 
 
 def hrmctl_setup(lab: Lab, nodes: str, *extra: str) -> tuple[float, dict]:
