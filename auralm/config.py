@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from auralm import guide_spellings, model_families
+from auralm.parallel import strategy
 from auralm.errors import UserError
 
 TASKS = ("sudoku", "lm")
@@ -68,9 +69,7 @@ NORMS = ("post", "pre")
 POSITIONS = ("auto", "rope", "learned", "sudoku", "none")
 LOSS_TYPES = ("softmax", "stablemax")
 OPTIMIZERS = ("adamw", "adam_atan2")
-SYNCS = ("ddp", "diloco")
 COMM_HOOKS = ("none", "bf16", "fp16", "powersgd")
-PARALLELS = ("ddp", "fsdp")
 
 SCHEDULES = ("cosine", "linear", "constant")
 # The guides' spellings of our keys (and of hrmctl's options): one table, auralm/guide_spellings.py.
@@ -545,7 +544,7 @@ def check(cfg: Config) -> None:
             raise UserError(f"{key}={value}: must not be negative")
     _one_of("training.optimizer", t.optimizer, OPTIMIZERS)
     _one_of("training.schedule", t.schedule, SCHEDULES)
-    _one_of("training.sync", t.sync, SYNCS)
+    _one_of("training.sync", t.sync, strategy.names("sync"))  # the sync strategies registered (auralm.parallel)
     _one_of("training.ddp_comm_hook", t.ddp_comm_hook, COMM_HOOKS)
     _one_of("training.diloco.comm_dtype", t.diloco.comm_dtype, ("bf16", "fp32"))
     for key, value in {"training.diloco.inner_steps": t.diloco.inner_steps, "training.diloco.outer_lr":
@@ -561,7 +560,7 @@ def check(cfg: Config) -> None:
     if t.sync == "diloco" and t.ddp_comm_hook != "none":
         raise UserError(f"training.ddp_comm_hook={t.ddp_comm_hook} applies to training.sync=ddp; with diloco the "
                         f"synchronisation is sent as training.diloco.comm_dtype (bf16 by default)")
-    _one_of("training.parallel", t.parallel, PARALLELS)
+    _one_of("training.parallel", t.parallel, strategy.names("parallel"))
     if t.parallel == "fsdp":
         other = ("training.sync=diloco" if t.sync == "diloco" else
                  f"training.ddp_comm_hook={t.ddp_comm_hook}" if t.ddp_comm_hook != "none" else

@@ -27,7 +27,8 @@ when that brings it there, else DiLoCo with the smallest round H that brings its
 DILOCO_OK if the ranks wait for it, and with ``training.diloco.overlap_steps`` set to the local steps
 whose compute covers one synchronisation, so that they need not (its outer step is left to the trainer's
 default, ``training.diloco.outer_lr=auto``: the ranks' plain average for a run of fewer than FEW_ROUNDS
-rounds, the paper's step otherwise). Pure: no torch, plain dicts in and out.
+rounds, the paper's step otherwise). Plain dicts in and out; no torch, but advise(), which asks the run's sync
+strategy (auralm.parallel.strategy) what it sends each step (its ``link_cost``) and so imports its class.
 ``python -m auralm.link_budget --link ENTRY key=value ...`` is hrmctl train's warning (see advise()).
 """
 
@@ -38,6 +39,8 @@ import math
 import sys
 import time
 from pathlib import Path
+
+from auralm.parallel import strategy
 
 DDP_BUCKET_BYTES = 25 * 1024 ** 2  # DistributedDataParallel's bucket_cap_mb=25
 DDP_OK = 0.15  # DDP's communication at most this share of the compute: hidden behind the backward pass
@@ -339,7 +342,7 @@ def age(seconds_ago: float) -> str:
 
 
 def advise(link: dict, run: dict, *, world: int, sync: str = "ddp", hook: str = "none", balance: str = "equal",
-           now: float | None = None) -> dict:
+           now: float | None = None, parallel: str = "ddp") -> dict:
     """hrmctl train's look at a cached link (``link``: one entry of links.json) for this run's model (``run``: as in
     scaled_compute, with "name" and "powersgd"): {"warn", "line", "budget", "compute_s", "estimated", ...}. ``warn``
     when this run's DDP communication (its comm hook, its shares) would take longer than its compute, or when its
@@ -360,8 +363,9 @@ def advise(link: dict, run: dict, *, world: int, sync: str = "ddp", hook: str = 
                                            else f"model {link['compute'].get('name')} at batch ")
            + f"{link['compute']['batch_size']} measured by test-ddp") if estimated else "measured by test-ddp"
     nodes = ",".join(link.get("nodes", []))
-    mine = {"bf16": b["ddp_bf16"], "fp16": b["ddp_bf16"], "powersgd": b["ddp_powersgd"]}.get(hook, b["ddp"])
-    if sync == "ddp" and mine:
+    mode = strategy.strategy_class(sync, parallel)  # what this run's sync strategy sends every step, if anything
+    mine = mode.link_cost(b, hook)
+    if mine:
         step_s = bal["auto_s"] if bal and balance != "equal" else compute_s  # the compute of this run's steps
         out["comm_s"], out["ratio"] = mine["comm_s"], _ratio(mine["comm_s"], step_s)
         if out["ratio"] is not None and out["ratio"] > 1:
@@ -376,7 +380,7 @@ def advise(link: dict, run: dict, *, world: int, sync: str = "ddp", hook: str = 
             return out
     if balance == "equal" and bal and bal["suggest"]:
         out["warn"] = True
-        waits = "every DDP step waits for the slowest" if sync == "ddp" else "every DiLoCo round waits for the slowest"
+        waits = mode.waits
         out["line"] = (f"{nodes}: the ranks compute a step in {seconds(min(bal['s_by_rank']))} to "
                        f"{seconds(max(bal['s_by_rank']))} (test-ddp {when}) and this run gives them equal shares: "
                        f"{waits}; try training.balance=auto (about {bal['gain']:.2f}x the samples/s)")
@@ -436,7 +440,8 @@ def main(argv: list[str]) -> int:
         cfg = config.parse(args)
         world = world or link["world"]
         t = cfg.training
-        out = advise(link, run_model(cfg, world), world=world, sync=t.sync, hook=t.ddp_comm_hook, balance=t.balance)
+        out = advise(link, run_model(cfg, world), world=world, sync=t.sync, hook=t.ddp_comm_hook, balance=t.balance,
+                     parallel=t.parallel)
     except (UserError, ValueError, KeyError, IndexError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

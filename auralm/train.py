@@ -15,13 +15,13 @@ import functools
 import json
 import math
 import os
-import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from auralm import autobatch, checkpoint, config, cpu_memory, data, distributed, models, objective, optim, tracking
 from auralm.config import Config
@@ -30,35 +30,11 @@ from auralm.ema import EMA
 from auralm.evaluate import evaluate as evaluate_split
 from auralm.errors import UserError
 from auralm.nan_guard import NanGuard
-from auralm.parallel import balance, comm_hooks, fsdp as fsdp_lib
-from auralm.parallel.diloco import DiLoCo, choose_outer_step, few_rounds_note
+from auralm.parallel import balance, strategy
+from auralm.parallel.strategy import Parts
+from auralm.precision import autocast, bf16_compute, cpu_has_bf16, rng_state, set_rng_state  # noqa: F401 (re-exported)
 from auralm.runlog import RunLog
 from auralm import heartbeat
-
-
-def cpu_has_bf16() -> bool:
-    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX), where bf16 autocast is faster than fp32."""
-    try:
-        flags = next((l for l in open("/proc/cpuinfo") if l.startswith("flags")), "").split()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def autocast(t: config.TrainingConfig, device: torch.device):
-    """bf16 autocast when asked, or with ``dtype=auto`` on a CUDA device that supports it or a CPU with native bf16;
-    fp16 autocast with ``dtype=fp16`` (its gradients go through a GradScaler: see ``scaler`` in train)."""
-    if t.dtype == "fp16":
-        return torch.autocast(device.type, dtype=torch.float16)
-    return torch.autocast(device.type, dtype=torch.bfloat16) if bf16_compute(t, device) else contextlib.nullcontext()
-
-
-def bf16_compute(t: config.TrainingConfig, device: torch.device) -> bool:
-    """Whether the forward and backward run in bf16 (``dtype=bf16``, or ``auto`` where the device has it)."""
-    if t.dtype == "fp16":
-        return False
-    native = torch.cuda.is_bf16_supported() if device.type == "cuda" else cpu_has_bf16()
-    return t.dtype == "bf16" or (t.dtype == "auto" and native)
 
 
 def memory_gb(device: torch.device) -> tuple[str, float]:
@@ -93,34 +69,6 @@ def _this_process():
     import psutil
 
     return psutil.Process()
-
-
-def rng_state(device: torch.device) -> dict:
-    state = {"torch": torch.get_rng_state()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def set_rng_state(state: dict, device: torch.device) -> None:
-    torch.set_rng_state(state["torch"])
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
-
-
-def prime_ddp_buckets(model, step_kind, batches, t, device: torch.device) -> None:
-    """One forward and backward through DDP that changes nothing (the loss times zero, no optimizer step; the
-    random state and the ACT carries put back), so that DDP lays its gradient buckets out as after a run's first
-    step: what PowerSGD's saved state is kept in (auralm/parallel/comm_hooks.py). The caller zeroes the grads."""
-    rng = rng_state(device)
-    carry = step_kind.state_dict() if isinstance(step_kind, objective.Recurrent) else None
-    x, y = next(batches)
-    with autocast(t, device):
-        loss, _ = step_kind.loss(model, x.to(device), y.to(device), 0)
-    (loss * 0).backward()
-    if carry is not None:
-        step_kind.load_state_dict(carry)
-    set_rng_state(rng, device)
 
 
 # ---------------------------------------------------------------- start: data, output, resume
@@ -242,12 +190,12 @@ PER_RANK = ("carry", "inner_optimizer", "powersgd")  # checkpoint extras kept pe
 
 
 def resume(cfg: Config, d: distributed.Dist, log: RunLog, found: list[Path], model, optimizer, vocab,
-           step_kind, ema: EMA | None) -> tuple[dict | None, dict]:
+           step_kind, ema: EMA | None, sharded: bool = False) -> tuple[dict | None, dict]:
     """Rank 0 loads the newest whole checkpoint and broadcasts it: (its state.json, or None; its extras).
     Each rank gets its own entry of the per-rank extras back (when the world is the same size): the ACT
-    carries, DiLoCo's inner optimizer; the EMA weights are restored here."""
+    carries, DiLoCo's inner optimizer; the EMA weights are restored here. ``sharded``: the strategy's checkpoints are
+    DCP shards (FSDP), which every rank loads its own of."""
     state = rng = error = chosen = None
-    sharded = cfg.training.parallel == "fsdp"  # every rank loads its own shards (below), after rank 0's choice
     extras: dict = {}
     if d.rank == 0:
         try:
@@ -405,15 +353,15 @@ def measure_rate(step_kind, model, train_set, t: config.TrainingConfig, device: 
     return len(x) * timed / seconds
 
 
-def auto_batch(cfg: Config, d: distributed.Dist, raw, train_set, log: RunLog) -> None:
+def auto_batch(cfg: Config, d: distributed.Dist, raw, train_set, log: RunLog, grad_copies: int = 0) -> None:
     """``training.batch_size=auto``: every rank probes the largest micro-batch its memory holds
     (auralm.autobatch), the ranks take the smallest, and grad_accum is set so that global_batch_size holds.
-    The model's weights, the random state and the gradients are left as found."""
+    The model's weights, the random state and the gradients are left as found. ``grad_copies``: the copies of the
+    gradients the sync strategy holds besides the model's (DDP's buckets)."""
     t = cfg.training
-    ddp = t.sync == "ddp" and d.world > 1
     n = sum(p.numel() for p in raw.parameters())
     # allocated later, not in a probe: AdamW's two moments, DDP's gradient buckets, the EMA, the guard's snapshot
-    reserve = 4 * n * (2 + ddp + bool(t.ema) + (3 if cfg.guard.enabled and d.rank == 0 else 0))
+    reserve = 4 * n * (2 + grad_copies + bool(t.ema) + (3 if cfg.guard.enabled and d.rank == 0 else 0))
     cap = min(autobatch.MAX_BATCH, max(1, len(train_set) // d.world))
     if t.global_batch_size:
         cap = min(cap, max(1, t.global_batch_size // d.world))
@@ -439,9 +387,11 @@ def auto_batch(cfg: Config, d: distributed.Dist, raw, train_set, log: RunLog) ->
               hosts=[h for h, _, _ in fits], batch_size=t.batch_size, grad_accum=t.grad_accum)
 
 
-def decide_shares(cfg: Config, d: distributed.Dist, state: dict | None, measure) -> balance.Shares:
+def decide_shares(cfg: Config, d: distributed.Dist, state: dict | None, measure,
+                  inner_steps: int | None = None) -> balance.Shares:
     """Every rank's share (auralm.parallel.balance): the checkpoint's when resuming the same world with the same
-    setting (a resumed run continues exactly), else measured (auto) or from the weights."""
+    setting (a resumed run continues exactly), else measured (auto) or from the weights. ``inner_steps``: the
+    strategy's local steps a round (DiLoCo), which the shares split, else None."""
     t = cfg.training
     spec = config.parse_balance(t.balance)
     nodes = distributed.gather_object(d, balance.node_name())
@@ -454,13 +404,34 @@ def decide_shares(cfg: Config, d: distributed.Dist, state: dict | None, measure)
         raise UserError(f"training.balance={t.balance} names {', '.join(odd)}, not in this run (its nodes: "
                         f"{', '.join(dict.fromkeys(nodes))})")
     rates = distributed.gather_object(d, measure()) if spec == "auto" and d.world > 1 else None
-    return balance.decide(spec, nodes, t.batch_size, t.diloco.inner_steps if t.sync == "diloco" else None, rates)
+    return balance.decide(spec, nodes, t.batch_size, inner_steps, rates)
 
 
-def train(cfg: Config, d: distributed.Dist, whole: bool = True) -> torch.nn.Module:
-    """Train under ``cfg`` as rank ``d.rank``; the trained model (fsdp: a whole copy on the CPU when ``whole``, else
-    the sharded model itself)."""
-    t, fault = cfg.training, cfg.fault
+@dataclass
+class Books:
+    """What the loop keeps besides the strategy's parts: the run's constants it reports and saves with, and its
+    running figures (the clock of the current log interval, the training time, the validation losses)."""
+    cfg: Config
+    d: distributed.Dist
+    log: RunLog
+    s: Any  # the strategy (auralm.parallel.strategy.Strategy)
+    p: Parts
+    out_dir: Path | None
+    ckpt_dir: Path | None
+    data_dir: Path
+    val_set: Any
+    tokenizer: Any
+    arch: dict
+    vocab: int | None
+    clock: float = 0.0
+    train_s: float = 0.0  # training time so far, without evaluations and saving
+    best: float = float("inf")
+    val_loss: float | None = None
+
+
+def open_run(cfg: Config, d: distributed.Dist) -> tuple[Path | None, list[Path], RunLog]:
+    """Rank 0 plans the run directory (checked writable) and the trackers; (it, the checkpoints to resume from,
+    the run's log) on every rank."""
     out_dir, found, error, tracked = None, [], None, None
     if d.rank == 0:
         try:
@@ -473,10 +444,12 @@ def train(cfg: Config, d: distributed.Dist, whole: bool = True) -> torch.nn.Modu
         except UserError as e:
             error = str(e)
     distributed.raise_if_any(d, error)
-    log = RunLog(out_dir, tracked)
-    fsdp = t.parallel == "fsdp" and d.world > 1  # sharded over the ranks (a world of one keeps the model whole)
-    ckpt_dir = shared_run_dir(d, out_dir) if fsdp else out_dir
+    return out_dir, found, RunLog(out_dir, tracked)
 
+
+def open_splits(cfg: Config, d: distributed.Dist, log: RunLog):
+    """The data: (its directory, its manifest, the model's resolved shape, the vocabulary, train and val splits);
+    the schedule's sizes in epochs resolved."""
     data_dir, meta = open_data(cfg, d)
     arch = config.resolved_model(cfg.model)
     vocab = meta["tokenizer"]["vocab_size"] if cfg.task == "lm" else None
@@ -485,7 +458,13 @@ def train(cfg: Config, d: distributed.Dist, whole: bool = True) -> torch.nn.Modu
     if len(val_set) == 0:
         raise UserError(f"the validation split of {data_dir} is shorter than one window of {arch['block_size']} tokens")
     resolve_schedule(cfg, d, len(train_set), log)
+    return data_dir, meta, arch, vocab, train_set, val_set
 
+
+def build_model(cfg: Config, d: distributed.Dist, s, arch: dict, vocab, train_set, log: RunLog) -> torch.nn.Module:
+    """The model, the same initial weights on every rank, its batch chosen (batch_size=auto) and shared out over
+    the ranks by the strategy (FSDP)."""
+    t = cfg.training
     torch.manual_seed(t.seed)  # the same initial weights on every rank
     try:
         raw = models.build(cfg.task, arch, vocab).to(d.device)
@@ -493,347 +472,183 @@ def train(cfg: Config, d: distributed.Dist, whole: bool = True) -> torch.nn.Modu
         raise UserError(f"model={cfg.model.name}: {e}") from None
     raw.set_grad_checkpointing(t.grad_checkpoint)
     if t.batch_size == config.AUTO:  # before the optimizer's state, the guard's snapshot and the EMA exist,
-        auto_batch(cfg, d, raw, train_set, log)  # and before sharding: each rank probes on its own, no collective
+        auto_batch(cfg, d, raw, train_set, log, s.grad_copies)  # and before sharding: each rank probes on its own
         resolve_schedule(cfg, d, len(train_set), log)
-    sharding = fsdp_lib.shard(raw, bf16_compute(t, d.device), t.fsdp_cpu_offload, d.device) if fsdp else ""
-    tokenizer = data.load_tokenizer(data_dir / meta["tokenizer"]["path"]) \
-        if cfg.task == "lm" and t.sample_tokens and (d.rank == 0 or fsdp) and hasattr(raw, "new_cache") else None
-    optimizer = optim.make_optimizer(raw, t, d.device)
-    step_kind = objective.make(raw, cfg)
-    ema = EMA(raw, t.ema_decay) if t.ema else None
+    s.shard(raw)
+    return raw
+
+
+def make_guard(cfg: Config, d: distributed.Dist, s, raw, optimizer, log: RunLog) -> NanGuard | None:
+    t = cfg.training
     precision = "fp16" if t.dtype == "fp16" else "bf16" if bf16_compute(t, d.device) else "fp32"
-    guard = NanGuard(cfg.guard, d, raw, optimizer, log, sharded=fsdp, run=cfg, precision=precision) \
+    return NanGuard(cfg.guard, d, raw, optimizer, log, sharded=s.sharded, run=cfg, precision=precision) \
         if cfg.guard.enabled else None
-    torch.manual_seed(t.seed + d.rank)  # each rank its own dropout and halting exploration
-    state, extras = resume(cfg, d, log, found, raw, optimizer, vocab, step_kind, ema) if cfg.resume else (None, {})
-    step = state["step"] if state else 0
+
+
+def resumed_parts(cfg: Config, state: dict | None, d: distributed.Dist, **parts) -> Parts:
+    """The training parts, at the step and data position of the checkpoint resumed from (if any)."""
     positions = state.get("data_positions") if state else None
     position = positions[d.rank] if positions and len(positions) == d.world else \
         (state["data_position"] if state else 0)  # batches this rank has consumed
-    best = state.get("best_val_loss", float("inf")) if state else float("inf")
-    val_loss = state.get("val_loss") if state else None
-    if step >= t.max_steps:
-        log.say(f"nothing to do: the checkpoint is at step {step}, training.max_steps={t.max_steps}")
-        return whole_model(raw, cfg, arch, vocab) if fsdp and whole else raw
-    unit = "tok/s" if train_set.unit == "tokens" else "puzzles/s"
-    shares = decide_shares(cfg, d, state, lambda: measure_rate(step_kind, raw, train_set, t, d.device))
-    diloco = t.sync == "diloco"
-    outer_step = choose_outer_step(t.diloco, t.max_steps) if diloco else ""  # auto: by the run's length
-    outer = DiLoCo(raw, t.diloco, d, shares.sample_weight(d.rank)) if diloco else None
-    if outer and "diloco" in extras:
-        outer.load_state_dict(extras["diloco"])
-    if diloco and "inner_optimizer" in extras:
-        optimizer.load_state_dict(extras["inner_optimizer"])
-    if guard:
-        guard.load_state_dict(state.get("guard", {}) if state else {})
-        guard.begin(step)
-    log.config(config.to_dict(cfg), step)  # from here on the run directory is written (and TensorBoard, W&B)
+    return Parts(cfg=cfg, shares=None, meter=objective.Meter(), resumed=state is not None,
+                 step=state["step"] if state else 0, position=position, **parts)
+
+
+def say_start(b: Books, state: dict | None) -> None:
+    """The run's first lines: its config, the model, and with several ranks the backend, the strategy's lines and
+    the work shares."""
+    cfg, d, log, p, t = b.cfg, b.d, b.log, b.p, b.cfg.training
+    log.config(config.to_dict(cfg), p.step)  # from here on the run directory is written (and TensorBoard, W&B)
     if d.rank == 0 and cfg.model_choice:  # a model the keys chose (arch=hrm_v1, model.hidden_dim=...): said
         log.say(f"model: {cfg.model_choice}")
     if d.rank == 0 and not state:
-        n = sum(p.numel() for p in raw.parameters())
-        log.say(f"model {cfg.model.name} ({models.family_of(cfg.task, arch)}): {n / 1e6:.2f}M parameters")
+        n = sum(q.numel() for q in p.model.parameters())
+        log.say(f"model {cfg.model.name} ({models.family_of(cfg.task, b.arch)}): {n / 1e6:.2f}M parameters")
     if d.world > 1:
         log.event(0, "backend", f"backend: {d.reason}; using {d.backend} on all {d.world} ranks, device "
                   f"{d.device.type}", backend=d.backend, requested=d.requested, reason=d.why)
-        if diloco:
-            log.say(f"sync: diloco, {t.diloco.inner_steps} local steps a round, the change of the weights "
-                    f"all-reduced as {t.diloco.comm_dtype}, {outer_step}" +
-                    (f"; each round's all-reduce overlaps the next round's first {t.diloco.overlap_steps} local "
-                     f"steps" if t.diloco.overlap_steps else ""))
-            note = few_rounds_note(t.diloco, t.max_steps)
-            if note:
-                log.event(step, "diloco_few_rounds", note, rounds=t.max_steps // t.diloco.inner_steps)
-        elif t.ddp_comm_hook != "none":
-            log.say(f"sync: ddp, gradients compressed with the {t.ddp_comm_hook} hook")
-        if fsdp:
-            sizes = distributed.gather_object(d, sum(fsdp_lib.local(p).numel() for p in raw.parameters()))
-            log.event(step, "fsdp", f"{sharding}; parameters held per rank: "
-                      f"{', '.join(f'{n / 1e6:.3f}M' for n in sizes)} of "
-                      f"{sum(p.numel() for p in raw.parameters()) / 1e6:.3f}M", local_params=sizes,
-                      params=sum(p.numel() for p in raw.parameters()))
-        if shares.how != "equal":
-            log.event(step, "balance", f"balance {t.balance}: {shares.describe('rows/s')}",
-                      **shares.to_dict())
-    ddp = not diloco and d.world > 1 and not fsdp
-    # gradient_as_bucket_view: the gradients are views into DDP's all-reduce buckets, which saves copying every
-    # gradient into its bucket and back each step (and that memory)
-    model = DDP(raw, device_ids=[d.device.index] if d.device.type == "cuda" else None, process_group=d.group,
-                broadcast_buffers=False, gradient_as_bucket_view=True) if ddp else raw
-    hook = comm_hooks.register(model, t.ddp_comm_hook, d, rank=t.powersgd_rank, start_iter=t.warmup_steps,
-                               seed=t.seed) if ddp else None
+        b.s.say_start(log, p.step)
+        if p.shares.how != "equal":
+            log.event(p.step, "balance", f"balance {t.balance}: {p.shares.describe('rows/s')}",
+                      **p.shares.to_dict())
 
-    def make_batches():
-        augment = t.augment and cfg.task == "sudoku"
-        if shares.equal:
-            return data.batches(train_set, shares.batch[d.rank], d.rank, d.world, t.seed, start=position,
-                                augment=augment)
-        return (data.batches(train_set, t.batch_size, d.rank, d.world, t.seed, start=position, augment=augment)
-                if diloco else data.shared_batches(train_set, shares.batch, d.rank, t.seed, start=position,
-                                                   augment=augment))
 
-    batches = make_batches()
-    loss_scale = shares.loss_scale(d.rank) if ddp or fsdp else 1.0
-    if hook is not None and extras.get("powersgd"):
-        prime_ddp_buckets(model, step_kind, make_batches(), t, d.device)
-        optimizer.zero_grad(set_to_none=True)
-        comm_hooks.load_state_dict(hook, extras["powersgd"])
-    samples_factor = shares.global_factor(d.rank)
-    params = [p for p in raw.parameters() if p.requires_grad]
-    meter = objective.Meter()
-    alone = distributed.Dist(device=d.device)  # DiLoCo's metrics are this rank's: no collective between syncs
-    done, clock = 0, time.perf_counter()
-    train_s = state.get("train_s", 0.0) if state else 0.0  # training time so far, without evaluations and saving
-    # fp16 (training.dtype=fp16): float16 gradients underflow, so the loss is multiplied by the scaler's scale
-    # before backward and the gradients divided by it (unscale_) before the clipping. When the scaled gradients
-    # overflowed (inf or NaN) the scaler skips the update and halves the scale: that is the scaler's normal
-    # work, not a failure, so local_step hands the NaN guard a norm of 0 for such a step (``overflowed``) and
-    # apply lets scaler.step decide; a non-finite loss, or fault.nan_at_step, still goes to the guard. The scale
-    # is saved in checkpoints (extra "grad_scaler", rank 0's: under DDP every rank's is the same, as the
-    # gradients are) and restored on resume. With any other dtype the scaler is disabled and changes nothing.
-    scaler = torch.amp.GradScaler(d.device.type, enabled=t.dtype == "fp16")
-    if extras.get("grad_scaler"):
-        scaler.load_state_dict(extras["grad_scaler"])
-    overflowed = False
-    own_norm = None  # fsdp: the norm of this rank's own gradient shards, for the guard's per-rank flag
+def report(b: Books, loss: float, norm: torch.Tensor, evaluating: bool, final: bool) -> None:
+    """The log line and metrics record of this step (training speed, memory, the ACT and mHC figures), with the
+    evaluation when due; the heartbeat for `hrmctl top`."""
+    cfg, d, log, p, t, step = b.cfg, b.d, b.log, b.p, b.cfg.training, b.p.step
+    unit = "tok/s" if p.train_set.unit == "tokens" else "puzzles/s"
+    elapsed = time.perf_counter() - b.clock
+    rate = p.done / elapsed
+    b.train_s += elapsed
+    lr = b.s.lr(step)
+    mem = memory_record(d.device)
+    record = {"step": step, "train_s": round(b.train_s, 3), "loss": float(loss) if math.isfinite(loss) else None,
+              "lr": lr, ("tokens_per_s" if unit == "tok/s" else "samples_per_s"): rate, **mem,
+              "grad_norm": float(norm)}
+    act = p.meter.read(b.s.meter_group(), b.arch)
+    record.update(act)
+    amax = mhc_metrics(p.model, log, step)
+    record.update(amax)
+    extra = "" if not act else f" | ponder {act['ponder']:.2f} | " + (
+        f"exact {act['train_exact_accuracy']:.3f}" if cfg.task == "sudoku" else f"lm_loss {act['lm_loss']:.4f}")
+    if amax:
+        extra += f" | amax {amax['mhc/amax_pre']:.3f}/{amax['mhc/amax_post']:.3f}"
+    log.say(f"step {step}/{t.max_steps} | loss {float(loss):.4f} | lr {lr:.1e} | {rate:.0f} {unit}"
+            f"{extra} | {memory_text(mem)}")
+    if evaluating:
+        record.update(evaluation(b, final))
+    log.metrics(record)
+    heartbeat.beat(d, record)  # every rank: its step, loss and rate for `hrmctl top` (auralm/heartbeat.py)
+    p.done, b.clock = 0, time.perf_counter()
 
-    def local_step(at: int):
-        """Forward and backward over the micro-batches, clipping: (loss, grad norm) of this rank."""
-        nonlocal done, position, overflowed, own_norm
-        if d.rank == fault.kill_rank and at in fault.kill_at_step and state is None:  # not after a resume
-            print(f"fault: killing rank {d.rank} at step {at}", file=sys.stderr, flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
-        optim.set_lr(optimizer, lr_for(at))
-        loss_sum = torch.zeros((), device=d.device)
-        for micro in range(t.grad_accum):
-            x, y = next(batches)
-            x, y = x.to(d.device, non_blocking=True), y.to(d.device, non_blocking=True)
-            last = micro == t.grad_accum - 1
-            if fsdp:  # the gradients are reduce-scattered after the last micro-batch only
-                raw.set_requires_gradient_sync(last)
-            with (model.no_sync() if ddp and not last else contextlib.nullcontext()):
-                with autocast(t, d.device):
-                    loss, metrics = step_kind.loss(model, x, y, micro)
-                scaler.scale(loss * (loss_scale / t.grad_accum)).backward()
-            loss_sum += loss.detach()
-            meter.add(metrics)
-            done += train_set.units(x) * samples_factor
-        position += t.grad_accum
-        scaler.unscale_(optimizer)  # fp16: the true gradients, for the check below and the clipping
-        if d.rank == fault.nan_rank and at in fault.nan_at_step:
-            print(f"fault: NaN in rank {d.rank}'s gradients at step {at}", file=sys.stderr, flush=True)
-            params[0].grad.fill_(float("nan"))
-        if fsdp:  # a NaN in this rank's shards is this rank's (the global norm below is every rank's)
-            own_norm = torch.nn.utils.get_total_norm([fsdp_lib.local(p.grad) for p in params if p.grad is not None])
-        if t.grad_clip > 0:
-            norm = torch.nn.utils.clip_grad_norm_(params, t.grad_clip)
-        else:
-            norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-        norm = fsdp_lib.full(norm)  # fsdp: a DTensor, the same on every rank
-        overflowed = scaler.is_enabled() and not (d.rank == fault.nan_rank and at in fault.nan_at_step) and \
-            bool(torch.isfinite(loss_sum)) and not bool(torch.isfinite(norm))
-        if overflowed:  # fp16: the scaler skips this step in apply; nothing is applied, the guard sees 0
-            norm = torch.zeros_like(norm)
-        return loss_sum / t.grad_accum, norm
 
-    def lr_for(at: int) -> float:
-        return optim.lr_at(t, at) * (guard.lr_scale(at) if guard else 1.0)
+def evaluation(b: Books, final: bool) -> dict:
+    """Rank 0 (a sharded model: every rank, on its shards) evaluates the EMA's weights or the model's; rank 0
+    logs it and keeps the best validation loss. The figures for the metrics record (rank 0's; else {})."""
+    cfg, d, log, p, step, t = b.cfg, b.d, b.log, b.p, b.p.step, b.cfg.training
+    if d.rank == 0 or b.s.sharded:  # fsdp: every rank runs the same forward passes on its shards
+        with (p.ema.applied() if p.ema else contextlib.nullcontext()):
+            ev = evaluate(p.model, b.val_set, cfg, d.device, b.tokenizer, whole=final and cfg.task == "sudoku",
+                          step=step)
+    if d.rank != 0:
+        return {}
+    b.val_loss = ev["val_loss"]
+    b.best = min(b.best, b.val_loss)
+    log.say(f"eval {step}/{t.max_steps} | " + _format(ev))
+    if final and cfg.task == "sudoku":
+        log.say(f"held-out exact accuracy {ev['exact_accuracy']:.3f} on all {len(b.val_set)} test puzzles "
+                f"of {b.data_dir} (cell accuracy {ev['cell_acc']:.3f}) after {b.train_s / 60:.1f} min of "
+                f"training")
+    if "sample" in ev:
+        log.say("sample: " + json.dumps(ev["sample"], ensure_ascii=False))
+    return {k: v for k, v in ev.items() if k != "sample"}
 
-    def apply(ok: bool) -> None:
-        if ok:
-            scaler.step(optimizer)  # optimizer.step(), unless fp16's scaled gradients overflowed
-            if ema and not diloco and not overflowed:
-                ema.update()
-        else:  # the carries came from a bad step: every row starts afresh
-            step_kind.reset()
-            comm_hooks.reset(hook)
-        scaler.update()  # fp16: half the scale after an overflow, double it after 2000 steps without one
-        optimizer.zero_grad(set_to_none=True)
 
-    def ddp_step() -> tuple[int, float, torch.Tensor]:
-        """One step of every rank together: the gradients averaged by DDP, the guard agreed by one all-reduce."""
-        at = step + 1
-        loss, norm = local_step(at)
-        ok, mean = guard.check(at, loss * loss_scale, own_norm if fsdp else norm) if guard else (True, float(loss))
-        apply(ok)
-        if guard:
-            guard.after_step(at, ok, scaler_skipped=overflowed)  # may stop the run (NanStop) on every rank
-        return at, mean, norm
+def save(b: Books) -> None:
+    """A checkpoint of this step: every rank's random state and data position, what the strategy adds (per rank
+    and shared), the run's state; written as the strategy writes (rank 0, or every rank its shards)."""
+    cfg, d, p, t = b.cfg, b.d, b.p, b.cfg.training
+    began = time.perf_counter()
+    rng = distributed.gather_object(d, rng_state(d.device))
+    positions = distributed.gather_object(d, p.position)
+    per_rank, shared = b.s.checkpoint_parts()
+    extra = state_out = None
+    if d.rank == 0:
+        extra = {**per_rank, **shared}
+        state_out = {
+            "data_position": p.position, "data_positions": positions, "val_loss": b.val_loss,
+            "best_val_loss": b.best, "vocab_size": b.vocab, "train_s": b.train_s, "world": d.world,
+            "parallel": t.parallel,
+            "shares": dict(p.shares.to_dict(), spec=t.balance, sync=t.sync, per_rank=t.batch_size),
+            "guard": p.guard.state_dict() if p.guard else {}, "config": config.to_dict(cfg)}
+    path = b.s.save(b.ckpt_dir, p.step, rng, state_out, extra)
+    if d.rank == 0:
+        b.log.say(f"saved {path}")
+    b.clock += time.perf_counter() - began  # throughput counts training time only
 
-    def finish_round() -> float:
-        """The outer step of the round in flight, with what follows it: the EMA, the guard's verdict."""
-        rnd = outer.finish()
-        end = rnd.end
-        if ema and rnd.ok:
-            ema.update()
-        if guard:
-            guard.after_round(end, rnd.bad_steps, rnd.broken, learned=rnd.ok and math.isfinite(rnd.loss))
-            if guard.after_step(end, rnd.ok and not any(rnd.bad_steps)):  # no snapshot of a round with skips
-                outer.restart_from_model()  # rank 0's restored weights are every rank's shared weights now
-        return rnd.loss
 
-    def diloco_round() -> tuple[int, float, torch.Tensor]:
-        """H local steps on each rank (its share of them), then the outer step on the averaged change; with
-        overlap, the outer step of the previous round once the first ``overlap_steps`` of these are taken."""
-        length = min(t.diloco.inner_steps, t.max_steps - step)
-        mine = shares.inner_steps_for(d.rank, length, t.diloco.inner_steps)
-        bad, loss_sum, losses, norm = 0, 0.0, 0, torch.zeros(())
-        for j in range(mine):
-            if j == t.diloco.overlap_steps and outer.in_flight:
-                finish_round()
-            at = step + math.ceil((j + 1) * length / mine)  # where this local step stands in the schedule
-            loss, norm = local_step(at)
-            ok = guard.finite(loss, norm) if guard else True
-            if ok:
-                loss_sum, losses = loss_sum + float(loss), losses + 1
-            bad += not ok
-            apply(ok)
-        if outer.in_flight:  # fewer local steps than overlap_steps this round
-            finish_round()
-        end = step + length
-        outer.start(bad, loss_sum, losses, carry=t.diloco.overlap_steps > 0, end=end)
-        if not t.diloco.overlap_steps:
-            return end, finish_round(), norm
-        # overlap: the round's loss over all ranks arrives later (an evaluation or checkpoint waits for it); until
-        # then the log shows this rank's own
-        return end, loss_sum / losses if losses else float("nan"), norm
+def due(interval: int, previous: int, step: int) -> bool:
+    """Whether a multiple of ``interval`` (0: never) lies in (previous, step]."""
+    return bool(interval) and step // interval > previous // interval
 
-    while step < t.max_steps:
-        previous = step
-        step, loss, norm = diloco_round() if diloco else ddp_step()
-        log.progress(step, t.max_steps)  # a terminal: the bar below the lines
 
-        def due(interval: int) -> bool:
-            return bool(interval) and step // interval > previous // interval
-
-        final = step == t.max_steps
-        evaluating = final or due(t.eval_interval)
-        saving = final or due(t.checkpoint_interval)
-        if diloco and outer.in_flight and (evaluating or saving):  # both see, and a resume starts from, the
-            loss = finish_round()  # shared weights
-        if due(t.log_interval) or evaluating:
-            elapsed = time.perf_counter() - clock
-            rate = done / elapsed
-            train_s += elapsed
-            lr = lr_for(step)
-            mem = memory_record(d.device)
-            record = {"step": step, "train_s": round(train_s, 3), "loss": float(loss) if math.isfinite(loss) else None,
-                      "lr": lr,
-                      ("tokens_per_s" if unit == "tok/s" else "samples_per_s"): rate, **mem,
-                      "grad_norm": float(norm)}
-            act = meter.read(alone if diloco else d, arch)
-            record.update(act)
-            amax = mhc_metrics(raw, log, step)
-            record.update(amax)
-            extra = "" if not act else f" | ponder {act['ponder']:.2f} | " + (
-                f"exact {act['train_exact_accuracy']:.3f}" if cfg.task == "sudoku" else f"lm_loss {act['lm_loss']:.4f}")
-            if amax:
-                extra += f" | amax {amax['mhc/amax_pre']:.3f}/{amax['mhc/amax_post']:.3f}"
-            log.say(f"step {step}/{t.max_steps} | loss {float(loss):.4f} | lr {lr:.1e} | {rate:.0f} {unit}"
-                    f"{extra} | {memory_text(mem)}")
-            if evaluating and (d.rank == 0 or fsdp):  # fsdp: every rank runs the same forward passes on its shards
-                with (ema.applied() if ema else contextlib.nullcontext()):
-                    ev = evaluate(raw, val_set, cfg, d.device, tokenizer, whole=final and cfg.task == "sudoku",
-                                  step=step)
-            if evaluating and d.rank == 0:
-                val_loss = ev["val_loss"]
-                best = min(best, val_loss)
-                record.update({k: v for k, v in ev.items() if k != "sample"})
-                log.say(f"eval {step}/{t.max_steps} | " + _format(ev))
-                if final and cfg.task == "sudoku":
-                    log.say(f"held-out exact accuracy {ev['exact_accuracy']:.3f} on all {len(val_set)} test puzzles "
-                            f"of {data_dir} (cell accuracy {ev['cell_acc']:.3f}) after {train_s / 60:.1f} min of "
-                            f"training")
-                if "sample" in ev:
-                    log.say("sample: " + json.dumps(ev["sample"], ensure_ascii=False))
-            log.metrics(record)
-            heartbeat.beat(d, record)  # every rank: its step, loss and rate for `hrmctl top` (auralm/heartbeat.py)
-            done, clock = 0, time.perf_counter()
+def train(cfg: Config, d: distributed.Dist, whole: bool = True) -> torch.nn.Module:
+    """Train under ``cfg`` as rank ``d.rank``, synchronised by the strategy ``training.sync``/``training.parallel``
+    name (auralm.parallel.strategy); the trained model (fsdp: a whole copy on the CPU when ``whole``, else the
+    sharded model itself)."""
+    t = cfg.training
+    out_dir, found, log = open_run(cfg, d)
+    s = strategy.make(cfg, d)
+    ckpt_dir = s.run_dir(out_dir)
+    data_dir, meta, arch, vocab, train_set, val_set = open_splits(cfg, d, log)
+    raw = build_model(cfg, d, s, arch, vocab, train_set, log)
+    tokenizer = data.load_tokenizer(data_dir / meta["tokenizer"]["path"]) if cfg.task == "lm" and \
+        t.sample_tokens and (d.rank == 0 or s.sharded) and hasattr(raw, "new_cache") else None
+    optimizer = optim.make_optimizer(raw, t, d.device)
+    step_kind = objective.make(raw, cfg)
+    ema = EMA(raw, t.ema_decay) if t.ema else None
+    guard = make_guard(cfg, d, s, raw, optimizer, log)
+    torch.manual_seed(t.seed + d.rank)  # each rank its own dropout and halting exploration
+    state, extras = resume(cfg, d, log, found, raw, optimizer, vocab, step_kind, ema, s.sharded_checkpoints) \
+        if cfg.resume else (None, {})
+    p = resumed_parts(cfg, state, d, log=log, model=raw, optimizer=optimizer, step_kind=step_kind, ema=ema,
+                      guard=guard, train_set=train_set)
+    if p.step >= t.max_steps:
+        log.say(f"nothing to do: the checkpoint is at step {p.step}, training.max_steps={t.max_steps}")
+        return s.final_model(raw, whole, arch, vocab)
+    p.shares = decide_shares(cfg, d, state, lambda: measure_rate(step_kind, raw, train_set, t, d.device),
+                             s.inner_steps())
+    s.attach(p, extras)
+    if guard:
+        guard.load_state_dict(state.get("guard", {}) if state else {})
+        guard.begin(p.step)
+    b = Books(cfg, d, log, s, p, out_dir, ckpt_dir, data_dir, val_set, tokenizer, arch, vocab,
+              train_s=state.get("train_s", 0.0) if state else 0.0,
+              best=state.get("best_val_loss", float("inf")) if state else float("inf"),
+              val_loss=state.get("val_loss") if state else None)
+    say_start(b, state)
+    s.wrap(extras)
+    s.start()
+    b.clock = time.perf_counter()
+    while p.step < t.max_steps:
+        previous = p.step
+        p.step, loss, norm = s.step()
+        log.progress(p.step, t.max_steps)  # a terminal: the bar below the lines
+        final = p.step == t.max_steps
+        evaluating = final or due(t.eval_interval, previous, p.step)
+        saving = final or due(t.checkpoint_interval, previous, p.step)
+        if evaluating or saving:  # both see, and a resume starts from, the weights every rank shares
+            loss = s.settle(loss)
+        if due(t.log_interval, previous, p.step) or evaluating:
+            report(b, loss, norm, evaluating, final)
         if saving:
-            began = time.perf_counter()
-            rng = distributed.gather_object(d, rng_state(d.device))
-            positions = distributed.gather_object(d, position)
-            per_rank = {}
-            if isinstance(step_kind, objective.Recurrent):
-                per_rank["carry"] = distributed.gather_object(d, step_kind.state_dict())
-            if diloco:
-                per_rank["inner_optimizer"] = distributed.gather_object(d, optimizer.state_dict())
-            if hook is not None:  # PowerSGD's error feedback: each rank's own
-                per_rank["powersgd"] = distributed.gather_object(d, comm_hooks.state_dict(hook))
-            extra = state_out = None
-            if d.rank == 0:
-                extra = dict(per_rank)
-                if ema:
-                    extra["ema"] = ema.state_dict()
-                if diloco:
-                    extra["diloco"] = outer.state_dict()
-                if scaler.is_enabled():
-                    extra["grad_scaler"] = scaler.state_dict()
-                state_out = {
-                    "data_position": position, "data_positions": positions, "val_loss": val_loss,
-                    "best_val_loss": best, "vocab_size": vocab, "train_s": train_s, "world": d.world,
-                    "parallel": t.parallel,
-                    "shares": dict(shares.to_dict(), spec=t.balance, sync=t.sync, per_rank=t.batch_size),
-                    "guard": guard.state_dict() if guard else {}, "config": config.to_dict(cfg)}
-            if t.parallel == "fsdp":  # every rank writes its shards (a world of one: the whole model, as DCP)
-                path = checkpoint.save_sharded(ckpt_dir, step, raw, optimizer, d.rank, rng, state_out, t.keep_last,
-                                               extra)
-            elif d.rank == 0:
-                path = checkpoint.save(out_dir, step, raw, optimizer, rng, state_out, t.keep_last, extra)
-            if d.rank == 0:
-                log.say(f"saved {path}")
-            clock += time.perf_counter() - began  # throughput counts training time only
-
+            save(b)
     if d.world > 1:
         phrase, sums, equal = distributed.compare_checksums(d, raw)
-        log.event(step, "checksum", phrase, checksums=sums, equal=equal)
+        log.event(p.step, "checksum", phrase, checksums=sums, equal=equal)
     write_run_curves(out_dir, log.say)  # rank 0: curves.png (the others have no out_dir); never raises
-    return whole_model(raw, cfg, arch, vocab) if fsdp and whole else raw
-
-
-def whole_model(raw: torch.nn.Module, cfg: Config, arch: dict, vocab) -> torch.nn.Module:
-    """fsdp: a whole (unsharded) copy of the model on the CPU, all-gathered from the shards one tensor at a time
-    (every rank calls it): what ``run`` returns when asked for the model. Built under a forked RNG, so training's
-    random state is left as it was."""
-    sd = {k: fsdp_lib.full(v).detach().cpu() for k, v in raw.state_dict().items()}
-    with torch.random.fork_rng(devices=[]):
-        model = models.build(cfg.task, arch, vocab)
-    model.load_state_dict(sd)
-    return model.train(raw.training)
-
-
-def shared_run_dir(d: distributed.Dist, out_dir: Path | None) -> Path:
-    """fsdp: the run directory, where every rank writes its shards of the checkpoints: rank 0's, which every rank
-    must see (one file system shared by the nodes), else a UserError on every rank."""
-    path = Path(distributed.broadcast_object(d, str(out_dir.absolute()) if d.rank == 0 else None))
-    token, error = None, None
-    if d.rank == 0:
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-            token = f".shared-check-{os.getpid()}-{time.time_ns()}"
-            (path / token).write_text("")
-        except OSError as e:
-            error = f"cannot write the run directory {path}: {e.strerror or e}"
-    distributed.raise_if_any(d, error)
-    token = distributed.broadcast_object(d, token)
-    if not (path / token).exists():
-        error = (f"training.parallel=fsdp: every rank writes its shards of the checkpoints into the run directory "
-                 f"{path}, which this node does not see as rank 0's: put out_dir on a file system every node "
-                 f"shares (NFS), or use training.parallel=ddp")
-    elif d.rank != 0:
-        try:  # the other ranks may run as other users: they must be able to write there too
-            (path / f"{token}-{d.rank}").touch()
-            (path / f"{token}-{d.rank}").unlink()
-        except OSError as e:
-            error = (f"training.parallel=fsdp: cannot write this rank's shards into the run directory {path} "
-                     f"({e.strerror}): make it writable by every node's user (the same user on every node, "
-                     f"or a group they share: chmod g+ws), or use training.parallel=ddp")
-    try:
-        distributed.raise_if_any(d, error)
-    finally:
-        if d.rank == 0:
-            (path / token).unlink(missing_ok=True)
-    return path
+    return s.final_model(raw, whole, arch, vocab)
 
 
 def run(cfg: Config, whole: bool = True) -> torch.nn.Module:

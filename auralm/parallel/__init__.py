@@ -1,10 +1,16 @@
-"""How the ranks share the work of training, beyond plain DDP.
+"""How the ranks train together: the sync strategies, one class each behind one interface and one registry.
 
+- ``strategy``: the interface (``Strategy``), the training parts a strategy gets (``Parts``) and the registry
+  that ``training.sync``/``training.parallel`` names are looked up in (``register``, ``choose``, ``make``);
+  standard library only, so config.py and link_budget.py read it without torch.
+- ``single``: one process (``training.sync=ddp`` alone): the step every other strategy builds on.
+- ``ddp``: DistributedDataParallel over several ranks, with ``comm_hooks`` (``training.ddp_comm_hook``).
+- ``diloco_strategy``: rounds of local steps and an outer step (``training.sync=diloco``), with the
+  algorithm in ``diloco``.
+- ``fsdp_strategy``: the model sharded over the ranks (``training.parallel=fsdp``), with ``fsdp``.
 - ``balance``: each rank's share (``training.balance``): rows of the global batch under DDP, local steps
   per round under DiLoCo, in proportion to a node's weight or its measured speed.
-- ``diloco``: low-communication training (``training.sync=diloco``): local steps, then one outer step
-  on the averaged change of the weights.
-- ``comm_hooks``: DDP's gradient compression (``training.ddp_comm_hook``).
 
-Imports auralm's config and distributed helpers only; the trainer (auralm.train) drives them.
+Imports auralm's config, distributed helpers and the loop's parts (checkpoint, objective, optim, precision);
+never auralm.train, which drives the strategies through the interface alone.
 """

@@ -1,0 +1,117 @@
+"""``training.sync=diloco``: rounds of local steps on every rank, then the outer step on the averaged change of
+the weights (the algorithm is auralm.parallel.diloco; this is its place in the trainer).
+
+A round is ``training.diloco.inner_steps`` single-process steps (each rank its share of them), each checked by the
+NaN guard locally; the round's outer step waits for the all-reduce (with ``overlap_steps``, during the next
+round's first local steps). An evaluation or a checkpoint finishes the round in flight first (``settle``).
+The EMA follows the rounds. Imports torch, auralm.parallel's single, diloco, strategy and the loop parts.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from auralm import data, distributed
+from auralm.parallel.diloco import DiLoCo, choose_outer_step, few_rounds_note
+from auralm.parallel.single import Single
+from auralm.parallel.strategy import Parts
+
+
+class DiLoCoRounds(Single):
+    name = "diloco"
+    several_ranks = True
+    per_step_ema = False
+    waits = "every DiLoCo round waits for the slowest"
+
+    def inner_steps(self) -> int | None:
+        return self.t.diloco.inner_steps
+
+    def attach(self, parts: Parts, extras: dict) -> None:
+        """The outer step (auto: by the run's length, set in the config the run records), and on a resume the
+        outer optimizer's state and this rank's inner optimizer's."""
+        super().attach(parts, extras)
+        t = self.t
+        self.outer_step = choose_outer_step(t.diloco, t.max_steps)
+        self.outer = DiLoCo(parts.model, t.diloco, self.d, parts.shares.sample_weight(self.d.rank))
+        if "diloco" in extras:
+            self.outer.load_state_dict(extras["diloco"])
+        if "inner_optimizer" in extras:
+            parts.optimizer.load_state_dict(extras["inner_optimizer"])
+        self.own_metrics = distributed.Dist(device=self.d.device)  # the metrics are this rank's: no collective in a round
+
+    def say_start(self, log, step: int) -> None:
+        t = self.t
+        log.say(f"sync: diloco, {t.diloco.inner_steps} local steps a round, the change of the weights "
+                f"all-reduced as {t.diloco.comm_dtype}, {self.outer_step}" +
+                (f"; each round's all-reduce overlaps the next round's first {t.diloco.overlap_steps} local "
+                 f"steps" if t.diloco.overlap_steps else ""))
+        note = few_rounds_note(t.diloco, t.max_steps)
+        if note:
+            log.event(step, "diloco_few_rounds", note, rounds=t.max_steps // t.diloco.inner_steps)
+
+    def batches(self):
+        """Unequal shares: every rank its own batches of training.batch_size (the shares are its local steps)."""
+        p, t, d = self.p, self.t, self.d
+        if p.shares.equal:
+            return super().batches()
+        return data.batches(p.train_set, t.batch_size, d.rank, d.world, t.seed, start=p.position,
+                            augment=t.augment and self.cfg.task == "sudoku")
+
+    def finish_round(self) -> float:
+        """The outer step of the round in flight, with what follows it: the EMA, the guard's verdict."""
+        p = self.p
+        rnd = self.outer.finish()
+        end = rnd.end
+        if p.ema and rnd.ok:
+            p.ema.update()
+        if p.guard:
+            p.guard.after_round(end, rnd.bad_steps, rnd.broken, learned=rnd.ok and math.isfinite(rnd.loss))
+            if p.guard.after_step(end, rnd.ok and not any(rnd.bad_steps)):  # no snapshot of a round with skips
+                self.outer.restart_from_model()  # rank 0's restored weights are every rank's shared weights now
+        return rnd.loss
+
+    def step(self) -> tuple[int, float, torch.Tensor]:
+        """H local steps on each rank (its share of them), then the outer step on the averaged change; with
+        overlap, the outer step of the previous round once the first ``overlap_steps`` of these are taken."""
+        p, t, outer = self.p, self.t, self.outer
+        length = min(t.diloco.inner_steps, t.max_steps - p.step)
+        mine = p.shares.inner_steps_for(self.d.rank, length, t.diloco.inner_steps)
+        bad, loss_sum, losses, norm = 0, 0.0, 0, torch.zeros(())
+        for j in range(mine):
+            if j == t.diloco.overlap_steps and outer.in_flight:
+                self.finish_round()
+            at = p.step + math.ceil((j + 1) * length / mine)  # where this local step stands in the schedule
+            loss, norm = self.local_step(at)
+            ok = p.guard.finite(loss, norm) if p.guard else True
+            if ok:
+                loss_sum, losses = loss_sum + float(loss), losses + 1
+            bad += not ok
+            self.apply(ok)
+        if outer.in_flight:  # fewer local steps than overlap_steps this round
+            self.finish_round()
+        end = p.step + length
+        outer.start(bad, loss_sum, losses, carry=t.diloco.overlap_steps > 0, end=end)
+        if not t.diloco.overlap_steps:
+            return end, self.finish_round(), norm
+        # overlap: the round's loss over all ranks arrives later (an evaluation or checkpoint waits for it); until
+        # then the log shows this rank's own
+        return end, loss_sum / losses if losses else float("nan"), norm
+
+    def settle(self, loss: float) -> float:
+        """Both an evaluation and a checkpoint see, and a resume starts from, the shared weights."""
+        return self.finish_round() if self.outer.in_flight else loss
+
+    def meter_group(self) -> distributed.Dist:
+        return self.own_metrics
+
+    def rank_parts(self) -> dict:
+        return {"inner_optimizer": distributed.gather_object(self.d, self.p.optimizer.state_dict())}
+
+    def shared_parts(self) -> dict:
+        return {"diloco": self.outer.state_dict()}
+
+    @classmethod
+    def link_cost(cls, budget: dict, hook: str) -> dict | None:
+        return None  # one all-reduce a round, not a step: the budget's "diloco" entry, which the suggestion reads

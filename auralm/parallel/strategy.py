@@ -1,0 +1,146 @@
+"""The sync strategies' interface and their one registry: how the ranks train together, chosen by name.
+
+A strategy (single process, DDP, DiLoCo, FSDP, ...) is one class with the methods of ``Strategy`` below and one
+``register`` call. ``training.sync`` and ``training.parallel`` name one: ``choose`` looks the names up here, and
+config.py checks the values against ``names``. The trainer (auralm.train) only calls the interface: it never
+asks which strategy it has.
+
+The built-in strategies are registered by where their class lives (``module:Class``), so that this module, and
+config.py and link_budget.py which read the registry, import no torch; a strategy registered from elsewhere (a
+test, a plug-in) may hand its class itself.
+
+Imports the standard library only.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+OPTIONS = ("sync", "parallel")  # the training.<option> keys whose values name a strategy
+DEFAULT = "ddp"  # both options' default: plain data parallel (a single process when alone)
+
+
+@dataclass
+class Parts:
+    """What a strategy trains with: made by the trainer before the loop, handed to ``Strategy.attach``.
+    ``step``, ``position`` (batches this rank consumed) and ``done`` (samples or tokens since the last log line,
+    counted over all ranks) move as it trains."""
+    cfg: Any
+    log: Any  # auralm.runlog.RunLog
+    model: Any  # the model itself (sharded in place under FSDP), not a DDP wrapper
+    optimizer: Any
+    step_kind: Any  # auralm.objective.Plain or Recurrent: the loss of a batch, the ACT carries
+    ema: Any  # auralm.ema.EMA or None
+    guard: Any  # auralm.nan_guard.NanGuard or None
+    train_set: Any
+    shares: Any  # auralm.parallel.balance.Shares
+    meter: Any  # auralm.objective.Meter
+    resumed: bool = False
+    step: int = 0
+    position: int = 0
+    done: float = 0.0
+
+
+class Strategy:
+    """The interface (the single-process strategy, auralm.parallel.single.Single, implements it all; the others
+    change what differs). In the order the trainer calls them:
+
+    - ``run_dir(out_dir)``: where the checkpoints go (FSDP: rank 0's directory, checked to be shared);
+    - ``grad_copies``: extra copies of the gradients the strategy holds (DDP's buckets), for batch_size=auto;
+    - ``shard(model)``: split the model over the ranks before its optimizer exists (FSDP); a phrase for the log;
+    - ``sharded`` (the model is split over the ranks: every rank evaluates and saves) and ``sharded_checkpoints``
+      (its checkpoints are DCP shards, also with one rank): how the trainer saves, resumes and evaluates;
+    - ``inner_steps()``: local steps a round, for the work shares (DiLoCo), else None;
+    - ``attach(parts, extras)``: take the training parts and what a resumed checkpoint held for it;
+    - ``say_start(log, step)``: its lines at the start of a run of several ranks;
+    - ``wrap()``: the model as trained (DDP's wrapper, its comm hook); the batches are made after it;
+    - ``step()``: one training step, or round, of every rank: (the step it ended at, the loss, the grad norm);
+    - ``settle(loss)``: before an evaluation or a checkpoint (DiLoCo: the round in flight is finished); the loss;
+    - ``meter_group()``: over which ranks the training metrics are averaged;
+    - ``checkpoint_parts()``: what it adds to a checkpoint (per rank, gathered; and rank 0's), and ``save``;
+    - ``final_model(whole)``: the trained model the trainer returns;
+    - ``link_cost(budget, hook)`` (a class method, for auralm.link_budget): the per-step communication this
+      strategy pays on a link, as the budget's entry, or None when it sends nothing per step.
+    """
+
+    name = ""
+    option = "sync"
+    alone: str | None = None  # "module:Class" of the strategy for a world of one, when another (DDP: Single)
+    several_ranks = True  # False: it trains one process (refused in a world of several)
+
+    @classmethod
+    def link_cost(cls, budget: dict, hook: str) -> dict | None:
+        return None
+
+    waits = "every step waits for the slowest"  # for the link budget's line about unequal shares
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    option: str
+    target: Any  # the class, or "module:Class"
+
+    def load(self) -> type:
+        if isinstance(self.target, str):
+            module, _, attr = self.target.partition(":")
+            return getattr(importlib.import_module(module), attr)
+        return self.target
+
+
+_REGISTRY: dict[tuple[str, str], Entry] = {}
+
+
+def register(name: str, target: Any, option: str = "sync") -> None:
+    """Make ``training.<option>=<name>`` choose ``target`` (a Strategy class, or "module:Class")."""
+    if option not in OPTIONS:
+        raise ValueError(f"option {option!r}: one of {', '.join(OPTIONS)}")
+    _REGISTRY[(option, name)] = Entry(name, option, target)
+
+
+def unregister(name: str, option: str = "sync") -> None:
+    _REGISTRY.pop((option, name), None)
+
+
+def names(option: str) -> tuple[str, ...]:
+    """The values ``training.<option>`` takes."""
+    return tuple(n for o, n in _REGISTRY if o == option)
+
+
+def chosen_name(sync: str, parallel: str) -> tuple[str, str]:
+    """(option, name) of the strategy two settings choose: training.parallel's unless it is the default."""
+    return ("parallel", parallel) if parallel != DEFAULT else ("sync", sync)
+
+
+def choose(sync: str, parallel: str, world: int) -> type:
+    """The strategy class ``training.sync`` and ``training.parallel`` name, for a world of ``world`` ranks."""
+    cls = _REGISTRY[chosen_name(sync, parallel)].load()
+    if world == 1 and cls.alone:
+        cls = Entry(cls.name, cls.option, cls.alone).load()
+    return cls
+
+
+def make(cfg, d) -> Strategy:
+    """The strategy of this run (``cfg.training``'s sync and parallel), for rank ``d``."""
+    from auralm.errors import UserError
+
+    t = cfg.training
+    cls = choose(t.sync, t.parallel, d.world)
+    if d.world > 1 and not cls.several_ranks:
+        option, name = chosen_name(t.sync, t.parallel)
+        raise UserError(f"training.{option}={name} trains a single process, and this run has {d.world} ranks: "
+                        f"run it alone, or choose another training.{option}")
+    return cls(cfg, d)
+
+
+def strategy_class(sync: str, parallel: str = DEFAULT) -> type:
+    """The class a run of several ranks would use (for the link budget)."""
+    return _REGISTRY[chosen_name(sync, parallel)].load()
+
+
+register("ddp", "auralm.parallel.ddp:DataParallel")
+register("ddp", "auralm.parallel.ddp:DataParallel", option="parallel")
+register("diloco", "auralm.parallel.diloco_strategy:DiLoCoRounds")
+register("fsdp", "auralm.parallel.fsdp_strategy:Sharded", option="parallel")
