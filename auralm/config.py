@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from auralm import guide_spellings, model_families
+from auralm.models import registry
 from auralm.parallel import strategy
 from auralm.errors import UserError
 
@@ -20,54 +21,9 @@ TASKS = ("sudoku", "lm")
 BACKENDS = ("auto", "nccl", "gloo")
 DTYPES = ("auto", "fp32", "bf16", "fp16")
 
-# Named model sizes. The plain ones (no family) are GPT-2 on lm and a small transformer on sudoku;
-# hrm-* and trm-* are the recurrent reasoning models (n_embd = hidden size, n_head = heads).
-SIZES = {
-    "tiny": dict(n_layer=2, n_head=2, n_embd=64, block_size=64),
-    "mini": dict(n_layer=4, n_head=4, n_embd=128, block_size=128),
-    "small": dict(n_layer=6, n_head=6, n_embd=384, block_size=256),
-    "124m": dict(n_layer=12, n_head=12, n_embd=768, block_size=1024),
-}
-_RECURRENT = dict(expansion=4.0, halt_exploration_prob=0.1, puzzle_emb_ndim=0, pos_encodings="rope", mlp_t=False,
-                  loss_type="softmax", norm="post", eval_segments=0, dropout=0.0)
-SIZES.update({
-    # trains on a CPU in minutes: pre-norm (learns faster here), 2 segments in training, 8 at evaluation
-    # (pos_encodings=auto: the sudoku positions and relations on sudoku, rotary on text)
-    "hrm-tiny": dict(_RECURRENT, family="hrm", n_embd=128, n_head=4, H_layers=2, L_layers=2, H_cycles=2, L_cycles=2,
-                     halt_max_steps=2, eval_segments=8, pos_encodings="auto", norm="pre", block_size=128),
-    # the paper's Sudoku / ARC model: about 27M parameters
-    "hrm-27m": dict(_RECURRENT, family="hrm", n_embd=512, n_head=8, H_layers=4, L_layers=4, H_cycles=2, L_cycles=2,
-                    halt_max_steps=16, puzzle_emb_ndim=512, block_size=512, loss_type="stablemax"),
-    # the language-model sizes (counts with a 32k vocabulary, untied input and output embeddings)
-    "hrm-50m": dict(_RECURRENT, family="hrm", n_embd=512, n_head=8, H_layers=3, L_layers=3, H_cycles=2, L_cycles=2,
-                    halt_max_steps=4, block_size=1024),
-    "hrm-100m": dict(_RECURRENT, family="hrm", n_embd=768, n_head=12, H_layers=4, L_layers=4, H_cycles=2, L_cycles=2,
-                     halt_max_steps=4, block_size=1024),
-    "trm-tiny": dict(_RECURRENT, family="trm", n_embd=128, n_head=4, H_layers=0, L_layers=2, H_cycles=2, L_cycles=3,
-                     halt_max_steps=2, eval_segments=8, pos_encodings="auto", norm="pre", block_size=128),
-    # the paper's Sudoku-Extreme model: MLP mixing over the positions, no position encoding, T=3, n=6
-    "trm-5m-mlp": dict(_RECURRENT, family="trm", n_embd=512, n_head=8, H_layers=0, L_layers=2, H_cycles=3,
-                       L_cycles=6, halt_max_steps=16, puzzle_emb_ndim=512, pos_encodings="none", mlp_t=True,
-                       block_size=512, loss_type="stablemax"),
-    # the paper's attention variant (about 7M parameters)
-    "trm-7m": dict(_RECURRENT, family="trm", n_embd=512, n_head=8, H_layers=0, L_layers=2, H_cycles=3, L_cycles=6,
-                   halt_max_steps=16, puzzle_emb_ndim=512, block_size=512, loss_type="stablemax"),
-})
-# RLM (the RLM-mHC guide): pre-norm RMSNorm, rotary positions, SwiGLU, mHC with 4 streams; the vocabulary
-# is the data's unless model.vocab_size is set (the counts in docs/rlm.md are at 32000)
-_RLM = dict(family="rlm", mhc_enabled=True, mhc_flows=4, mhc_sinkhorn_iters=20, vocab_size=None, dropout=0.0)
-SIZES.update({
-    "rlm-tiny": dict(_RLM, n_embd=256, n_layer=4, n_head=4, head_dim=64, ffn_dim=688, block_size=256),  # a CPU
-    "rlm-small": dict(_RLM, n_embd=768, n_layer=12, n_head=12, head_dim=64, ffn_dim=2048, block_size=1024),  # 125M
-    "rlm-base": dict(_RLM, n_embd=2048, n_layer=24, n_head=16, head_dim=128, ffn_dim=5504, block_size=2048),  # 1.3B
-    "rlm-large": dict(_RLM, n_embd=4096, n_layer=32, n_head=32, head_dim=128, ffn_dim=11008, block_size=2048),  # 7B
-})
-RECURRENT_KEYS = ("expansion", "H_layers", "L_layers", "H_cycles", "L_cycles", "halt_max_steps",
-                  "halt_exploration_prob", "puzzle_emb_ndim", "pos_encodings", "mlp_t", "loss_type", "norm",
-                  "eval_segments")
-NORMS = ("post", "pre")
-POSITIONS = ("auto", "rope", "learned", "sudoku", "none")
-LOSS_TYPES = ("softmax", "stablemax")
+# Named model sizes: every model family declares its own (auralm/models/<family>/spec.py) and registers it
+# (auralm.models.registry); this is the registry's table of them all, in the families' order.
+SIZES = registry.SIZES
 OPTIMIZERS = ("adamw", "adam_atan2")
 COMM_HOOKS = ("none", "bf16", "fp16", "powersgd")
 
@@ -368,7 +324,7 @@ def _set(cfg: Config, keys: dict, given: str, text: str) -> list[str]:
     elif key in keys:
         pairs = [(key, text)]
     else:
-        known = list(keys) + list(COMPOUND) + list(ACCEPTED) + ["arch." + k for k in RECURRENT_KEYS]
+        known = list(keys) + list(COMPOUND) + list(ACCEPTED) + ["arch." + k for k in registry.guide_arch_keys()]
         hint = guide_spellings.suggest(given, known) or f" (known keys: {', '.join(sorted(keys))})"
         raise UserError(f"unknown key {given!r}{hint}")
     for key, text in pairs:
@@ -442,9 +398,10 @@ def _choose_model(cfg: Config, typed: dict[str, str]) -> None:
             how = f", chosen from {item}"
     if cfg.model.name not in SIZES:
         return  # check() names the known sizes
-    if SIZES[cfg.model.name].get("family") == "rlm" and "task" not in typed:
-        cfg.task = "lm"  # the RLM is a language model only
-    family = model_families.NAMES[model_families.family(SIZES[cfg.model.name])].split(" (")[0]
+    tasks = registry.size_tasks(cfg.model.name)
+    if len(tasks) == 1 and "task" not in typed:
+        cfg.task = next(iter(tasks))  # a family of one task (the RLM is a language model only)
+    family = model_families.short_title(model_families.family(SIZES[cfg.model.name]))
     cfg.model_choice = f"{cfg.model.name} ({family}){how}" if how else ""
     model_families.check(SIZES, cfg.model.name, typed, how or ("" if "model" in typed else ", the default model"))
 
@@ -593,49 +550,19 @@ def check(cfg: Config) -> None:
             raise UserError(f"data.train_path is text for task=lm, not task={cfg.task}")
         if cfg.data.vocab_size < 257:
             raise UserError(f"data.vocab_size={cfg.data.vocab_size}: a byte-level BPE needs at least 257")
-    arch = resolved_model(cfg.model)
-    family = arch.get("family")
-    recurrent = family in ("hrm", "trm")
-    for key in ("n_layer", "n_head", "n_embd", "block_size") + (("L_layers", "H_cycles", "L_cycles",
-                                                                 "halt_max_steps") if recurrent else ()):
+    check_model(cfg.task, cfg.model.name, resolved_model(cfg.model))
+
+
+def check_model(task: str, name: str, arch: dict) -> None:
+    """The model's values: its shape's sizes greater than 0, then its family's own checks (auralm.models)."""
+    family = registry.of(task, arch)
+    for key in registry.SHAPE_KEYS + family.positive:
         if key in arch and arch[key] <= 0:
             raise UserError(f"model.{key}={arch[key]}: must be greater than 0")
-    if family == "rlm":
-        check_rlm(cfg.task, arch)
-    elif arch["n_embd"] % arch["n_head"]:
-        raise UserError(f"model.n_embd={arch['n_embd']} is not a multiple of model.n_head={arch['n_head']}")
-    if recurrent:
-        check_recurrent(cfg.task, cfg.model.name, arch)
-
-
-def check_recurrent(task: str, name: str, arch: dict) -> None:
-    if arch["family"] == "hrm" and arch["H_layers"] <= 0:
-        raise UserError(f"model.H_layers={arch['H_layers']}: must be greater than 0")
-    if arch["expansion"] <= 0 or not 0 <= arch["halt_exploration_prob"] <= 1 or arch["puzzle_emb_ndim"] < 0 \
-            or arch["eval_segments"] < 0:
-        raise UserError("model.expansion must be > 0, model.halt_exploration_prob in [0, 1], "
-                        "model.puzzle_emb_ndim and model.eval_segments >= 0")
-    _one_of("model.pos_encodings", arch["pos_encodings"], POSITIONS)
-    _one_of("model.loss_type", arch["loss_type"], LOSS_TYPES)
-    _one_of("model.norm", arch["norm"], NORMS)
-    if task == "lm" and (arch["pos_encodings"] == "sudoku" or arch["mlp_t"]):
-        what = "pos_encodings=sudoku" if arch["pos_encodings"] == "sudoku" else "mlp_t=true"
-        raise UserError(f"model={name} with {what} is for task=sudoku; on text use "
-                        f"model.pos_encodings=rope and model.mlp_t=false")
-    if arch["pos_encodings"] == "rope" and (arch["n_embd"] // arch["n_head"]) % 2:
-        raise UserError(f"rotary positions need an even head size, not {arch['n_embd'] // arch['n_head']}")
-
-
-def check_rlm(task: str, arch: dict) -> None:
-    if task != "lm":
-        raise UserError(f"model={arch.get('name', 'rlm')} is a language model: use it with task=lm")
-    for key in ("head_dim", "ffn_dim", "mhc_flows", "mhc_sinkhorn_iters"):
-        if arch[key] <= 0:
-            raise UserError(f"model.{key}={arch[key]}: must be greater than 0")
-    if arch["vocab_size"] is not None and arch["vocab_size"] <= 0:
-        raise UserError(f"model.vocab_size={arch['vocab_size']}: must be greater than 0 (or unset: the data's)")
-    if arch["head_dim"] % 2:
-        raise UserError(f"model.head_dim={arch['head_dim']}: rotary positions need an even head size")
+    if family.check:
+        family.check(task, name, arch)
+    if task not in family.tasks:
+        raise UserError(f"model={name} ({family.title}) trains task={' or task='.join(family.tasks)}, not task={task}")
 
 
 def parse_balance(text: str) -> str | dict[str, float]:

@@ -389,16 +389,11 @@ def advise(link: dict, run: dict, *, world: int, sync: str = "ddp", hook: str = 
 
 def passes(arch: dict, family: str) -> float:
     """How many times a step runs the model's layers, as forward-pass equivalents (a backward costs about two
-    forwards): 1 for GPT and the sudoku transformer. HRM runs its L layers H_cycles x L_cycles times and its H
-    layers H_cycles times a segment, with only the last of each in the graph; TRM its net H_cycles x (L_cycles + 1)
-    times, the last cycle (L_cycles + 1 calls) in the graph."""
-    if family == "hrm":
-        L, H = arch["L_layers"], arch["H_layers"]
-        forward = arch["H_cycles"] * (arch["L_cycles"] * L + H) / (L + H)
-        return (forward + 2) / 3
-    if family == "trm":
-        return (arch["H_cycles"] * (arch["L_cycles"] + 1) + 2 * (arch["L_cycles"] + 1)) / 3
-    return 1.0
+    forwards): as the family declares it (auralm.models.registry; 1 for GPT and the sudoku transformer, more for
+    the recurrent models, which run their layers several times a segment)."""
+    from auralm.models import registry
+
+    return registry.get(family).passes(arch)
 
 
 def run_model(cfg, world: int) -> dict:

@@ -8,31 +8,27 @@ by the RLM, ``n_layer`` by GPT and the RLM). auralm.config asks two things here:
 - :func:`check`: a ``model.*`` key the chosen model does not read is refused in one line naming the family it
   belongs to and the ``model=`` that selects it (it used to be stored and ignored: another model, silently).
 
-A family's keys are those of its named sizes (auralm.config.SIZES), less the ones its model never reads.
+A family's keys are those of its named sizes (auralm.config.SIZES), less the ones its model never reads; its
+name, the model= that selects it, its smallest size and the keys it never reads are declared by the family itself
+(auralm.models.registry).
 """
 
 from __future__ import annotations
 
 from auralm import guide_spellings
 from auralm.errors import UserError
+from auralm.models import registry
 
-NAMES = {"gpt": "GPT (GPT-2 on task=lm, the sudoku transformer on task=sudoku)", "hrm": "HRM", "trm": "TRM",
-         "rlm": "RLM (mHC)"}
-SELECT = {"gpt": "model=tiny", "hrm": "model=hrm-tiny (or arch=hrm_v1)", "trm": "model=trm-tiny (or arch=trm)",
-          "rlm": "model=rlm-tiny"}
-# In the sizes' dicts, never read by the model: TRM has no H level, HRM no MLP across positions.
-NOT_READ = {"trm": {"H_layers"}, "hrm": {"mlp_t"}}
 # What a guide's line trains when it names no model: its own default (pretrain.py's arch is hrm_v1, the paper's
 # 27M model; the RLM guide's quick start is rlm-tiny's shape). Our own keys pick the family's smallest.
 GUIDE_SIZE = {"hrm": guide_spellings.ARCH_NAMES["hrm_v1"], "trm": guide_spellings.ARCH_NAMES["trm"], "rlm": "rlm-tiny"}
-OUR_SIZE = {"gpt": "tiny", "hrm": "hrm-tiny", "trm": "trm-tiny", "rlm": "rlm-tiny"}
 # the RLM guide's spellings (W&B's keys aside: they say nothing of the model)
 _RLM_GUIDE = {s.theirs for s in guide_spellings.TABLE if s.guide == guide_spellings.RLM
               and not s.theirs.startswith("training.wandb.")} | {"data.train_path"}
 
 
 def family(size: dict) -> str:
-    return size.get("family", "gpt")
+    return registry.size_family(size)
 
 
 def keys_of(sizes: dict) -> dict[str, set[str]]:
@@ -40,8 +36,8 @@ def keys_of(sizes: dict) -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     for size in sizes.values():
         out.setdefault(family(size), {"dropout"}).update(k for k in size if k != "family")
-    for fam, unread in NOT_READ.items():
-        out[fam] -= unread
+    for fam in out:
+        out[fam] -= registry.get(fam).unread
     return out
 
 
@@ -71,7 +67,7 @@ def choose(sizes: dict, default: str, typed: dict[str, str], task: str | None) -
     foreign = sorted(f for f in fields if f not in keys[family(sizes[default])])
     owners = [fam for fam, ks in keys.items() if fields <= ks]
     if foreign and len(owners) == 1:
-        return OUR_SIZE[owners[0]], typed["model." + foreign[0]]
+        return registry.get(owners[0]).smallest, typed["model." + foreign[0]]
     return None
 
 
@@ -86,7 +82,12 @@ def check(sizes: dict, name: str, typed: dict[str, str], how: str) -> None:
         owners = [f for f in keys if field in keys[f]]
         given = item.partition("=")[0]
         shown = given if given.lstrip("+") == k else f"{given} ({k})"
-        where = " and ".join(NAMES[f].split(" (")[0] for f in owners)
-        select = " or ".join(SELECT[f] for f in owners)
-        raise UserError(f"{shown} is not a key of model={name} ({NAMES[fam].split(' (')[0]}{how}): it belongs to "
+        where = " and ".join(short_title(f) for f in owners)
+        select = " or ".join(registry.get(f).select for f in owners)
+        raise UserError(f"{shown} is not a key of model={name} ({short_title(fam)}{how}): it belongs to "
                         f"{where}; {select} selects {'it' if len(owners) == 1 else 'one'}")
+
+
+def short_title(fam: str) -> str:
+    """A family's title without its parenthesis: "GPT", "RLM"."""
+    return registry.get(fam).title.split(" (")[0]

@@ -19,6 +19,7 @@ import torch
 
 from auralm import config, models
 from auralm.errors import UserError
+from auralm.models import registry
 from auralm.models.layers import swiglu_width
 
 
@@ -29,8 +30,9 @@ def meta_model(task: str, arch: dict, vocab: int | None) -> torch.nn.Module:
 
 
 def parameter_shapes(task: str, arch: dict, vocab: int | None) -> list[tuple[int, ...]]:
-    """The shape of every trainable parameter, in the model's order (a tied weight once): what DDP all-reduces."""
-    return [tuple(p.shape) for p in meta_model(task, arch, vocab).parameters() if p.requires_grad]
+    """The shape of every trainable parameter, in the model's order (a tied weight once): what DDP all-reduces
+    (what the model's family says a step sends, auralm.models.registry)."""
+    return registry.of(task, arch).sent_shapes(task, arch, vocab)
 
 
 def count_parameters(task: str, arch: dict, vocab: int | None) -> int:
@@ -38,12 +40,8 @@ def count_parameters(task: str, arch: dict, vocab: int | None) -> int:
 
 
 def blocks_in_graph(task: str, arch: dict) -> int:
-    family = models.family_of(task, arch)
-    if family == "hrm":
-        return arch["H_layers"] + arch["L_layers"]
-    if family == "trm":
-        return (arch["L_cycles"] + 1) * arch["L_layers"]
-    return arch["n_layer"]
+    """The blocks whose activations autograd keeps for one step, as the model's family declares it."""
+    return registry.of(task, arch).blocks_in_graph(arch)
 
 
 def estimate(cfg: config.Config, vocab: int | None = None) -> dict:

@@ -25,24 +25,20 @@ import torch
 
 from auralm import config, models, sizing
 from auralm.errors import UserError
+from auralm.models import registry
+from auralm.models.registry import check_result as _check
 
 DEFAULTS = ["task=lm", "model=rlm-tiny"]
 VOCAB = 512
-TOLERANCE = 1e-3
-COLUMN_TOLERANCE = 1e-5  # Sinkhorn ends by dividing each column by its sum: float32 leaves n * 2**-24 at most
-AMAX_LIMIT = 2.0
-
-
-def _check(name: str, ok: bool, detail: str) -> dict:
-    return {"check": name, "ok": bool(ok), "detail": detail}
 
 
 def build(overrides: list[str]) -> tuple[config.Config, dict, torch.nn.Module]:
     cfg = config.parse(DEFAULTS + overrides)
     arch = config.resolved_model(cfg.model)
-    family = models.family_of(cfg.task, arch)
-    if cfg.task != "lm" or family not in ("gpt", "rlm"):
-        raise UserError(f"validate-model checks the language models (task=lm with the gpt or rlm sizes), not "
+    family = registry.of(cfg.task, arch)
+    if cfg.task != "lm" or not family.validates:
+        takes = " or ".join(f.name for f in registry.families() if f.validates)
+        raise UserError(f"validate-model checks the language models (task=lm with the {takes} sizes), not "
                         f"task={cfg.task} model={cfg.model.name}; for sudoku models use `hrmctl train --dry-run`")
     vocab = arch.get("vocab_size") or VOCAB
     need = sizing.estimate(cfg, vocab)["total_bytes"]
@@ -87,13 +83,8 @@ def validate(cfg: config.Config, arch: dict, model: torch.nn.Module) -> list[dic
                       f"no gradient: {missing[:3]}; not finite: {bad[:3]}"))
     model.zero_grad(set_to_none=True)
 
-    connections = model.connections() if hasattr(model, "connections") else []
-    if connections:
-        worst = max(max(float((m.sum(0) - 1).abs().max()), float((m.sum(1) - 1).abs().max()))
-                    for m in (c.get_connection_matrix().double() for c in connections))
-        out.append(_check("doubly stochastic", worst < TOLERANCE,
-                          f"{len(connections)} H_res matrices, rows and columns within {worst:.1e} of 1"))
-        out.append(_amax(model, "amax"))
+    own = registry.of(cfg.task, arch).validate_checks  # the family's own checks (the RLM's: mHC's matrices)
+    out.extend(own(model, False) if own else [])
 
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
     began, first = time.perf_counter(), None
@@ -106,30 +97,8 @@ def validate(cfg: config.Config, arch: dict, model: torch.nn.Module) -> list[dic
     last = float(loss.detach())
     out.append(_check("overfit one batch", last < first / 5,
                       f"loss {first:.3f} -> {last:.3f} in 150 steps ({time.perf_counter() - began:.1f} s)"))
-    if connections:
-        out.append(_trained_stochastic(connections))
-        out.append(_amax(model, "amax after training"))
+    out.extend(own(model, True) if own else [])
     return out
-
-
-def _amax(model: torch.nn.Module, name: str) -> dict:
-    amax = model.get_mhc_metrics()
-    pre, post = max(a for a, _ in amax), max(b for _, b in amax)
-    return _check(name, max(pre, post) < AMAX_LIMIT, f"composite mixing: pre {pre:.4f}, post {post:.4f} "
-                                                     f"(healthy below {AMAX_LIMIT})")
-
-
-def _trained_stochastic(connections: list) -> dict:
-    """Every token's H_res of the last forward: what Sinkhorn at N rounds guarantees (columns summing to 1, its
-    last step) is checked; the rows, which converge with the rounds and the logits' spread, are reported (their
-    effect on the signal is the amax check)."""
-    res = [c.last_res.double() for c in connections]
-    cols = max(float((m.sum(-2) - 1).abs().max()) for m in res)
-    rows = max(float((m.sum(-1) - 1).abs().max()) for m in res)
-    iters = connections[0].iters
-    return _check("doubly stochastic after training", cols < COLUMN_TOLERANCE and all(bool((m >= 0).all()) for m in res),
-                  f"every token's H_res: columns within {cols:.1e} of 1, rows within {rows:.1e} after {iters} "
-                  f"Sinkhorn rounds (more rounds: model.mhc_sinkhorn_iters=N)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -230,7 +230,7 @@ def test_after_training_the_check_holds_what_sinkhorn_guarantees_and_reports_the
     Sinkhorn's rows at 20 rounds are up to 0.2 off (the columns exact, its last step); the old check held rows to
     1e-3 and failed every healthy model. The columns are held to float precision, a matrix that is not Sinkhorn's
     (columns off) still fails."""
-    from auralm import validate_model
+    from auralm.models.rlm import spec as rlm_spec  # the RLM family's validate-model checks
 
     torch.manual_seed(0)
     hc = mhc.HyperConnection(d=16, n=4, sinkhorn_iters=20)
@@ -238,11 +238,11 @@ def test_after_training_the_check_holds_what_sinkhorn_guarantees_and_reports_the
         hc.gate.fill_(8.0)  # peaked per-token logits, as training leaves them
     hc(torch.randn(64, 4, 16), lambda h: h)
     rows = float((hc.last_res.sum(-1) - 1).abs().max())
-    assert rows > validate_model.TOLERANCE  # the case the old check refused
-    ok = validate_model._trained_stochastic([hc])
+    assert rows > rlm_spec.TOLERANCE  # the case the old check refused
+    ok = rlm_spec.trained_stochastic([hc])
     assert ok["ok"] and "rows within" in ok["detail"] and "model.mhc_sinkhorn_iters" in ok["detail"], ok
     hc.last_res = hc.last_res * 1.01  # columns no longer sum to 1: not a Sinkhorn result
-    assert not validate_model._trained_stochastic([hc])["ok"]
+    assert not rlm_spec.trained_stochastic([hc])["ok"]
 
 
 @pytest.mark.slow

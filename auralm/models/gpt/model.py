@@ -15,7 +15,7 @@ from torch.utils.checkpoint import checkpoint
 
 from auralm.chunked_loss import linear_cross_entropy
 from auralm.models.layers import token_loss
-from auralm.models.rlm import KVCache
+from auralm.models.rlm.model import KVCache
 from auralm.models.pretrained import Pretrained
 
 

@@ -1,0 +1,157 @@
+"""The model families by name: each declares itself once, as a :class:`ModelFamily` in its folder's ``spec.py``
+(``auralm/models/hrm/spec.py``), and is registered here; nothing else in auralm tests a family's name.
+
+A family says: its named sizes (``model=NAME``: the keys it reads and their defaults), the tasks it trains, how
+to build its model, the class that build makes (what ``from_pretrained`` checks a checkpoint against), what its
+values must satisfy (``config.check``), how many blocks autograd keeps per step (``auralm.sizing``'s memory
+estimate, which batch_size=auto and the launcher's memory preflight use), how many forward passes a step costs
+(``auralm.link_budget``'s compute; what a step sends is its trainable parameters, counted on the meta device by
+:meth:`ModelFamily.sent_shapes`), and what ``validate-model`` checks beyond the common checks.
+
+The built-in families are the modules in :data:`BUILTIN`; more are imported from the module paths in the
+environment variable ``AURALM_MODEL_PLUGINS`` (comma-separated, e.g. ``tests.toy_family``), each of which calls
+:func:`register`. The variable is read in every process that reads a config: hrmctl's preflight and the trainer
+under torchrun inherit it from ``hrmctl train``'s environment on this machine (a remote node needs the module
+installed and the variable in its own environment). No torch here: ``auralm.config`` reads the sizes without it;
+a family's ``build`` imports its model when called.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+PLUGINS_ENV = "AURALM_MODEL_PLUGINS"
+BUILTIN = ("auralm.models.gpt.spec", "auralm.models.transformer.spec", "auralm.models.hrm.spec",
+           "auralm.models.trm.spec", "auralm.models.rlm.spec")
+SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "block_size")  # greater than 0 wherever a size has them
+
+
+def _n_layer(arch: dict) -> int:
+    return arch["n_layer"]
+
+
+def _one_pass(arch: dict) -> float:
+    return 1.0
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    name: str  # as checkpoints (config.yaml's "family"), logs and sizes (their "family" key) name it
+    title: str  # in messages: "HRM"
+    sizes: dict[str, dict]  # model=NAME -> the keys its model reads, with their defaults
+    build: Callable[[str, dict, int | None], Any]  # (task, arch, vocab) -> the model (imports torch when called)
+    model_class: Callable[[str, dict], type]  # the class build makes: from_pretrained's check of a checkpoint
+    tasks: tuple[str, ...] = ("sudoku", "lm")
+    # builds the sizes that have no "family" key on its tasks (GPT on lm and the sudoku transformer share them)
+    plain: bool = False
+    select: str = ""  # the model= that selects it, in messages ("model=hrm-tiny (or arch=hrm_v1)")
+    smallest: str = ""  # the size its own model.* keys pick when no model= is given (auralm.model_families)
+    unread: frozenset = frozenset()  # keys in its sizes' dicts that its model never reads
+    positive: tuple[str, ...] = ()  # keys beyond SHAPE_KEYS that must be greater than 0
+    check: Callable[[str, str, dict], None] | None = None  # (task, size name, arch): UserError for what cannot work
+    blocks_in_graph: Callable[[dict], int] = _n_layer  # blocks whose activations autograd keeps for one step
+    passes: Callable[[dict], float] = _one_pass  # forward-pass equivalents of one step, a backward counting two
+    validates: bool = False  # validate-model takes it (a language model: (x, y) -> (logits, loss))
+    validate_checks: Callable[[Any, bool], list] | None = None  # (model, trained) -> its own validate-model checks
+    guide_arch_keys: tuple[str, ...] = ()  # keys a guide spells arch.<key> (the HRM repository's)
+    extra: dict = field(default_factory=dict)
+
+    def sent_shapes(self, task: str, arch: dict, vocab: int | None) -> list[tuple[int, ...]]:
+        """The shape of every trainable parameter in the model's order (a tied weight once): what a DDP step
+        all-reduces and a DiLoCo round averages. Built on the meta device: nothing allocated."""
+        import torch
+
+        with torch.device("meta"):
+            model = self.build(task, arch, vocab)
+        return [tuple(p.shape) for p in model.parameters() if p.requires_grad]
+
+
+def check_result(name: str, ok: bool, detail: str) -> dict:
+    """One validate-model check, as its report shows it (a family's ``validate_checks`` returns these)."""
+    return {"check": name, "ok": bool(ok), "detail": detail}
+
+
+_FAMILIES: dict[str, ModelFamily] = {}
+SIZES: dict[str, dict] = {}  # every family's named sizes, in registration order (auralm.config.SIZES is this dict)
+_SIZE_TASKS: dict[str, set[str]] = {}
+
+
+def register(family: ModelFamily) -> ModelFamily:
+    """Add ``family`` (its name and sizes must be new; a plain size may be shared by plain families)."""
+    if family.name in _FAMILIES:
+        raise ValueError(f"model family {family.name!r} is registered twice")
+    for name, size in family.sizes.items():
+        if name in SIZES and (SIZES[name] != size or not family.plain):
+            raise ValueError(f"model family {family.name!r}: size {name!r} is another family's")
+        if not family.plain and size.get("family") != family.name:
+            raise ValueError(f"model family {family.name!r}: size {name!r} must say family={family.name!r}")
+        SIZES.setdefault(name, size)
+        _SIZE_TASKS.setdefault(name, set()).update(family.tasks)
+    _FAMILIES[family.name] = family
+    return family
+
+
+def names() -> list[str]:
+    return list(_FAMILIES)
+
+
+def families() -> list[ModelFamily]:
+    return list(_FAMILIES.values())
+
+
+def get(name: str) -> ModelFamily:
+    try:
+        return _FAMILIES[name]
+    except KeyError:
+        raise ValueError(f"no model family {name!r} (registered: {', '.join(_FAMILIES)}; a family of your own is "
+                         f"registered by a module named in {PLUGINS_ENV})") from None
+
+
+def of(task: str, arch: dict) -> ModelFamily:
+    """The family that builds ``arch`` on ``task``: the one its size names, else the plain family of the task."""
+    if arch.get("family"):
+        return get(arch["family"])
+    for fam in _FAMILIES.values():
+        if fam.plain and task in fam.tasks:
+            return fam
+    raise ValueError(f"no model family builds a size without a family on task={task}")
+
+
+def size_family(size: dict) -> str:
+    """The family a named size belongs to, as auralm.model_families groups the keys: a size without a "family"
+    key is the first plain family's (GPT's, shared with the sudoku transformer)."""
+    return size.get("family") or next(f.name for f in _FAMILIES.values() if f.plain)
+
+
+def size_tasks(name: str) -> set[str]:
+    """The tasks a named size can train."""
+    return set(_SIZE_TASKS.get(name, ()))
+
+
+def guide_arch_keys() -> list[str]:
+    """Every key a guide may spell ``arch.<key>``, once, in the families' order."""
+    return list(dict.fromkeys(k for f in _FAMILIES.values() for k in f.guide_arch_keys))
+
+
+def _import(module: str, source: str) -> None:
+    try:
+        importlib.import_module(module)
+    except ImportError as e:
+        from auralm.errors import UserError
+
+        raise UserError(f"{source}: cannot import the model family module {module!r} ({e}); it must be importable "
+                        f"by this Python (on PYTHONPATH, or installed)") from None
+
+
+def load() -> None:
+    """Import the built-in families and the plugins named in AURALM_MODEL_PLUGINS (once)."""
+    for module in BUILTIN:
+        _import(module, "auralm")
+    for module in filter(None, (m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(","))):
+        _import(module, PLUGINS_ENV)
+
+
+load()
