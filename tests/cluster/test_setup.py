@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -20,7 +21,9 @@ import pytest
 
 from lab.nodes import ROOT, sh
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+# the first setup (wheels downloaded into the session's cache, two venvs) and removing the nodes' venvs at the
+# end take minutes each on a loaded 2-core machine: more than the suite's 600 s for the item that pays for them
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 DIRTY = ["--allow-dirty"] if sh(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"]).stdout.strip() \
     else []  # a shared working tree with others' edits; on CI's clean clone the exact commit is sent
@@ -38,7 +41,16 @@ RECORDED_SMI = ROOT / "tests" / "recorded" / "nvidia-smi-rtx4090.txt"
 
 @pytest.fixture(scope="module")
 def bare(make_lab):
-    return make_lab(2, bare=True)
+    lab = make_lab(2, bare=True)
+    yield lab
+    # the venvs and uv's caches (tens of thousands of files each) removed for both nodes at once, before the
+    # lab removes its users one after the other
+    threads = [threading.Thread(target=shutil.rmtree, args=(d,), kwargs={"ignore_errors": True})
+               for n in lab.nodes for d in (n.home / "hrmctl", n.home / ".cache")]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
 
 
 @pytest.fixture(scope="module")
