@@ -33,8 +33,12 @@ class NodeBars:
             self.bar.stop()
 
     def phase(self, name: str, text: str, total: int | None = None) -> None:
+        """A new step: its text, and a bar of `total` bytes (None: a pulsing bar, no byte count)."""
         if name in self.tasks:
-            self.bar.update(self.tasks[name], description=text, total=total, completed=0)
+            task = self.tasks[name]
+            self.bar.update(task, description=text, completed=0)
+            with self.bar._lock:  # rich's update() takes total=None as "unchanged"
+                self.bar._tasks[task].total = total
 
     def done(self, name: str, text: str) -> None:
         if name in self.tasks:

@@ -195,7 +195,7 @@ class NodeSetup:
                "wheels": NODE_WHEELS, "lock": f"{NODE_WHEELS}/lock.txt", "uv_cache": NODE_UV_CACHE,
                "base_python": facts["executable"], "uv_wheel": uv, "pip_wheel": f"{NODE_WHEELS}/{pip}"}
         self.r.install_command = self._install_words(job)
-        self.bars.phase(self.name, "installing", total=4)
+        self.bars.phase(self.name, "installing")
         self._install(job)
 
     @staticmethod
@@ -209,7 +209,7 @@ class NodeSetup:
 
         def on_line(stream: str, line: str) -> None:
             if stream == "stdout" and line.startswith("step "):
-                self.bars.phase(self.name, f"installing: {line[5:]}", total=4)
+                self.bars.phase(self.name, f"installing: {line[5:]}")
             lines.append(line)
 
         job_ = self.s.start([BASE_PYTHON, "-c", NODESIDE.read_text(), "install", json.dumps(job)], on_line)
