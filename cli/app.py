@@ -159,12 +159,15 @@ def init_cmd(hosts: Annotated[Optional[str], typer.Option(
                  "--inventory", "-i", help="The file to write (default: ./hrmctl.toml).")] = None,
              force: Annotated[bool, typer.Option("--force", help="Replace an existing inventory.")] = False,
              check: Annotated[bool, typer.Option(help="Try SSH to every node after writing.")] = True,
+             copy_id: Annotated[bool, typer.Option(
+                 "--copy-id", help="Where key login fails, install your public key with ssh-copy-id (it asks for "
+                                   "the password; hrmctl never sees it).")] = False,
              accept_new_host_keys: AcceptNew = False) -> int:
     """Write hrmctl.toml from the hosts given or ~/.ssh/config, then try SSH to each (and say the fix)."""
     from cli.setup.inventory import init
 
     return init(hosts, path=inventory, force=force, check=check, accept_new_host_keys=accept_new_host_keys,
-                console=out, err=err)
+                console=out, err=err, copy_id=copy_id)
 
 
 @command("setup")

@@ -88,7 +88,7 @@ def _try(session) -> str:
 
 
 def init(hosts: str | None, *, path: str | None, force: bool, check: bool, accept_new_host_keys: bool,
-         console, err) -> int:
+         console, err, copy_id: bool = False) -> int:
     target = Path(path or INVENTORY_NAME).expanduser()
     if target.exists() and not force:
         raise HrmctlError(f"{target} exists; hrmctl init does not overwrite an inventory: edit it, or pass --force "
@@ -107,7 +107,30 @@ def init(hosts: str | None, *, path: str | None, force: bool, check: bool, accep
         return 0
     inv = load_inventory(target)
     outcomes = for_each(list(inv.nodes.values()), _try, accept_new_host_keys=accept_new_host_keys)
+    refused = [o.node for o in outcomes if not o.ok and "authentication failed" in (o.error or "")]
+    if copy_id and refused:
+        for node in refused:
+            copy_key(node, console)
+        again = {o.node.name: o for o in for_each(refused, _try, accept_new_host_keys=accept_new_host_keys)}
+        outcomes = [again.get(o.node.name, o) for o in outcomes]
     return report(outcomes, console, err)
+
+
+def copy_key(node, console) -> None:
+    """OpenSSH's ssh-copy-id for one node: it asks for the password itself (on this terminal) and installs the
+    public key; hrmctl never sees the password."""
+    import shutil
+    import subprocess
+
+    if shutil.which("ssh-copy-id") is None:
+        raise HrmctlError("ssh-copy-id is not installed here (apt-get install openssh-client); install your key "
+                          f"on {node.name} by hand: append ~/.ssh/id_ed25519.pub to its ~/.ssh/authorized_keys")
+    argv = ["ssh-copy-id", "-p", str(node.port)]
+    if node.identity_file:
+        argv += ["-i", node.identity_file[0] + (".pub" if not node.identity_file[0].endswith(".pub") else "")]
+    console.print(f"{node.name}: installing your public key with `{' '.join(argv)} {node.user}@{node.host}` "
+                  "(ssh asks for the password)", markup=False, highlight=False)
+    subprocess.call([*argv, f"{node.user}@{node.host}"])
 
 
 def report(outcomes: list[Outcome], console, err) -> int:
