@@ -19,9 +19,11 @@ def sudoku_dir(sudoku_data):
     return sudoku_data(1200)
 
 
-@pytest.mark.parametrize("accum", [1, 2])
-def test_two_ranks_end_with_identical_weights_after_seeing_disjoint_data(sudoku_dir, tmp_path, accum):
-    steps, batch = 12, 16
+def test_two_ranks_end_with_identical_weights_after_seeing_disjoint_data(sudoku_dir, tmp_path):
+    # with accumulation (two micro-batches a step, the first without the all-reduce); the same run without it
+    # was a second case here: its ranks' equal weights are asserted by tests/trainer/test_lowcomm.py's plain DDP
+    # run, and each rank's shard of the data does not depend on accumulation
+    steps, batch, accum = 12, 16, 2
     r0, r1 = run_ranks(2, tiny_args(sudoku_dir, tmp_path / "run", f"training.max_steps={steps}",
                                     f"training.grad_accum={accum}"), tmp_path)
     assert r0["exit"] == r1["exit"] == 0, (r0.get("traceback"), r1.get("traceback"))

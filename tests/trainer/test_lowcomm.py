@@ -146,8 +146,18 @@ def test_a_nan_in_diloco_is_agreed_at_the_round_and_restores_rank_0s_weights_eve
     assert all(r["loss"] is not None for r in records(tmp_path / "run"))
 
 
+@pytest.fixture(scope="module")
+def plain_ddp_run(sudoku_dir, tmp_path_factory):
+    """The plain DDP run that each compression hook's run is compared with (the same steps, made once)."""
+    tmp = tmp_path_factory.mktemp("plain")
+    plain = _ok(run_ranks(2, tiny_args(sudoku_dir, tmp / "c", "training.max_steps=12", "training.warmup_steps=2",
+                                       "model.n_embd=64"), tmp / "rc"))
+    assert _equal_weights(plain[0]["state"], plain[1]["state"])  # DDP without accumulation (test_ddp.py: with)
+    return plain
+
+
 @pytest.mark.parametrize("hook", ["bf16", "powersgd"])
-def test_ddp_compression_hooks_keep_the_ranks_equal_and_resume(sudoku_dir, tmp_path, hook):
+def test_ddp_compression_hooks_keep_the_ranks_equal_and_resume(sudoku_dir, tmp_path, hook, plain_ddp_run):
     common = ["training.max_steps=12", f"training.ddp_comm_hook={hook}", "training.checkpoint_interval=6",
               "training.warmup_steps=2", "model.n_embd=64"]
     straight = _ok(run_ranks(2, tiny_args(sudoku_dir, tmp_path / "a", *common), tmp_path / "ra"))
@@ -159,9 +169,7 @@ def test_ddp_compression_hooks_keep_the_ranks_equal_and_resume(sudoku_dir, tmp_p
     assert _equal_weights(straight[0]["state"], resumed[0]["state"])
     if hook == "powersgd":
         assert (tmp_path / "a" / "checkpoint-6" / "powersgd.pt").is_file()
-    plain = _ok(run_ranks(2, tiny_args(sudoku_dir, tmp_path / "c", "training.max_steps=12", "training.warmup_steps=2",
-                                       "model.n_embd=64"), tmp_path / "rc"))
-    assert not _equal_weights(plain[0]["state"], straight[0]["state"])  # the hook changed what was sent
+    assert not _equal_weights(plain_ddp_run[0]["state"], straight[0]["state"])  # the hook changed what was sent
     first = records(tmp_path / "a")[0]["loss"]
     assert records(tmp_path / "a")[-1]["loss"] < first
 
