@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import threading
 import time
 from concurrent.futures import Future
@@ -155,7 +156,6 @@ class NodeSetup:
                                                   f"the trainer needs >= {MIN_PYTHON[0]}.{MIN_PYTHON[1]}"))
         if not facts["venv_module"]:
             raise HrmctlError(missing_python_line(self.s, self.name, f"{BASE_PYTHON} has no venv module"))
-        import os
         if facts["machine"] != os.uname().machine:
             raise HrmctlError(f"{self.name} is {facts['machine']}, this machine {os.uname().machine}: hrmctl setup "
                               "sends this machine's wheels; run it from a machine of the same kind", exit_code=1)
