@@ -8,6 +8,11 @@ estimate, which batch_size=auto and the launcher's memory preflight use), how ma
 (``auralm.link_budget``'s compute; what a step sends is its trainable parameters, counted on the meta device by
 :meth:`ModelFamily.sent_shapes`), and what ``validate-model`` checks beyond the common checks.
 
+What ``build`` makes: an ``nn.Module`` with ``forward(x, y=None) -> (logits, loss)`` (the trainer's plain step;
+a model with ``recurrent = True`` is run as the ACT models are, auralm.objective), ``set_grad_checkpointing(on)``
+(``training.grad_checkpoint``), and the :class:`auralm.models.pretrained.Pretrained` mixin (save_pretrained,
+from_pretrained); :func:`auralm.models.build` attaches its ``config``.
+
 The built-in families are the modules in :data:`BUILTIN`; more are imported from the module paths in the
 environment variable ``AURALM_MODEL_PLUGINS`` (comma-separated, e.g. ``tests.toy_family``), each of which calls
 :func:`register`. The variable is read in every process that reads a config: hrmctl's preflight and the trainer

@@ -47,8 +47,12 @@ def test_hrmctl_train_trains_the_toy_family(sudoku_data, tmp_path):
     run = tmp_path / "runs" / "toy"
     steps = by_step(run)
     assert sorted(steps) == list(range(1, 31))
-    first, last = steps[1]["loss"], steps[30]["loss"]
-    assert last < 0.9 * first, (first, last)  # it learns: the digits' frequencies per cell at least
+    first = sum(steps[s]["loss"] for s in range(1, 6)) / 5
+    last = sum(steps[s]["loss"] for s in range(26, 31)) / 5
+    # it learns: a cell on its own sees only its own value, so what it can learn is which digits are likely there
+    # (the loss goes from about
+    # 2.44 at initialisation towards ln 9 = 2.20; measured 2.44 -> 2.25 over 30 steps), and the weights move
+    assert last < first - 0.1, (first, last)
     [ckpt] = sorted(run.glob("checkpoint-*"))
     assert ckpt.name == "checkpoint-30" and (ckpt / "state.json").exists()
     saved = json.loads((run / "config.json").read_text())
