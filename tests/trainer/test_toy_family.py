@@ -50,8 +50,7 @@ def test_hrmctl_train_trains_the_toy_family(sudoku_data, tmp_path):
     first = sum(steps[s]["loss"] for s in range(1, 6)) / 5
     last = sum(steps[s]["loss"] for s in range(26, 31)) / 5
     # it learns: a cell on its own sees only its own value, so what it can learn is which digits are likely there
-    # (the loss goes from about
-    # 2.44 at initialisation towards ln 9 = 2.20; measured 2.44 -> 2.25 over 30 steps), and the weights move
+    # (the loss goes from about 2.44 at initialisation towards ln 9 = 2.20; measured 2.44 -> 2.25 over 30 steps)
     assert last < first - 0.1, (first, last)
     [ckpt] = sorted(run.glob("checkpoint-*"))
     assert ckpt.name == "checkpoint-30" and (ckpt / "state.json").exists()
