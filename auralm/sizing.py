@@ -21,6 +21,7 @@ from auralm import config, models
 from auralm.errors import UserError
 from auralm.models import registry
 from auralm.models.layers import swiglu_width
+from auralm.parallel import strategy
 
 
 def meta_model(task: str, arch: dict, vocab: int | None) -> torch.nn.Module:
@@ -109,7 +110,9 @@ if __name__ == "__main__":
 
             print(json.dumps(dict(estimate(cfg, vocab), grad_accum=cfg.training.grad_accum,
                                   global_batch_size=cfg.training.global_batch_size, memory_margin=MARGIN,
-                                  parallel=cfg.training.parallel, vocab=vocab or (32000 if cfg.task == "lm" else None))))
+                                  parallel=cfg.training.parallel, vocab=vocab or (32000 if cfg.task == "lm" else None),
+                                  shards_states=strategy.strategy_class(cfg.training.sync, cfg.training.parallel)
+                                  .shards_states)))  # the sync strategy splits the states over the ranks (FSDP)
         else:
             print(describe(cfg, vocab))
     except UserError as e:

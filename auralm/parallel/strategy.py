@@ -69,6 +69,7 @@ class Strategy:
     option = "sync"
     alone: str | None = None  # "module:Class" of the strategy for a world of one, when another (DDP: Single)
     several_ranks = True  # False: it trains one process (refused in a world of several)
+    shards_states = False  # its ranks split the weights, gradients and optimizer state (FSDP): the memory preflight
 
     @classmethod
     def link_cost(cls, budget: dict, hook: str) -> dict | None:

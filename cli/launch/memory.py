@@ -113,7 +113,7 @@ def check(opts, size: dict | None, vocab: int | None, world: int, node_shares: l
     (the logits of a 512-token vocabulary are a sixteenth of 32000's). The estimate judged is returned."""
 
     def judge(size: dict | None) -> str | None:
-        return verdict(size, world, node_shares, size.get("parallel") == "fsdp") if size else None
+        return verdict(size, world, node_shares, bool(size.get("shards_states"))) if size else None
 
     line = judge(size)
     if line and vocab and size.get("vocab") != vocab:
