@@ -15,16 +15,9 @@ name, the model= that selects it, its smallest size and the keys it never reads 
 
 from __future__ import annotations
 
-from auralm import guide_spellings
 from auralm.errors import UserError
 from auralm.models import registry
 
-# What a guide's line trains when it names no model: its own default (pretrain.py's arch is hrm_v1, the paper's
-# 27M model; the RLM guide's quick start is rlm-tiny's shape). Our own keys pick the family's smallest.
-GUIDE_SIZE = {"hrm": guide_spellings.ARCH_NAMES["hrm_v1"], "trm": guide_spellings.ARCH_NAMES["trm"], "rlm": "rlm-tiny"}
-# the RLM guide's spellings (W&B's keys aside: they say nothing of the model)
-_RLM_GUIDE = {s.theirs for s in guide_spellings.TABLE if s.guide == guide_spellings.RLM
-              and not s.theirs.startswith("training.wandb.")} | {"data.train_path"}
 
 
 def family(size: dict) -> str:
@@ -42,13 +35,10 @@ def keys_of(sizes: dict) -> dict[str, set[str]]:
 
 
 def guide_family(typed_key: str) -> str | None:
-    """The family a guide's spelling of a key stands for, or None (ours, or any family's)."""
-    key = typed_key.lstrip("+")
-    if key == "arch.mlp_t":
-        return "trm"
-    if key.startswith("arch.") or key in ("puzzle_emb_lr", "puzzle_emb_weight_decay"):
-        return "hrm"
-    return "rlm" if key in _RLM_GUIDE else None
+    """The family a guide's spelling of a key stands for, or None (ours, or any family's): as the families declare
+    their guides' keys (auralm.models.registry)."""
+    found = registry.guide_family(typed_key.lstrip("+"))
+    return found[0] if found else None
 
 
 def choose(sizes: dict, default: str, typed: dict[str, str], task: str | None) -> tuple[str, str] | None:
@@ -56,12 +46,13 @@ def choose(sizes: dict, default: str, typed: dict[str, str], task: str | None) -
     ``typed``: our key -> the ``key=value`` as given (last one wins); ``task``: as given, or None. The model's
     shape keys decide first; a guide's training keys (``training.optimizer.lr``) only when the task allows."""
     shape = [(k, item) for k, item in typed.items() if k.startswith("model.")]
-    found = [(fam, item) for k, item in shape + [(k, item) for k, item in typed.items() if not k.startswith("model.")]
-             for fam in [guide_family(item.partition("=")[0])]
-             if fam and (k.startswith("model.") or fam != "rlm" or task in (None, "lm"))]
-    if found:  # arch.* is HRM's unless a key only TRM reads (arch.mlp_t) says TRM
-        fam, item = next((f for f in found if f[0] == "trm"), found[0])
-        return GUIDE_SIZE[fam], item
+    found = [(fam, exact, item)
+             for k, item in shape + [(k, item) for k, item in typed.items() if not k.startswith("model.")]
+             for fam, exact in [registry.guide_family(item.partition("=")[0].lstrip("+")) or (None, False)]
+             if fam and (k.startswith("model.") or task is None or task in registry.get(fam).tasks)]
+    if found:  # a key named exactly wins over a prefix: arch.* is HRM's unless a key only TRM reads (arch.mlp_t)
+        fam, _, item = next((f for f in found if f[1]), found[0])
+        return registry.get(fam).guide_size, item
     keys = keys_of(sizes)
     fields = {k[len("model."):] for k, _ in shape}
     foreign = sorted(f for f in fields if f not in keys[family(sizes[default])])

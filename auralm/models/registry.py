@@ -62,6 +62,11 @@ class ModelFamily:
     validates: bool = False  # validate-model takes it (a language model: (x, y) -> (logits, loss))
     validate_checks: Callable[[Any, bool], list] | None = None  # (model, trained) -> its own validate-model checks
     guide_arch_keys: tuple[str, ...] = ()  # keys a guide spells arch.<key> (the HRM repository's)
+    # a guide's line that names no model trains guide_size when one of its keys is among guide_keys (exactly) or
+    # starts with one of guide_prefixes; an exact key wins over a prefix (arch.mlp_t is TRM's, arch.* HRM's)
+    guide_size: str = ""
+    guide_keys: frozenset = frozenset()
+    guide_prefixes: tuple[str, ...] = ()
     extra: dict = field(default_factory=dict)
 
     def sent_shapes(self, task: str, arch: dict, vocab: int | None) -> list[tuple[int, ...]]:
@@ -134,6 +139,14 @@ def size_family(size: dict) -> str:
 def size_tasks(name: str) -> set[str]:
     """The tasks a named size can train."""
     return set(_SIZE_TASKS.get(name, ()))
+
+
+def guide_family(key: str) -> tuple[str, bool] | None:
+    """(the family a guide's spelling of a key stands for, named exactly rather than by a prefix), or None."""
+    exact = [f.name for f in _FAMILIES.values() if key in f.guide_keys]
+    if exact:
+        return exact[0], True
+    return next(((f.name, False) for f in _FAMILIES.values() if f.guide_prefixes and key.startswith(f.guide_prefixes)), None)
 
 
 def guide_arch_keys() -> list[str]:
