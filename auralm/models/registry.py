@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -155,13 +156,14 @@ def guide_arch_keys() -> list[str]:
 
 
 def _import(module: str, source: str) -> None:
+    """Import a family's module; one that cannot be imported is one line on stderr and exit 2 (this happens while
+    auralm.config is imported, before any command's own handling of bad input)."""
     try:
         importlib.import_module(module)
     except ImportError as e:
-        from auralm.errors import UserError
-
-        raise UserError(f"{source}: cannot import the model family module {module!r} ({e}); it must be importable "
-                        f"by this Python (on PYTHONPATH, or installed)") from None
+        print(f"error: {source}: cannot import the model family module {module!r} ({e}); it must be importable by "
+              f"this Python (on PYTHONPATH, or installed)", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def load() -> None:

@@ -32,7 +32,9 @@ def test_the_toy_family_is_registered_checked_and_sized():
     res = _auralm("auralm.config", "model=toy-tiny", env=python_env())  # without the plugin: not a size
     assert res.returncode == 2 and "model='toy-tiny': expected one of tiny," in res.stderr, res.stderr
     res = _auralm("auralm.config", env=python_env(AURALM_MODEL_PLUGINS="tests.no_such_family"))
-    assert res.returncode != 0 and "cannot import the model family module 'tests.no_such_family'" in res.stderr
+    assert res.returncode == 2 and res.stderr.startswith("error: AURALM_MODEL_PLUGINS: cannot import the model family "
+                                                         "module 'tests.no_such_family'"), res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1  # one line, no traceback
 
 
 def test_hrmctl_train_trains_the_toy_family(sudoku_data, tmp_path):
