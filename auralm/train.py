@@ -23,7 +23,8 @@ from typing import Any
 
 import torch
 
-from auralm import autobatch, checkpoint, config, cpu_memory, data, distributed, models, objective, optim, tracking
+from auralm import (autobatch, checkpoint, config, cpu_memory, data, distributed, errors, models, objective, optim,
+                    tracking)
 from auralm.config import Config
 from auralm.curves import write_run_curves
 from auralm.ema import EMA
@@ -703,25 +704,21 @@ def main(argv: list[str] | None = None) -> int:
         run(cfg, whole=False)
         return 0
     except UserError as e:
-        if rank == 0:
-            print(f"error: {e}", file=sys.stderr, flush=True)
-        return 2
+        return errors.stop(f"error: {e}", rank) if rank == 0 else errors.BAD_INPUT_EXIT
     except KeyboardInterrupt:
         return 130
     except OSError as e:
         if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT):
             raise
         # a directory that became unwritable (or full) during the run: one line, not a traceback
-        print(f"error: rank {rank}: cannot write {e.filename or 'a file'}: {e.strerror}; free space there or fix "
-              f"its permissions, then rerun with resume=latest", file=sys.stderr, flush=True)
-        return 2
+        return errors.stop(f"error: rank {rank}: cannot write {e.filename or 'a file'}: {e.strerror}; free space "
+                           f"there or fix its permissions, then rerun with resume=latest", rank)
     except (MemoryError, RuntimeError) as e:
         if not out_of_memory(e):
             if isinstance(e, MemoryError):
                 raise
             return _runtime_error(rank, e)
-        print(oom_line(rank, e, cfg), file=sys.stderr, flush=True)
-        return 2
+        return errors.stop(oom_line(rank, e, cfg), rank)
 
 
 def _runtime_error(rank: int, e: RuntimeError) -> int:

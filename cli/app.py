@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import sys
 from typing import Annotated, Optional
 
@@ -432,8 +433,36 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def _file_id(fd: int) -> tuple[int, int] | None:
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _reader_went(stdout_was: tuple[int, int] | None) -> bool:
+    """After a SystemExit(1): was it click's or rich's answer to a reader gone (EPIPE)? click wraps the streams in
+    PacifyFlushWrapper, rich points stdout at /dev/null; either way nobody reads the output any more."""
+    from click.utils import PacifyFlushWrapper
+    from cli.launch.log import reader_gone
+
+    return (isinstance(sys.stdout, PacifyFlushWrapper) or isinstance(sys.stderr, PacifyFlushWrapper)
+            or _file_id(1) != stdout_was or reader_gone(sys.stdout))
+
+
 def run() -> None:
-    code = main()
+    stdout_was = _file_id(1)
+    try:
+        code = main()
+    except SystemExit as exc:  # the reader gone before the run (preflight, --dry-run, --help into `head -1`)
+        if exc.code != 1 or not _reader_went(stdout_was):
+            raise
+        from cli.launch.log import to_devnull
+
+        for stream in (sys.__stdout__, sys.__stderr__):  # the last flushes go nowhere, not into a traceback
+            to_devnull(stream)
+        code = 128 + signal.SIGPIPE  # 141, as a run whose reader goes (cli.launch.run.OUTPUT_GONE_CODE)
     if _quick_exit:
         from cli.fast_start import quick_exit
         quick_exit(code)  # about 90 ms less than the interpreter's own teardown

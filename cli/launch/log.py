@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from auralm.errors import STOP_TAG
 from cli.launch.plan import NodeLaunch, redacted
 from cli.launch.node_torchrun import FACTS_TAG
 
@@ -129,6 +130,7 @@ class MergedLog:
         self.exitcode: dict[str, int] = {}  # node -> that rank's exit code (negative: killed by that signal)
         self.in_root_cause: set[str] = set()
         self.node_facts: dict[str, dict] = {}  # what cli.launch.node_torchrun reported, by node
+        self.stops: list[tuple[str, dict]] = []  # (node, the trainer's stop: reason, rank), in the order they came
         self.first_step_at: float | None = None
         self.progress: Progress | None = None
         self.task = None
@@ -152,6 +154,7 @@ class MergedLog:
         self.exitcode.clear()
         self.in_root_cause.clear()
         self.node_facts.clear()
+        self.stops.clear()
         self.signal_noted.clear()
 
     def handler(self, plan: NodeLaunch) -> Callable[[str, str], None]:
@@ -182,6 +185,9 @@ class MergedLog:
         self._watch_failure(node, body)
         if body.startswith(FACTS_TAG):  # for the launcher, not for the reader
             self._node_facts(node, body[len(FACTS_TAG):])
+            return
+        if body.startswith(STOP_TAG):  # the trainer's own reason for a stop a restart cannot fix (auralm.errors)
+            self._stop(node, body[len(STOP_TAG):])
             return
         if self.result_tag and body.startswith(self.result_tag):
             if self.on_result:
@@ -292,6 +298,21 @@ class MergedLog:
         m = EXITCODE_RE.match(body)
         if m and node not in self.exitcode:
             self.exitcode[node] = int(m.group(1))
+
+    def _stop(self, node: str, text: str) -> None:
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            return
+        if isinstance(doc, dict) and isinstance(doc.get("reason"), str):
+            self.stops.append((node, doc))
+
+    def stop_reason(self, node: str, rank: int | None) -> tuple[str, dict] | None:
+        """The trainer's own stop (see auralm.errors.STOP_TAG) for a failure blamed on `rank` on `node`: that rank's,
+        else the first one any rank gave (a bad-input stop is said by rank 0 only, while every rank exits)."""
+        with self.lock:
+            mine = [s for s in self.stops if s[0] == node and s[1].get("rank") == rank]
+            return (mine or self.stops or [None])[0]
 
     def _node_facts(self, node: str, text: str) -> None:
         try:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Callable
 
 from rich.console import Console
 
+from auralm.errors import BAD_INPUT_EXIT
 from cli.errors import HrmctlError
 from cli.nodes.inventory import Node
 from cli.launch.facts import remember
@@ -123,6 +124,8 @@ class RunResult:
     interrupted: bool = False
     left_running: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+    from_trainer: bool = False  # the reason is the trainer's own line (auralm.errors.STOP_TAG)
+    no_restart: str = ""  # why a restart cannot fix this failure ("": a crash or a lost node, which one may)
 
 
 class _Signals:
@@ -371,14 +374,25 @@ def _failure(plans: list[NodeLaunch], log: MergedLog, jobs: dict[str, Job], ende
     if worker_code is not None and worker_code < 0:  # torchrun's report: the rank died of a signal
         oom = -worker_code == signal.SIGKILL and ooms is not None and ooms.grew(name)
         return RunResult(code, killed_by(f"{who} on {name}", name, -worker_code, oom), failed_node=name,
-                         failed_rank=rank)
+                         failed_rank=rank, no_restart=OOM_NOT_FIXED if oom else "")
     if code < 0:  # the node's job itself (a local torchrun) died of a signal: exit as a shell would
         oom = -code == signal.SIGKILL and ooms is not None and ooms.grew(name)
         return RunResult(128 - code, killed_by(f"torchrun on {name} ({who})", name, -code, oom), failed_node=name,
-                         failed_rank=rank)
+                         failed_rank=rank, no_restart=OOM_NOT_FIXED if oom else "")
+    stop = log.stop_reason(name, rank)
+    if stop is not None:  # the trainer said why, in one line: that is the reason
+        node, doc = stop
+        said_rank = doc.get("rank") if isinstance(doc.get("rank"), int) else rank
+        return RunResult(code, doc["reason"], failed_node=node, failed_rank=said_rank, from_trainer=True,
+                         no_restart=NOT_FIXED_BY_RESTART)
     detail = f", worker exit code {worker_code}" if worker_code not in (None, code) else ""
     return RunResult(code, f"{who} on {name} failed first (exit code {code}{detail})", failed_node=name,
-                     failed_rank=rank)
+                     failed_rank=rank, no_restart=NOT_FIXED_BY_RESTART if worker_code == BAD_INPUT_EXIT else "")
+
+
+NOT_FIXED_BY_RESTART = (f"the trainer stopped with exit code {BAD_INPUT_EXIT}: bad input, or a run that cannot learn or "
+                        f"does not fit in memory; a restart would stop the same way")
+OOM_NOT_FIXED = "the same run would run out of memory again"
 
 
 def killed_by(who: str, node: str, signum: int, oom: bool = False) -> str:
@@ -426,6 +440,9 @@ def run(opts: LaunchOptions, prep: Prepared, console: Console, replan: Callable[
                     log.note(f"backend {prep.backend} ({prep.why})")
                     continue
                 if result.code == 0 or result.interrupted or attempt > opts.max_restarts:
+                    break
+                if result.no_restart:  # a stop a restart cannot fix: only crashes and lost nodes are restarted
+                    log.note(f"no restart ({attempt - 1} of {opts.max_restarts} made): {result.no_restart}")
                     break
                 asked = stop_asked(signals, log)
                 if asked:  # asked while this attempt's failure was being stopped: no restart
@@ -500,6 +517,8 @@ def ended(run_dir: Path, doc: dict, result: RunResult | None, attempts: int, err
         state = "finished" if result.code == 0 else "stopped" if result.interrupted else "failed"
         doc.update(state=state, exit_code=result.code, reason=result.reason, failed_node=result.failed_node,
                    failed_rank=result.failed_rank)
+        if result.code and not result.interrupted and result.no_restart:
+            doc.update(no_restart=result.no_restart)
     doc.update(ended=round(time.time(), 3), attempts=attempts)
     try:
         _write_status(run_dir, doc)
@@ -522,4 +541,7 @@ def summary_line(result: RunResult) -> str:
     if result.interrupted:
         return f"{result.reason}: {stopped_where(result)} after {result.seconds:.1f}s"
     left = any(result.left_running.values())
+    if result.from_trainer:  # the trainer's own line, then where and when
+        where = f"rank {result.failed_rank} on {result.failed_node}, " if result.failed_rank is not None else ""
+        return f"{result.reason} ({where}after {result.seconds:.1f}s)" + (f"; {stopped_where(result)}" if left else "")
     return f"{result.reason} after {result.seconds:.1f}s" + (f"; {stopped_where(result)}" if left else "")

@@ -50,6 +50,7 @@ class Run:
     reason: str = ""
     source: str = "inferred"  # "status.json" when the launcher recorded the state
     exit_code: int | None = None
+    no_restart: str | None = None  # why hrmctl did not restart it (a stop a restart cannot fix), from status.json
     start: float | None = None
     end: float | None = None  # None while running
     nodes: list[str] = field(default_factory=list)
@@ -78,7 +79,7 @@ class Run:
     def to_dict(self) -> dict:
         return {
             "id": self.id, "path": str(self.path), "status": self.status, "reason": self.reason,
-            "source": self.source, "exit_code": self.exit_code,
+            "source": self.source, "exit_code": self.exit_code, "no_restart": self.no_restart,
             "start": _iso(self.start), "end": _iso(self.end),
             "duration_s": None if self.duration is None else round(self.duration, 1),
             "nodes": self.nodes, "world": self.world, "task": self.task, "model": self.model, "sync": self.sync,
@@ -177,6 +178,7 @@ def _status(run: Run, doc: dict, now: float) -> None:
         run.status, run.source = state, "status.json"
         run.exit_code = doc.get("exit_code") if isinstance(doc.get("exit_code"), int) else None
         run.reason = str(doc.get("reason") or "")
+        run.no_restart = doc.get("no_restart") if isinstance(doc.get("no_restart"), str) else None
         return
     if state == "running":
         who = f"hrmctl (pid {doc.get('pid')} on {doc.get('host')})"
