@@ -4,6 +4,7 @@ the keys the HRM guides spell ``arch.<key>``, the values those keys take, and th
 from __future__ import annotations
 
 from auralm.errors import UserError
+from auralm.models import registry
 
 DEFAULTS = dict(expansion=4.0, halt_exploration_prob=0.1, puzzle_emb_ndim=0, pos_encodings="rope", mlp_t=False,
                 loss_type="softmax", norm="post", eval_segments=0, dropout=0.0)
@@ -20,14 +21,9 @@ def one_of(key: str, value: str, allowed) -> None:
         raise UserError(f"{key}={value!r}: expected one of {', '.join(allowed)}")
 
 
-def check_width(arch: dict) -> None:
-    if arch["n_embd"] % arch["n_head"]:
-        raise UserError(f"model.n_embd={arch['n_embd']} is not a multiple of model.n_head={arch['n_head']}")
-
-
 def check(task: str, name: str, arch: dict) -> None:
     """The values HRM and TRM cannot work with."""
-    check_width(arch)
+    registry.check_width(arch)
     check_values(task, name, arch)
 
 

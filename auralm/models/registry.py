@@ -26,7 +26,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 PLUGINS_ENV = "AURALM_MODEL_PLUGINS"
@@ -68,7 +68,6 @@ class ModelFamily:
     guide_size: str = ""
     guide_keys: frozenset = frozenset()
     guide_prefixes: tuple[str, ...] = ()
-    extra: dict = field(default_factory=dict)
 
     def sent_shapes(self, task: str, arch: dict, vocab: int | None) -> list[tuple[int, ...]]:
         """The shape of every trainable parameter in the model's order (a tied weight once): what a DDP step
@@ -78,6 +77,14 @@ class ModelFamily:
         with torch.device("meta"):
             model = self.build(task, arch, vocab)
         return [tuple(p.shape) for p in model.parameters() if p.requires_grad]
+
+
+def check_width(arch: dict) -> None:
+    """The check the attention families share: the width a multiple of the heads."""
+    if arch["n_embd"] % arch["n_head"]:
+        from auralm.errors import UserError
+
+        raise UserError(f"model.n_embd={arch['n_embd']} is not a multiple of model.n_head={arch['n_head']}")
 
 
 def check_result(name: str, ok: bool, detail: str) -> dict:

@@ -3,7 +3,7 @@ builder and checks, registered as the family ``gpt``."""
 
 from __future__ import annotations
 
-from auralm.errors import UserError
+from auralm.models import registry
 from auralm.models.registry import ModelFamily, register
 
 SIZES = {
@@ -15,8 +15,7 @@ SIZES = {
 
 
 def check_width(task: str, name: str, arch: dict) -> None:
-    if arch["n_embd"] % arch["n_head"]:
-        raise UserError(f"model.n_embd={arch['n_embd']} is not a multiple of model.n_head={arch['n_head']}")
+    registry.check_width(arch)
 
 
 def model_class(task: str, arch: dict) -> type:

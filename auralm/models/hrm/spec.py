@@ -6,7 +6,7 @@ from functools import partial
 
 from auralm import guide_spellings
 from auralm.errors import UserError
-from auralm.models import recurrent
+from auralm.models import recurrent, registry
 from auralm.models.registry import ModelFamily, register
 
 _HRM = dict(recurrent.DEFAULTS, family="hrm")
@@ -27,7 +27,7 @@ SIZES = {
 
 
 def check(task: str, name: str, arch: dict) -> None:
-    recurrent.check_width(arch)
+    registry.check_width(arch)
     if arch["H_layers"] <= 0:
         raise UserError(f"model.H_layers={arch['H_layers']}: must be greater than 0")
     recurrent.check_values(task, name, arch)
