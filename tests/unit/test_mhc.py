@@ -111,6 +111,7 @@ def test_four_streams_at_initialisation_are_close_to_the_plain_residual():
         assert float((plain(x)[0] - wide(x)[0]).norm() / p.norm()) < 1e-5  # equal streams, H_pre = 1/n, H_post = 1
 
 
+@pytest.mark.slow  # a real training run (10-20 s of CPU): not in scripts/test.sh --fast
 def test_connection_matrices_stay_doubly_stochastic_through_training_and_amax_is_reported():
     model = rlm()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -191,6 +192,7 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     assert torch.allclose(grads[0], grads[1], atol=1e-6)
 
 
+@pytest.mark.slow  # a real training run (10-20 s of CPU): not in scripts/test.sh --fast
 def test_training_logs_amax_every_record_and_the_plain_model_none(tmp_path, quijote_data):
     from auralm import train
     from tests.trainer.helpers import records
