@@ -97,15 +97,22 @@ def _archive_head(dest: Path) -> None:
 
 
 def _stage_working_tree(commit: str) -> Path:
-    """The working tree's files (tracked, and untracked ones git does not ignore) copied as they are."""
-    names = [n for n in _git("ls-files", "-co", "--exclude-standard", "-z").split("\0") if n]
+    """The working tree's files (tracked, and untracked ones git does not ignore) copied as they are; a file
+    already staged with the same size and mtime is kept (the no-op run copies nothing)."""
+    names = {n for n in _git("ls-files", "-co", "--exclude-standard", "-z").split("\0") if n}
     dest = cache_dir() / "src" / f"{commit}-dirty"
-    shutil.rmtree(dest, ignore_errors=True)
-    for name in names:
-        src = ROOT / name
-        if src.is_file() and not src.is_symlink():
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / name)
+    for old in [p for p in dest.rglob("*") if p.is_file()] if dest.is_dir() else []:
+        if str(old.relative_to(dest)) not in names:
+            old.unlink()
+    for name in sorted(names):
+        src, dst = ROOT / name, dest / name
+        if not src.is_file() or src.is_symlink():
+            continue
+        st = src.stat()
+        if dst.is_file() and dst.stat().st_size == st.st_size and dst.stat().st_mtime_ns == st.st_mtime_ns:
+            continue
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dst)
     return dest
 
 
@@ -128,28 +135,36 @@ class Lock:
 
 
 def package_lock() -> Lock:
-    """This venv's `pip freeze`; a package that pip cannot name by version (a local path, a URL) is refused."""
-    res = subprocess.run([sys.executable, "-m", "pip", "freeze", "--all", "--exclude-editable"], capture_output=True,
-                         text=True, timeout=120, env=dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1"))
-    if res.returncode != 0:
-        raise SetupError(f"`{sys.executable} -m pip freeze` failed: {res.stderr.strip()[-160:]}; "
-                         "hrmctl setup copies this venv's packages, it needs pip in it")
-    lines, torch = [], None
-    for line in res.stdout.splitlines():
-        line = line.strip()
-        if not line or line.startswith(("#", "-e ")):
+    """What `pip freeze --all --exclude-editable` of this venv says, read from the installed metadata directly
+    (pip itself takes seconds to start on a busy machine). A package installed from a path or URL is refused:
+    a node cannot get it by version."""
+    import json
+    from importlib import metadata
+
+    found: dict[str, str] = {}
+    torch = None
+    for dist in metadata.distributions():
+        name = dist.metadata["Name"]
+        key = _normalize(name or "")
+        if not name or key in found or (key == "torch" and torch):
+            continue  # the first on sys.path wins, as for imports
+        direct = json.loads(dist.read_text("direct_url.json") or "{}")
+        if key == "hrmctl" or (direct.get("dir_info") or {}).get("editable"):
+            continue  # this project (or another editable checkout): the node runs it from its workdir
+        if key == "torch":
+            torch = dist.version
             continue
-        if "==" not in line:
-            raise SetupError(f"this venv has `{line}`, installed from a path or URL: a node cannot get it by "
+        if direct and not direct.get("url", "").startswith("file:///") or "dir_info" in direct or "vcs_info" in direct:
+            raise SetupError(f"this venv has {name} installed from {direct.get('url')}: a node cannot get it by "
                              "version; install it from an index (pip install NAME==VERSION) and run setup again")
-        if line.lower().startswith("torch=="):
-            torch = line.split("==", 1)[1]
-            continue
-        lines.append(line)
+        found[key] = f"{name}=={dist.version}"
     if torch is None:
         raise SetupError(f"torch is not installed in {sys.prefix}; install torch here first (bash scripts/install.sh)")
-    from importlib import metadata
-    return Lock(lines, torch, metadata.version("pip"), f"{sys.version_info[0]}.{sys.version_info[1]}")
+    if "pip" not in found:
+        raise SetupError(f"{sys.prefix} has no pip; hrmctl setup gives the nodes this venv's pip too: "
+                         f"`{sys.executable} -m ensurepip`")
+    lines = [found[k] for k in sorted(found)]
+    return Lock(lines, torch, found["pip"].split("==")[1], f"{sys.version_info[0]}.{sys.version_info[1]}")
 
 
 # ---------------------------------------------------------------- wheels
