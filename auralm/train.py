@@ -3,6 +3,10 @@
 With no arguments it trains a small model on generated sudoku puzzles (made in ``data/sudoku``
 when missing). ``--check`` only validates the overrides. ``--resume`` is ``resume=latest``.
 Keys: see ``auralm/config.py`` (e.g. ``task=lm data_dir=data/quijote model=tiny training.max_steps=500``).
+
+``train`` is the loop's shape: open the run, the data and the model, resume, then step, report, evaluate and save.
+How the ranks train together (single process, DDP, DiLoCo, FSDP) is the sync strategy that ``training.sync`` and
+``training.parallel`` name (auralm.parallel.strategy): ``train`` calls its interface and never asks which it is.
 """
 
 from __future__ import annotations
