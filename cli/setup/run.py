@@ -236,7 +236,7 @@ class NodeSetup:
 
     def _verify(self) -> None:
         """The doctor's commit and version facts, read by the venv's python, against this machine's."""
-        from netcheck.nodeprobe import ProbeError, run_probe
+        from netcheck.node_probe_client import ProbeError, run_probe
 
         node, session = self.node, self.s
 
@@ -279,7 +279,7 @@ def setup_nodes(nodes: list[Node], *, dry_run: bool, allow_dirty: bool, reinstal
                 console=None, progress: bool = True, accept_new_host_keys: bool = False) -> list[NodeResult]:
     """Every node in parallel; one NodeResult each (a failure on one never hides the others). Bad local input
     (a dirty tree, a venv without pip) raises HrmctlError before any node is touched."""
-    from netcheck.probe import project_facts
+    from netcheck.node_probe import project_facts
 
     nodes = [n for n in nodes if not n.is_local] or []
     if not nodes:
