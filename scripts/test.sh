@@ -39,13 +39,13 @@ pytest() {  # exit code 5 (no test collected) is a failure
 }
 parallel=(-n 2 --dist loadfile)
 if [ $fast = 1 ]; then
-  pytest -m "not cluster and not slow" "${parallel[@]}" ${args[@]+"${args[@]}"}
+  pytest -m "not cluster and not slow" --ignore=tests/cluster "${parallel[@]}" ${args[@]+"${args[@]}"}
 elif [ $chosen = 1 ]; then
   pytest ${args[@]+"${args[@]}"}
 else
-  pytest -m "not cluster" "${parallel[@]}" ${args[@]+"${args[@]}"}
+  pytest -m "not cluster" --ignore=tests/cluster "${parallel[@]}" ${args[@]+"${args[@]}"}
   rc=$?
-  pytest -m cluster ${args[@]+"${args[@]}"}
+  pytest -m cluster ${args[@]+"${args[@]}"} tests/cluster  # each phase collects only its own files
   rc2=$?
   exit $(( rc != 0 ? rc : rc2 ))
 fi
