@@ -5,7 +5,7 @@ Only rank 0 logs (auralm/runlog.py), so nothing on disk tells another rank's ste
 (every rank builds it), fills that gap. It writes ``<dir>/<pid>.json``, where ``<dir>`` is
 ``$TMPDIR/hrmctl-top-<uid>`` (``/tmp/...`` without TMPDIR): one JSON object with the rank, world,
 step, loss, steps per second since the previous beat, the record's own throughput, and the time.
-Keyed by the process id, so two runs in one directory never mix, and the reader (cli/top/agent.py,
+Keyed by the process id, so two runs in one directory never mix, and the reader (cli/top/sampler.py,
 run by the same user) goes straight from a trainer process it found to its file. Written to a
 temporary name and renamed, at most every MIN_GAP_S. A rank may end with os._exit (see
 distributed.exit_process), so a file can outlive its process: the first beat of every process removes
@@ -26,7 +26,7 @@ _last: dict = {}  # the previous beat that was written: {"step", "t", "path"}
 
 
 def directory() -> Path:
-    """Where this user's trainer processes keep their heartbeat files (cli/top/agent.py looks here too)."""
+    """Where this user's trainer processes keep their heartbeat files (cli/top/sampler.py looks here too)."""
     base = os.environ.get("TMPDIR") or ("/tmp" if os.path.isdir("/tmp") else tempfile.gettempdir())
     uid = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
     return Path(base) / f"hrmctl-top-{uid}"

@@ -1,7 +1,7 @@
 """Wall time of `hrmctl doctor` over 1, 2, 4, 8 namespace nodes vs the same node probe by plain ssh.
 
 The peer, measured in the same run on the same nodes: OpenSSH's `ssh` to every node in parallel,
-each running the very same probe (netcheck/probe.py through the node's Python, same arguments).
+each running the very same probe (netcheck/node_probe.py through the node's Python, same arguments).
 The nodes share this machine's cores, so absolute scaling measures the machine; the ratio
 doctor / plain-ssh measures the tool (target: at most 1.3 at every size).
 
@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from netcheck.nodeprobe import probe_args, probe_source  # noqa: E402
+from netcheck.node_probe_client import probe_args, probe_source  # noqa: E402
 from lab.nodes import Lab  # noqa: E402
 
 

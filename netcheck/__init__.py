@@ -3,22 +3,23 @@
 The split (arrows point one way: cli uses netcheck, netcheck never imports cli):
 
 - Sent to nodes, self-contained (stdlib, plus torch and psutil when present), never need the project there:
-    probe.py   the node probe: prints one JSON object (OS/WSL kind, Python, torch/CUDA/NCCL/gloo,
-               libuv_ok, route toward a peer, hostname resolution, GPUs, CPU/RAM/load (psutil when
-               the node has it, else a stdlib fallback), disk, project commit)
-    agent.py   a line-based agent on a node's stdin/stdout: wall-clock samples, temporary listeners,
-               parallel connects (the master port and the full mesh of high ports)
+    node_probe.py  the node probe: prints one JSON object (OS/WSL kind, Python, torch/CUDA/NCCL/gloo,
+                   libuv_ok, route toward a peer, hostname resolution, GPUs, CPU/RAM/load (psutil
+                   when the node has it, else a stdlib fallback), disk, project commit)
+    peer_agent.py  a line-based agent on a node's stdin/stdout: wall-clock samples, temporary listeners,
+                   parallel connects (the master port and the full mesh of high ports)
 - Run here on Session-like objects passed in by cli (duck typing: `.node` with name/python/workdir/
   data_path, `.run_python(code, args, timeout=)`, `.pipe(argv)` -- cli.nodes.remote.Session has them):
-    nodeprobe.run_probe(session, route_to=, timeout=) -> NodeProbe      (raises ProbeError)
+    node_probe_client.run_probe(session, route_to=, timeout=) -> NodeProbe      (raises ProbeError)
     ports.check_master_port(master_session, worker_sessions, address=, port=) -> PortCheck
     ports.check_ports(agents, addresses, master=, master_port=)         (master port + mesh)
     clock.measure_skew(agent) -> ClockSkew                              (Cristian's method)
 - Pure, local:
     address.master_address(master_host, master_is_local=, peer_hosts=, master_probe=) -> IP
-    rtt.ping_rtt(host) / probe.tcp_rtt(host, port): RTT and loss from here
-    checks: turn probe results into ok / warn / fail rows, each with a one-line fix
-    checks_net.mesh_verdict(mesh, backend) -> MeshVerdict: every direction of the high-port mesh, which
+    rtt.ping_rtt(host) / node_probe.tcp_rtt(host, port): RTT and loss from here
+    checks: ok / warn / fail rows, each with a one-line fix: node_checks (one node's facts), network_checks
+               (round trips, clock, master port, mesh), consistency_checks (the same torch, commit, data)
+    network_checks.mesh_verdict(mesh, backend) -> MeshVerdict: every direction of the high-port mesh, which
                ones the backend needs (gloo: one per pair, dialled from the higher address; NCCL: all),
                and whose firewall to fix
 
@@ -27,7 +28,7 @@ over SSH and lives in cli (the doctor's run, the launcher's facts).
 """
 
 from .address import MasterAddressError, master_address
-from .nodeprobe import NodeProbe, ProbeError, parse_probe, probe_args, probe_source, run_probe
+from .node_probe_client import NodeProbe, ProbeError, parse_probe, probe_args, probe_source, run_probe
 from .ports import PortCheck, check_master_port
 
 __all__ = [

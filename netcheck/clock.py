@@ -37,7 +37,7 @@ def best_offset(samples: list[tuple[float, float, float]]) -> ClockSkew:
 
 
 def measure_skew(agent: Any, samples: int = 8, timeout: float = 5) -> ClockSkew:
-    """Sample the node agent's clock `samples` times (agent: netcheck.agent_client.Agent)."""
+    """Sample the node agent's clock `samples` times (agent: netcheck.peer_agent_client.Agent)."""
     got = []
     for _ in range(samples):
         t0 = time.time()

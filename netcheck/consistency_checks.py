@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from .backend import choose_backend
-from .checks import FAIL, OK, SKIP, WARN, Check
+from .node_checks import FAIL, OK, SKIP, WARN, Check
 
 
 def _groups(values: dict[str, str | None]) -> dict[str, list[str]]:

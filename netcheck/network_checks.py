@@ -6,7 +6,7 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import Any
 
-from .checks import FAIL, OK, SKIP, WARN, Check
+from .node_checks import FAIL, OK, SKIP, WARN, Check
 from .clock import FAIL_S, WARN_S
 
 RTT_WARN_MS = 30.0     # Wi-Fi is typically 2-10 ms; above this every collective waits
@@ -304,4 +304,4 @@ def _fix(line: str) -> str | None:
     return line.split("; fix: ", 1)[1] if "; fix: " in line else None
 
 
-NET_CHECKS = ("reach", "to master", "clock", "master port", "mesh")
+NET_CHECKS = ("reach", "to master", "clock", "master port", "mesh")  # the doctor's rows after the node's own

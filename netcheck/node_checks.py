@@ -1,8 +1,8 @@
 """Turn probe answers into checks: ok / warn / fail (or skip), each warn and fail with a one-line fix.
 
 Pure functions of their inputs (NodeProbe, rtt dicts, ClockSkew, PortCheck/MeshResult), so they
-are unit-testable without nodes. Per-node facts here; network checks in checks_net.py; the
-cluster-wide consistency in checks_cluster.py.
+are unit-testable without nodes. Per-node facts here; network checks in network_checks.py; the
+cluster-wide consistency in consistency_checks.py.
 """
 
 from __future__ import annotations

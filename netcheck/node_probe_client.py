@@ -1,4 +1,4 @@
-"""Run the node probe (probe.py) through a Session-like object and read its answer as a NodeProbe.
+"""Run the node probe (node_probe.py) through a Session-like object and read its answer as a NodeProbe.
 
 A Session-like object has `.node` (with `.name`, `.python`, `.workdir`, `.data_path`) and
 `.run_python(code, args, timeout=)` returning something with `.code`, `.stdout`, `.stderr`
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import probe as _probe
+from . import node_probe as _probe
 
 PROBE_FILE = Path(_probe.__file__)
 

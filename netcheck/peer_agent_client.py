@@ -1,4 +1,4 @@
-"""Talk to the node agent (agent.py) over a Session-like object's `pipe(argv)`.
+"""Talk to the node agent (peer_agent.py) over a Session-like object's `pipe(argv)`.
 
 `start_agent(session)` starts it with the node's Python and waits for "ready"; the Agent's
 requests are one JSON line each way. Closing the Agent closes the agent's stdin, so its
@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from . import agent as _agent
+from . import peer_agent as _agent
 
 AGENT_SOURCE = Path(_agent.__file__).read_text(encoding="utf-8")
 

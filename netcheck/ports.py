@@ -1,7 +1,7 @@
 """Ports between nodes: the master port (free on the master, reachable from every worker) and the
 full mesh of random high ports that gloo and NCCL use after the rendezvous.
 
-Both work on node agents (netcheck.agent_client.Agent): listeners are opened by the agent on
+Both work on node agents (netcheck.peer_agent_client.Agent): listeners are opened by the agent on
 the node and die with it; connects are made by the other nodes' agents, in parallel.
 `check_master_port(master_session, worker_sessions, ...)` starts and closes the agents itself
 (for the launcher's fast preflight); `doctor` reuses agents it already has.
@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from .agent_client import Agent, AgentError, start_agent
+from .peer_agent_client import Agent, AgentError, start_agent
 
 
 @dataclass

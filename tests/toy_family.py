@@ -64,4 +64,4 @@ def check(task: str, name: str, arch: dict) -> None:
 
 FAMILY = register(ModelFamily(name="toy", title="Toy (an MLP per cell)", sizes=SIZES, build=build,
                               model_class=model_class, tasks=("sudoku",), select="model=toy-tiny",
-                              smallest="toy-tiny", check=check))
+                              check=check))

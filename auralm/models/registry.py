@@ -54,7 +54,7 @@ class ModelFamily:
     # builds the sizes that have no "family" key on its tasks (GPT on lm and the sudoku transformer share them)
     plain: bool = False
     select: str = ""  # the model= that selects it, in messages ("model=hrm-tiny (or arch=hrm_v1)")
-    smallest: str = ""  # the size its own model.* keys pick when no model= is given (auralm.model_families)
+    smallest: str = ""  # the size its own model.* keys pick when no model= is given (""): its first size
     unread: frozenset = frozenset()  # keys in its sizes' dicts that its model never reads
     positive: tuple[str, ...] = ()  # keys beyond SHAPE_KEYS that must be greater than 0
     check: Callable[[str, str, dict], None] | None = None  # (task, size name, arch): UserError for what cannot work
@@ -68,6 +68,10 @@ class ModelFamily:
     guide_size: str = ""
     guide_keys: frozenset = frozenset()
     guide_prefixes: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if not self.smallest and self.sizes:  # its first size, unless it says
+            object.__setattr__(self, "smallest", next(iter(self.sizes)))
 
     def sent_shapes(self, task: str, arch: dict, vocab: int | None) -> list[tuple[int, ...]]:
         """The shape of every trainable parameter in the model's order (a tied weight once): what a DDP step

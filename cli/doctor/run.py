@@ -1,10 +1,10 @@
 """`hrmctl doctor`: probe every node in parallel, then the network between them; one report.
 
 Per node, over ONE SSH connection and in parallel with every other node: the node probe
-(netcheck.probe, one `import torch`), the node agent (netcheck.agent) for clock samples by
+(netcheck.node_probe, one `import torch`), the node agent (netcheck.peer_agent) for clock samples by
 Cristian's method, and from here a ping (or TCP) round-trip measure. Then, with the agents still
 running, the master port (a listener on the master, a connect from every worker) and the full
-mesh of random high ports, each direction graded by what the backend needs (netcheck.checks_net:
+mesh of random high ports, each direction graded by what the backend needs (netcheck.network_checks:
 gloo dials one way per pair, NCCL both). Every failure on one node is a check of that node, never a crash.
 `run_doctor(...)` returns a DoctorReport; cli/doctor/view.py renders it.
 """
@@ -18,21 +18,22 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from netcheck import MasterAddressError, NodeProbe, ProbeError, master_address, run_probe
-from netcheck.agent_client import Agent, AgentError, start_agent
-from netcheck.checks import FAIL, NODE_CHECKS, OK, SKIP, Check, node_checks
-from netcheck.checks_cluster import cluster_checks
+from netcheck.peer_agent_client import Agent, AgentError, start_agent
+from netcheck.node_checks import FAIL, NODE_CHECKS, OK, SKIP, Check, node_checks
+from netcheck.consistency_checks import cluster_checks
 from netcheck.backend import choose_backend
-from netcheck.checks_net import MeshVerdict, clock_check, master_port_check, mesh_check, mesh_verdict, rtt_check
+from netcheck.network_checks import (NET_CHECKS, MeshVerdict, clock_check, master_port_check, mesh_check, mesh_verdict,
+                                     rtt_check)
 from netcheck.clock import ClockSkew, measure_skew
 from netcheck.ports import MeshResult, check_ports
-from netcheck.probe import is_loopback, resolve
+from netcheck.node_probe import is_loopback, resolve
 from netcheck.rtt import ping_rtt
 
 from cli.errors import HrmctlError
 from cli.nodes.inventory import Node
 from cli.nodes.remote import Session, connect
 
-ROWS = ("ssh", *NODE_CHECKS, "reach", "to master", "clock", "master port", "mesh")
+ROWS = ("ssh", *NODE_CHECKS, *NET_CHECKS)
 
 
 @dataclass

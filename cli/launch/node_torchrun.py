@@ -29,7 +29,7 @@ def found_facts() -> dict:
     """This node's answers, from one import of torch (the one torchrun then uses)."""
     from importlib import metadata
 
-    from netcheck.probe import torch_facts
+    from netcheck.node_probe import torch_facts
 
     tf = torch_facts()
     try:

@@ -1,6 +1,6 @@
 """Writing files to a node for `hrmctl sync-data`: the node agent, the sender, the finalizer.
 
-NodeAgent   cli/sync/agent.py running on the node for a whole sync (scan, mkdirs, finalize, and
+NodeAgent   cli/sync/receiver.py running on the node for a whole sync (scan, mkdirs, finalize, and
             put: small files, see cli/sync/stream.py).
 Sender      streams files to `.NAME.hrmctl-part` over pipelined SFTP (or to a local directory),
             opening the next files' part files while earlier files are still being sent.
@@ -23,17 +23,17 @@ import paramiko
 
 from cli.nodes.remote import SSHSession, Session
 from cli.sync.plan import SyncError, Transfer
-from cli.sync.agent import BLOCK, part_name
+from cli.sync.receiver import BLOCK, part_name
 from cli.sync.sftp import STATUS, WRITE_SIZE, PipelinedSFTP, SFTPError
 
-NODE_SNIPPET = Path(__file__).with_name("agent.py").read_text(encoding="utf-8")
+NODE_SNIPPET = Path(__file__).with_name("receiver.py").read_text(encoding="utf-8")
 BATCH_FILES, BATCH_WAIT_S = 500, 0.02   # how the node's verify-and-rename calls are batched
 SEND_PIECE = 256 * 1024         # a batch goes to the agent in pieces: each one taken is progress
 LOOKAHEAD = 32                  # files whose part file is being opened while earlier files are sent
 
 
 class NodeAgent:
-    """cli/sync/agent.py running on the node for the whole sync: call(job) -> its JSON answer."""
+    """cli/sync/receiver.py running on the node for the whole sync: call(job) -> its JSON answer."""
 
     def __init__(self, session: Session, stall_timeout: float):
         self.session, self.name, self.stall_timeout = session, session.node.name, stall_timeout

@@ -1,4 +1,4 @@
-"""hrmctl-top-agent: what one node is doing, one JSON line per interval on stdout.
+"""hrmctl-top-sampler: what one node is doing, one JSON line per interval on stdout.
 
 Self-contained: sent over SSH and run by the node's own Python (`python -u -c SOURCE --interval 1`),
 with the standard library, psutil when it is installed (else /proc, on Linux and WSL), and NVIDIA's

@@ -1,4 +1,4 @@
-"""One channel per node, kept open: the agent (cli/top/agent.py) runs there and prints a line per interval.
+"""One channel per node, kept open: the node sampler (cli/top/sampler.py) runs there and prints a line per interval.
 
 `Watch(nodes, interval)` starts a thread per node that connects (cli.nodes.remote.connect: SSH, or a
 local process for localhost), starts the agent with the node's Python and reads its lines; the
@@ -19,9 +19,9 @@ from cli.errors import HrmctlError
 from cli.nodes.inventory import Node
 from cli.nodes.remote import CONNECT_TIMEOUT, Pipe, Session, connect
 
-from . import agent as _agent
+from . import sampler as _sampler
 
-AGENT_SOURCE = Path(_agent.__file__).read_text(encoding="utf-8")
+SAMPLER_SOURCE = Path(_sampler.__file__).read_text(encoding="utf-8")
 RETRY_S = 3.0
 
 
@@ -47,7 +47,7 @@ class NodeState:
 
 
 def agent_argv(node: Node, interval: float) -> list[str]:
-    return [node.python, "-u", "-c", AGENT_SOURCE, "--interval", f"{interval:g}"]
+    return [node.python, "-u", "-c", SAMPLER_SOURCE, "--interval", f"{interval:g}"]
 
 
 def _ended(pipe: Pipe) -> bool:

@@ -20,7 +20,7 @@ from tests.polling import wait_for
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
-MARK = b"hrmctl-top-agent"  # the first words of the agent's source, which is its command line (-c)
+MARK = b"hrmctl-top-sampler"  # the first words of the sampler's source, which is its command line (-c)
 TRAIN = ["model=tiny", "training.max_steps=100000", "training.batch_size=8", "training.log_interval=2",
          "training.eval_interval=0", "training.checkpoint_interval=0"]
 

@@ -12,7 +12,7 @@ import torch
 
 from auralm import autobatch, config, train
 from auralm.errors import UserError
-from netcheck.probe import cgroup_memory
+from netcheck.node_probe import cgroup_memory
 from tests.trainer.helpers import REPO, python_env, tiny_args
 
 pytestmark = pytest.mark.usefixtures("one_thread")

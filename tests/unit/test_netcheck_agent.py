@@ -6,7 +6,7 @@ import socket
 
 from cli.nodes.inventory import local_node
 from cli.nodes.remote import connect
-from netcheck.agent_client import start_agent
+from netcheck.peer_agent_client import start_agent
 from netcheck.clock import measure_skew
 from netcheck.ports import check_ports
 

@@ -1,10 +1,10 @@
-"""The full mesh graded by direction and by what the backend needs (netcheck.checks_net), on made-up
+"""The full mesh graded by direction and by what the backend needs (netcheck.network_checks), on made-up
 MeshResults: which node's firewall to fix, and whether gloo/NCCL training is affected."""
 
 from __future__ import annotations
 
-from netcheck.checks import FAIL, OK, WARN
-from netcheck.checks_net import mesh_check, mesh_verdict, needed_directions
+from netcheck.node_checks import FAIL, OK, WARN
+from netcheck.network_checks import mesh_check, mesh_verdict, needed_directions
 from netcheck.ports import MeshResult
 
 IPS = {"node0": "10.1.2.11", "node1": "10.1.2.12", "node2": "10.1.2.13"}

@@ -13,12 +13,12 @@ import sys
 import pytest
 
 from netcheck.backend import choose_backend
-from netcheck.checks import FAIL, OK, SKIP, WARN, os_check
-from netcheck.checks_cluster import cluster_checks
-from netcheck.checks_net import clock_check, rtt_check
+from netcheck.node_checks import FAIL, OK, SKIP, WARN, os_check
+from netcheck.consistency_checks import cluster_checks
+from netcheck.network_checks import clock_check, rtt_check
 from netcheck.clock import ClockSkew, best_offset
-from netcheck.nodeprobe import ProbeError, parse_probe
-from netcheck.probe import os_kind, parse_ip_addr, wsl_networking
+from netcheck.node_probe_client import ProbeError, parse_probe
+from netcheck.node_probe import os_kind, parse_ip_addr, wsl_networking
 from netcheck.rtt import parse_ping
 
 WSL2_REL = "5.15.153.1-microsoft-standard-WSL2"
@@ -130,8 +130,8 @@ def test_the_dataset_check_reads_what_prepare_data_writes(tmp_path):
     import shutil
 
     from auralm import data
-    from netcheck.checks_cluster import dataset_check
-    from netcheck.probe import disk_facts
+    from netcheck.consistency_checks import dataset_check
+    from netcheck.node_probe import disk_facts
 
     roots = [tmp_path / f"n{i}" for i in range(3)]
     assert data.main(["--task", "sudoku", "--out", str(roots[0] / "sudoku"), "--train", "20", "--test", "5"]) == 0
@@ -162,7 +162,7 @@ def test_garbage_probe_answers_are_probe_errors():
 
 def test_probe_runs_as_a_script_without_the_project(tmp_path):
     """The probe file alone, through stdin, from an unrelated directory: one JSON object."""
-    from netcheck.nodeprobe import probe_source
+    from netcheck.node_probe_client import probe_source
     res = subprocess.run([sys.executable, "-I", "-", "--no-torch", "--route-to", "127.0.0.1", "--data-dir",
                           str(tmp_path / "nope")], input=probe_source(), capture_output=True, text=True,
                          cwd=tmp_path, timeout=30)
@@ -181,7 +181,7 @@ def test_peer_rtt_is_not_lengthened_by_the_probes_own_work():
     import socket
     import time
 
-    from netcheck.probe import tcp_rtt_aside
+    from netcheck.node_probe import tcp_rtt_aside
 
     server = socket.create_server(("127.0.0.1", 0), backlog=16)
     try:

@@ -10,9 +10,9 @@ import sys
 import psutil
 import pytest
 
-from netcheck import probe
-from netcheck.checks import resources_check
-from netcheck.nodeprobe import PROBE_FILE, parse_probe
+from netcheck import node_probe as probe
+from netcheck.node_checks import resources_check
+from netcheck.node_probe_client import PROBE_FILE, parse_probe
 
 GB = 2**30
 
