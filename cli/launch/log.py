@@ -193,6 +193,8 @@ class MergedLog:
             if self.on_result:
                 self.on_result(node, body[len(self.result_tag):])
             return
+        if self.stops and rank is None:  # the trainer said why: torchrun's own lines (its failure report, its
+            return  # ChildFailedError traceback) go to the node's file only; hrmctl's last line is the trainer's
         step = STEP_RE.match(body) if rank in (0, None) else None
         if step and (rank == 0 or held.default_rank == 0):
             self._step(int(step.group(1)), int(step.group(2)))

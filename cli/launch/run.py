@@ -260,7 +260,10 @@ def run_once(plans: list[NodeLaunch], log: MergedLog, signals: _Signals, *, atte
         if result is None or result.code != 0:
             if result is not None and result.interrupted:
                 log.hush()  # what the nodes print while being stopped goes to their files only
-            log.note(f"{(result.reason if result else 'stopping')}: stopping the job on every node")
+            why = result.reason if result else "stopping"
+            if result is not None and result.from_trainer:  # its line is on the screen already: not twice more
+                why = f"rank {result.failed_rank} on {result.failed_node} stopped (its error line above)"
+            log.note(f"{why}: stopping the job on every node")
             result = result or RunResult(1, "launcher error")
             result.left_running = stop_everywhere(plans, jobs, accept_new_host_keys) if jobs else {}
             if result.code == OUTPUT_GONE_CODE and signals.got:  # Ctrl-C to a pipeline: its reader went too

@@ -65,18 +65,28 @@ def test_torchrun_two_gloo_ranks_stop_together_with_one_line(sudoku_dir, tmp_pat
 
 
 def test_hrmctl_train_shows_the_run_failed_and_runs_says_so(sudoku_dir, tmp_path):
-    """A run shorter than the window, every step skipped: stopped at its last step, never reported finished."""
+    """A run shorter than the window, every step skipped: stopped at its last step, never reported finished; the
+    guard's line is the run's reason (hrmctl's last line, status.json, `hrmctl runs --json`), and --max-restarts 2
+    does not restart it (a restart would stop the same way)."""
     env = python_env()
-    res = subprocess.run([sys.executable, "-m", "cli", "train", "--run-id", "nan1",
+    res = subprocess.run([sys.executable, "-m", "cli", "train", "--run-id", "nan1", "--max-restarts", "2",
                           *args(sudoku_dir, None, "training.max_steps=4", "fault.nan_at_step=1-4")],
                          capture_output=True, text=True, timeout=400, cwd=tmp_path, env=env)
     out = res.stdout + res.stderr
     assert res.returncode != 0, out[-2000:]
-    [line] = [l for l in error_lines(out) if "nan guard" in l]
+    [line] = [l for l in error_lines(out) if "nan guard" in l and "│" in l]  # the node's line, once
     assert "all 4 steps 1-4 skipped on every rank" in line and line.endswith("rerun without fault.nan_at_step")
+    guard = line[line.index("error: ") + len("error: "):]
+    last = res.stderr.strip().splitlines()[-1]  # hrmctl's: the guard's line, where and when, the logs
+    assert last.startswith(f"error: {guard} (rank 0 on localhost, after ") and last.endswith("logs in runs/nan1/")
+    assert "no restart (0 of 2 made): the trainer stopped with exit code 2" in out, out[-3000:]
+    assert "Traceback" not in out and "ChildFailedError" not in out  # torchrun's report: in the node's file only
+    assert "restart 1 of 2" not in out and "attempt 2" not in (tmp_path / "runs" / "nan1" / "localhost.log").read_text()
     status = json.loads((tmp_path / "runs" / "nan1" / "status.json").read_text())
     assert status["state"] == "failed" and status["exit_code"] != 0
+    assert (status["reason"], status["attempts"], status["failed_rank"]) == (guard, 1, 0)
     res = subprocess.run([sys.executable, "-m", "cli", "runs", "--json"], capture_output=True, text=True,
                          timeout=60, cwd=tmp_path, env=env)
     [entry] = json.loads(res.stdout)
-    assert (entry["id"], entry["status"], entry["steps"]) == ("nan1", "failed", 3)
+    assert (entry["id"], entry["status"], entry["steps"], entry["reason"]) == ("nan1", "failed", 3, guard)
+    assert entry["no_restart"].startswith("the trainer stopped with exit code 2")

@@ -55,8 +55,9 @@ def test_the_trainers_line_is_the_reason_and_no_restart_is_made(tmp_path):
     plans, log = two_nodes(tmp_path, Console(file=screen, width=300))
     log.line("a", 0, "error: " + GUARD)
     log.line("a", 0, errors.STOP_TAG + json.dumps({"reason": GUARD, "rank": 0, "exit_code": 2}))
-    for line in report(1, 2):
-        log.line("b", 1, line)
+    log.line("b", 1, "[rank1]:error: rank 1: Connection closed by peer")  # a worker's line: shown
+    for line in ["torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ", *report(1, 2)]:
+        log.line("b", 1, line)  # torchrun's own (no rank prefix): b's file only, the trainer has said why
     res = _failure(plans, log, {"a": FakeJob(None), "b": FakeJob(1)}, {"b": 1}, "b")
     assert (res.reason, res.failed_node, res.failed_rank, res.code) == (GUARD, "a", 0, 1)
     assert res.from_trainer and "a restart would stop the same way" in res.no_restart
@@ -65,7 +66,9 @@ def test_the_trainers_line_is_the_reason_and_no_restart_is_made(tmp_path):
     log.close()
     shown = (tmp_path / "screen").read_text()
     assert GUARD in shown and errors.STOP_TAG not in shown  # the human line on screen, the tag not
+    assert "Connection closed by peer" in shown and "ChildFailedError" not in shown and "Root Cause" not in shown
     assert errors.STOP_TAG in (tmp_path / "a.log").read_text()
+    assert "ChildFailedError" in (tmp_path / "b.log").read_text()
 
 
 def test_exit_2_without_the_trainers_line_is_not_restarted_a_crash_is(tmp_path):
