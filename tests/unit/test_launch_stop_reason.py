@@ -109,3 +109,25 @@ def test_a_reader_gone_before_the_run_is_exit_141_quietly(tmp_path):
         err = proc.stderr.read()
         assert proc.wait(timeout=60) == 141, err
         assert err == b""
+
+
+class OomKillerStruck:
+    """The node's OOM-kill count grew (cli.launch.run.OomCounts reads /proc/vmstat): a stand-in, since the kernel's
+    OOM killer cannot be set off safely on this shared machine."""
+
+    def grew(self, name: str) -> bool:
+        return True
+
+
+def test_a_rank_the_oom_killer_took_is_not_restarted_another_signal_is(tmp_path):
+    plans, log = two_nodes(tmp_path, Console(file=open(os.devnull, "w")))
+    for line in report(1, -9):
+        log.line("b", 1, line)
+    res = _failure(plans, log, {"a": FakeJob(None), "b": FakeJob(1)}, {"b": 1}, "b", OomKillerStruck())
+    assert "b ran out of memory" in res.reason and res.no_restart == "the same run would run out of memory again"
+    log.start(plans, 2)
+    for line in report(1, -11):
+        log.line("b", 1, line)
+    res = _failure(plans, log, {"a": FakeJob(None), "b": FakeJob(1)}, {"b": 1}, "b", OomKillerStruck())
+    assert res.reason == "rank 1 on b was killed by SIGSEGV" and res.no_restart == ""  # a crash: restarted
+    log.close()
