@@ -11,6 +11,10 @@ from auralm import train
 from auralm.config import parse
 from tests.trainer.helpers import PYTHON, REPO, python_env, small_sudoku
 
+# a real HRM run, then a Python process per test (eval, solve, hrmctl train --dry-run): 70 s of CPU measured,
+# the largest module of the unit tier; the whole suite runs it, scripts/test.sh --fast does not
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):

@@ -55,6 +55,7 @@ def test_trm_backpropagates_through_the_last_cycle_only():
     assert calls["core.net"][-(n + 1):] == [True] * (n + 1)
 
 
+@pytest.mark.slow  # 11-12 s of CPU measured: not in scripts/test.sh --fast
 def test_the_memory_of_a_segment_does_not_grow_with_the_cycles():
     """What autograd keeps for the backward is the same at 2 cycles as at 6: only the last updates are in the graph."""
     saved = []
@@ -184,6 +185,7 @@ def test_causal_hrm_on_text_does_not_see_the_future():
     assert not torch.allclose(p1[0, 10:], p2[0, 10:], atol=1e-5)
 
 
+@pytest.mark.slow  # 11-12 s of CPU measured: not in scripts/test.sh --fast
 def test_trm_mlp_t_and_the_paper_sizes_build():
     for name in ("trm-5m-mlp", "trm-7m", "hrm-27m"):
         arch = config.resolved_model(config.ModelConfig(name=name))
