@@ -1,6 +1,7 @@
 """The hrmctl command line (Typer). Each command is a function with type hints and help text; its body
-imports the room that holds its logic (cli/nodes, cli/doctor, cli/top, cli/sync, cli/launch, cli/runs) only when
-it runs, so `hrmctl --help` and a no-op `sync-data` never pay for paramiko, torch or the other rooms.
+imports the room that holds its logic (cli/nodes, cli/setup, cli/doctor, cli/top, cli/sync, cli/launch, cli/runs)
+only when it runs, so `hrmctl --help` imports typer and rich but never paramiko, torch, auralm or the rooms
+(checked with `python -X importtime`), and `sync-data` never imports torch, auralm or the other rooms.
 
 Every expected failure is one line on stderr (`error: ...`) and an exit code from the README's table:
 0 done, 1 a check or a node failed, 2 bad input, 3 a node unreachable or refused us, 130 interrupted.
@@ -247,15 +248,6 @@ def sync_data_cmd(
     return show_report(report, as_json=json, console=out, err=err)
 
 
-def _launch(*, inventory, nodes, master_port, nproc, backend, env, dry_run, run_id, accept_new_host_keys, reprobe,
-            module: str, args: list[str], max_restarts: int):
-    from cli.launch.command import options
-
-    return options(inventory=inventory, nodes=nodes, master_port=master_port, nproc=nproc, backend=backend,
-                   env=env, max_restarts=max_restarts, dry_run=dry_run, run_id=run_id,
-                   accept_new_host_keys=accept_new_host_keys, reprobe=reprobe, module=module, args=args)
-
-
 @command("test-ddp", context_settings={"ignore_unknown_options": True})
 def test_ddp_cmd(
         ctx: typer.Context,
@@ -280,12 +272,13 @@ def test_ddp_cmd(
     and the suggestion (ddp, the bf16 hook, or diloco with an H), saved for `hrmctl train`.
     Exit 1 on a wrong result."""
     from cli.launch.command import DDP_CHECK, ddp_check_args, test_ddp
+    from cli.launch.options import launch_options
 
     args = ddp_check_args(min_size=min_size, max_size=max_size, seconds=seconds, soak=soak, no_bandwidth=no_bandwidth,
                           overrides=overrides)
-    opts = _launch(inventory=inventory, nodes=nodes, master_port=master_port, nproc=nproc, backend=backend, env=env,
-                   dry_run=dry_run, run_id=run_id, accept_new_host_keys=accept_new_host_keys, reprobe=reprobe,
-                   module=DDP_CHECK, args=args, max_restarts=0)
+    opts = launch_options(inventory=inventory, nodes=nodes, env=env, reprobe=reprobe, master_port=master_port,
+                          nproc=nproc, backend=backend, dry_run=dry_run, run_id=run_id,
+                          accept_new_host_keys=accept_new_host_keys, module=DDP_CHECK, args=args)
     return test_ddp(opts, overrides=list(overrides or []), as_json=json, console=out, err=err,
                     own_options=_options_of(ctx))
 
@@ -312,10 +305,12 @@ def train_cmd(
     Trainer overrides follow the options: `hrmctl train --nodes node0,node1 model=hrm-tiny training.max_steps=200`.
     With no overrides it trains the embedded default (TRM on generated sudoku puzzles)."""
     from cli.launch.command import train
+    from cli.launch.options import launch_options
 
-    opts = _launch(inventory=inventory, nodes=nodes, master_port=master_port, nproc=nproc, backend=backend, env=env,
-                   dry_run=dry_run, run_id=run_id, accept_new_host_keys=accept_new_host_keys, reprobe=reprobe,
-                   module=module, args=list(overrides or []), max_restarts=max_restarts)
+    opts = launch_options(inventory=inventory, nodes=nodes, env=env, reprobe=reprobe, master_port=master_port,
+                          nproc=nproc, backend=backend, dry_run=dry_run, run_id=run_id,
+                          accept_new_host_keys=accept_new_host_keys, module=module, args=list(overrides or []),
+                          max_restarts=max_restarts)
     return train(opts, sync_data=sync_data, as_json=json, console=out, err=err, own_options=_options_of(ctx))
 
 
@@ -376,9 +371,9 @@ def plot_cmd(runs: Annotated[list[str], typer.Argument(metavar="RUN...", show_de
 
 
 def _trainer_tool(name: str, module: str, text: str) -> None:
-    """A command that is one of the trainer's own tools, run as a process like every other use of auralm by
-    the cli (the one import is auralm.curves, pure plotting, in cli/runs): its options, --help and errors are the
-    tool's own."""
+    """A command that is one of the trainer's own tools, run as a process (`python -m <module>`): its options,
+    --help and errors are the tool's own. (The cli imports of auralm only parts that need no torch: see
+    cli/launch/__init__.py and cli/runs.)"""
     def tool(ctx: typer.Context) -> int:
         import subprocess
 

@@ -1,17 +1,25 @@
 """`hrmctl train` and `hrmctl test-ddp`: torchrun on every node from one terminal.
 
-command        the commands' bodies: options -> prepare (the plan) -> run -> the report
-prepare        the preflight and the plan: trainer overrides checked, master address, node facts, the
-               master port, writable directories, the backend, each node's torchrun line (--dry-run)
-facts          each node's torch facts (probed or cached); plan: the per-node command and environment
-storage        the data, run and checkpoint directories each node needs: writable, with free space
-run            the plan run on every node: jobs started, watched, stopped everywhere (psutil on the
-               node); restarts from the last checkpoint; a failed rank named, by its signal if killed
-log            the merged live log (and runs/<run-id>/<node>.log)
-ddp_report     test-ddp's table
-node_torchrun  runs ON the node: checks a first launch's guessed facts, then torchrun in-process
-nolibuv/       put on PYTHONPATH on a node whose TCPStore has no libuv
+A launch flows one way, each stage given the one object the previous stage made (docs/train.md, "How a launch flows"):
 
-Flow: command -> prepare (a Prepared plan) -> run (a RunResult) -> command's report.
-May import: cli.nodes, cli.sync (train --sync-data), cli.errors, netcheck. auralm is only started, as a process.
+  command  options.py     the command line read once into one LaunchOptions (the nodes selected, --env read), checked
+           command.py     the commands' bodies: a guide's spellings read, the overrides checked; then the stages below
+  plan     prepare.py     the preflight, at once over one connection per node, and the plan -> a LaunchPlan:
+             facts.py       each node's torch facts (probed with netcheck, or cached)
+             storage.py     the data, run and checkpoint directories each node needs: writable, with room
+             memory.py      the model's memory estimate (auralm.sizing, as a process) against each node's memory
+             links.py       test-ddp's figures for these nodes, and train's warning about the link
+             plan.py        each node's exact torchrun line and environment (the LaunchPlan, NodeLaunch); pure
+  run      run.py         the plan run on every node: jobs started, watched, stopped everywhere (psutil on the
+                          node); restarts from the last checkpoint; a failed rank named -> a RunResult
+             log.py         the merged live log (and runs/<run-id>/<node>.log)
+  report   report.py      --dry-run's plan, the run's last line or --json document; ddp_report.py: test-ddp's table
+
+On the node: node_torchrun.py (checks a first launch's guessed facts, then torchrun in-process) and nolibuv/ (put on
+PYTHONPATH where torch's TCPStore has no libuv).
+
+A stage imports the ones before it (for their types) and never a later one. May import: cli.nodes, cli.sync
+(train --sync-data), cli.errors, netcheck, and of auralm only what needs no torch at import (its config parser, guide
+spellings, exit codes, link budget; auralm.data's preparer when the data is missing): the trainer itself is started
+as a process, through torchrun.
 """

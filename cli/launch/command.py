@@ -1,4 +1,6 @@
-"""The bodies of `hrmctl train` and `hrmctl test-ddp` (cli/app.py only parses options)."""
+"""The bodies of `hrmctl train` and `hrmctl test-ddp` (cli/app.py parses the options into one LaunchOptions,
+cli/launch/options.py): the command's own reading of the overrides, then the stages in order, each given the
+previous one's result: prepare (a LaunchPlan) -> run (a RunResult) -> report."""
 
 from __future__ import annotations
 
@@ -11,24 +13,16 @@ from rich.markup import escape
 from auralm import guide_spellings
 from auralm.config import split_global_batch
 from cli.errors import HrmctlError
-from cli.nodes.inventory import Node, load_inventory, local_node
-from cli.launch import guide_options, links
+from cli.launch import guide_options, links, report
+from cli.launch.facts import remember
 from cli.launch.memory import model_size
-from cli.launch.plan import TRAINER
-from cli.launch.prepare import (LaunchOptions, Prepared, check_trainer_args, dry_run_json, dry_run_text,
-                               expand_config_files, prepare)
-from cli.launch.run import RunResult, run, summary_line
-from cli.launch.plan import parse_env_options
+from cli.launch.options import TRAINER, LaunchOptions
+from cli.launch.plan import LaunchPlan
+from cli.launch.prepare import check_trainer_args, expand_config_files, prepare
+from cli.launch.run import RunResult, run
 
 DDP_CHECK = "auralm.ddp_check"
 RESULT_TAG = "HRMCTL_RESULT "
-
-
-def select_nodes(inventory: str | None, nodes: str | None) -> list[Node]:
-    """--nodes from the inventory; without --nodes, this machine alone (the embedded default)."""
-    if nodes is None:
-        return [local_node()]
-    return load_inventory(inventory).select(nodes)
 
 
 def _reject_options(extra: list[str], what: str, own_options: list[str] = ()) -> None:
@@ -62,24 +56,14 @@ def _model_choice(opts: LaunchOptions) -> str:
         raise HrmctlError(f"trainer overrides rejected: {e}") from None
 
 
-def options(*, inventory, nodes, master_port, nproc, backend, env, max_restarts, dry_run, run_id,
-            accept_new_host_keys, reprobe, module, args) -> LaunchOptions:
-    if backend not in ("auto", "gloo", "nccl"):
-        raise HrmctlError(f"--backend {backend}: choose auto, gloo or nccl")
-    return LaunchOptions(nodes=select_nodes(inventory, nodes), module=module, args=list(args),
-                         master_port=master_port, nproc=nproc, backend=backend, env=parse_env_options(env or []),
-                         max_restarts=max_restarts, dry_run=dry_run, run_id=run_id,
-                         accept_new_host_keys=accept_new_host_keys, use_cache=not reprobe)
-
-
-def auto_batch_plan(size: dict, prep: Prepared) -> dict | None:
+def auto_batch_plan(size: dict, prep: LaunchPlan) -> dict | None:
     """batch_size=auto before the run: per node, the largest micro-batch the model's estimate (auralm.sizing)
     fits into the trainer's margin (``memory_margin``: auralm.autobatch.MARGIN) of the memory the node's probe
     reported (a GPU's memory on a GPU node, else the RAM available, or its memory cgroup's if less) shared by
     its ranks; then the plan the trainer would make from the smallest. Each rank measures its own at start; this is the estimate. None unless batch_size=auto."""
     if not size or size.get("batch_size") != "auto":
         return None
-    world = sum(p.nproc for p in prep.plans)
+    world = prep.world
     nodes, fits = {}, []
     for p in prep.plans:
         f = (prep.facts or {}).get(p.node.name)
@@ -101,50 +85,6 @@ def auto_batch_plan(size: dict, prep: Prepared) -> dict | None:
     return plan
 
 
-def _dry_run(opts: LaunchOptions, as_json: bool, console: Console, err: Console | None = None,
-            advice: links.Advice | None = None, choice: str = "") -> int:
-    prep = prepare(opts, console)
-    size = model_size(opts, sum(p.nproc for p in prep.plans))
-    auto = auto_batch_plan(size, prep)
-    link = links.warn(advice, err or console)
-    if as_json:
-        console.print_json(json.dumps({**dry_run_json(prep), "model": size, **({"model_choice": choice} if choice else {}),
-                                       **({"auto_batch": auto} if auto else {}),
-                                       **({"link": link} if opts.module == TRAINER else {})}))
-        return 0
-    for line in dry_run_text(prep):
-        console.print(escape(line), highlight=False, soft_wrap=True)
-    gib = 1 << 30
-    if choice:
-        console.print(f"# model: {escape(choice)}", highlight=False, soft_wrap=True)
-    if size and auto:
-        console.print(f"# model {size['name']}: {size['parameters'] / 1e6:.2f}M parameters; per rank about "
-                      f"{size['states_bytes'] / gib:.2f} GiB of weights, gradients and optimizer states, and "
-                      f"{size['activation_bytes_per_row'] / 2**20:.1f} MiB of activations a row", highlight=False,
-                      soft_wrap=True)
-        for name, n in auto["nodes"].items():
-            if n["fits"] is None:
-                console.print(f"# {name}: batch_size=auto: its memory is unknown (the probe did not say); its ranks "
-                              f"measure at start", highlight=False, soft_wrap=True)
-                continue
-            where = f"{n['memory_gb']:g} GiB GPU memory" if n["memory"] == "gpu" else \
-                f"{n['memory_gb']:g} GiB RAM available" + (f" / {n['ranks']} ranks" if n["ranks"] > 1 else "")
-            console.print(f"# {name}: batch_size=auto: about {n['fits']} rows per rank fit ({size['memory_margin']:.0%} of "
-                          f"{where}; estimated, each rank measures at start)", highlight=False, soft_wrap=True)
-        if "batch_size" in auto:
-            console.print(f"# batch_size=auto plan: {auto['batch_size']} x accum {auto['grad_accum']} x "
-                          f"{auto['world']} ranks = {auto['global_batch_size']}", highlight=False, soft_wrap=True)
-        elif any(n["fits"] == 0 for n in auto["nodes"].values()):
-            console.print("# batch_size=auto: not even one row fits on a node by this estimate", highlight=False,
-                          soft_wrap=True)
-    elif size:
-        console.print(f"# model {size['name']}: {size['parameters'] / 1e6:.2f}M parameters; per rank about "
-                      f"{size['total_bytes'] / gib:.2f} GiB ({size['states_bytes'] / gib:.2f} weights, gradients and "
-                      f"optimizer states, {size['activation_bytes'] / gib:.2f} activations at batch "
-                      f"{size['batch_size']} per rank)", highlight=False, soft_wrap=True)
-    return 0
-
-
 def _sync_data(opts: LaunchOptions, console: Console) -> None:
     from cli.sync.run import sync_nodes
 
@@ -156,18 +96,29 @@ def _sync_data(opts: LaunchOptions, console: Console) -> None:
     report.raise_for_errors()
 
 
-def plan_then_run(opts: LaunchOptions, console: Console, before_run=None) -> tuple[Prepared, RunResult]:
+def _dry_run(opts: LaunchOptions, as_json: bool, console: Console, err: Console | None = None,
+             advice: links.Advice | None = None, choice: str = "") -> int:
+    prep = prepare(opts)
+    size = model_size(opts, prep.world)
+    return report.dry_run(prep, size, auto_batch_plan(size, prep), as_json=as_json, console=console, choice=choice,
+                          link=links.warn(advice, err or console))
+
+
+def plan_then_run(opts: LaunchOptions, console: Console, before_run=None) -> tuple[LaunchPlan, RunResult]:
     """The command's flow: the plan (preflight included), then the run on every node; the report is the caller's.
     The run may ask for the plan again, once, when a first launch's guessed facts were wrong on a node.
-    ``before_run()`` is called between the two (train's warning about the link)."""
-    prep = prepare(opts, console)
+    ``before_run()`` is called between the two (train's warning about the link). What the nodes reported of their
+    torch is cached for the next launch."""
+    prep = prepare(opts)
     if before_run:
         before_run()
 
-    def replan() -> Prepared:
-        return prepare(dataclasses.replace(opts, run_id=prep.run_id), console)
+    def replan(reported: dict[str, dict]) -> LaunchPlan:
+        return prepare(dataclasses.replace(opts, run_id=prep.run_id), reported)
 
-    return prep, run(opts, prep, console, replan)
+    result = run(prep, console, replan)
+    remember(result.node_facts, opts.nodes)
+    return prep, result
 
 
 def train(opts: LaunchOptions, *, sync_data: bool, as_json: bool, console: Console, err: Console,
@@ -177,6 +128,7 @@ def train(opts: LaunchOptions, *, sync_data: bool, as_json: bool, console: Conso
         _read_guide_options(opts, err, list(own_options))
     else:
         _reject_options(opts.args, "trainer overrides are key=value", own_options)
+    opts.check()
     opts.args = expand_config_files(opts.module, opts.args)
     choice = _model_choice(opts)
     if choice and not (opts.dry_run and not as_json):  # the dry run's text says it with the model's size
@@ -193,23 +145,7 @@ def train(opts: LaunchOptions, *, sync_data: bool, as_json: bool, console: Conso
         link[0] = links.warn(advice, err)
 
     prep, result = plan_then_run(opts, console, before_run)
-    return _finish(result, prep, as_json, console, err, extra={"link": link[0]})
-
-
-def _finish(result, prep, as_json: bool, console: Console, err: Console, extra: dict | None = None) -> int:
-    if as_json:
-        doc = {"run_id": prep.run_id, "exit_code": result.code, "ok": result.code == 0, "reason": result.reason,
-               "failed_node": result.failed_node, "failed_rank": result.failed_rank, "seconds": round(result.seconds, 3),
-               "left_running": result.left_running, **(extra or {})}
-        console.print_json(json.dumps(doc))
-    if result.code == 0:
-        if not as_json:
-            console.print(f"[green]done[/green] {escape(summary_line(result))}", highlight=False)
-        return 0
-    err.print(f"{'' if result.interrupted else 'error: '}{summary_line(result)}; logs in runs/{prep.run_id}/",
-              markup=False, highlight=False,
-              soft_wrap=True)
-    return result.code
+    return report.finish(result, prep, as_json, console, err, extra={"link": link[0]})
 
 
 def test_ddp(opts: LaunchOptions, *, overrides: list[str] | None = None, as_json: bool, console: Console,
@@ -217,6 +153,7 @@ def test_ddp(opts: LaunchOptions, *, overrides: list[str] | None = None, as_json
     if overrides:  # the model to time: checked by the trainer's parser here, before anything starts
         _reject_options(overrides, "the model's overrides are key=value", own_options)
         check_trainer_args(TRAINER, overrides)
+    opts.check()
     if opts.dry_run:
         return _dry_run(opts, as_json, console)
     results: list[dict] = []
@@ -232,14 +169,14 @@ def test_ddp(opts: LaunchOptions, *, overrides: list[str] | None = None, as_json
     if results and not as_json:
         from cli.launch.ddp_report import show
         show(results[-1], console)
-    report = results[-1] if results else None
-    if report is not None and not report.get("ok") and result.code == 0:
+    found = results[-1] if results else None
+    if found is not None and not found.get("ok") and result.code == 0:
         result.code, result.reason = 1, "a collective gave a wrong result"
-    saved = links.remember(report, opts.nodes) if result.code == 0 else None
+    saved = links.remember(found, opts.nodes) if result.code == 0 else None
     if saved and not as_json:
         console.print(f"[dim]saved for `hrmctl train --nodes {','.join(n.name for n in opts.nodes)}`: {escape(str(saved))}"
                       f"[/dim]", highlight=False, soft_wrap=True)
-    return _finish(result, prep, as_json, console, err, extra={"result": report, "link_cache": saved and str(saved)})
+    return report.finish(result, prep, as_json, console, err, extra={"result": found, "link_cache": saved and str(saved)})
 
 
 def ddp_check_args(*, min_size: str, max_size: str, seconds: float, soak: float, no_bandwidth: bool,

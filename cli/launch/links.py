@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from cli.nodes.inventory import Node
-from cli.launch.plan import TRAINER
+from cli.launch.options import TRAINER
 
 ADVICE_TIMEOUT_S = 20
 

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 from auralm.config import split_global_batch
 from cli.errors import HrmctlError
-from cli.launch.plan import TRAINER, NodeFacts
+from cli.launch.options import TRAINER
+from cli.launch.plan import NodeFacts
 
 GIB = 1 << 30
 SKIP_ENV = "HRMCTL_MEMORY_CHECK"  # "0": no refusal (the estimate is a rough one)

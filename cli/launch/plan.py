@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 from dataclasses import dataclass, field
 
+from cli.launch.options import LaunchOptions
 from cli.nodes.inventory import Node
-from cli.nodes.remote import command_line
+from cli.nodes.remote import Session, command_line
 
 TORCHRUN = ["-m", "torch.distributed.run"]
-TRAINER = "auralm.train"  # the module torchrun starts for `hrmctl train` (test-ddp: auralm.ddp_check)
 CHECKED_TORCHRUN = ["-m", "cli.launch.node_torchrun"]  # torchrun, once the node's torch confirms the guessed facts
 SECRET_RE = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_?KEY|PRIVATE|AUTH", re.I)
 RANK_PREFIX = "[rank${rank}]:"  # torchrun --tee prefixes every worker line with it
@@ -74,6 +73,25 @@ class NodeLaunch:
         """The exact line the node's shell runs (over SSH) - or its equivalent locally."""
         env = redacted(self.env) if redact else self.env
         return command_line(self.argv, self.cwd, env)
+
+
+@dataclass
+class LaunchPlan:
+    """The launch as planned by cli/launch/prepare.py, and all that the run needs: made once (again only when a
+    first launch's guessed facts were wrong on a node), then given to cli/launch/run.py whole."""
+
+    plans: list[NodeLaunch]
+    backend: str
+    why: str
+    run_id: str
+    options: LaunchOptions  # what the user asked for (the run reads max_restarts, runs_dir, the output's settings)
+    sessions: dict[str, Session] | None = None  # the preflight's connections, for the first attempt
+    facts: dict[str, NodeFacts] | None = None  # what the probes found, by node name (the dry run's memory)
+    size: dict | None = None  # the trainer's model and memory estimate for one rank (auralm.sizing; None: not it)
+
+    @property
+    def world(self) -> int:
+        return sum(p.nproc for p in self.plans)
 
 
 def redacted(env: dict[str, str]) -> dict[str, str]:
@@ -156,15 +174,3 @@ def _checked(f: NodeFacts) -> list[str]:
     expect = json.dumps({"gpus": f.gpus, "nccl": f.nccl, "libuv_ok": f.libuv_ok}, separators=(",", ":"))
     return [*CHECKED_TORCHRUN, "--expect", expect, "--"]
 
-
-def parse_env_options(items: list[str]) -> dict[str, str]:
-    """`--env KEY=VALUE` (repeatable) as a dict; a bad item is one clear error."""
-    from cli.errors import HrmctlError
-
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-            raise HrmctlError(f"--env {shlex.quote(item)}: expected KEY=VALUE with a shell variable name as KEY")
-        out[key] = value
-    return out

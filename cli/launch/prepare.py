@@ -1,41 +1,35 @@
-"""`hrmctl train` / `hrmctl test-ddp`: preflight, plan, dry-run or run (with restarts), summary.
-
-Order of a launch, so that nothing starts anywhere when something is wrong:
-  1. the trainer's own check of the overrides (its parser, `python -m auralm.config --check ...`), here;
-  2. the master address (an IP the workers reach; never loopback with other nodes);
-  3. every node probed in parallel (netcheck's probe; torch facts cached, see facts);
-  4. the master port: free on the master and reachable from every worker (netcheck);
-     with 3 and 4, each node's directories: data and run directory writable, with room, and the data
-     prepared for the task (storage.py); and here the model's memory estimate (auralm.sizing);
-  5. the plan (plan.py), each rank's planned memory against its node's (memory.py) -> printed by
-     --dry-run, or run by run.py on every node.
+"""The second stage of a launch: the preflight and the plan (`prepare(options) -> LaunchPlan`), so that nothing
+starts anywhere when something is wrong. It reads the LaunchOptions (cli/launch/options.py) and nothing after it:
+  1. the master address (an IP the workers reach; never loopback with other nodes);
+  2. at once, over one connection per node: the trainer's own check of the overrides (its parser,
+     `python -m auralm.config --check ...`, here), every node probed (netcheck's probe; torch facts cached,
+     facts.py), each node's directories (data and run directory writable, with room, the data prepared for the
+     task: storage.py), the master port (free on the master, reachable from every worker: netcheck), and the
+     model's memory estimate (auralm.sizing, memory.py);
+  3. the plan (plan.py: each node's torchrun line and environment), each rank's planned memory against its
+     node's (memory.py) -> a LaunchPlan, printed by --dry-run (report.py) or run on every node (run.py).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import secrets
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
-
-from rich.console import Console
 
 from netcheck import MasterAddressError, check_master_port, master_address
 
 from cli.errors import HrmctlError, InventoryError
 from cli.nodes.inventory import Node
 from cli.launch import memory
-from cli.launch.facts import CACHE_DIR, gather, load_cache, save_cache
-from cli.launch.plan import TRAINER, NodeFacts, NodeLaunch, build_plan, choose_backend, nproc_for, redacted
-from cli.launch.run import connect_all
+from cli.launch.facts import CACHE_DIR, gather, load_cache, remember, save_cache
+from cli.launch.options import TRAINER, LaunchOptions
+from cli.launch.plan import LaunchPlan, NodeFacts, build_plan, choose_backend, nproc_for
 from cli.launch.storage import DEFAULT_DATA_ENV, check_local, check_nodes, trainer_dirs
-from cli.nodes.remote import Session
+from cli.nodes.remote import Session, connect_all
 
 TRAINER_CHECK = "auralm.config"  # the trainer's --check without `import torch`: same parser, a tenth of the time
 DEFAULT_PORTS = range(29500, 29510)
@@ -56,38 +50,6 @@ for p in [int(a) for a in sys.argv[1:]] + [0]:
     finally:
         s.close()
 """
-
-
-@dataclass
-class LaunchOptions:
-    nodes: list[Node]
-    module: str = TRAINER
-    args: list[str] = field(default_factory=list)
-    master_port: int | None = None
-    nproc: int | None = None
-    backend: str = "auto"
-    env: dict[str, str] = field(default_factory=dict)
-    max_restarts: int = 0
-    dry_run: bool = False
-    run_id: str | None = None
-    runs_dir: Path = Path("runs")
-    accept_new_host_keys: bool = False
-    use_cache: bool = True
-    quiet: bool = False
-    json_output: bool = False
-    result_tag: str | None = None
-    on_result: Callable[[str, str], None] | None = None
-
-
-@dataclass
-class Prepared:
-    plans: list[NodeLaunch]
-    backend: str
-    why: str
-    run_id: str
-    sessions: dict[str, Session] | None = None  # the preflight's connections, for the first attempt
-    facts: dict[str, NodeFacts] | None = None  # what the probes found, by node name (the dry run's memory)
-    size: dict | None = None  # the trainer's model and memory estimate for one rank (auralm.sizing; None: not it)
 
 
 def new_run_id() -> str:
@@ -180,14 +142,12 @@ def _check_port_reachable(sessions: dict[str, Session], nodes: list[Node], addr:
         raise HrmctlError(f"refusing to launch, it would hang: {pc.failures()[0]}", exit_code=3)
 
 
-def prepare(opts: LaunchOptions, console: Console) -> Prepared:
+def prepare(opts: LaunchOptions, reported: dict[str, dict] | None = None) -> LaunchPlan:
+    """The plan for ``opts`` (checked by the command: LaunchOptions.check). ``reported``: what nodes said of their
+    torch in a first launch (cli.launch.node_torchrun), cached first so that the plan is made from it."""
     nodes = opts.nodes
-    if opts.nproc is not None and opts.nproc < 1:
-        raise InventoryError(f"--nproc {opts.nproc}: every node needs at least 1 process; give --nproc 1 or more")
-    if opts.master_port is not None and not 1 <= opts.master_port <= 65535:
-        raise HrmctlError(f"--master-port {opts.master_port} is outside 1-65535; choose a free port such as 29500")
-    if opts.max_restarts < 0:
-        raise HrmctlError(f"--max-restarts {opts.max_restarts}: give 0 or more")
+    if reported:
+        remember(reported, nodes)
     master = nodes[0]
     try:
         addr = master_address(master.host, master_is_local=master.is_local, peer_hosts=[n.host for n in nodes[1:]],
@@ -233,7 +193,7 @@ def prepare(opts: LaunchOptions, console: Console) -> Prepared:
                             memory.shares([(p.node.name, p.nproc) for p in plans], facts),
                             lambda line: print(line, file=sys.stderr))
         keep = not opts.dry_run  # the launch starts the jobs over these connections: no second handshake
-        return Prepared(plans, backend, why, run_id, sessions if keep else None, facts, size)
+        return LaunchPlan(plans, backend, why, run_id, opts, sessions if keep else None, facts, size)
     finally:
         if not keep:
             for s in sessions.values():
@@ -253,21 +213,3 @@ def _check_nproc(nodes: list[Node], facts: dict[str, NodeFacts], nproc: int | No
             kind = "GPU(s)" if facts[n.name].gpus else "CPU core(s)"
             raise InventoryError(f"{n.name}: {count} processes but the node has {devices} {kind}; "
                                  f"use --nproc {devices} or less")
-
-
-def dry_run_text(prep: Prepared) -> list[str]:
-    """Per node: the exact command line (env included) that a real launch runs."""
-    lines = [f"# run {prep.run_id}: {len(prep.plans)} node(s), world size "
-             f"{sum(p.nproc for p in prep.plans)}, backend {prep.backend} ({prep.why})"]
-    for p in prep.plans:
-        lines.append(f"# {p.node.name} (node rank {p.node_rank}, ranks {p.ranks.start}-{p.ranks.stop - 1}"
-                     f"{', ' + '; '.join(p.notes) if p.notes else ''})")
-        lines.append(p.shell_line(redact=True))
-    return lines
-
-
-def dry_run_json(prep: Prepared) -> dict:
-    return {"run_id": prep.run_id, "backend": prep.backend, "why": prep.why,
-            "nodes": [{"node": p.node.name, "host": p.node.host, "node_rank": p.node_rank, "nproc": p.nproc,
-                       "ranks": list(p.ranks), "cwd": p.cwd, "argv": p.argv, "env": redacted(p.env),
-                       "command": p.shell_line(redact=True)} for p in prep.plans]}

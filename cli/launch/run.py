@@ -27,24 +27,18 @@ import signal
 import socket
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from rich.console import Console
 
 from auralm.errors import BAD_INPUT_EXIT
-from cli.errors import HrmctlError
-from cli.nodes.inventory import Node
-from cli.launch.facts import remember
 from cli.launch.log import MergedLog, signal_name
-from cli.launch.plan import TRAINER, NodeLaunch
 from cli.launch.node_torchrun import FACTS_DIFFER
-from cli.nodes.remote import Job, Session, connect, for_each
-
-if TYPE_CHECKING:  # the plan is made before the run, by the command: no import at run time
-    from cli.launch.prepare import LaunchOptions, Prepared
+from cli.launch.options import TRAINER
+from cli.launch.plan import LaunchPlan, NodeLaunch
+from cli.nodes.remote import Job, Session, connect_all, for_each
 
 HEARTBEAT_S = 2.0
 HEARTBEAT_TIMEOUT_S = 8.0
@@ -126,6 +120,7 @@ class RunResult:
     seconds: float = 0.0
     from_trainer: bool = False  # the reason is the trainer's own line (auralm.errors.STOP_TAG)
     no_restart: str = ""  # why a restart cannot fix this failure ("": a crash or a lost node, which one may)
+    node_facts: dict[str, dict] = field(default_factory=dict)  # what nodes said of their torch (node_torchrun)
 
 
 class _Signals:
@@ -161,26 +156,6 @@ def stop_asked(signals: _Signals, log: MergedLog) -> RunResult | None:
         return signals.result()
     gone = log.output_gone()
     return RunResult(OUTPUT_GONE_CODE, f"stopped: {gone}", interrupted=True) if gone else None
-
-
-def connect_all(nodes: list[Node], accept_new_host_keys: bool) -> dict[str, Session]:
-    """A session per node, in parallel; any failure closes the others and raises (nothing started)."""
-    sessions: dict[str, Session] = {}
-    errors = []
-
-    def one(node: Node):
-        try:
-            sessions[node.name] = connect(node, accept_new_host_keys=accept_new_host_keys)
-        except HrmctlError as exc:
-            errors.append(exc)
-
-    with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
-        list(pool.map(one, nodes))
-    if errors:
-        for s in sessions.values():
-            s.close()
-        raise errors[0]
-    return sessions
 
 
 def stop_everywhere(plans: list[NodeLaunch], jobs: dict[str, Job], accept_new_host_keys: bool) -> dict[str, int]:
@@ -412,10 +387,12 @@ def killed_by(who: str, node: str, signum: int, oom: bool = False) -> str:
 # ---------------------------------------------------------------- the whole job: attempts and restarts
 
 
-def run(opts: LaunchOptions, prep: Prepared, console: Console, replan: Callable[[], Prepared]) -> RunResult:
-    """Run the plan, restarting the whole job from its last checkpoint up to max_restarts times. ``replan`` makes
-    the plan again (the command's prepare) when a first launch's guessed facts were wrong on a node. Ctrl-C,
-    SIGTERM and SIGHUP are noted from here to the end (see _Signals): none of them cuts the stop short."""
+def run(prep: LaunchPlan, console: Console, replan: Callable[[dict[str, dict]], LaunchPlan]) -> RunResult:
+    """Run the plan, restarting the whole job from its last checkpoint up to max_restarts times. ``replan(reported)``
+    makes the plan again (the command's prepare) from what the nodes reported, when a first launch's guessed facts
+    were wrong on a node. Ctrl-C, SIGTERM and SIGHUP are noted from here to the end (see _Signals): none of them
+    cuts the stop short. The result carries what the nodes reported (``node_facts``), for the facts' cache."""
+    opts = prep.options
     run_dir = opts.runs_dir / prep.run_id
     if opts.json_output:  # stdout is for the JSON document: the live log goes to stderr
         console = Console(stderr=True)
@@ -424,7 +401,7 @@ def run(opts: LaunchOptions, prep: Prepared, console: Console, replan: Callable[
     plans = prep.plans
     result, attempt, error = None, 1, None
     with _Signals() as signals:
-        status = started(run_dir, opts, prep)
+        status = started(run_dir, prep)
         try:
             log.note(f"run {prep.run_id}: {len(plans)} node(s), backend {prep.backend} ({prep.why}); logs in {run_dir}/")
             attempt, replanned = 1, False
@@ -432,13 +409,12 @@ def run(opts: LaunchOptions, prep: Prepared, console: Console, replan: Callable[
                 result = run_once(plans, log, signals, attempt=attempt, accept_new_host_keys=opts.accept_new_host_keys,
                                   sessions=prep.sessions)
                 prep.sessions = None  # closed by run_once
-                reported = dict(log.node_facts)
-                remember(reported, opts.nodes)
+                reported = result.node_facts = dict(log.node_facts)
                 if result.code == FACTS_DIFFER and result.failed_node in reported and not replanned:
                     # a first launch's guess was wrong on that node (nothing ran there): plan again from
                     # what it reported (now cached), once; this is not a restart
                     log.note(f"planning again with {result.failed_node}'s answers")
-                    prep = replan()
+                    prep = replan(reported)
                     plans, replanned = prep.plans, True
                     log.note(f"backend {prep.backend} ({prep.why})")
                     continue
@@ -492,14 +468,14 @@ def _trainer_dir(plan: NodeLaunch) -> str | None:
     return str((Path(plan.cwd).expanduser() / out).resolve()) if out else None
 
 
-def started(run_dir: Path, opts: LaunchOptions, prep: Prepared) -> dict:
+def started(run_dir: Path, prep: LaunchPlan) -> dict:
     """status.json at the start: running, and who runs it (this process, on this host), so that a reader can tell a
     live run from one whose launcher was killed before it could write the end."""
     import psutil
 
     doc = {"run_id": prep.run_id, "state": "running", "started": round(time.time(), 3),
            "host": socket.gethostname(), "pid": os.getpid(), "pid_started": psutil.Process().create_time(),
-           "module": opts.module, "nodes": [p.node.name for p in prep.plans],
+           "module": prep.options.module, "nodes": [p.node.name for p in prep.plans],
            "world": sum(p.nproc for p in prep.plans), "backend": prep.backend,
            "trainer_dir": _trainer_dir(prep.plans[0])}
     try:

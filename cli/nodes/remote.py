@@ -594,6 +594,26 @@ def connect(node: Node, *, accept_new_host_keys: bool = False, timeout: float = 
     return SSHSession(node, accept_new_host_keys=accept_new_host_keys, timeout=timeout)
 
 
+
+def connect_all(nodes: list[Node], accept_new_host_keys: bool) -> dict[str, Session]:
+    """A session per node, in parallel; any failure closes the others and raises (nothing started)."""
+    sessions: dict[str, Session] = {}
+    errors = []
+
+    def one(node: Node):
+        try:
+            sessions[node.name] = connect(node, accept_new_host_keys=accept_new_host_keys)
+        except HrmctlError as exc:
+            errors.append(exc)
+
+    with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
+        list(pool.map(one, nodes))
+    if errors:
+        for s in sessions.values():
+            s.close()
+        raise errors[0]
+    return sessions
+
 # ---------------------------------------------------------------- many nodes
 
 @dataclass

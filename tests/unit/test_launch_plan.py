@@ -12,7 +12,8 @@ import pytest
 
 from cli.nodes.inventory import Node
 from cli.launch import storage
-from cli.launch.plan import NodeFacts, build_plan, choose_backend, parse_env_options
+from cli.launch.options import parse_env_options
+from cli.launch.plan import NodeFacts, build_plan, choose_backend
 from cli.errors import HrmctlError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -369,7 +370,8 @@ def test_the_stop_finds_the_jobs_processes_by_their_tag_and_leaves_the_rest(tmp_
 
 def test_a_config_file_is_spelled_out_here_and_data_train_path_leaves_the_data_directory_to_the_trainer(tmp_path):
     from cli.errors import HrmctlError
-    from cli.launch.prepare import TRAINER, expand_config_files
+    from cli.launch.options import TRAINER
+    from cli.launch.prepare import expand_config_files
 
     cfg = tmp_path / "rlm.yaml"
     cfg.write_text("model: {name: rlm-tiny, mhc_flows: 2}\ntraining: {optimizer: {lr: 3.0e-4}}\n"

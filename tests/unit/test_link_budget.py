@@ -13,7 +13,7 @@ from rich.console import Console
 
 from auralm import link_budget as lb
 from cli.launch import links
-from cli.launch.prepare import LaunchOptions
+from cli.launch.options import LaunchOptions
 from cli.nodes.inventory import Node
 
 MiB = 1024 ** 2
