@@ -11,6 +11,11 @@ Every constraint is in the types below (msgspec.Meta: ranges, patterns, the text
 as `description`); this module adds only the wording. Conversion is strict: a TOML string is not
 taken for a number, nor a number for a string. A key whose type is a list also takes one value.
 Keep a pattern-constrained str out of any Union with a list, dict, set or tuple (see Paths).
+
+Why msgspec and not pydantic, which the CLI carries too (typer converts options with it, so every command but
+--help imports it): measured (issue 35), with pydantic already imported, checking a two-node hrmctl.toml took
+93 ms min / 137 ms median here (msgspec: this module's import and check) against 360 / 471 ms for the same types
+as pydantic v2 models (their schemas are built at import), 12 runs each on the 2-core machine at load ~14.
 """
 
 from __future__ import annotations
