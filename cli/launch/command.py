@@ -65,17 +65,18 @@ def auto_batch_plan(size: dict, prep: LaunchPlan) -> dict | None:
         return None
     world = prep.world
     nodes, fits = {}, []
-    for p in prep.plans:
-        f = (prep.facts or {}).get(p.node.name)
-        gpu = bool(f and f.gpus)
-        gb = (f.gpu_memory_gb if gpu else f.mem_available_gb) if f else None
-        ranks = 1 if gpu else p.nproc  # a GPU each, or the node's RAM shared
+    for node_plan in prep.plans:
+        facts = (prep.facts or {}).get(node_plan.node.name)
+        gpu = bool(facts and facts.gpus)
+        gb = (facts.gpu_memory_gb if gpu else facts.mem_available_gb) if facts else None
+        ranks = 1 if gpu else node_plan.nproc  # a GPU each, or the node's RAM shared
         fit = None
         if gb:
             room = size["memory_margin"] * gb * 2**30 / ranks - size["states_bytes"]
             fit = max(0, int(room // max(1, size["activation_bytes_per_row"])))
             fits.append(fit)
-        nodes[p.node.name] = {"memory_gb": gb, "memory": "gpu" if gpu else "ram", "ranks": p.nproc, "fits": fit}
+        nodes[node_plan.node.name] = {"memory_gb": gb, "memory": "gpu" if gpu else "ram", "ranks": node_plan.nproc,
+                                      "fits": fit}
     plan = {"nodes": nodes, "world": world}
     if fits and min(fits) > 0:
         total = size.get("global_batch_size") or 0

@@ -150,7 +150,7 @@ def prepare(opts: LaunchOptions, reported: dict[str, dict] | None = None) -> Lau
         remember(reported, nodes)
     master = nodes[0]
     try:
-        addr = master_address(master.host, master_is_local=master.is_local, peer_hosts=[n.host for n in nodes[1:]],
+        addr = master_address(master.host, master_is_local=master.is_local, peer_hosts=[w.host for w in nodes[1:]],
                               master_name=master.name)
     except MasterAddressError as exc:
         raise HrmctlError(str(exc)) from None
@@ -181,23 +181,23 @@ def prepare(opts: LaunchOptions, reported: dict[str, dict] | None = None) -> Lau
         _check_nproc(nodes, facts, opts.nproc)
         backend, why = choose_backend(opts.backend, facts)
         entry, node_env = {}, {}
-        for n in nodes:
+        for node in nodes:
             args = list(opts.args)
             if dirs is not None and dirs.data_given is None and not dirs.train_path:  # the inventory's, per node
-                args.append(f"data_dir={dirs.data[n.name]}")
-                node_env[n.name] = {DEFAULT_DATA_ENV: dirs.data[n.name]}
-            entry[n.name] = ["-m", opts.module, *args, *extra]
+                args.append(f"data_dir={dirs.data[node.name]}")
+                node_env[node.name] = {DEFAULT_DATA_ENV: dirs.data[node.name]}
+            entry[node.name] = ["-m", opts.module, *args, *extra]
         plans = build_plan(nodes, facts, master_addr=addr, master_port=port, backend=backend, entry=entry,
                            run_id=run_id, user_env=opts.env, nproc=opts.nproc, node_env=node_env)
-        size = memory.check(opts, size, _data_vocab(answers, nodes[0].name), sum(p.nproc for p in plans),
-                            memory.shares([(p.node.name, p.nproc) for p in plans], facts),
+        size = memory.check(opts, size, _data_vocab(answers, nodes[0].name), sum(nl.nproc for nl in plans),
+                            memory.shares([(nl.node.name, nl.nproc) for nl in plans], facts),
                             lambda line: print(line, file=sys.stderr))
         keep = not opts.dry_run  # the launch starts the jobs over these connections: no second handshake
         return LaunchPlan(plans, backend, why, run_id, opts, sessions if keep else None, facts, size)
     finally:
         if not keep:
-            for s in sessions.values():
-                s.close()
+            for session in sessions.values():
+                session.close()
 
 
 def _data_vocab(answers: dict[str, dict], master: str) -> int | None:

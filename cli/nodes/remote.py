@@ -609,8 +609,8 @@ def connect_all(nodes: list[Node], accept_new_host_keys: bool) -> dict[str, Sess
     with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
         list(pool.map(one, nodes))
     if errors:
-        for s in sessions.values():
-            s.close()
+        for session in sessions.values():
+            session.close()
         raise errors[0]
     return sessions
 
