@@ -12,7 +12,7 @@ import subprocess
 import pytest
 import torch
 
-from auralm import checkpoint, config
+from auralm import checkpoint, config, data
 from auralm.errors import UserError
 from tests.trainer.helpers import PYTHON, by_step, python_env, records, run_ranks, tiny_args
 

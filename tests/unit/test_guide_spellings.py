@@ -117,7 +117,7 @@ def test_one_table_every_spelling_points_at_a_key_or_option_of_ours():
     options = {"--dry-run", "--nproc", "--master-port"}
     for s in guide_spellings.TABLE:
         assert s.ours in keys | options or (not s.ours and s.note), s
-    assert guide_spellings.ALIASES["arch.hidden_size"] == "model.n_embd" is not None
+    assert guide_spellings.ALIASES["arch.hidden_size"] == "model.n_embd"
     assert config.ALIASES is guide_spellings.ALIASES  # the config reads the same table
 
 
