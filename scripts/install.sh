@@ -44,7 +44,7 @@ EOF
       || { echo "torch $TORCH_VERSION+$tag is not in the configured index: torch==$TORCH_VERSION from it instead"
            "${PIP[@]}" "torch==$TORCH_VERSION" 2>&1 | quiet; }
   fi
-  .venv/bin/python -c "import torch" || { echo "error: torch $TORCH_VERSION+$tag did not install; see above" >&2; exit 1; }
+  .venv/bin/python -W ignore -c "import torch" || { echo "error: torch $TORCH_VERSION+$tag did not install; see above" >&2; exit 1; }
 fi
 if [ "$EXTRAS" = test ]; then
   "${PIP[@]}" -e '.[test]' 2>&1 | quiet
