@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from cli.sync.run import OptionalBar
+
 if TYPE_CHECKING:
     from rich.console import Console
 
 
-class NodeBars:
+class NodeBars(OptionalBar):
     def __init__(self, console: "Console | None", names: list[str], enabled: bool):
         self.bar = None
         self.tasks: dict[str, Any] = {}
@@ -22,15 +24,6 @@ class NodeBars:
                                 BarColumn(), DownloadColumn(), TimeElapsedColumn(), console=console)
             for name in names:
                 self.tasks[name] = self.bar.add_task("connecting", node=name, total=None)
-
-    def __enter__(self) -> "NodeBars":
-        if self.bar is not None:
-            self.bar.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.bar is not None:
-            self.bar.stop()
 
     def phase(self, name: str, text: str, total: int | None = None) -> None:
         """A new step: its text, and a bar of `total` bytes (None: a pulsing bar, no byte count)."""

@@ -321,7 +321,22 @@ def _directory_runs(todo: list[Transfer]) -> list[list[Transfer]]:
 
 # ---------------------------------------------------------------- progress
 
-class _Progress:
+class OptionalBar:
+    """A rich Progress in `self.bar`, or None when no bar is wanted; started and stopped as a context manager."""
+
+    bar: Any = None
+
+    def __enter__(self):
+        if self.bar is not None:
+            self.bar.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+class _Progress(OptionalBar):
     """One bar per node (bytes, rate, ETA); silent when not wanted."""
 
     def __init__(self, console: "Console | None", enabled: bool):
@@ -332,15 +347,6 @@ class _Progress:
                                        TransferSpeedColumn)
             self.bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
                                 TransferSpeedColumn(), TimeRemainingColumn(), console=console, transient=False)
-
-    def __enter__(self) -> "_Progress":
-        if self.bar is not None:
-            self.bar.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.bar is not None:
-            self.bar.stop()
 
     def start(self, name: str, total: int) -> None:
         if self.bar is not None and total:
