@@ -52,9 +52,9 @@ def _cached(cache, tr: dict) -> dict:
     return entry
 
 
-def _train_dry_run(hrmctl, lab, cache) -> tuple[dict, str]:
-    code, out, err = hrmctl("train", "--nodes", "node0,node1", "--dry-run", "--json", *MODEL,
-                            inventory=lab.inventory, env={"HRMCTL_CACHE": str(cache)})
+def _train_dry_run(hrmctl, lab, cache, data_dir: str, *extra: str) -> tuple[dict, str]:
+    code, out, err = hrmctl("train", "--nodes", "node0,node1", "--dry-run", "--json", *MODEL, f"data_dir={data_dir}",
+                            *extra, inventory=lab.inventory, env={"HRMCTL_CACHE": str(cache)})
     assert code == 0, out + err
     return json.loads(out)["link"], err
 
@@ -69,12 +69,12 @@ def _consistent(link: dict, err: str, entry: dict, tr: dict) -> None:
     assert link["suggestion"] == tr["suggestion"]
 
 
-def test_lan_link_budget_is_saved_and_train_agrees_with_it(lab3, hrmctl, tmp_path):
+def test_lan_link_budget_is_saved_and_train_agrees_with_it(lab3, hrmctl, tmp_path, text_on_nodes):
     cache = tmp_path / "cache"
     tr = _test_ddp(hrmctl, lab3, cache, "--max-size", "4MiB", "--seconds", "0.05")
     _check_section(tr)
     entry = _cached(cache, tr)
-    link, err = _train_dry_run(hrmctl, lab3, cache)
+    link, err = _train_dry_run(hrmctl, lab3, cache, text_on_nodes)
     _consistent(link, err, entry, tr)
     print(f"LAN: busbw {tr['busbw_GBps'] * 1e3:.0f} MB/s, latency {tr['latency_us']:.0f} us, "
           f"compute {tr['compute_s']:.3f} s/step ({tr['compute']['steps_timed']} steps), "
@@ -91,7 +91,7 @@ def _shape(node, rate_mbit: float | None) -> None:
                     "64kb", "latency", "50ms"])
 
 
-def test_slow_link_makes_train_warn_with_the_suggested_overrides(lab3, hrmctl, tmp_path):
+def test_slow_link_makes_train_warn_with_the_suggested_overrides(lab3, hrmctl, tmp_path, text_on_nodes):
     cache = tmp_path / "cache"
     node1 = lab3.node("node1")
     _shape(node1, 5)  # 5 Mbit/s: the tiny model's 2.5 MB of gradients take seconds, its compute a fraction
@@ -115,20 +115,19 @@ def test_slow_link_makes_train_warn_with_the_suggested_overrides(lab3, hrmctl, t
     assert tr["diloco"]["ratio"] <= lb.DILOCO_OK
     assert K == lb.overlap_steps(tr["diloco"]["comm_s_per_sync"], tr["diloco"]["compute_s"], H)
     entry = _cached(cache, tr)
-    link, err = _train_dry_run(hrmctl, lab3, cache)  # the figures are cached: the link need not be slow now
+    # the figures are cached: the link need not be slow now
+    link, err = _train_dry_run(hrmctl, lab3, cache, text_on_nodes)
     _consistent(link, err, entry, tr)
     line = next(l for l in err.splitlines() if l.startswith("warning: node0,node1:"))
     assert line.endswith(" ".join(["try", *shares, *sync]))
     # asking for DiLoCo already: nothing to say of the communication
-    code, out, err = hrmctl("train", "--nodes", "node0,node1", "--dry-run", "--json", *MODEL, "training.sync=diloco",
-                            inventory=lab3.inventory, env={"HRMCTL_CACHE": str(cache)})
-    assert code == 0, out + err
-    assert json.loads(out)["link"]["sync"] == "diloco" and "DDP would spend" not in err
+    link, err = _train_dry_run(hrmctl, lab3, cache, text_on_nodes, "training.sync=diloco")
+    assert link["sync"] == "diloco" and "DDP would spend" not in err
     print(f"5 Mbit/s: busbw {tr['busbw_GBps'] * 1e6:.0f} KB/s, latency {tr['latency_us']:.0f} us, "
           f"compute {tr['compute_s']:.3f} s/step, ddp {tr['ddp']['comm_s']:.2f} s/step; {tr['suggestion']['overrides']}")
 
 
-def test_a_node_at_a_third_of_a_core_gets_work_shares_suggested(lab3, hrmctl, tmp_path):
+def test_a_node_at_a_third_of_a_core_gets_work_shares_suggested(lab3, hrmctl, tmp_path, text_on_nodes):
     """node0 on a core of its own, node1 on the other held to a third of it (a cgroup CPU quota): test-ddp times
     the model on each, finds node1 about three times slower and suggests shares by speed; `hrmctl train` with equal
     shares warns, with training.balance=auto it does not."""
@@ -148,14 +147,12 @@ def test_a_node_at_a_third_of_a_core_gets_work_shares_suggested(lab3, hrmctl, tm
     assert bal["auto_s"] == pytest.approx(2 / (1 / fast + 1 / slow)) and bal["equal_s"] == slow
     assert s["balance"] == "auto" and s["overrides"][0] == "training.balance=auto"
     assert tr["ddp"]["compute_s"] == pytest.approx(bal["auto_s"])  # the ratios are the balanced run's
-    link, err = _train_dry_run(hrmctl, lab3, cache)
+    link, err = _train_dry_run(hrmctl, lab3, cache, text_on_nodes)
     assert link["warn"] and link["balance"] == "equal"
     line = next(l for l in err.splitlines() if l.startswith("warning: node0,node1:"))
     assert "this run gives them equal shares" in line and line.endswith(
         f"try training.balance=auto (about {bal['gain']:.2f}x the samples/s)")
-    code, out, err = hrmctl("train", "--nodes", "node0,node1", "--dry-run", "--json", *MODEL, "training.balance=auto",
-                            inventory=lab3.inventory, env={"HRMCTL_CACHE": str(cache)})
-    assert code == 0, out + err
-    assert not json.loads(out)["link"]["warn"] and "warning: node0,node1" not in err
+    link, err = _train_dry_run(hrmctl, lab3, cache, text_on_nodes, "training.balance=auto")
+    assert not link["warn"] and "warning: node0,node1" not in err
     print(f"node1 at a third of a core: compute {fast:.3f} s and {slow:.3f} s a step, shares by speed "
           f"{bal['gain']:.2f}x; {s['overrides']}")

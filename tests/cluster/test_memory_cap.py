@@ -17,22 +17,6 @@ CAP = 600 * 2**20
 PLAN = re.compile(r"batch_size=auto: rank 0 fits (\d+) \((.*?)\), using (\d+) x accum (\d+) x 1 ranks = (\d+)")
 
 
-@pytest.fixture(scope="module")
-def text_on_node1(lab3, quijote_data):
-    local = quijote_data(512, 60000)  # prepared once a session (test_lowcomm.py takes the same)
-    for name in ("node1", "node2"):
-        node = lab3.node(name)
-        parent = node.home / "hrmctl" / "data"  # the node's data directory: its user's, as the other tests expect
-        parent.mkdir(exist_ok=True)
-        shutil.chown(parent, node.user, node.user)
-        target = parent / "quijote-memcap"
-        shutil.rmtree(target, ignore_errors=True)
-        shutil.copytree(local, target)
-        for p in [target, *target.rglob("*")]:
-            shutil.chown(p, node.user, node.user)
-    return "~/hrmctl/data/quijote-memcap"
-
-
 def _train(lab3, hrmctl, data_dir, run_id, *extra, env=None):
     return hrmctl("train", "--nodes", "node1", "--run-id", run_id, "task=lm", f"data_dir={data_dir}", "model=mini",
                   "training.max_steps=1", "training.eval_interval=0", "training.checkpoint_interval=0",
@@ -41,22 +25,22 @@ def _train(lab3, hrmctl, data_dir, run_id, *extra, env=None):
 
 
 def test_auto_batch_is_smaller_under_a_memory_cap_and_a_too_large_batch_says_the_node_ran_out(
-        lab3, hrmctl, text_on_node1):
+        lab3, hrmctl, text_on_nodes):
     node = lab3.node("node1")
-    code, out, err = _train(lab3, hrmctl, text_on_node1, "memcap-free", "training.batch_size=auto")
+    code, out, err = _train(lab3, hrmctl, text_on_nodes, "memcap-free", "training.batch_size=auto")
     assert code == 0, out + err
     (free_fit, free_limit, *_), = PLAN.findall(out)
     print("uncapped:", PLAN.search(out).group(0))
     node.limit_memory(CAP)
     try:
-        code, out, err = _train(lab3, hrmctl, text_on_node1, "memcap-auto", "training.batch_size=auto")
+        code, out, err = _train(lab3, hrmctl, text_on_nodes, "memcap-auto", "training.batch_size=auto")
         assert code == 0, out + err
         (capped_fit, capped_limit, batch, accum, total), = PLAN.findall(out)
         print("capped:", PLAN.search(out).group(0))
         assert "available in the node's cgroup" in capped_limit, capped_limit
         assert 1 <= int(capped_fit) < int(free_fit), (capped_fit, free_fit)
         # the dry run sees the cap too (the probe's memory cgroup figure)
-        code, dry, err = hrmctl("train", "--nodes", "node1", "--dry-run", "task=lm", f"data_dir={text_on_node1}",
+        code, dry, err = hrmctl("train", "--nodes", "node1", "--dry-run", "task=lm", f"data_dir={text_on_nodes}",
                                 "model=mini", "training.batch_size=auto", inventory=lab3.inventory, timeout=300)
         assert code == 0, dry + err
         m = re.search(r"# node1: batch_size=auto: about (\d+) rows per rank fit \(80% of ([\d.]+) GiB RAM", dry)
@@ -64,7 +48,7 @@ def test_auto_batch_is_smaller_under_a_memory_cap_and_a_too_large_batch_says_the
         assert m and float(m.group(2)) < 0.6, dry
         # a fixed batch far past the cap: refused before launch (issue 33, item 9), with the override that fits
         # by the estimate; that override passes the dry run
-        code, out, err = _train(lab3, hrmctl, text_on_node1, "memcap-refused", f"training.batch_size={int(free_fit)}")
+        code, out, err = _train(lab3, hrmctl, text_on_nodes, "memcap-refused", f"training.batch_size={int(free_fit)}")
         refusal = err.strip().splitlines()[-1]
         print("refused:", refusal)
         m = re.fullmatch(rf"error: node1: model mini at training\.batch_size={int(free_fit)} needs about [\d.]+ GiB a "
@@ -75,11 +59,11 @@ def test_auto_batch_is_smaller_under_a_memory_cap_and_a_too_large_batch_says_the
                          r"HRMCTL_MEMORY_CHECK=0 launches anyway\)", refusal)
         assert code == 1 and m and float(m.group(1)) <= 0.6, out + err
         assert int(m.group(3)) * int(m.group(4)) == int(free_fit) and "step 1/1" not in out, out
-        code, dry, err = hrmctl("train", "--nodes", "node1", "--dry-run", "task=lm", f"data_dir={text_on_node1}",
+        code, dry, err = hrmctl("train", "--nodes", "node1", "--dry-run", "task=lm", f"data_dir={text_on_nodes}",
                                 "model=mini", *m.group(2).split(), inventory=lab3.inventory, timeout=300)
         assert code == 0, dry + err
         # launched anyway: the rank is OOM-killed (or its allocation fails), and the line says so
-        code, out, err = _train(lab3, hrmctl, text_on_node1, "memcap-oom", f"training.batch_size={int(free_fit)}",
+        code, out, err = _train(lab3, hrmctl, text_on_nodes, "memcap-oom", f"training.batch_size={int(free_fit)}",
                                 env={"HRMCTL_MEMORY_CHECK": "0"})
         print("too large:", code, err.strip().splitlines()[-1:])
         assert code != 0, out + err
@@ -100,12 +84,12 @@ BIG = ["model=small", "model.n_embd=1152", "model.block_size=64", "training.batc
 BIG_CAP = int(2.1 * 2**30)  # per node: its torchrun agent, sshd and the rank together
 
 
-def test_a_model_too_large_for_two_capped_nodes_under_ddp_trains_under_fsdp(lab3, hrmctl, text_on_node1):
+def test_a_model_too_large_for_two_capped_nodes_under_ddp_trains_under_fsdp(lab3, hrmctl, text_on_nodes):
     nodes = [lab3.node("node1"), lab3.node("node2")]
     # the default run directory, runs/<id> in node1's checkout: node2's user (another user on the same file
     # system, here) sees it but cannot write there: one line, before any training
     code, out, err = hrmctl("train", "--nodes", "node1,node2", "--run-id", "memcap-unshared", "task=lm",
-                            f"data_dir={text_on_node1}", "training.parallel=fsdp", *BIG, inventory=lab3.inventory,
+                            f"data_dir={text_on_nodes}", "training.parallel=fsdp", *BIG, inventory=lab3.inventory,
                             timeout=300)
     assert code != 0
     assert re.search(r"error: rank 1 \(host node2\): training.parallel=fsdp: cannot write this rank's shards into "
@@ -120,7 +104,7 @@ def test_a_model_too_large_for_two_capped_nodes_under_ddp_trains_under_fsdp(lab3
         out.mkdir()
         out.chmod(0o777)  # the nodes run as different users: the run directory is writable by all of them
         return hrmctl("train", "--nodes", "node1,node2", "--run-id", f"memcap-{mode}", "task=lm",
-                      f"data_dir={text_on_node1}", f"out_dir={out}", f"training.parallel={mode}", *BIG,
+                      f"data_dir={text_on_nodes}", f"out_dir={out}", f"training.parallel={mode}", *BIG,
                       inventory=lab3.inventory, timeout=600)
 
     try:
