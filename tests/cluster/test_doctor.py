@@ -253,12 +253,13 @@ def test_down_node_fails_in_bounded_time_while_others_report(lab3, hrmctl):
     node2 = lab3.node("node2")
     with iptables(node2, "INPUT", "-i", "eth0", "-j", "DROP"):  # node2 answers nothing at all
         t0 = time.monotonic()
-        code, doc, err = doctor_json(hrmctl, lab3.inventory, "--timeout", "4")
+        # 10 s: the healthy nodes' probe (an import of torch) must finish within it on a loaded 2-core host
+        code, doc, err = doctor_json(hrmctl, lab3.inventory, "--timeout", "10")
         elapsed = time.monotonic() - t0
     assert code == 1
-    assert elapsed < 15, f"a down node held doctor for {elapsed:.1f}s"
+    assert elapsed < 30, f"a down node held doctor for {elapsed:.1f}s"  # the default --timeout is 60
     down = doc["nodes"]["node2"]["checks"]
-    assert down["ssh"]["status"] == "fail" and "within 4s" in down["ssh"]["detail"]
+    assert down["ssh"]["status"] == "fail" and "within 10s" in down["ssh"]["detail"]
     assert down["reach"]["status"] == "fail"
     for name in ("node0", "node1"):
         assert status(doc, name, "torch") == "ok" and status(doc, name, "clock") == "ok"
