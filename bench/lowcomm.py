@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from _handrun import hrmctl  # noqa: E402
-from auralm.link_budget import AVERAGE, PAPER_STEP  # noqa: E402  (the outer step: the ranks' average, the paper's)
+from auralm.planning.link_budget import AVERAGE, PAPER_STEP  # noqa: E402  (the outer step: the ranks' average, the paper's)
 from lab.nodes import Lab  # noqa: E402
 
 QUIJOTE = ROOT.parent / "shared" / "data" / "quijote" / "pg2000.txt"
@@ -50,10 +50,10 @@ LINKS = {"LAN": (None, 0.0), "200M+3ms": (200, 3.0), "50M+20ms": (50, 20.0)}
 
 def prepare(lab: Lab, tmp: Path) -> None:
     """The same prepared text on every node (as `hrmctl sync-data` would leave it)."""
-    from auralm import data
+    from auralm.data import datadir
 
     local = tmp / "quijote"
-    assert data.main([str(QUIJOTE), "--out", str(local), "--vocab-size", "4096", "--max-tokens", "400000"]) == 0
+    assert datadir.main([str(QUIJOTE), "--out", str(local), "--vocab-size", "4096", "--max-tokens", "400000"]) == 0
     for node in lab.nodes:
         target = node.home / "hrmctl" / "data" / "quijote"
         shutil.rmtree(target, ignore_errors=True)

@@ -12,5 +12,5 @@
   per round under DiLoCo, in proportion to a node's weight or its measured speed.
 
 Imports auralm's config, distributed helpers and the loop's parts (checkpoint, objective, optim, precision);
-never auralm.train, which drives the strategies through the interface alone.
+never auralm.training.train, which drives the strategies through the interface alone.
 """

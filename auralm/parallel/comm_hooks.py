@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
-from auralm.distributed import Dist
+from auralm.training.distributed import Dist
 
 
 # no `from __future__ import annotations` here: DDP checks the hook's annotations as objects

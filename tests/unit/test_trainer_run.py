@@ -10,7 +10,8 @@ import shutil
 import pytest
 import torch
 
-from auralm import config, data, train
+from auralm.data import datadir
+from auralm.training import config, train
 from auralm.errors import UserError
 from tests.trainer.helpers import by_step, records, small_sudoku, tiny_args
 
@@ -255,7 +256,8 @@ def test_the_papers_adam_atan2_optimizer_trains_and_resumes(sudoku_dir, tmp_path
     whole, cut = by_step(tmp_path / "whole"), by_step(tmp_path / "cut")
     assert all(math.isfinite(whole[s]["loss"]) for s in range(1, 5))
     assert [cut[s]["loss"] for s in (3, 4)] == [whole[s]["loss"] for s in (3, 4)]
-    from auralm import models, optim
+    from auralm import models
+    from auralm.training import optim
 
     cfg = config.parse(common)
     model = models.build("sudoku", config.resolved_model(cfg.model))
