@@ -1,7 +1,8 @@
 """Low-communication training and work shares on real lab nodes: DDP against DiLoCo over shaped links,
 and equal against measured shares with one node at half a core.
 
-    python bench/lowcomm.py targets [--steps 24] [--model small] [--batch 16] [--inner 8] [--overlap 2] [--modes ...] [--links ...]
+    python bench/lowcomm.py targets [--steps 24] [--model small] [--batch 16] [--inner 8] [--overlap 2] [--modes ...]
+    [--links ...]
     python bench/lowcomm.py balance [--steps 40] [--model mini]
     python bench/lowcomm.py table   [--steps 24] [--model mini] [--inner 8]
 
@@ -41,7 +42,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from _handrun import hrmctl  # noqa: E402
-from auralm.planning.link_budget import AVERAGE, PAPER_STEP  # noqa: E402  (the outer step: the ranks' average, the paper's)
+# the outer step: the ranks' average, the paper's
+from auralm.planning.link_budget import AVERAGE, PAPER_STEP  # noqa: E402
 from lab.nodes import Lab  # noqa: E402
 
 QUIJOTE = ROOT.parent / "shared" / "data" / "quijote" / "pg2000.txt"

@@ -1,6 +1,7 @@
 """mHC against the plain transformer: training speed, and validation loss at equal tokens.
 
-    python bench/mhc.py speed [--model rlm-tiny] [--batch 8] [--steps 6] [--dtype auto] [--width 256,512] [--same-process]
+    python bench/mhc.py speed [--model rlm-tiny] [--batch 8] [--steps 6] [--dtype auto] [--width 256,512]
+    [--same-process]
     python bench/mhc.py loss  [--model rlm-tiny] [--batch 16] [--steps 400] [--eval 25]
 
 speed: the two models built from the same keys (``model.mhc_enabled`` true with mhc_flows=4, and false),
@@ -159,7 +160,8 @@ def loss(a, tmp: Path) -> None:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     for i, mhc in enumerate(("true", "false")):
         runs[mhc] = tmp / f"run-mhc-{mhc}"
-        cmd = [sys.executable, "-m", "auralm.training.train", *common, f"model.mhc_enabled={mhc}", f"out_dir={runs[mhc]}"]
+        cmd = [sys.executable, "-m", "auralm.training.train", *common, f"model.mhc_enabled={mhc}",
+               f"out_dir={runs[mhc]}"]
         procs[mhc] = subprocess.Popen(["taskset", "-c", str(i % (os.cpu_count() or 1)), *cmd], cwd=ROOT, env=env,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     for mhc, p in procs.items():

@@ -52,7 +52,8 @@ def own_cache(tmp_path_factory):
 @pytest.fixture(scope="session")
 def quijote_data(tmp_path_factory):
     """quijote_data(vocab_size, max_tokens): Don Quijote (../shared/data/quijote) prepared as `hrmctl prepare-data`
-    prepares a corpus (auralm.data.datadir.main: a byte-level BPE tokenizer trained here, uint16 shards), made once per test
+    prepares a corpus (auralm.data.datadir.main: a byte-level BPE tokenizer trained here, uint16 shards), made once per
+    test
     session for each size and shared by every test that asks for that size. Read it; never write into it (copy it
     first). Tests of the preparing itself (tests/unit/test_trainer_data.py) make their own."""
     from auralm.data import datadir

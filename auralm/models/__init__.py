@@ -14,7 +14,8 @@
   :func:`build` attaches ``model.config`` ({task, family, model: the arch, vocab_size}) for them.
 
 May import ``auralm.errors`` and ``auralm.kernels``; ``pretrained`` alone also reads training's checkpoint and config
-and data's checksum, to load a saved run. Importing this package imports no torch (``auralm.training.config`` reads the registry's sizes without it); the classes
+and data's checksum, to load a saved run. Importing this package imports no torch (``auralm.training.config`` reads the
+registry's sizes without it); the classes
 below are imported when first asked for.
 """
 

@@ -14,7 +14,8 @@ its ``state.json``), builds the model with :func:`auralm.models.build`, loads th
 in eval mode, on ``map_location``, with no training state. When the checkpoint kept EMA weights
 (``training.ema=true``) those are the weights loaded, as ``hrmctl eval`` does (``use_ema=False``: the raw
 ones). A sharded checkpoint (``training.parallel=fsdp``, a DCP directory) is read into the whole model in
-this process, with no process group. Called on a family's class, a directory holding another family is refused with one clear error;
+this process, with no process group. Called on a family's class, a directory holding another family is refused with one
+clear error;
 ``Pretrained.from_pretrained`` loads any family. :func:`auralm.tools.inference.load` is this same path.
 
 A ``save_pretrained`` directory holds ``config.yaml`` ({task, family, model: the resolved arch,

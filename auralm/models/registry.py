@@ -9,7 +9,8 @@ estimate, which batch_size=auto and the launcher's memory preflight use), how ma
 :meth:`ModelFamily.sent_shapes`), and what ``validate-model`` checks beyond the common checks.
 
 What ``build`` makes: an ``nn.Module`` with ``forward(x, y=None) -> (logits, loss)`` (the trainer's plain step;
-a model with ``recurrent = True`` is run as the ACT models are, auralm.training.objective), ``set_grad_checkpointing(on)``
+a model with ``recurrent = True`` is run as the ACT models are, auralm.training.objective),
+``set_grad_checkpointing(on)``
 (``training.grad_checkpoint``), and the :class:`auralm.models.pretrained.Pretrained` mixin (save_pretrained,
 from_pretrained); :func:`auralm.models.build` attaches its ``config``.
 
@@ -17,7 +18,8 @@ The built-in families are the modules in :data:`BUILTIN`; more are imported from
 environment variable ``AURALM_MODEL_PLUGINS`` (comma-separated, e.g. ``tests.toy_family``), each of which calls
 :func:`register`. The variable is read in every process that reads a config: hrmctl's preflight and the trainer
 under torchrun inherit it from ``hrmctl train``'s environment on this machine (a remote node needs the module
-installed and the variable in its own environment). No torch here: ``auralm.training.config`` reads the sizes without it;
+installed and the variable in its own environment). No torch here: ``auralm.training.config`` reads the sizes without
+it;
 a family's ``build`` imports its model when called.
 """
 
@@ -97,7 +99,8 @@ def check_result(name: str, ok: bool, detail: str) -> dict:
 
 
 _FAMILIES: dict[str, ModelFamily] = {}
-SIZES: dict[str, dict] = {}  # every family's named sizes, in registration order (auralm.training.config.SIZES is this dict)
+# every family's named sizes, in registration order (auralm.training.config.SIZES is this dict)
+SIZES: dict[str, dict] = {}
 _SIZE_TASKS: dict[str, set[str]] = {}
 
 

@@ -10,7 +10,8 @@ A resumed run with bf16 or fp16 continues exactly, and with PowerSGD too: every 
 factors, step count and random generator go into the checkpoint (``state_dict``). They are kept per
 gradient bucket of DDP, whose layout DDP builds anew in every run: one bucket at the first step, then
 the buckets in the order the gradients became ready. So a resumed run first lets DDP see one backward
-pass (``auralm.parallel.ddp.DataParallel.prime_buckets``: the first batch, a loss times zero, nothing stepped, the random
+pass (``auralm.parallel.ddp.DataParallel.prime_buckets``: the first batch, a loss times zero, nothing stepped, the
+random
 state and carries put back), which gives the same buckets the saved state was kept in, and only then
 loads the state (``load_state_dict``).
 """

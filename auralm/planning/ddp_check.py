@@ -212,7 +212,8 @@ def random_batch(task: str, arch: dict, vocab: int | None, batch: int, device: t
 def compute_probe(cfg: config.Config, model: dict, d: Dist, seconds: float) -> dict:
     """The trainer's model, built as the trainer builds it, timed on every rank at once for one optimizer step of
     random inputs (forward, backward, optimizer; after one warm-up step): {"steps_timed", "s_per_micro_batch" (the
-    slowest rank's median), "s_by_rank", "s_per_step" (x grad_accum), "s_per_step_by_rank", "error"}. Each rank times steps for about
+    slowest rank's median), "s_by_rank", "s_per_step" (x grad_accum), "s_per_step_by_rank", "error"}. Each rank times
+    steps for about
     ``seconds`` (at least one, three when they fit in twice that, at most PROBE_MAX_STEPS); "steps_timed" is the
     fewest any rank timed."""
     t = cfg.training
@@ -273,7 +274,8 @@ def compute_probe(cfg: config.Config, model: dict, d: Dist, seconds: float) -> d
 
 
 def training_section(cfg: config.Config, d: Dist, bw: list[dict], lat: dict, seconds: float) -> dict:
-    """The link budget (auralm.planning.link_budget) for the trainer's model on this world, with the model and its compute."""
+    """The link budget (auralm.planning.link_budget) for the trainer's model on this world, with the model and its
+    compute."""
     model = link_budget.run_model(cfg, d.world)
     compute = compute_probe(cfg, model, d, seconds) if seconds > 0 else {
         "steps_timed": 0, "s_per_micro_batch": None, "s_by_rank": None, "s_per_step": None,

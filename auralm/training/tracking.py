@@ -87,7 +87,8 @@ class Plan:
 
 
 def plan(logging) -> Plan:
-    """Check ``cfg.logging`` (auralm.training.config.LoggingConfig) on rank 0 before anything is trained: the packages asked
+    """Check ``cfg.logging`` (auralm.training.config.LoggingConfig) on rank 0 before anything is trained: the packages
+    asked
     for import, W&B's mode is known. Any problem is one UserError (the trainer exits with status 2)."""
     w = logging.wandb
     if w.mode not in MODES:

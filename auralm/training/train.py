@@ -39,7 +39,8 @@ from auralm.errors import UserError
 from auralm.training.nan_guard import NanGuard
 from auralm.parallel import balance, strategy
 from auralm.parallel.strategy import Parts
-from auralm.training.precision import autocast, bf16_compute, cpu_has_bf16, rng_state, set_rng_state  # noqa: F401 (re-exported)
+from auralm.training.precision import (autocast, bf16_compute, cpu_has_bf16, rng_state,  # noqa: F401 (re-exported)
+                                       set_rng_state)
 from auralm.training.runlog import RunLog
 from auralm.training import heartbeat
 
@@ -114,7 +115,8 @@ def _user() -> str:
 def open_data(cfg: Config, d: distributed.Dist) -> tuple[Path, dict]:
     """Check this rank's data; every rank's manifest must be the same as rank 0's (same meta.json hash).
     The default sudoku data is generated when missing in a default place (see default_data_dir).
-    ``data.train_path=FILE``: local rank 0 of each node prepares FILE (auralm.data.datadir.prepare_lm: nothing to do when
+    ``data.train_path=FILE``: local rank 0 of each node prepares FILE (auralm.data.datadir.prepare_lm: nothing to do
+    when
     it is up to date) into datadir.train_path_dir(FILE), which is the data directory; the node's other ranks wait."""
     data_dir = Path(cfg.data_dir or f"data/{cfg.task}").expanduser()
     meta, error = None, None

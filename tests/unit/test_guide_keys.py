@@ -169,13 +169,13 @@ def test_a_bad_config_file_is_one_error_naming_the_file(tmp_path, content, messa
 def test_the_check_path_reads_the_file_without_torch(tmp_path):
     f = tmp_path / "rlm.yaml"
     f.write_text(GUIDE_YAML)
-    code = ("import sys; from auralm import config; config.parse_command_line(sys.argv[1:]); "
+    code = ("import sys; from auralm.training import config; config.parse_command_line(sys.argv[1:]); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     res = subprocess.run([PYTHON, "-c", code, f"config={f}", "training.max_steps=3"], capture_output=True,
                          text=True, timeout=60, env=python_env(), cwd=REPO)
     assert res.returncode == 0, res.stderr
-    res = subprocess.run([PYTHON, "-m", "auralm.training.config", f"config={tmp_path / 'none.yaml'}"], capture_output=True,
-                         text=True, timeout=60, env=python_env(), cwd=REPO)
+    res = subprocess.run([PYTHON, "-m", "auralm.training.config", f"config={tmp_path / 'none.yaml'}"],
+                         capture_output=True, text=True, timeout=60, env=python_env(), cwd=REPO)
     assert res.returncode == 2 and res.stderr == f"error: config={tmp_path / 'none.yaml'}: no such file\n"
 
 

@@ -1,4 +1,5 @@
-"""Issue #33, items 2, 5 and 10: a guide's line trains the family it names (or is refused in one line naming the family a
+"""Issue #33, items 2, 5 and 10: a guide's line trains the family it names (or is refused in one line naming the family
+a
 key belongs to and the model= that selects it), the RLM guide's finetune.yaml keys act, and the guides' option
 spellings (the HRM launcher's --learning_rate ...) are read as ours or refused with a correct "did you mean"."""
 

@@ -1,4 +1,5 @@
-"""The launcher's memory decision before launch (cli/launch/memory.py): each rank's planned memory (auralm.planning.sizing's
+"""The launcher's memory decision before launch (cli/launch/memory.py): each rank's planned memory
+(auralm.planning.sizing's
 estimate) against its node's share of what the probe reported, and the override that fits (issue 33, item 9)."""
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ GIB = 1 << 30
 
 def hrm_50m(**over) -> dict:
     """auralm.planning.sizing's answer for the HRM launcher's `model=50m task=lm` (world 1), measured."""
-    res = subprocess.run([sys.executable, "-m", "auralm.planning.sizing", "--json", "--world", "1", "model=50m", "task=lm",
-                          *[f"{k}={v}" for k, v in over.items()]], capture_output=True, text=True, timeout=120)
+    res = subprocess.run([sys.executable, "-m", "auralm.planning.sizing", "--json", "--world", "1", "model=50m",
+                          "task=lm", *[f"{k}={v}" for k, v in over.items()]], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)
 

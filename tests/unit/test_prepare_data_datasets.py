@@ -71,7 +71,7 @@ def test_a_configuration_streamed_up_to_a_token_budget(dataset, tmp_path, monkey
             read.append(t)
             yield t
 
-    monkeypatch.setattr(data, "_streamed", counting)
+    monkeypatch.setattr(datadir, "_streamed", counting)
     out = tmp_path / "es"
     assert datadir.main([str(root), "--config", "20231101.es", "--streaming", "--max-tokens", "3000", "--vocab-size", "400",
                       "--out", str(out)]) == 0

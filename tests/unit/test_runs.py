@@ -1,6 +1,7 @@
 """`hrmctl runs`, `hrmctl logs`, `hrmctl plot` and each run's curves.png (issue #18, items 2 and 4).
 
-The finished runs are real: short trainings of the trainer (`auralm.training.train.main`) on a small sudoku set; the failed,
+The finished runs are real: short trainings of the trainer (`auralm.training.train.main`) on a small sudoku set; the
+failed,
 stopped, running and unknown ones are made by hand, as the launcher and a trainer would have left them.
 """
 

@@ -183,7 +183,7 @@ def test_unwritable_out_dir_or_data_dir_is_one_line_and_exit_2(sudoku_dir, tmp_p
     def unreadable(data_dir, task):
         raise PermissionError(13, "Permission denied", str(data_dir / "meta.json"))
 
-    monkeypatch.setattr(data, "load_manifest", unreadable)
+    monkeypatch.setattr(datadir, "load_manifest", unreadable)
     assert train.main(tiny_args(sudoku_dir, tmp_path / "run2", "training.max_steps=1")) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: cannot use the data in {sudoku_dir}: Permission denied ({sudoku_dir / 'meta.json'})")
@@ -201,7 +201,7 @@ def test_the_nodes_default_data_dir_gets_the_default_sudoku_data_a_given_one_doe
         made.append(path)
         shutil.copytree(sudoku_dir, path)
 
-    monkeypatch.setattr(data, "ensure_sudoku", ensure)
+    monkeypatch.setattr(datadir, "ensure_sudoku", ensure)
     node_dir = tmp_path / "node-data" / "sudoku"
     monkeypatch.setenv(train.DEFAULT_DATA_ENV, str(node_dir))
     _run(*tiny_args(node_dir, tmp_path / "run", "training.max_steps=1"))
