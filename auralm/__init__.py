@@ -11,7 +11,10 @@
 - ``planning/``: what is decided before a run: sizes and memory, batch_size=auto, the link budget, the DDP check.
 - ``tools/``: the trained model's tools: evaluate, solve, generate, export, validate-model, and loading it.
 
-The arrows point down this order: errors ← kernels ← models ← data ← training's parts ← planning ← parallel ←
-tools ← training.train (the loop, which alone drives the strategies and calls the tools' evaluate/generate).
-Each room's ``__init__`` says what it may import. auralm never imports ``cli`` or ``netcheck``.
+The arrows point down this order: errors ← kernels ← models ← data ← training's parts ← planning ← parallel
+← tools ← training.train (the loop, which alone drives the strategies and calls the tools' evaluate/generate).
+Against that order, and said where they are: ``parallel.strategy`` (the registry, standard library only) is read by
+training.config and planning, which ask a strategy class what it sends; ``models.pretrained`` reads training's
+checkpoint and config to load a saved run. Each room's ``__init__`` says what it may import. auralm never imports
+``cli`` or ``netcheck``.
 """

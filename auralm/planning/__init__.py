@@ -7,6 +7,7 @@
 - ``ddp_check``: ``hrmctl test-ddp``'s worker (``python -m auralm.planning.ddp_check`` under torchrun): a real
   collective across the nodes, checked and timed.
 
-May import ``auralm.errors``, ``models``, ``parallel.strategy`` (the registry) and training's parts (config,
-distributed, objective, optim, precision); never ``training.train``, ``parallel``'s strategies or ``tools``.
+May import ``auralm.errors``, ``models``, ``parallel.strategy`` (the registry; link_budget asks the strategy class
+it names what it sends per step) and training's parts (config, distributed, objective, optim, precision); never
+``training.train`` or ``tools``.
 """
