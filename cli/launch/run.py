@@ -402,6 +402,7 @@ def run(prep: LaunchPlan, console: Console, replan: Callable[[dict[str, dict]], 
     result, attempt, error = None, 1, None
     with _Signals() as signals:
         status = started(run_dir, prep)
+        log.on_first_step = lambda: first_step(run_dir, status)
         try:
             log.note(f"run {prep.run_id}: {len(plans)} node(s), backend {prep.backend} ({prep.why}); logs in {run_dir}/")
             attempt, replanned = 1, False
@@ -449,8 +450,8 @@ STATUS_FILE = "status.json"  # read by cli/runs/catalog.py; the format is in doc
 
 
 def _write_status(run_dir: Path, doc: dict) -> None:
-    tmp = run_dir / f".{STATUS_FILE}.tmp"
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    tmp = run_dir / f".{STATUS_FILE}.{threading.get_ident()}.tmp"  # one per thread: first_step is a reader's
+    tmp.write_text(json.dumps(dict(doc), indent=2) + "\n")  # a copy: another thread may add a key meanwhile
     os.replace(tmp, run_dir / STATUS_FILE)  # a reader sees the old document or the new one, never half of one
 
 
@@ -477,12 +478,21 @@ def started(run_dir: Path, prep: LaunchPlan) -> dict:
            "host": socket.gethostname(), "pid": os.getpid(), "pid_started": psutil.Process().create_time(),
            "module": prep.options.module, "nodes": [p.node.name for p in prep.plans],
            "world": sum(p.nproc for p in prep.plans), "backend": prep.backend,
-           "trainer_dir": _trainer_dir(prep.plans[0])}
+           "trainer_dir": _trainer_dir(prep.plans[0]), "detached": prep.options.detached}
     try:
         _write_status(run_dir, doc)
     except OSError:
         pass  # the run itself matters more than its record
     return doc
+
+
+def first_step(run_dir: Path, doc: dict) -> None:
+    """status.json once rank 0's first step is logged (`hrmctl train --detach` returns then: cli/launch/detach.py)."""
+    doc["first_step"] = round(time.time(), 3)
+    try:
+        _write_status(run_dir, doc)
+    except OSError:
+        pass
 
 
 def ended(run_dir: Path, doc: dict, result: RunResult | None, attempts: int, error: BaseException | None) -> None:
@@ -495,7 +505,7 @@ def ended(run_dir: Path, doc: dict, result: RunResult | None, attempts: int, err
     else:
         state = "finished" if result.code == 0 else "stopped" if result.interrupted else "failed"
         doc.update(state=state, exit_code=result.code, reason=result.reason, failed_node=result.failed_node,
-                   failed_rank=result.failed_rank)
+                   failed_rank=result.failed_rank, left_running=result.left_running)
         if result.code and not result.interrupted and result.no_restart:
             doc.update(no_restart=result.no_restart)
     doc.update(ended=round(time.time(), 3), attempts=attempts)
