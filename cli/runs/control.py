@@ -32,8 +32,8 @@ def _ending(run_path: Path) -> tuple[str, int]:
     """The run's last line (its detached launcher's own, else status.json's reason) and its exit code."""
     run = load_run(run_path)
     code = run.exit_code if run.exit_code is not None else (0 if run.status == "finished" else 1)
-    line = last_line(run_path / SUPERVISOR_ERR) if read_status(run_path).get("detached") else ""
-    if not line or line.startswith("hrmctl: run "):  # nothing after the supervisor's first note: a clean end
+    line = last_line(run_path / SUPERVISOR_ERR) if code and read_status(run_path).get("detached") else ""
+    if not line or line.startswith("hrmctl: run "):  # its error line, else the record's
         line = f"run {run.id} {run.status}" + (f": {run.reason}" if run.reason else "") + f" (exit code {code})"
     return line, code
 
