@@ -320,7 +320,7 @@ def train_cmd(
 
         from cli.launch.detach import detach as start_detached
 
-        return start_detached(_argv, run_id, Path("runs"), out, err)
+        return start_detached(_argv, run_id, Path("runs"), out, err, as_json=json)
     opts = launch_options(inventory=inventory, nodes=nodes, env=env, reprobe=reprobe, master_port=master_port,
                           nproc=nproc, backend=backend, dry_run=dry_run, run_id=run_id,
                           accept_new_host_keys=accept_new_host_keys, module=module, args=list(overrides or []),

@@ -13,6 +13,7 @@ and its last line (the run's one-line reason: a refused preflight, a bad overrid
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -38,8 +39,10 @@ def supervisor_argv(argv: list[str], run_id: str) -> list[str]:
     return [sys.executable, "-m", "cli", *args, "--supervisor"]
 
 
-def detach(argv: list[str], run_id: str | None, runs_dir: Path, console: Console, err: Console) -> int:
-    """Start the supervisor in a session of its own and wait for the run's first step (or its end)."""
+def detach(argv: list[str], run_id: str | None, runs_dir: Path, console: Console, err: Console,
+           as_json: bool = False) -> int:
+    """Start the supervisor in a session of its own and wait for the run's first step (or its end). ``as_json``:
+    stdout is one JSON document (run_id, supervisor_pid, state: running, or the exit code and reason of an end)."""
     run_id = run_id or new_run_id()
     run_dir = runs_dir / run_id
     try:
@@ -59,7 +62,7 @@ def detach(argv: list[str], run_id: str | None, runs_dir: Path, console: Console
         while True:
             code = proc.poll()
             if code is not None:  # a supervisor killed by a signal: 128 + it, as a shell reports it
-                return _ended_early(run_id, run_dir, code if code >= 0 else 128 - code, console, err)
+                return _ended_early(run_id, run_dir, code if code >= 0 else 128 - code, console, err, as_json)
             if read_status(run_dir).get("first_step"):
                 break
             time.sleep(POLL_S)
@@ -67,6 +70,10 @@ def detach(argv: list[str], run_id: str | None, runs_dir: Path, console: Console
         err.print(f"hrmctl: run {run_id} goes on detached; `hrmctl stop {run_id}` stops it", markup=False,
                   highlight=False, soft_wrap=True)
         return 130
+    if as_json:
+        console.print_json(json.dumps({"run_id": run_id, "supervisor_pid": proc.pid, "state": "running",
+                                       "first_step_s": round(time.monotonic() - t0, 1), "run_dir": str(run_dir)}))
+        return 0
     console.print(f"run {run_id}: running detached (supervisor pid {proc.pid}), first step after "
                   f"{time.monotonic() - t0:.1f}s\n"
                   f"  hrmctl attach {run_id}   follow it (Ctrl-C leaves it running)\n"
@@ -75,12 +82,27 @@ def detach(argv: list[str], run_id: str | None, runs_dir: Path, console: Console
     return 0
 
 
-def _ended_early(run_id: str, run_dir: Path, code: int, console: Console, err: Console) -> int:
-    """The supervisor ended before a first step was logged: its last line is the reason (or the run was short)."""
+def _ended_early(run_id: str, run_dir: Path, code: int, console: Console, err: Console, as_json: bool) -> int:
+    """The supervisor ended before a first step was logged: its last line is the reason (or the run was short). Ended
+    before it started the run (no status.json: bad input, a refused preflight), it leaves no run directory behind, as
+    the same command in the foreground would not."""
+    reason = last_line(run_dir / SUPERVISOR_ERR)
+    if not (run_dir / "status.json").exists():
+        for name in (SUPERVISOR_OUT, SUPERVISOR_ERR):
+            (run_dir / name).unlink(missing_ok=True)
+        try:
+            run_dir.rmdir()
+        except OSError:
+            pass
+    if as_json:
+        console.print_json(json.dumps({"run_id": run_id, "state": "finished" if code == 0 else "failed",
+                                       "exit_code": code, "reason": reason,
+                                       "run_dir": str(run_dir)}))
+        return code
     if code == 0:
         console.print(f"run {run_id}: finished before its first step was seen; logs in {run_dir}/", markup=False,
                       highlight=False, soft_wrap=True)
         return 0
-    line = last_line(run_dir / SUPERVISOR_ERR) or f"error: the supervisor of run {run_id} ended with exit code {code}"
+    line = reason or f"error: the supervisor of run {run_id} ended with exit code {code}"
     err.print(line, markup=False, highlight=False, soft_wrap=True)
     return code

@@ -40,3 +40,13 @@ def test_attach_and_stop_of_an_ended_run_say_so_with_its_exit_code(tmp_path):
     err = io.StringIO()
     assert stop(run, err=err) == 0
     assert err.getvalue().strip() == "hrmctl: run r1 is not running (failed: rank 1 failed); nothing to stop"
+
+
+def test_a_supervisor_that_ends_before_its_first_step_gives_its_reason_and_leaves_no_run(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """A real supervisor (a second hrmctl, in a session of its own) refusing a bad override: its line, its code."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--detach", "training.max_stepz=3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: trainer overrides rejected: unknown key 'training.max_stepz'"), err
+    assert list((tmp_path / "runs").iterdir()) == []
