@@ -22,15 +22,25 @@ from cli.nodes.remote import for_each
 CONNECT_S = 4.0
 LOOK_S = 8.0  # the node's Python and psutil over the whole process table
 
-# argv[1]: the job's tag. Prints {status: count} of the processes carrying it (psutil's status names).
+# argv[1]: the job's tag. Prints {status: count} of the processes carrying it and their descendants (psutil's names).
 STATES_SNIPPET = r"""
 import json, os, sys
 import psutil
 
-job, me, states = sys.argv[1], os.getpid(), {}
-for p in psutil.process_iter(["environ", "status"], ad_value=None):
+job, me, found = sys.argv[1], os.getpid(), {}
+for p in psutil.process_iter(["environ"], ad_value=None):
     if p.pid != me and (p.info["environ"] or {}).get("HRMCTL_JOB") == job:
-        states[p.info["status"]] = states.get(p.info["status"], 0) + 1
+        found[p.pid] = p
+        try:  # and what they started, as the stop finds them (an environment may not be readable)
+            found.update((c.pid, c) for c in p.children(recursive=True) if c.pid != me)
+        except psutil.Error:
+            pass
+states = {}
+for p in found.values():
+    try:
+        states[p.status()] = states.get(p.status(), 0) + 1
+    except psutil.Error:
+        pass
 print(json.dumps(states))
 """
 

@@ -244,7 +244,8 @@ def test_a_lost_node_is_named_with_what_was_seen_and_leaves_nothing(lab3, tmp_pa
                          "--run-id", run_id], lab3.inventory, tmp_path)
     rules = [["INPUT", "-j", "DROP"], ["OUTPUT", "-j", "DROP"]]
     try:
-        wait_for(lambda: any("auralm.ddp_check" in c for _, c in job_pids(victim, run_id)), 60, "the job on node1")
+        wait_for(lambda: any(is_worker(c, "auralm.ddp_check") for _, c in job_pids(victim, run_id)), 60,
+                 "the job's rank on node1")
         t0 = time.monotonic()
         if fault == "link-down":
             for r in rules:
@@ -264,6 +265,7 @@ def test_a_lost_node_is_named_with_what_was_seen_and_leaves_nothing(lab3, tmp_pa
     how, seen = LOST_FAULTS[fault]
     assert f"node1 stopped answering ({how}" in last and seen in last, err
     assert "Traceback" not in err, err
+    assert fault != "sigstop" or "(2 of the job's 2 processes stopped" in last, last  # torchrun and its rank
     print(f"{fault}: hrmctl ended {noticed:.1f}s after the fault: {last}")
     assert noticed < 30, f"a lost node took {noticed:.0f}s to notice and stop"
     assert job_pids(lab3.nodes[0], run_id) == []
