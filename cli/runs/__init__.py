@@ -8,8 +8,9 @@ control  `hrmctl attach` (logs --follow, then the run's end and exit code) and `
          launcher, by status.json's pid and start time; then waits for its record of the end)
 plot     `hrmctl plot`: one metric of several runs, a PNG (matplotlib) or the terminal (plotext)
 
-Flow: app -> view / logs / plot -> catalog. Reads files only (stop signals a local process): no network, no torch.
-May import: cli.errors, and auralm.curves — the trainer's pure module that reads metrics.jsonl and draws curves
+Flow: app -> view / logs / plot / control -> catalog. Reads files only (stop signals a local process): no network, no
+torch.
+May import: cli.errors, and auralm.training.curves — the trainer's pure module that reads metrics.jsonl and draws curves
 (standard library + matplotlib, no torch), so that `hrmctl plot` and each run's curves.png are the same drawing.
 It is the one module of auralm the cli imports; auralm never imports cli.
 """
