@@ -30,6 +30,9 @@ from pathlib import Path
 
 from auralm.training.curves import CURVES, number, read_metrics
 
+# The module names that runs recorded before auralm was split into rooms (#35) carry in their status.json.
+RECORDED_BEFORE_ROOMS = {"auralm.train": "auralm.training.train", "auralm.ddp_check": "auralm.planning.ddp_check"}
+
 from cli.errors import HrmctlError
 
 RUNS_DIR = "runs"
@@ -236,6 +239,7 @@ def load_run(path: str | Path, now: float | None = None) -> Run:
     records = read_metrics(trainer_dir)
 
     run.module = doc.get("module") if isinstance(doc.get("module"), str) else None
+    run.module = RECORDED_BEFORE_ROOMS.get(run.module, run.module)
     if run.module and run.module != "auralm.training.train":
         run.task = "test-ddp" if run.module == "auralm.planning.ddp_check" else run.module
     else:

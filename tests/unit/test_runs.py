@@ -101,7 +101,7 @@ def runs(tmp_path_factory) -> Path:
                   "09:00:04.500 [rank1]:RuntimeError: out of patience"]})
     _hand_made(runs / STOPPED, cfg, steps=7, status={
         "run_id": STOPPED, "state": "stopped", "started": OLD, "ended": OLD + 30, "host": socket.gethostname(),
-        "pid": dead.pid, "module": "auralm.training.train", "nodes": ["localhost"], "world": 1, "exit_code": 130,
+        "pid": dead.pid, "module": "auralm.train", "nodes": ["localhost"], "world": 1, "exit_code": 130,  # pre-rooms
         "reason": "interrupted (Ctrl-C)"})
     _hand_made(runs / GONE, cfg, steps=9, status={
         "run_id": GONE, "state": "running", "started": OLD, "host": socket.gethostname(), "pid": dead.pid,
@@ -142,6 +142,7 @@ def test_runs_json_fields_and_statuses(runs, capsys):
     assert f["reason"] == "rank 1 on node1 failed first (exit code 1)" and f["nodes"] == ["node0", "node1"]
     assert f["duration_s"] == 65.0 and f["steps"] == 5 and f["max_steps"] == 100
     assert (got[STOPPED]["status"], got[STOPPED]["exit_code"]) == ("stopped", 130)
+    assert got[STOPPED]["task"] == "sudoku"  # recorded before the rooms as auralm.train: still the trainer's run
     gone = got[GONE]
     assert gone["status"] == "stopped" and gone["source"] == "inferred" and "is gone" in gone["reason"]
     assert got[LIVE]["status"] == "running" and got[LIVE]["source"] == "status.json"
