@@ -172,6 +172,7 @@ def _auto_run(sudoku_dir, out, capsys, more_gb, *extra):
     return [int(v) if v.isdigit() else v for v in plans[0]], text
 
 
+@pytest.mark.slow  # seconds of real work (a training, hrmctl train, a compile): not in --fast (issue 35, item 6)
 def test_auto_batch_follows_the_memory_budget_and_keeps_the_global_batch(sudoku_dir, tmp_path, capsys):
     (rank, fits, limit, batch, accum, world, total), _ = _auto_run(sudoku_dir, tmp_path / "small", capsys, 0.25)
     assert (rank, world, accum, batch, total) == (0, 1, 1, fits, fits)
@@ -190,6 +191,7 @@ def test_auto_batch_follows_the_memory_budget_and_keeps_the_global_batch(sudoku_
 # ---------------------------------------------------------------- out of memory: one line, exit 2
 
 
+@pytest.mark.slow  # seconds of real work (a training, hrmctl train, a compile): not in --fast (issue 35, item 6)
 def test_running_out_of_cpu_memory_is_one_line_saying_what_to_lower(sudoku_dir, tmp_path):
     """A real allocation failure: the trainer under an address-space limit 1.5 GB above what it holds after
     importing torch, a 10M-parameter model at 1024 rows a micro-batch (about 13 MB of activations a row)."""
@@ -226,6 +228,7 @@ def test_what_counts_as_out_of_memory():
 # ---------------------------------------------------------------- hrmctl train --dry-run
 
 
+@pytest.mark.slow  # seconds of real work (a training, hrmctl train, a compile): not in --fast (issue 35, item 6)
 def test_train_dry_run_estimates_the_batch_that_fits_each_node(tmp_path):
     res = subprocess.run([sys.executable, "-m", "cli", "train", "--dry-run", "model=trm-tiny", "training.batch_size=auto",
                           "global_batch_size=100000"], capture_output=True, text=True, timeout=120, env=python_env(),

@@ -52,6 +52,7 @@ def test_usage_errors_are_one_line_naming_the_commands_help(tmp_path, args, expe
     assert f"(see `hrmctl {args[0]} --help`)" in res.stderr and "Traceback" not in res.stderr
 
 
+@pytest.mark.slow  # seconds of real work (a training, hrmctl train, a compile): not in --fast (issue 35, item 6)
 def test_trainer_overrides_pass_through_around_the_options(tmp_path):
     """key=value before and after hrmctl's own options reach the trainer, in order; an unknown option is refused."""
     res = hrmctl("train", "model=tiny", "--dry-run", "training.max_steps=3", "--run-id", "r1", cwd=tmp_path)

@@ -6,12 +6,15 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 
 def hrmctl(*args, cwd):
     return subprocess.run([sys.executable, "-m", "cli", "prepare-data", *args], capture_output=True, text=True,
                           cwd=cwd, timeout=120)
 
 
+@pytest.mark.slow  # seconds of real work (a training, hrmctl train, a compile): not in --fast (issue 35, item 6)
 def test_sudoku_data_through_the_cli(tmp_path):
     res = hrmctl("--task", "sudoku", "--out", "sdk", "--count", "60", cwd=tmp_path)
     assert res.returncode == 0, res.stderr

@@ -182,6 +182,7 @@ def _generate(*args: str) -> subprocess.CompletedProcess:
                           env=python_env(), cwd=REPO, timeout=120)
 
 
+@pytest.mark.slow  # seconds of real work (a training, hrmctl train, a compile): not in --fast (issue 35, item 6)
 def test_generate_continues_the_prompt_and_says_what_is_wrong_in_one_line(lm_run, capsys):
     lm_run = lm_run[0]
     res = _generate(str(lm_run), "--prompt", "En un lugar", "--max-new-tokens", "8", "--seed", "1")

@@ -171,6 +171,7 @@ def hrmctl(*args, cwd):
                           env={**os.environ, "HRMCTL_INVENTORY": str(cwd / "none.toml")})
 
 
+@pytest.mark.slow  # seconds of real work (a training, hrmctl train, a compile): not in --fast (issue 35, item 6)
 def test_the_launchers_options_are_read_as_ours(tmp_path):
     from auralm.data import datadir
     from tests.trainer.helpers import QUIJOTE

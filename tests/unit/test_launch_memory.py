@@ -94,6 +94,7 @@ def test_the_refusal_is_exit_1_and_HRMCTL_MEMORY_CHECK_0_only_warns(size, monkey
     assert memory.check(TRAINER_OPTS, None, None, 1, shares, said.append) is None  # not the trainer: nothing to judge
 
 
+@pytest.mark.slow  # seconds of real work (a training, hrmctl train, a compile): not in --fast (issue 35, item 6)
 def test_a_refusal_is_judged_again_at_the_datas_vocabulary(size):
     """The estimate beside the probes assumes 32000 tokens; the data's meta.json says 512: at batch 64 the logits
     alone were 2 x 1024 x 32000 x 4 bytes a row. model=50m task=lm at 64 rows needs 42.67 GiB at 32000, less at 512."""

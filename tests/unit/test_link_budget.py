@@ -147,6 +147,7 @@ dist.destroy_process_group()
 
 @pytest.mark.parametrize("rank,overrides", [(2, ["task=lm", "model=tiny"]), (1, ["task=sudoku", "model=hrm-tiny"]),
                                             (4, ["task=sudoku", "model=trm-tiny"])])
+@pytest.mark.slow  # seconds of real work (a training, hrmctl train, a compile): not in --fast (issue 35, item 6)
 def test_powersgd_elements_are_what_torchs_hook_sends(tmp_path, rank, overrides):
     """torch's own powerSGD_hook on a real DDP (gloo, one process) counts the elements of its one compressed step."""
     import os
@@ -326,6 +327,7 @@ def _nodes() -> list[Node]:
     return [Node(name="node0", host="10.0.0.1", user="u"), Node(name="node1", host="10.0.0.2", user="u")]
 
 
+@pytest.mark.slow  # seconds of real work (a training, hrmctl train, a compile): not in --fast (issue 35, item 6)
 def test_train_warning_from_the_cache_end_to_end(home):
     """A real cache file, the real `python -m auralm.planning.link_budget` sizing the run's model (model=small task=lm)."""
     overrides = ["model=small", "task=lm", "training.batch_size=16"]

@@ -165,6 +165,7 @@ def test_under_bf16_autocast_the_streams_are_bfloat16_and_the_model_trains_alike
     assert float((flat - ref).norm() / ref.norm()) < 2e-2
 
 
+@pytest.mark.slow  # seconds of real work (a training, hrmctl train, a compile): not in --fast (issue 35, item 6)
 def test_without_a_compiler_one_warning_says_what_to_install_and_training_goes_on(tmp_path):
     script = """
 import warnings, torch
@@ -187,6 +188,7 @@ print(kernels.mhc(), len(seen), seen[0].message if seen else "")
     assert not list(tmp_path.glob("*.so"))
 
 
+@pytest.mark.slow  # seconds of real work (a training, hrmctl train, a compile): not in --fast (issue 35, item 6)
 def test_the_build_is_cached_by_its_source_and_flags(tmp_path):
     env_dir = tmp_path / "k"
     script = "from auralm import kernels; print(kernels._build('mhc'))"

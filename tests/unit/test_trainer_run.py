@@ -243,6 +243,7 @@ def test_a_causal_hrm_learns_text_and_logs_its_recurrent_metrics(tmp_path, capsy
     assert all(m[s]["ponder"] == 1 and m[s]["q_continue_loss"] == 0 for s in range(1, 5))
 
 
+@pytest.mark.slow  # seconds of real work (a training, hrmctl train, a compile): not in --fast (issue 35, item 6)
 def test_the_papers_adam_atan2_optimizer_trains_and_resumes(sudoku_dir, tmp_path, capsys):
     """training.optimizer=adam_atan2 (the package adam-atan2-pytorch, the papers' AdamATan2): the model trains with
     it, and a resumed run restores its state exactly like an uninterrupted one."""
