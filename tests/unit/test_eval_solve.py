@@ -4,27 +4,28 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 
 import pytest
 
 from auralm.training import train
 from auralm.training.config import parse
-from tests.trainer.helpers import PYTHON, REPO, python_env, small_sudoku
+from tests.trainer.helpers import PYTHON, REPO, python_env
 
-# a real HRM run, then a Python process per test (eval, solve, hrmctl train --dry-run): 70 s of CPU measured,
-# the largest module of the unit tier; the whole suite runs it, scripts/test.sh --fast does not
+# a real HRM run, its tools called in this process, hrmctl's processes in one test, and dry runs of hrmctl train:
+# the whole suite runs it, scripts/test.sh --fast does not
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def run(tmp_path_factory, sudoku_data):
     base = tmp_path_factory.mktemp("hrm")
-    data_dir = small_sudoku(base / "data", count=300)
+    data_dir = sudoku_data(300)  # the session's puzzles (read only)
     out = base / "run"
     train.run(parse([f"data_dir={data_dir}", f"out_dir={out}", "model=hrm-tiny", "model.n_embd=32",
                      "model.halt_max_steps=3", "model.eval_segments=3", "training.batch_size=16", "training.max_steps=4",
                      "training.eval_interval=0", "training.ema=true"]))
-    return base, out
+    return data_dir, out
 
 
 def cli(module: str, *args: str, stdin: str | None = None, cwd=None):
@@ -32,9 +33,28 @@ def cli(module: str, *args: str, stdin: str | None = None, cwd=None):
                           env=python_env(), cwd=cwd or REPO)
 
 
-def test_eval_reports_exact_and_cell_accuracy_halting_and_accuracy_by_segments(run):
+@pytest.fixture
+def tool(monkeypatch, capsys):
+    """tool(module, *args, stdin=None): the trainer's tool's main() in this process, as ``python -m module`` runs it
+    (its exit code, stdout, stderr) without a new Python and torch import per call. The processes themselves:
+    test_hrmctl_eval_and_solve_run_the_trainers_tools."""
+    import importlib
+    import io
+    from types import SimpleNamespace
+
+    def call(module: str, *args: str, stdin: str | None = None):
+        capsys.readouterr()
+        monkeypatch.setattr(sys, "stdin", io.StringIO(stdin or ""))
+        code = importlib.import_module(module).main(list(args))
+        got = capsys.readouterr()
+        return SimpleNamespace(returncode=code, stdout=got.out, stderr=got.err)
+
+    return call
+
+
+def test_eval_reports_exact_and_cell_accuracy_halting_and_accuracy_by_segments(run, tool):
     base, out = run
-    res = cli("auralm.tools.evaluate", str(out), "--json")
+    res = tool("auralm.tools.evaluate", str(out), "--json")
     assert res.returncode == 0, res.stderr
     r = json.loads(res.stdout)
     assert r["checkpoint"].endswith("checkpoint-4") and r["split"] == "val" and r["examples"] == 30
@@ -50,24 +70,24 @@ def test_eval_reports_exact_and_cell_accuracy_halting_and_accuracy_by_segments(r
     (["{out}", "--batches", "0"], "must be greater than 0"),
     (["{out}", "--segments", "0"], "must be greater than 0"),
 ])
-def test_eval_bad_input_is_one_line_and_exit_2(run, args, expected):
-    base, out = run
-    res = cli("auralm.tools.evaluate", *[a.format(data=base / "data", out=out) for a in args])
+def test_eval_bad_input_is_one_line_and_exit_2(run, tool, args, expected):
+    data, out = run
+    res = tool("auralm.tools.evaluate", *[a.format(data=data, out=out) for a in args])
     assert res.returncode == 2 and res.stdout == ""
     assert res.stderr.startswith("error: ") and expected in res.stderr and len(res.stderr.splitlines()) == 1
 
 
-def test_solve_prints_a_grid_per_puzzle_its_validity_and_a_summary(run):
+def test_solve_prints_a_grid_per_puzzle_its_validity_and_a_summary(run, tool):
     base, out = run
     puzzle = "53..7....6..195....98....6.8...6...34..8.3..17...2...6.6....28....419..5....8..79"
-    res = cli("auralm.tools.solve", str(out), "-", stdin=f"# a comment\n{puzzle}\n\n{puzzle.replace('.', '0')}\n")
+    res = tool("auralm.tools.solve", str(out), "-", stdin=f"# a comment\n{puzzle}\n\n{puzzle.replace('.', '0')}\n")
     lines = res.stdout.splitlines()
     assert len(lines) == 3 and lines[-1].startswith(("0 of 2 solved", "1 of 2 solved", "2 of 2 solved"))
     for line in lines[:2]:
         grid, verdict = line.split()
         assert len(grid) == 81 and set(grid) <= set("123456789") and verdict in ("valid", "INVALID")
     assert res.returncode == (0 if lines[-1].startswith("2 of 2") else 1)
-    js = cli("auralm.tools.solve", str(out), "--json", stdin=puzzle + "\n")
+    js = tool("auralm.tools.solve", str(out), "--json", stdin=puzzle + "\n")
     assert json.loads(js.stdout.splitlines()[0])["puzzle"] == puzzle
 
 
@@ -89,23 +109,19 @@ def test_a_solution_must_keep_the_givens_and_be_a_valid_grid():
     ("." * 81 + "\n" + "x" * 81 + "\n", "standard input line 2:"),
     ("\n# nothing\n", "no puzzle in it"),
 ])
-def test_solve_names_the_line_that_is_not_a_puzzle(run, stdin, expected):
-    res = cli("auralm.tools.solve", str(run[1]), stdin=stdin)
+def test_solve_names_the_line_that_is_not_a_puzzle(run, tool, stdin, expected):
+    res = tool("auralm.tools.solve", str(run[1]), stdin=stdin)
     assert res.returncode == 2 and res.stdout == "" and expected in res.stderr
     assert len(res.stderr.splitlines()) == 1
 
 
-def test_solve_refuses_a_checkpoint_that_is_not_a_sudoku_model(tmp_path):
-    from auralm.data import datadir
-    from tests.trainer.helpers import QUIJOTE
-
-    data_dir = tmp_path / "text"
-    assert datadir.main([str(QUIJOTE), "--out", str(data_dir), "--vocab-size", "300", "--max-tokens", "20000"]) == 0
+def test_solve_refuses_a_checkpoint_that_is_not_a_sudoku_model(tmp_path, tool, quijote_data):
+    data_dir = quijote_data(300, 20000)  # the session's text data (read only: the run writes under tmp_path)
     train.run(parse(["task=lm", f"data_dir={data_dir}", f"out_dir={tmp_path / 'lm'}", "model=tiny",
                      "training.max_steps=1", "training.eval_interval=0", "training.sample_tokens=0"]))
-    res = cli("auralm.tools.solve", str(tmp_path / "lm"), stdin="." * 81 + "\n")
+    res = tool("auralm.tools.solve", str(tmp_path / "lm"), stdin="." * 81 + "\n")
     assert res.returncode == 2 and "is a task=lm model, not a sudoku model" in res.stderr
-    missing = cli("auralm.tools.solve", str(tmp_path / "lm"), str(tmp_path / "none.txt"))
+    missing = tool("auralm.tools.solve", str(tmp_path / "lm"), str(tmp_path / "none.txt"))
     assert missing.returncode == 2
 
 
@@ -121,14 +137,21 @@ def test_hrmctl_eval_and_solve_run_the_trainers_tools(run):
     assert res.returncode == 0 and res.stdout.startswith("usage: hrmctl eval")
 
 
-@pytest.mark.parametrize("overrides, parameters", [(["model=hrm-27m"], "27.2"), (["model=trm-tiny"], "0.43"),
-                                                   (["arch=trm", "model=trm-5m-mlp"], "4.86M")])
-def test_train_dry_run_prints_the_models_parameters_and_memory_per_rank(tmp_path, overrides, parameters):
-    res = cli("cli", "train", "--dry-run", *overrides, "global_batch_size=32", cwd=tmp_path)
+@pytest.mark.parametrize("overrides, parameters, text", [(["model=hrm-27m"], "27.2", False),
+                                                         (["model=trm-tiny"], "0.43", True),
+                                                         (["arch=trm", "model=trm-5m-mlp"], "4.86", False)])
+def test_train_dry_run_prints_the_models_parameters_and_memory_per_rank(tmp_path, overrides, parameters, text):
+    """One --json dry run per model (the size the text line is printed from); the text line itself once, for the
+    smallest model: it is the same formatting whatever the model (before, every model ran both, six dry runs)."""
+    res = cli("cli", "train", "--dry-run", "--json", *overrides, "global_batch_size=32", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
-    line = res.stdout.strip().splitlines()[-1]
-    assert line.startswith("# model ") and f"{parameters}" in line and "GiB" in line and "at batch 32 per rank" in line
-    res = cli("cli", "train", "--dry-run", "--json", *overrides, cwd=tmp_path)
     size = json.loads(res.stdout)["model"]
+    assert f"{size['parameters'] / 1e6:.2f}".startswith(parameters) and size["batch_size"] == 32, size
     assert size["total_bytes"] == size["states_bytes"] + size["activation_bytes"] > 16 * size["parameters"]
+    if text:
+        res = cli("cli", "train", "--dry-run", *overrides, "global_batch_size=32", cwd=tmp_path)
+        assert res.returncode == 0, res.stderr
+        line = res.stdout.strip().splitlines()[-1]
+        assert line.startswith("# model ") and f"{parameters}" in line and "GiB" in line, line
+        assert "at batch 32 per rank" in line, line
     assert not (tmp_path / "runs").exists()

@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import pytest
 
 from cli.app import main
-from tests.trainer.helpers import small_sudoku, tiny_args
+from tests.trainer.helpers import tiny_args
 
 A = "20261101-100000-aaaa"  # real training, model=tiny
 B = "20261101-110000-bbbb"  # real training, model=trm-tiny
@@ -66,13 +66,13 @@ def _hand_made(run: Path, cfg: dict, *, status: dict | None, steps: int, logs: d
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> Path:
+def runs(tmp_path_factory, sudoku_data) -> Path:
     import torch
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("runs-home")
-    data = small_sudoku(root / "sudoku", count=300)
+    data = sudoku_data(300)  # the session's puzzles (read only)
     runs = root / "runs"
     try:
         _train(data, runs / A, "model=tiny")
@@ -121,6 +121,7 @@ def _json_runs(runs: Path, capsys) -> dict[str, dict]:
     return {r["id"]: r for r in json.loads(capsys.readouterr().out)}
 
 
+@pytest.mark.slow  # the runs fixture trains two models (issue 35, item 6): not in --fast
 def test_runs_json_fields_and_statuses(runs, capsys):
     got = _json_runs(runs, capsys)
     assert set(got) == {A, B, FAILED, STOPPED, GONE, LIVE, UNKNOWN}
@@ -149,6 +150,7 @@ def test_runs_json_fields_and_statuses(runs, capsys):
     assert got[UNKNOWN]["status"] == "unknown" and "no status.json" in got[UNKNOWN]["reason"]
 
 
+@pytest.mark.slow  # the runs fixture trains two models (issue 35, item 6): not in --fast
 def test_runs_table_and_an_empty_or_missing_dir(runs, tmp_path, capsys):
     capsys.readouterr()
     assert main(["runs", "--dir", str(runs)]) == 0
@@ -165,6 +167,7 @@ def test_runs_table_and_an_empty_or_missing_dir(runs, tmp_path, capsys):
         assert json.loads(capsys.readouterr().out) == []
 
 
+@pytest.mark.slow  # the runs fixture trains two models (issue 35, item 6): not in --fast
 def test_logs_merged_by_time_by_prefix_and_one_node(runs, capsys):
     capsys.readouterr()
     assert main(["logs", "20261102-09", "--dir", str(runs)]) == 0  # a unique prefix of FAILED
@@ -181,6 +184,7 @@ def test_logs_merged_by_time_by_prefix_and_one_node(runs, capsys):
     assert err.count("\n") == 1 and "node0, node1" in err
 
 
+@pytest.mark.slow  # the runs fixture trains two models (issue 35, item 6): not in --fast
 def test_unknown_or_ambiguous_run_is_one_line_exit_2(runs, capsys):
     capsys.readouterr()
     assert main(["logs", "20261101-10000-aaaa", "--dir", str(runs)]) == 2  # a digit short
@@ -195,6 +199,7 @@ def test_unknown_or_ambiguous_run_is_one_line_exit_2(runs, capsys):
     assert res.returncode == 0 and res.stdout.startswith("no runs in")
 
 
+@pytest.mark.slow  # the runs fixture trains two models (issue 35, item 6): not in --fast
 def test_logs_follow_until_the_run_ends(runs, tmp_path):
     from cli.runs.logs import show_logs
 
@@ -225,6 +230,7 @@ def test_logs_follow_until_the_run_ends(runs, tmp_path):
                                            "12:00:02.000 [rank0]:step 3/100 | loss 0.7"]
 
 
+@pytest.mark.slow  # the runs fixture trains two models (issue 35, item 6): not in --fast
 def test_plot_two_runs_to_a_png(runs, tmp_path, capsys):
     out = tmp_path / "loss.png"
     capsys.readouterr()
@@ -254,6 +260,7 @@ def test_plot_legend_names_what_differs():
     assert legend([run("a", "ddp", "tiny")]) == ["a"]
 
 
+@pytest.mark.slow  # the runs fixture trains two models (issue 35, item 6): not in --fast
 def test_unknown_metric_and_x_are_one_line_exit_2(runs, capsys):
     capsys.readouterr()
     assert main(["plot", A, "--metric", "los", "--out", "x.png", "--dir", str(runs)]) == 2
@@ -267,6 +274,7 @@ def test_unknown_metric_and_x_are_one_line_exit_2(runs, capsys):
     assert "available: step, time, samples" in err and err.count("\n") == 1
 
 
+@pytest.mark.slow  # the runs fixture trains two models (issue 35, item 6): not in --fast
 def test_plot_in_the_terminal(runs, capsys):
     pytest.importorskip("plotext")
     capsys.readouterr()
@@ -275,6 +283,7 @@ def test_plot_in_the_terminal(runs, capsys):
     assert A in out and B in out and len(out.splitlines()) >= 12
 
 
+@pytest.mark.slow  # the runs fixture trains two models (issue 35, item 6): not in --fast
 def test_curves_png_after_a_run_and_none_without_matplotlib(runs, tmp_path, monkeypatch):
     from auralm.training import curves
 

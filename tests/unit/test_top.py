@@ -95,10 +95,10 @@ def test_agent_with_count_prints_that_many_lines_and_ends_cleanly():
 
 
 @pytest.mark.slow
-def test_agent_finds_a_running_trainer_with_its_step_and_loss(tmp_path):
-    from tests.trainer.helpers import small_sudoku, tiny_args
+def test_agent_finds_a_running_trainer_with_its_step_and_loss(tmp_path, sudoku_data):
+    from tests.trainer.helpers import tiny_args
 
-    data = small_sudoku(tmp_path / "data", count=300)
+    data = sudoku_data(300)  # the session's puzzles (read only)
     run = tmp_path / "run"
     own_tmp = tmp_path / "tmp"  # the trainer's TMPDIR: the agent must find the heartbeat from the trainer's own
     own_tmp.mkdir()
