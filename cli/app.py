@@ -88,6 +88,15 @@ def _root(version: Annotated[bool, typer.Option("--version", callback=_version, 
 
 NODES = "Nodes"
 LAUNCH = "Launch"
+SLURM = "Slurm (with --slurm)"
+
+
+def SlurmInt(flag: str, text: str):
+    return Annotated[Optional[int], typer.Option(flag, min=1, rich_help_panel=SLURM, help=text, show_default=False)]
+
+
+def SlurmText(flag: str, text: str):
+    return Annotated[Optional[str], typer.Option(flag, rich_help_panel=SLURM, help=text, show_default=False)]
 Nodes = Annotated[Optional[str], typer.Option(
     "--nodes", "-n", rich_help_panel=NODES,
     help="Comma-separated node names; the first is the master unless the inventory says otherwise.")]
@@ -299,7 +308,17 @@ def train_cmd(
         sync_data: Annotated[bool, typer.Option(
             rich_help_panel=LAUNCH, help="Sync the local dataset to every other node first.")] = False,
         module: Annotated[str, typer.Option(
-            rich_help_panel=LAUNCH, help="The Python module torchrun starts on every rank.")] = "auralm.train") -> int:
+            rich_help_panel=LAUNCH, help="The Python module torchrun starts on every rank.")] = "auralm.train",
+        slurm: Annotated[bool, typer.Option(
+            "--slurm", rich_help_panel=SLURM,
+            help="Submit the run as a Slurm batch job (sbatch) and print its job id; --nodes is then a count.")] = False,
+        gpus_per_node: SlurmInt("--gpus-per-node", "GPUs per node (--slurm).") = None,
+        cpus_per_task: SlurmInt("--cpus-per-task", "CPUs for each node's torchrun (--slurm).") = None,
+        time_limit: SlurmText("--time", "Time limit, as Slurm spells it: 02:00:00 (--slurm).") = None,
+        partition: SlurmText("--partition", "Partition (--slurm).") = None,
+        account: SlurmText("--account", "Account charged (--slurm).") = None,
+        qos: SlurmText("--qos", "Quality of service (--slurm).") = None,
+        constraint: SlurmText("--constraint", "Node features, e.g. gpu (--slurm).") = None) -> int:
     """torchrun on every node, one merged log, one Ctrl-C; with no --nodes, this machine alone.
 
     Trainer overrides follow the options: `hrmctl train --nodes node0,node1 model=hrm-tiny training.max_steps=200`.
@@ -307,11 +326,20 @@ def train_cmd(
     from cli.launch.command import train
     from cli.launch.options import launch_options
 
+    request = None
+    if slurm:  # the nodes are Slurm's to give: --nodes counts them
+        from cli.slurm.submit import SlurmOptions, inventory_table, node_count
+
+        request = SlurmOptions(nodes=node_count(nodes), gpus_per_node=gpus_per_node, cpus_per_task=cpus_per_task,
+                               time=time_limit, partition=partition, account=account, qos=qos,
+                               constraint=constraint).with_defaults(inventory_table(inventory))
+        nodes = "localhost"  # the options' checks only: the job's own hrmctl takes the allocation's nodes
     opts = launch_options(inventory=inventory, nodes=nodes, env=env, reprobe=reprobe, master_port=master_port,
                           nproc=nproc, backend=backend, dry_run=dry_run, run_id=run_id,
                           accept_new_host_keys=accept_new_host_keys, module=module, args=list(overrides or []),
                           max_restarts=max_restarts)
-    return train(opts, sync_data=sync_data, as_json=json, console=out, err=err, own_options=_options_of(ctx))
+    return train(opts, sync_data=sync_data, as_json=json, console=out, err=err, own_options=_options_of(ctx),
+                 slurm=request)
 
 
 def _options_of(ctx: typer.Context) -> list[str]:
@@ -333,6 +361,17 @@ def runs_cmd(json: Json = False, runs_dir: RunsDir = "runs") -> int:
     from cli.runs.view import show_runs
 
     return show_runs(runs_dir, as_json=json, console=out)
+
+
+@command("stop")
+def stop_cmd(run: RunRef, json: Json = False, runs_dir: RunsDir = "runs") -> int:
+    """Stop a run from any terminal: a --slurm run's job is cancelled (scancel) and waited for until it has ended on
+    every node; a run whose hrmctl runs on this machine gets SIGTERM (it stops every node). Exit 1 if it does not end
+    within 60 s."""
+    from cli.runs.catalog import resolve
+    from cli.runs.stop import stop_run
+
+    return stop_run(resolve(run, runs_dir), as_json=json)
 
 
 @command("logs")

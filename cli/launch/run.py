@@ -222,9 +222,9 @@ def run_once(plans: list[NodeLaunch], log: MergedLog, signals: _Signals, *, atte
             log.start(plans, attempt)
             for p in plans:
                 session = sessions[p.node.name]
-                jobs[p.node.name] = session.start(p.argv, log.handler(p), env=p.env, cwd=p.cwd,
-                                                  pty=not p.node.is_local)
-                if not p.node.is_local:
+                ssh = p.node.reached_by == "ssh"  # srun's nodes are watched by Slurm: a lost node fails the step
+                jobs[p.node.name] = session.start(p.argv, log.handler(p), env=p.env, cwd=p.cwd, pty=ssh)
+                if ssh:
                     beats[p.node.name] = _Heartbeat(session)
             for b in beats.values():
                 b.start()
@@ -456,7 +456,7 @@ def _write_status(run_dir: Path, doc: dict) -> None:
 
 def _trainer_dir(plan: NodeLaunch) -> str | None:
     """Where rank 0 writes config.json and metrics.jsonl (its out_dir), when that is on this machine."""
-    if not plan.node.is_local:
+    if plan.node.reached_by == "ssh":  # a Slurm node shares this machine's files (the cluster's file system)
         return None
     out = None
     for a in plan.argv[plan.argv.index("-m", 2) + 2:] if "-m" in plan.argv[2:] else []:
