@@ -33,6 +33,9 @@ SLURM_TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "sco
 # namespace, the v1 hierarchies this machine has (the lab's nodes see their memory cgroup the same way).
 MOUNT_CGROUPS = ("mount -t tmpfs -o mode=755 cgroup /sys/fs/cgroup && for c in memory cpuset freezer cpu,cpuacct; do "
                  "mkdir -p /sys/fs/cgroup/$c && mount -t cgroup -o $c cgroup /sys/fs/cgroup/$c; done; ")
+# Slurm holds a requeued job until the credentials of its last start have expired (120 s by default): the lab's
+# expire sooner, so that the tests' requeued job starts again within seconds.
+CRED_EXPIRE_S = 10
 APT_PACKAGES = "munge slurmctld slurmd slurm-client"
 
 
@@ -100,7 +103,7 @@ class LabSlurm:
         self.conf.write_text(
             f"ClusterName=hrmlab{lab.token}\nSlurmctldHost={socket.gethostname()}({lab.subnet}.1)\n"
             f"SlurmctldPort={self.port}\nSlurmdPort=6818\nSlurmUser=root\nSlurmdUser=root\n"
-            f"AuthType=auth/munge\nCredType=cred/munge\nAuthInfo=socket={self.socket}\n"
+            f"AuthType=auth/munge\nCredType=cred/munge\nAuthInfo=socket={self.socket},cred_expire={CRED_EXPIRE_S}\n"
             f"StateSaveLocation={d}/state\nSlurmdSpoolDir={d}/spool/%n\n"
             f"SlurmctldPidFile={d}/slurmctld.pid\nSlurmdPidFile={d}/slurmd-%n.pid\n"
             f"SlurmctldLogFile={d}/log/slurmctld.log\nSlurmdLogFile={d}/log/slurmd-%n.log\n"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
 
 from rich.console import Console
 from rich.markup import escape
@@ -153,7 +154,11 @@ def train(opts: LaunchOptions, *, sync_data: bool, as_json: bool, console: Conso
         link[0] = links.warn(advice, err)
 
     prep, result = plan_then_run(opts, console, before_run)
-    return report.finish(result, prep, as_json, console, err, extra={"link": link[0]})
+    code = report.finish(result, prep, as_json, console, err, extra={"link": link[0]})
+    if result.interrupted and result.code == 128 + signal.SIGUSR1 and opts.nodes[0].slurm_job:
+        from cli.slurm.allocation import requeue  # Slurm's warning before the time limit (hrmctl train --slurm)
+        requeue(opts.nodes[0].slurm_job, err)
+    return code
 
 
 def _submit(opts: LaunchOptions, request, as_json: bool, console: Console) -> int:

@@ -129,7 +129,7 @@ class _Signals:
     it would then wait on that lock for ever; so the wait loop looks at `got` every POLL_S instead.
     Signals during the stop are noted too, so a second Ctrl-C cannot cut it short."""
 
-    WATCHED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    WATCHED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)  # USR1: Slurm's time-limit warning
 
     def __init__(self) -> None:
         self.got: int | None = None

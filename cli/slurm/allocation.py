@@ -71,3 +71,13 @@ def node_addresses(names: list[str]) -> dict[str, str]:
 def _last_line(res: subprocess.CompletedProcess) -> str:
     lines = (res.stderr or res.stdout).strip().splitlines()
     return lines[-1] if lines else f"exit code {res.returncode}"
+
+
+def requeue(job_id: str, err) -> None:
+    """The job back into Slurm's queue (its script was submitted with --requeue): its next start resumes from the
+    run's last checkpoint. Slurm ends this job's processes, this one among them."""
+    err.print(f"hrmctl: Slurm's time-limit signal: requeueing job {job_id}; its next start resumes from the run's "
+              "last checkpoint", markup=False, highlight=False, soft_wrap=True)
+    res = slurm(["scontrol", "requeue", job_id])
+    if res.returncode != 0:
+        err.print(f"error: scontrol requeue {job_id}: {_last_line(res)}", markup=False, highlight=False, soft_wrap=True)

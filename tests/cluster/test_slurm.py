@@ -3,7 +3,8 @@ namespaces, made by this module's fixture and torn down after it). Jobs run as r
 every node sees (a cluster's shared file system); the trainer is this checkout's, through this Python.
 
   - `hrmctl train --slurm --nodes 2`: the script (--dry-run), the job submitted, trained on both nodes (one torchrun
-    each, started with srun), COMPLETED; `hrmctl runs --json` lists it with the job id and Slurm's state;
+    each, started with srun); Slurm's time-limit signal (SIGUSR1) stops it, requeues it, and its next start resumes
+    from the last checkpoint; COMPLETED; `hrmctl runs --json` lists it with the job id and Slurm's state;
   - inside `salloc -N 2`, `hrmctl train` takes the allocation's nodes and trains the same way;
   - `hrmctl stop` of a running job: cancelled, and no process of it left on any node;
   - bad input: no Slurm commands here; a partition Slurm refuses.
@@ -60,8 +61,22 @@ def _metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
-def test_submitted_run_trains_on_two_nodes_and_is_listed(run_hrmctl, sudoku_data, tmp_path):
-    args = ["train", "--slurm", "--nodes", "2", "--time", "00:10:00", "--run-id", "sub1", *TINY,
+def _slurm_state(job: str, env: dict) -> str:
+    import subprocess
+
+    out = subprocess.run(["squeue", "-h", "--states=all", "-j", job, "-o", "%T"], capture_output=True, text=True,
+                         env=env).stdout.split()
+    return out[0] if out else ""
+
+
+def test_submitted_run_trains_requeues_resumes_and_is_listed(run_hrmctl, sudoku_data, tmp_path, slurm):
+    """One job proves the submission (the script, the job on two nodes, COMPLETED, listed with its Slurm state) and
+    the time-limit path: Slurm's SIGUSR1 to the batch shell (sent here with scancel, as --signal would send it)
+    makes hrmctl stop the nodes and requeue the job, whose next start resumes from the last checkpoint."""
+    import subprocess
+
+    six = [a for a in TINY if not a.startswith("training.max_steps")] + ["training.max_steps=6"]
+    args = ["train", "--slurm", "--nodes", "2", "--time", "00:10:00", "--run-id", "sub1", *six,
             f"data_dir={sudoku_data()}"]
     code, out, err = run_hrmctl(*args, "--dry-run")
     assert code == 0, err
@@ -70,15 +85,23 @@ def test_submitted_run_trains_on_two_nodes_and_is_listed(run_hrmctl, sudoku_data
 
     code, out, err = run_hrmctl(*args)
     assert code == 0 and "as Slurm job" in out, out + err
-    job = json.loads((tmp_path / "runs" / "sub1" / "slurm.json").read_text())["job_id"]
-    run = wait_for(lambda: (r := _runs(run_hrmctl).get("sub1")) and r["status"] not in ("queued", "running") and r,
-                   timeout=150, every=1.0, what="the submitted run to end")
     run_dir = tmp_path / "runs" / "sub1"
-    assert run["status"] == "finished", (run, (run_dir / f"slurm-{job}.out").read_text()[-3000:])
+    job = json.loads((run_dir / "slurm.json").read_text())["job_id"]
+    slurm_out = run_dir / f"slurm-{job}.out"
+    wait_for(lambda: (run_dir / "checkpoint-2").is_dir(), timeout=120, every=0.5, what="the first checkpoint",
+             show=lambda: slurm_out.read_text()[-2000:] if slurm_out.exists() else "")
+    subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True, env=slurm.env())
+    wait_for(lambda: _slurm_state(job, slurm.env()) in ("COMPLETED", "FAILED", "CANCELLED"), timeout=150, every=1.0,
+             what="the requeued job to end", show=lambda: slurm_out.read_text()[-3000:])
+    text = slurm_out.read_text()
+    assert f"requeueing job {job}" in text and "stopped by SIGUSR1" in text, text[-3000:]
+    assert "resuming from" in (run_dir / "node0.log").read_text()
+    run = _runs(run_hrmctl)["sub1"]
+    assert run["status"] == "finished", (run, text[-3000:])
     assert run["slurm_job"] == job and run["slurm_state"] == "COMPLETED", run
     assert run["nodes"] == ["node0", "node1"] and run["world"] == 2, run
-    assert [m["step"] for m in _metrics(run_dir) if "loss" in m][-1] == 4
-    assert "nodes: Slurm allocation" in (run_dir / f"slurm-{job}.out").read_text()
+    assert [m["step"] for m in _metrics(run_dir) if "loss" in m][-1] == 6
+    assert "nodes: Slurm allocation" in text
 
 
 def test_inside_salloc_trains_on_the_allocation(run_hrmctl, sudoku_data, tmp_path, slurm):
