@@ -478,6 +478,8 @@ def started(run_dir: Path, prep: LaunchPlan) -> dict:
            "module": prep.options.module, "nodes": [p.node.name for p in prep.plans],
            "world": sum(p.nproc for p in prep.plans), "backend": prep.backend,
            "trainer_dir": _trainer_dir(prep.plans[0])}
+    if prep.plans[0].node.slurm_job:  # inside a Slurm allocation: `hrmctl runs` and `stop` ask Slurm about it
+        doc["slurm_job"] = prep.plans[0].node.slurm_job
     try:
         _write_status(run_dir, doc)
     except OSError:

@@ -212,9 +212,16 @@ def _status(run: Run, doc: dict, now: float) -> None:
                                              f"nothing records why")
 
 
+def slurm_job_of(status: dict, submitted: dict) -> str | None:
+    """The Slurm job of a run: submitted with --slurm (slurm.json), or launched inside an allocation (status.json)."""
+    job = submitted.get("job_id") or status.get("slurm_job")
+    return str(job) if job else None
+
+
 def _slurm_status(run: Run, doc: dict, job_id: str) -> None:
-    """A run submitted with --slurm: Slurm's state of its job decides while the job is queued or running, and when
-    the job's own hrmctl could not record the end (cancelled before it started, killed); else status.json's."""
+    """A Slurm run: Slurm's state of its job decides while the job is queued (or requeued), and while it runs or
+    after it ended when the run's own hrmctl has not recorded an end (not started yet, cancelled, killed); else
+    status.json's."""
     from cli.slurm.jobs import ENDED, QUEUED, job_state
 
     run.slurm_job = job_id
@@ -223,12 +230,14 @@ def _slurm_status(run: Run, doc: dict, job_id: str) -> None:
         return
     state = run.slurm_state = found["state"]
     said = f"Slurm job {job_id} {state}" + (f" ({found['reason']})" if found["reason"] else "")
-    if state in QUEUED:
+    if state in QUEUED:  # not started yet, or requeued (time limit, preemption): it will run
         run.status, run.source, run.reason, run.end = "queued", found["source"], said, None
+    elif doc.get("state") in ("finished", "failed", "stopped"):
+        return  # the run's own record (one allocation may hold several runs, one after the other)
     elif state in ("RUNNING", "COMPLETING"):
         where = f" on {found['nodes']}" if found["nodes"] else ""
         run.status, run.source, run.reason, run.end = "running", found["source"], said + where, None
-    elif state in ENDED and doc.get("state") not in ("finished", "failed", "stopped"):
+    elif state in ENDED:
         run.status = "finished" if state == "COMPLETED" else "stopped" if state == "CANCELLED" else "failed"
         run.source, run.reason = found["source"], said
 
@@ -293,8 +302,9 @@ def load_run(path: str | Path, now: float | None = None) -> Run:
         started = number(job.get("submitted"))
     run.start = started if started is not None else _first_write(path, trainer_dir)
     _status(run, doc, now)
-    if job.get("job_id"):
-        _slurm_status(run, doc, str(job["job_id"]))
+    job_id = slurm_job_of(doc, job)
+    if job_id:
+        _slurm_status(run, doc, job_id)
     if run.status not in ("running", "queued"):
         run.end = number(doc.get("ended")) if doc.get("state") in ("finished", "failed", "stopped") else None
         if run.end is None:
