@@ -14,6 +14,7 @@ import sys
 from cli.errors import HrmctlError
 from cli.nodes.inventory import Node
 
+SLURMD_PORT = 6818  # Slurm's default SlurmdPort: a TCP port every node listens on (doctor's round trips time it)
 INSTALL_HINT = "run hrmctl on the cluster's login node, where Slurm's commands are (Debian: apt-get install slurm-client)"
 
 
@@ -51,7 +52,7 @@ def allocation_nodes(job_id: str) -> list[Node]:
         raise HrmctlError(f"scontrol show hostnames {nodelist}: {_last_line(res)}")
     addrs = node_addresses(names)
     src = f"Slurm allocation {job_id}"
-    return [Node(name=n, host=addrs.get(n, n), user=getpass.getuser(), port=0, python=sys.executable,
+    return [Node(name=n, host=addrs.get(n, n), user=getpass.getuser(), port=SLURMD_PORT, python=sys.executable,
                  workdir=os.getcwd(), data_dir="data", nproc="auto", slurm_job=job_id,
                  sources={k: src for k in ("host", "user", "python", "workdir", "data_dir", "nproc")})
             for n in names]

@@ -5,7 +5,8 @@ every node sees (a cluster's shared file system); the trainer is this checkout's
   - `hrmctl train --slurm --nodes 2`: the script (--dry-run), the job submitted, trained on both nodes (one torchrun
     each, started with srun); Slurm's time-limit signal (SIGUSR1) stops it, requeues it, and its next start resumes
     from the last checkpoint; COMPLETED; `hrmctl runs --json` lists it with the job id and Slurm's state;
-  - inside `salloc -N 2`, `hrmctl train` takes the allocation's nodes and trains the same way;
+  - inside `salloc -N 2`, `hrmctl doctor` checks the allocation's nodes over srun, and `hrmctl train` takes them
+    and trains the same way;
   - `hrmctl stop` of a running job: cancelled, and no process of it left on any node;
   - bad input: no Slurm commands here; a partition Slurm refuses.
 """
@@ -104,9 +105,14 @@ def test_submitted_run_trains_requeues_resumes_and_is_listed(run_hrmctl, sudoku_
     assert "nodes: Slurm allocation" in text
 
 
-def test_inside_salloc_trains_on_the_allocation(run_hrmctl, sudoku_data, tmp_path, slurm):
+def test_inside_salloc_doctor_and_train_use_the_allocation(run_hrmctl, sudoku_data, tmp_path, slurm):
     import subprocess
 
+    doctor = subprocess.run(["salloc", "-N", "2", "--", sys.executable, "-m", "cli", "doctor", "--json"],
+                            capture_output=True, text=True, timeout=120, cwd=tmp_path, env=slurm.env())
+    report = json.loads(doctor.stdout)
+    assert doctor.returncode == 0 and report["summary"]["fail"] == 0, doctor.stdout[-3000:] + doctor.stderr[-2000:]
+    assert set(report["nodes"]) == {"node0", "node1"} and "srun (Slurm job" in doctor.stdout, doctor.stdout[-3000:]
     proc = subprocess.run(["salloc", "-N", "2", "--", sys.executable, "-m", "cli", "train", "--run-id", "alloc1", *TINY,
                            f"data_dir={sudoku_data()}"], capture_output=True, text=True, timeout=150, cwd=tmp_path,
                           env=slurm.env())
