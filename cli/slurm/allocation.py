@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+from typing import Callable
 
 from cli.errors import HrmctlError
 from cli.nodes.inventory import Node
@@ -38,6 +39,12 @@ def slurm(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess:
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise HrmctlError(f"`{argv[0]}` did not answer in {timeout:g}s: is slurmctld up? (`scontrol ping`)") from None
+
+
+def nodes_or_allocation(nodes: str | None, from_inventory: Callable[[], list[Node]]) -> list[Node]:
+    """doctor's and top's nodes: inside an allocation without --nodes, the allocation's; else the inventory's."""
+    job = allocation_id() if nodes is None else None
+    return allocation_nodes(job) if job else from_inventory()
 
 
 def allocation_nodes(job_id: str) -> list[Node]:

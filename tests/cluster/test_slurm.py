@@ -5,8 +5,8 @@ every node sees (a cluster's shared file system); the trainer is this checkout's
   - `hrmctl train --slurm --nodes 2`: the script (--dry-run), the job submitted, trained on both nodes (one torchrun
     each, started with srun); Slurm's time-limit signal (SIGUSR1) stops it, requeues it, and its next start resumes
     from the last checkpoint; COMPLETED; `hrmctl runs --json` lists it with the job id and Slurm's state;
-  - inside `salloc -N 2`, `hrmctl doctor` checks the allocation's nodes over srun, and `hrmctl train` takes them
-    and trains the same way;
+  - inside `salloc -N 2`, `hrmctl doctor` and `hrmctl top` see the allocation's nodes over srun, and `hrmctl train`
+    takes them and trains the same way;
   - `hrmctl stop` of a running job: cancelled, and no process of it left on any node;
   - bad input: no Slurm commands here; a partition Slurm refuses.
 """
@@ -105,7 +105,7 @@ def test_submitted_run_trains_requeues_resumes_and_is_listed(run_hrmctl, sudoku_
     assert "nodes: Slurm allocation" in text
 
 
-def test_inside_salloc_doctor_and_train_use_the_allocation(run_hrmctl, sudoku_data, tmp_path, slurm):
+def test_inside_salloc_doctor_top_and_train_use_the_allocation(run_hrmctl, sudoku_data, tmp_path, slurm):
     import subprocess
 
     doctor = subprocess.run(["salloc", "-N", "2", "--", sys.executable, "-m", "cli", "doctor", "--json"],
@@ -113,6 +113,10 @@ def test_inside_salloc_doctor_and_train_use_the_allocation(run_hrmctl, sudoku_da
     report = json.loads(doctor.stdout)
     assert doctor.returncode == 0 and report["summary"]["fail"] == 0, doctor.stdout[-3000:] + doctor.stderr[-2000:]
     assert set(report["nodes"]) == {"node0", "node1"} and "srun (Slurm job" in doctor.stdout, doctor.stdout[-3000:]
+    top = subprocess.run(["salloc", "-N", "2", "--", sys.executable, "-m", "cli", "top", "--once", "--json"],
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path, env=slurm.env())
+    seen = {n["name"]: n for n in json.loads(top.stdout)["nodes"]}
+    assert top.returncode == 0 and set(seen) == {"node0", "node1"} and all(n["ok"] for n in seen.values()), top.stdout
     proc = subprocess.run(["salloc", "-N", "2", "--", sys.executable, "-m", "cli", "train", "--run-id", "alloc1", *TINY,
                            f"data_dir={sudoku_data()}"], capture_output=True, text=True, timeout=150, cwd=tmp_path,
                           env=slurm.env())
