@@ -54,7 +54,7 @@ def test_ddp(lab: Lab, names: list[str], cwd: Path, seconds: float) -> dict[int,
 
 def plain(lab: Lab, names: list[str], cwd: Path, seconds: float, port: int) -> dict[int, float]:
     lines = planned_commands(lab, "test-ddp", ["--nodes", ",".join(names), "--master-port", str(port)], cwd)
-    procs = {name: ssh_popen(lab, name, line.split(" -m auralm.ddp_check")[0] + f" bench/plain_allreduce.py {seconds}")
+    procs = {name: ssh_popen(lab, name, line.split(" -m auralm.planning.ddp_check")[0] + f" bench/plain_allreduce.py {seconds}")
              for name, line in lines.items()}
     outs = {name: p.communicate()[0] for name, p in procs.items()}
     rows = next((l.split("PLAIN ", 1)[1] for l in outs[names[0]].splitlines() if "PLAIN " in l), None)

@@ -7,7 +7,8 @@ With ``--lab`` (root) the two ranks run on two lab nodes (lab/nodes.py: real ssh
 node pinned to a core of its own), started over SSH, gloo between them over the lab's bridge; without it,
 two local processes over loopback.
 
-The model, its sharding (auralm.parallel.fsdp.shard) and the optimizer (auralm.optim) are the trainer's own; the
+The model, its sharding (auralm.parallel.fsdp.shard) and the optimizer (auralm.training.optim) are the trainer's own;
+the
 data is random tokens. Bytes are counted from the tensors (a DTensor counts its local shard), not from the
 process's memory, which also holds the Python runtime, activations and allocator caches.
 """
@@ -36,7 +37,8 @@ def _rank(rank: int, world: int, port: int, mode: str, a: dict, out: str, master
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from auralm import config, models, optim
+    from auralm import models
+    from auralm.training import config, optim
     from auralm.parallel import fsdp
 
     dist.init_process_group("gloo")

@@ -5,11 +5,11 @@
     python bench/hrm_sudoku.py memory [--models hrm-27m,trm-7m] [--batch 16]
     python bench/hrm_sudoku.py paper
 
-accuracy  each model on each difficulty, from a fresh start, through `python -m auralm.train` (the
+accuracy  each model on each difficulty, from a fresh start, through `python -m auralm.training.train` (the
           trainer as torchrun starts it, here alone), with a schedule sized to ``--minutes`` of
           training from the step time of a short first run; held-out exact accuracy at each
           evaluation against the training time so far (evaluations and checkpoints not counted).
-overhead  hrm-tiny through `auralm.train.run` against a bare loop over the same model, weights,
+overhead  hrm-tiny through `auralm.training.train.run` against a bare loop over the same model, weights,
           batches, AdamW, lr and carry (one segment a step: forward, the Q losses, backward, clip,
           step), in lock-step, one thread, fp32; thread CPU time per step. Target: trainer/bare >= 0.97.
 memory    what autograd keeps for the backward of one training segment (the activation memory), with and
@@ -35,8 +35,11 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from auralm import config, cpu_memory, data, models, optim, train  # noqa: E402
-from auralm.objective import full_targets  # noqa: E402
+from auralm import models  # noqa: E402
+from auralm.data import datadir
+from auralm.planning import cpu_memory
+from auralm.training import config, optim, train
+from auralm.training.objective import full_targets  # noqa: E402
 from bench._lockstep import LockStep  # noqa: E402
 
 DATA = {"medium": ["--difficulty", "medium", "--train", "3000", "--test", "500"],
@@ -57,7 +60,7 @@ hrmctl train --nodes gpu0 arch=trm model=trm-5m-mlp data_paths="[data/sudoku-ext
 
 
 def trainer(*args: str, cwd: Path) -> None:
-    res = subprocess.run([sys.executable, "-m", "auralm.train", *args], cwd=cwd, capture_output=True, text=True,
+    res = subprocess.run([sys.executable, "-m", "auralm.training.train", *args], cwd=cwd, capture_output=True, text=True,
                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     if res.returncode:
         raise SystemExit(f"trainer failed: {res.stderr.strip().splitlines()[-1:]} ({' '.join(args)})")
@@ -75,7 +78,7 @@ def accuracy(a) -> None:
         data_dir = tmp / difficulty
         began = time.perf_counter()
         with contextlib.redirect_stdout(io.StringIO()):
-            assert data.main(["--task", "sudoku", *DATA[difficulty], "--out", str(data_dir)]) == 0
+            assert datadir.main(["--task", "sudoku", *DATA[difficulty], "--out", str(data_dir)]) == 0
         print(f"{difficulty}: data in {time.perf_counter() - began:.0f} s", file=sys.stderr)
         for model in a.models.split(","):
             common = [f"data_dir={data_dir}", f"model={model}", *a.overrides]
@@ -106,7 +109,7 @@ class BareACT:
     def __init__(self, model, train_set, t: config.TrainingConfig):
         self.model, self.t = model, t
         self.opt = optim.make_optimizer(model, t, torch.device("cpu"))
-        self.batches = data.batches(train_set, t.batch_size, 0, 1, seed=t.seed)
+        self.batches = datadir.batches(train_set, t.batch_size, 0, 1, seed=t.seed)
         self.carry, self.step_no, self.seconds = None, 0, 0.0
 
     def step(self, timed: bool) -> None:
@@ -132,9 +135,9 @@ def overhead(a) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench-hrm-overhead-"))
     data_dir = tmp / "medium"
     with contextlib.redirect_stdout(io.StringIO()):
-        assert data.main(["--task", "sudoku", *DATA["medium"], "--out", str(data_dir)]) == 0
-    meta = data.load_manifest(data_dir, "sudoku")
-    train_set = data.open_split(data_dir, meta, "train", 81)
+        assert datadir.main(["--task", "sudoku", *DATA["medium"], "--out", str(data_dir)]) == 0
+    meta = datadir.load_manifest(data_dir, "sudoku")
+    train_set = datadir.open_split(data_dir, meta, "train", 81)
     warmup = 3
     lock = LockStep(warmup=warmup)
     ratios = []
@@ -160,7 +163,8 @@ def one_segment_memory(model_name: str, batch: int, checkpointing: bool) -> dict
     """In a fresh process: bytes saved for the backward of one segment, and the process's peak RSS."""
     code = f"""
 import json, resource, torch
-from auralm import config, models
+from auralm import models
+from auralm.training import config
 torch.manual_seed(0)
 m = models.build("sudoku", config.resolved_model(config.ModelConfig(name={model_name!r})))
 m.set_grad_checkpointing({checkpointing})

@@ -1,7 +1,8 @@
 """Low-communication training and work shares on real lab nodes: DDP against DiLoCo over shaped links,
 and equal against measured shares with one node at half a core.
 
-    python bench/lowcomm.py targets [--steps 24] [--model small] [--batch 16] [--inner 8] [--overlap 2] [--modes ...] [--links ...]
+    python bench/lowcomm.py targets [--steps 24] [--model small] [--batch 16] [--inner 8] [--overlap 2] [--modes ...]
+    [--links ...]
     python bench/lowcomm.py balance [--steps 40] [--model mini]
     python bench/lowcomm.py table   [--steps 24] [--model mini] [--inner 8]
 
@@ -41,7 +42,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from _handrun import hrmctl  # noqa: E402
-from auralm.link_budget import AVERAGE, PAPER_STEP  # noqa: E402  (the outer step: the ranks' average, the paper's)
+# the outer step: the ranks' average, the paper's
+from auralm.planning.link_budget import AVERAGE, PAPER_STEP  # noqa: E402
 from lab.nodes import Lab  # noqa: E402
 
 QUIJOTE = ROOT.parent / "shared" / "data" / "quijote" / "pg2000.txt"
@@ -50,10 +52,10 @@ LINKS = {"LAN": (None, 0.0), "200M+3ms": (200, 3.0), "50M+20ms": (50, 20.0)}
 
 def prepare(lab: Lab, tmp: Path) -> None:
     """The same prepared text on every node (as `hrmctl sync-data` would leave it)."""
-    from auralm import data
+    from auralm.data import datadir
 
     local = tmp / "quijote"
-    assert data.main([str(QUIJOTE), "--out", str(local), "--vocab-size", "4096", "--max-tokens", "400000"]) == 0
+    assert datadir.main([str(QUIJOTE), "--out", str(local), "--vocab-size", "4096", "--max-tokens", "400000"]) == 0
     for node in lab.nodes:
         target = node.home / "hrmctl" / "data" / "quijote"
         shutil.rmtree(target, ignore_errors=True)

@@ -1,6 +1,7 @@
 """mHC against the plain transformer: training speed, and validation loss at equal tokens.
 
-    python bench/mhc.py speed [--model rlm-tiny] [--batch 8] [--steps 6] [--dtype auto] [--width 256,512] [--same-process]
+    python bench/mhc.py speed [--model rlm-tiny] [--batch 8] [--steps 6] [--dtype auto] [--width 256,512]
+    [--same-process]
     python bench/mhc.py loss  [--model rlm-tiny] [--batch 16] [--steps 400] [--eval 25]
 
 speed: the two models built from the same keys (``model.mhc_enabled`` true with mhc_flows=4, and false),
@@ -8,7 +9,7 @@ speed: the two models built from the same keys (``model.mhc_enabled`` true with 
        training step (forward, backward, AdamW) at a time, on the Spanish text of ../shared/data; tokens/s
        of each and their ratio (medians), for each width. --same-process: both in one process, as this
        bench did before session 16 (their steps then share one heap and allocator).
-loss:  `python -m auralm.train` twice (the two run side by side, one core each) on the same data, seed,
+loss:  `python -m auralm.training.train` twice (the two run side by side, one core each) on the same data, seed,
        batch and steps, so both see the same tokens; validation loss every --eval steps, and the largest
        mhc/amax_pre and amax_post of the mHC run. Writes docs/figures/mhc-loss.png (matplotlib) when it can.
 Figures go to stdout as markdown (docs/rlm.md has the last ones).
@@ -31,10 +32,10 @@ QUIJOTE = ROOT.parent / "shared" / "data" / "quijote" / "pg2000.txt"
 
 
 def prepare(tmp: Path) -> Path:
-    from auralm import data
+    from auralm.data import datadir
 
     out = tmp / "quijote"
-    assert data.main([str(QUIJOTE), "--out", str(out), "--vocab-size", "4096"]) == 0
+    assert datadir.main([str(QUIJOTE), "--out", str(out), "--vocab-size", "4096"]) == 0
     return out
 
 
@@ -42,19 +43,21 @@ def _trainer(a, data_dir: Path, width: int, mhc: bool):
     """One model's training step, as a function that returns the tokens it trained on; and the dtype's name."""
     import torch
 
-    from auralm import config, data, models, optim, train
+    from auralm import models
+    from auralm.data import datadir
+    from auralm.training import config, optim, train
 
-    meta = data.load_manifest(data_dir, "lm")
+    meta = datadir.load_manifest(data_dir, "lm")
     cfg = config.parse(["task=lm", f"model={a.model}", f"model.hidden_dim={width}",
                         f"model.num_heads={width // 64}", f"model.ffn_dim={-(-8 * width // 3 // 16) * 16}",
                         f"model.mhc_enabled={str(mhc).lower()}", f"training.dtype={a.dtype}",
                         f"training.batch_size={a.batch}"])
     arch = config.resolved_model(cfg.model)
-    ds = data.open_split(data_dir, meta, "train", arch["block_size"])
+    ds = datadir.open_split(data_dir, meta, "train", arch["block_size"])
     torch.manual_seed(0)
     model = models.build("lm", arch, meta["tokenizer"]["vocab_size"])
     opt = optim.make_optimizer(model, cfg.training, torch.device("cpu"))
-    batches = data.batches(ds, a.batch, 0, 1, 0)
+    batches = datadir.batches(ds, a.batch, 0, 1, 0)
 
     def step() -> int:
         x, y = next(batches)
@@ -72,7 +75,7 @@ def _trainer(a, data_dir: Path, width: int, mhc: bool):
 def _setup_process() -> None:
     import torch
 
-    from auralm import cpu_memory
+    from auralm.planning import cpu_memory
 
     torch.set_num_threads(1)
     cpu_memory.keep_freed_memory()  # what the trainer does on CPU
@@ -157,7 +160,8 @@ def loss(a, tmp: Path) -> None:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     for i, mhc in enumerate(("true", "false")):
         runs[mhc] = tmp / f"run-mhc-{mhc}"
-        cmd = [sys.executable, "-m", "auralm.train", *common, f"model.mhc_enabled={mhc}", f"out_dir={runs[mhc]}"]
+        cmd = [sys.executable, "-m", "auralm.training.train", *common, f"model.mhc_enabled={mhc}",
+               f"out_dir={runs[mhc]}"]
         procs[mhc] = subprocess.Popen(["taskset", "-c", str(i % (os.cpu_count() or 1)), *cmd], cwd=ROOT, env=env,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     for mhc, p in procs.items():
@@ -167,7 +171,7 @@ def loss(a, tmp: Path) -> None:
     curves = {m: [(r["step"], r["val_loss"]) for r in rows[m] if "val_loss" in r] for m in rows}
     out = ["| step | tokens | val loss, mHC n=4 | val loss, plain | amax pre / post (mHC) |", "|---|---|---|---|---|"]
     amax = {r["step"]: (r.get("mhc/amax_pre"), r.get("mhc/amax_post")) for r in rows["true"]}
-    from auralm import config
+    from auralm.training import config
 
     block = config.resolved_model(config.parse(["task=lm", f"model={a.model}"]).model)["block_size"]
     tokens = a.batch * block

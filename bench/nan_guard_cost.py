@@ -1,4 +1,4 @@
-"""Cost of the NaN guard per step: `auralm.train` with the guard against the same run without it.
+"""Cost of the NaN guard per step: `auralm.training.train` with the guard against the same run without it.
 
     python bench/nan_guard_cost.py [--repeats 8] [--steps 40] [--worlds 1,2]
 
@@ -29,7 +29,8 @@ import torch.multiprocessing as mp
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from auralm import config, data, train  # noqa: E402
+from auralm.data import datadir  # noqa: E402
+from auralm.training import config, train
 
 BATCH = 64
 STAMPS: list[tuple[float, float]] = []  # (CPU, wall) time at every optimizer step in this process
@@ -78,7 +79,7 @@ def main() -> None:
     a = p.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench-guard-"))
     data_dir = root / "sudoku"
-    data.prepare_sudoku(data_dir, count=4000, seed=0, min_givens=50, max_givens=60)
+    datadir.prepare_sudoku(data_dir, count=4000, seed=0, min_givens=50, max_givens=60)
     rows = []
     for world in map(int, a.worlds.split(",")):
         tmp = root / f"world{world}"

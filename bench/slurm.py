@@ -40,7 +40,7 @@ addr=$(scontrol show node -o "$head" | tr ' ' '\\n' | sed -n 's/^NodeAddr=//p')
 export OMP_NUM_THREADS=2 PYTHONUNBUFFERED=1 GLOO_SOCKET_IFNAME=eth0 HRMCTL_BACKEND=gloo HRMCTL_WORLD_SIZE=2
 srun --kill-on-bad-exit=1 bash -c "exec {python} -m torch.distributed.run --nnodes=2 --node-rank=\\$SLURM_NODEID \\
   --nproc-per-node=1 --rdzv-backend=static --rdzv-id={run} --master-addr=$addr --master-port=29500 --max-restarts=0 \\
-  -m auralm.train {args} out_dir={out}"
+  -m auralm.training.train {args} out_dir={out}"
 """
 
 

@@ -1,10 +1,10 @@
-"""Throughput of `auralm.train` against a bare loop, and of its GPT against a minimal hand-written GPT.
+"""Throughput of `auralm.training.train` against a bare loop, and of its GPT against a minimal hand-written GPT.
 
     python bench/train_throughput.py [--repeats 3] [--sizes tiny,6x384]
 
 For each size, `--repeats` runs of the trainer; during each, step by step in lock-step, three
 peers each take one step of their own, in a rotating order:
-  trainer      `auralm.train.run` on the lm task (Spanish text from ../shared/data): the time from
+  trainer      `auralm.training.train.run` on the lm task (Spanish text from ../shared/data): the time from
                one of its optimizer steps to the next (a global optimizer hook) after the warmup
                steps, so everything its loop does per step is in (data, guard, lr, logging), while
                start-up, the final evaluation and the checkpoint are not;
@@ -37,7 +37,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from auralm import config, cpu_memory, data, models, optim, train  # noqa: E402
+from auralm import models  # noqa: E402
+from auralm.data import datadir
+from auralm.planning import cpu_memory
+from auralm.training import config, optim, train
 from bench._lockstep import LockStep  # noqa: E402
 
 QUIJOTE = Path(__file__).resolve().parents[2] / "shared" / "data" / "quijote" / "pg2000.txt"
@@ -103,7 +106,7 @@ class BareLoop:
     def __init__(self, model: nn.Module, train_set, batch: int, t: config.TrainingConfig):
         self.model, self.t = model, t
         self.opt = optim.make_optimizer(model, t, torch.device("cpu"))
-        self.batches = data.batches(train_set, batch, 0, 1, seed=t.seed)
+        self.batches = datadir.batches(train_set, batch, 0, 1, seed=t.seed)
         self.step_no, self.seconds = 0, 0.0
 
     def step(self, timed: bool) -> None:
@@ -156,13 +159,13 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench-train-"))
     data_dir = tmp / "quijote"
     with contextlib.redirect_stdout(io.StringIO()):
-        assert data.main([str(QUIJOTE), "--out", str(data_dir), "--vocab-size", "4096", "--max-tokens", "300000"]) == 0
-    meta = data.load_manifest(data_dir, "lm")
+        assert datadir.main([str(QUIJOTE), "--out", str(data_dir), "--vocab-size", "4096", "--max-tokens", "300000"]) == 0
+    meta = datadir.load_manifest(data_dir, "lm")
     vocab = meta["tokenizer"]["vocab_size"]
     rows = []
     for size in a.sizes.split(","):
         shape = SHAPES[size]
-        train_set = data.open_split(data_dir, meta, "train", shape["block_size"])
+        train_set = datadir.open_split(data_dir, meta, "train", shape["block_size"])
         lock.warmup = shape["warmup"]
         runs = [one_run(lock, data_dir, train_set, vocab, shape, tmp / f"run-{size}-{r}") for r in range(a.repeats)]
         tokens = shape["batch"] * shape["block_size"]

@@ -9,8 +9,8 @@ The rooms, one package per command, beside the shared one:
     launch/    `hrmctl train` and `hrmctl test-ddp`
     errors.py  the one-line errors and their exit codes; fast_start.py: less fixed cost per process
 
-`prepare-data`, `eval` and `solve` are the trainer's own tools (auralm.data, auralm.evaluate,
-auralm.solve), run as processes. Arrows point one way: app -> a command's room -> nodes -> errors;
+`prepare-data`, `eval` and `solve` are the trainer's own tools (auralm.data.datadir, auralm.tools.evaluate,
+auralm.tools.solve), run as processes. Arrows point one way: app -> a command's room -> nodes -> errors;
 rooms use netcheck; nothing here imports auralm (it is started as a process).
 """
 

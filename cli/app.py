@@ -308,7 +308,7 @@ def train_cmd(
         sync_data: Annotated[bool, typer.Option(
             rich_help_panel=LAUNCH, help="Sync the local dataset to every other node first.")] = False,
         module: Annotated[str, typer.Option(
-            rich_help_panel=LAUNCH, help="The Python module torchrun starts on every rank.")] = "auralm.train",
+            rich_help_panel=LAUNCH, help="The Python module torchrun starts on every rank.")] = "auralm.training.train",
         slurm: Annotated[bool, typer.Option(
             "--slurm", rich_help_panel=SLURM,
             help="Submit the run as a Slurm batch job (sbatch) and print its job id; --nodes is then a count.")] = False,
@@ -423,17 +423,17 @@ def _trainer_tool(name: str, module: str, text: str) -> None:
             context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(tool)
 
 
-_trainer_tool("prepare-data", "auralm.data",
+_trainer_tool("prepare-data", "auralm.data.datadir",
               "Turn a corpus (or generated sudoku puzzles) into training shards and a manifest.")
-_trainer_tool("eval", "auralm.evaluate",
+_trainer_tool("eval", "auralm.tools.evaluate",
               "Evaluate a checkpoint: exact and cell accuracy, halting, accuracy by number of segments.")
-_trainer_tool("solve", "auralm.solve", "Solve sudoku puzzles (one per line, 81 characters) with a trained model.")
-_trainer_tool("generate", "auralm.generate",
+_trainer_tool("solve", "auralm.tools.solve", "Solve sudoku puzzles (one per line, 81 characters) with a trained model.")
+_trainer_tool("generate", "auralm.tools.generate",
               "Continue a prompt with a trained language model (KV cache; temperature, top-k, top-p sampling).")
-_trainer_tool("export", "auralm.export",
+_trainer_tool("export", "auralm.tools.export",
               "Gather a checkpoint (sharded by training.parallel=fsdp, or whole) into one model.safetensors and "
               "config.yaml, loadable with from_pretrained.")
-_trainer_tool("validate-model", "auralm.validate_model",
+_trainer_tool("validate-model", "auralm.tools.validate_model",
               "Check a language model before training: forward, backward, parameters, mHC's doubly stochastic "
               "matrices, a tiny batch overfit.")
 

@@ -333,7 +333,7 @@ def cgroup_memory(root: str = "/sys/fs/cgroup",
     """(limit, what is left of it) in bytes for this process's memory cgroup or the tightest of its ancestors
     (cgroup v1 memory.limit_in_bytes, v2 memory.max; droppable page cache not counted as used); (None, None)
     with no limit or nothing readable (e.g. /sys/fs/cgroup not mounted where this runs). Standard library only:
-    the node probe reports it, and the trainer's batch_size=auto (auralm.autobatch) plans with it."""
+    the node probe reports it, and the trainer's batch_size=auto (auralm.planning.autobatch) plans with it."""
     best: tuple[int | None, int | None] = (None, None)
     for line in read(proc_cgroup).splitlines():
         parts = line.split(":", 2)
@@ -434,7 +434,7 @@ def free_disk_gb(path: str) -> float | None:
         return None
 
 
-DATA_MANIFEST = "meta.json"  # what `hrmctl prepare-data` (auralm.data) writes into every data directory
+DATA_MANIFEST = "meta.json"  # what `hrmctl prepare-data` (auralm.data.datadir) writes into every data directory
 
 
 def data_sets(path: str) -> dict:

@@ -52,10 +52,11 @@ def own_cache(tmp_path_factory):
 @pytest.fixture(scope="session")
 def quijote_data(tmp_path_factory):
     """quijote_data(vocab_size, max_tokens): Don Quijote (../shared/data/quijote) prepared as `hrmctl prepare-data`
-    prepares a corpus (auralm.data.main: a byte-level BPE tokenizer trained here, uint16 shards), made once per test
+    prepares a corpus (auralm.data.datadir.main: a byte-level BPE tokenizer trained here, uint16 shards), made once per
+    test
     session for each size and shared by every test that asks for that size. Read it; never write into it (copy it
     first). Tests of the preparing itself (tests/unit/test_trainer_data.py) make their own."""
-    from auralm import data
+    from auralm.data import datadir
     from tests.trainer.helpers import QUIJOTE
 
     made: dict[tuple[int, int], Path] = {}
@@ -63,7 +64,7 @@ def quijote_data(tmp_path_factory):
     def get(vocab_size: int = 512, max_tokens: int = 40000) -> Path:
         if (vocab_size, max_tokens) not in made:
             out = tmp_path_factory.mktemp(f"quijote-{vocab_size}-{max_tokens}") / "quijote"
-            assert data.main([str(QUIJOTE), "--out", str(out), "--vocab-size", str(vocab_size),
+            assert datadir.main([str(QUIJOTE), "--out", str(out), "--vocab-size", str(vocab_size),
                               "--max-tokens", str(max_tokens)]) == 0
             made[vocab_size, max_tokens] = out
         return made[vocab_size, max_tokens]
@@ -114,7 +115,7 @@ def lab3(make_lab, tmp_path_factory) -> Lab:
     sudoku data (~/hrmctl/data/sudoku, what the trainer makes there at its first run) is made once here, by the
     same generator with the same seed, and copied to every node: the files are the ones each node would make.
     Tests of that making use other directories (tests/cluster/test_launch.py)."""
-    from auralm.data import ensure_sudoku
+    from auralm.data.datadir import ensure_sudoku
 
     lab = make_lab(3)
     made = tmp_path_factory.mktemp("default-data") / "sudoku"

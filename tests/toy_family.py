@@ -18,7 +18,8 @@ SIZES = {"toy-tiny": dict(family="toy", n_layer=1, n_head=1, n_embd=32, block_si
 
 @cache
 def _toy_class() -> type:
-    """The model's class, made when first asked for: importing this module imports no torch (auralm.config's check
+    """The model's class, made when first asked for: importing this module imports no torch (auralm.training.config's
+    check
     of the keys runs without it)."""
     import torch.nn as nn
 

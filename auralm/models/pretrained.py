@@ -14,8 +14,9 @@ its ``state.json``), builds the model with :func:`auralm.models.build`, loads th
 in eval mode, on ``map_location``, with no training state. When the checkpoint kept EMA weights
 (``training.ema=true``) those are the weights loaded, as ``hrmctl eval`` does (``use_ema=False``: the raw
 ones). A sharded checkpoint (``training.parallel=fsdp``, a DCP directory) is read into the whole model in
-this process, with no process group. Called on a family's class, a directory holding another family is refused with one clear error;
-``Pretrained.from_pretrained`` loads any family. :func:`auralm.inference.load` is this same path.
+this process, with no process group. Called on a family's class, a directory holding another family is refused with one
+clear error;
+``Pretrained.from_pretrained`` loads any family. :func:`auralm.tools.inference.load` is this same path.
 
 A ``save_pretrained`` directory holds ``config.yaml`` ({task, family, model: the resolved arch,
 vocab_size}), ``model.safetensors`` and ``checksums.json``, written like a checkpoint: into a temporary
@@ -34,8 +35,8 @@ import safetensors.torch
 import torch
 import yaml
 
-from auralm import checkpoint, config
-from auralm.data import sha256_file
+from auralm.training import checkpoint, config
+from auralm.data.datadir import sha256_file
 from auralm.errors import UserError
 
 CONFIG, WEIGHTS, SUMS = "config.yaml", "model.safetensors", "checksums.json"

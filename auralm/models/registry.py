@@ -3,13 +3,14 @@
 
 A family says: its named sizes (``model=NAME``: the keys it reads and their defaults), the tasks it trains, how
 to build its model, the class that build makes (what ``from_pretrained`` checks a checkpoint against), what its
-values must satisfy (``config.check``), how many blocks autograd keeps per step (``auralm.sizing``'s memory
+values must satisfy (``config.check``), how many blocks autograd keeps per step (``auralm.planning.sizing``'s memory
 estimate, which batch_size=auto and the launcher's memory preflight use), how many forward passes a step costs
-(``auralm.link_budget``'s compute; what a step sends is its trainable parameters, counted on the meta device by
+(``auralm.planning.link_budget``'s compute; what a step sends is its trainable parameters, counted on the meta device by
 :meth:`ModelFamily.sent_shapes`), and what ``validate-model`` checks beyond the common checks.
 
 What ``build`` makes: an ``nn.Module`` with ``forward(x, y=None) -> (logits, loss)`` (the trainer's plain step;
-a model with ``recurrent = True`` is run as the ACT models are, auralm.objective), ``set_grad_checkpointing(on)``
+a model with ``recurrent = True`` is run as the ACT models are, auralm.training.objective),
+``set_grad_checkpointing(on)``
 (``training.grad_checkpoint``), and the :class:`auralm.models.pretrained.Pretrained` mixin (save_pretrained,
 from_pretrained); :func:`auralm.models.build` attaches its ``config``.
 
@@ -17,7 +18,8 @@ The built-in families are the modules in :data:`BUILTIN`; more are imported from
 environment variable ``AURALM_MODEL_PLUGINS`` (comma-separated, e.g. ``tests.toy_family``), each of which calls
 :func:`register`. The variable is read in every process that reads a config: hrmctl's preflight and the trainer
 under torchrun inherit it from ``hrmctl train``'s environment on this machine (a remote node needs the module
-installed and the variable in its own environment). No torch here: ``auralm.config`` reads the sizes without it;
+installed and the variable in its own environment). No torch here: ``auralm.training.config`` reads the sizes without
+it;
 a family's ``build`` imports its model when called.
 """
 
@@ -97,7 +99,8 @@ def check_result(name: str, ok: bool, detail: str) -> dict:
 
 
 _FAMILIES: dict[str, ModelFamily] = {}
-SIZES: dict[str, dict] = {}  # every family's named sizes, in registration order (auralm.config.SIZES is this dict)
+# every family's named sizes, in registration order (auralm.training.config.SIZES is this dict)
+SIZES: dict[str, dict] = {}
 _SIZE_TASKS: dict[str, set[str]] = {}
 
 
@@ -143,7 +146,7 @@ def of(task: str, arch: dict) -> ModelFamily:
 
 
 def size_family(size: dict) -> str:
-    """The family a named size belongs to, as auralm.model_families groups the keys: a size without a "family"
+    """The family a named size belongs to, as auralm.models.families groups the keys: a size without a "family"
     key is the first plain family's (GPT's, shared with the sudoku transformer)."""
     return size.get("family") or next(f.name for f in _FAMILIES.values() if f.plain)
 
@@ -168,7 +171,7 @@ def guide_arch_keys() -> list[str]:
 
 def _import(module: str, source: str) -> None:
     """Import a family's module; one that cannot be imported is one line on stderr and exit 2 (this happens while
-    auralm.config is imported, before any command's own handling of bad input)."""
+    auralm.training.config is imported, before any command's own handling of bad input)."""
     try:
         importlib.import_module(module)
     except ImportError as e:

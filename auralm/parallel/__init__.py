@@ -11,6 +11,7 @@
 - ``balance``: each rank's share (``training.balance``): rows of the global batch under DDP, local steps
   per round under DiLoCo, in proportion to a node's weight or its measured speed.
 
-Imports auralm's config, distributed helpers and the loop's parts (checkpoint, objective, optim, precision);
-never auralm.train, which drives the strategies through the interface alone.
+Imports auralm.models, auralm.data (the batches), training's parts (config, distributed, checkpoint, objective,
+optim, precision) and planning.link_budget's DiLoCo constants; never auralm.training.train, which drives the
+strategies through the interface alone.
 """

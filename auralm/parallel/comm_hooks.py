@@ -10,7 +10,8 @@ A resumed run with bf16 or fp16 continues exactly, and with PowerSGD too: every 
 factors, step count and random generator go into the checkpoint (``state_dict``). They are kept per
 gradient bucket of DDP, whose layout DDP builds anew in every run: one bucket at the first step, then
 the buckets in the order the gradients became ready. So a resumed run first lets DDP see one backward
-pass (``auralm.parallel.ddp.DataParallel.prime_buckets``: the first batch, a loss times zero, nothing stepped, the random
+pass (``auralm.parallel.ddp.DataParallel.prime_buckets``: the first batch, a loss times zero, nothing stepped, the
+random
 state and carries put back), which gives the same buckets the saved state was kept in, and only then
 loads the state (``load_state_dict``).
 """
@@ -19,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
-from auralm.distributed import Dist
+from auralm.training.distributed import Dist
 
 
 # no `from __future__ import annotations` here: DDP checks the hook's annotations as objects

@@ -12,10 +12,10 @@ import contextlib
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from auralm import objective
+from auralm.training import objective
 from auralm.parallel import comm_hooks
 from auralm.parallel.single import Single
-from auralm.precision import autocast, rng_state, set_rng_state
+from auralm.training.precision import autocast, rng_state, set_rng_state
 
 
 class DataParallel(Single):
@@ -76,7 +76,7 @@ class DataParallel(Single):
     def rank_parts(self) -> dict:
         if self.hook is None:
             return {}
-        from auralm import distributed
+        from auralm.training import distributed
 
         return {"powersgd": distributed.gather_object(self.d, comm_hooks.state_dict(self.hook))}  # each rank's own
 

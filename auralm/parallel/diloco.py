@@ -28,9 +28,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from auralm.config import DilocoConfig
-from auralm.distributed import Dist
-from auralm.link_budget import AVERAGE, FEW_ROUNDS
+from auralm.training.config import DilocoConfig
+from auralm.training.distributed import Dist
+from auralm.planning.link_budget import AVERAGE, FEW_ROUNDS
 
 
 PAPER = (0.7, 0.9)  # the paper's outer step: Nesterov SGD, lr 0.7, momentum 0.9 (link_budget.PAPER_STEP)

@@ -13,7 +13,8 @@ import math
 
 import torch
 
-from auralm import data, distributed
+from auralm.data import datadir
+from auralm.training import distributed
 from auralm.parallel.diloco import DiLoCo, choose_outer_step, few_rounds_note
 from auralm.parallel.single import Single
 from auralm.parallel.strategy import Parts
@@ -56,7 +57,7 @@ class DiLoCoRounds(Single):
         p, t, d = self.p, self.t, self.d
         if p.shares.equal:
             return super().batches()
-        return data.batches(p.train_set, t.batch_size, d.rank, d.world, t.seed, start=p.position,
+        return datadir.batches(p.train_set, t.batch_size, d.rank, d.world, t.seed, start=p.position,
                             augment=t.augment and self.cfg.task == "sudoku")
 
     def finish_round(self) -> float:

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import torch
 
-from auralm import checkpoint, distributed, models
+from auralm import models
+from auralm.training import checkpoint, distributed
 from auralm.parallel import fsdp as fsdp_lib
 from auralm.parallel.single import Single
-from auralm.precision import bf16_compute
+from auralm.training.precision import bf16_compute
 
 
 class Sharded(Single):
@@ -88,7 +89,7 @@ class Sharded(Single):
 
 def whole_model(raw: torch.nn.Module, cfg, arch: dict, vocab) -> torch.nn.Module:
     """A whole (unsharded) copy of the model on the CPU, all-gathered from the shards one tensor at a time (every
-    rank calls it): what ``auralm.train.run`` returns when asked for the model. Built under a forked RNG, so
+    rank calls it): what ``auralm.training.train.run`` returns when asked for the model. Built under a forked RNG, so
     training's random state is left as it was."""
     sd = {k: fsdp_lib.full(v).detach().cpu() for k, v in raw.state_dict().items()}
     with torch.random.fork_rng(devices=[]):

@@ -4,7 +4,7 @@ loss scaling, clipping, the NaN guard's verdict, the optimizer step), and what i
 The other strategies are subclasses that change what differs: DDP (auralm.parallel.ddp) wraps the model and
 weighs the loss by the rank's share; FSDP (fsdp_strategy) shards it; DiLoCo (diloco_strategy) takes rounds of
 these steps. The interface is auralm.parallel.strategy.Strategy. Imports torch and auralm's loop parts
-(checkpoint, objective, optim, precision, data, distributed), never auralm.train.
+(checkpoint, objective, optim, precision, data, distributed), never auralm.training.train.
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ from pathlib import Path
 
 import torch
 
-from auralm import checkpoint, data, distributed, objective, optim
+from auralm.data import datadir
+from auralm.training import checkpoint, distributed, objective, optim
 from auralm.parallel.strategy import Parts, Strategy
-from auralm.precision import autocast
+from auralm.training.precision import autocast
 
 
 class Single(Strategy):
@@ -75,9 +76,9 @@ class Single(Strategy):
         t, d, p = self.t, self.d, self.p
         augment = t.augment and self.cfg.task == "sudoku"
         if p.shares.equal:
-            return data.batches(p.train_set, p.shares.batch[d.rank], d.rank, d.world, t.seed, start=p.position,
+            return datadir.batches(p.train_set, p.shares.batch[d.rank], d.rank, d.world, t.seed, start=p.position,
                                 augment=augment)
-        return data.shared_batches(p.train_set, p.shares.batch, d.rank, t.seed, start=p.position, augment=augment)
+        return datadir.shared_batches(p.train_set, p.shares.batch, d.rank, t.seed, start=p.position, augment=augment)
 
     def start(self) -> None:
         """The batches, as the loop begins."""

@@ -2,7 +2,7 @@
 
 A strategy (single process, DDP, DiLoCo, FSDP, ...) is one class with the methods of ``Strategy`` below and one
 ``register`` call. ``training.sync`` and ``training.parallel`` name one: ``choose`` looks the names up here, and
-config.py checks the values against ``names``. The trainer (auralm.train) only calls the interface: it never
+config.py checks the values against ``names``. The trainer (auralm.training.train) only calls the interface: it never
 asks which strategy it has.
 
 The built-in strategies are registered by where their class lives (``module:Class``), so that this module, and
@@ -28,15 +28,15 @@ class Parts:
     ``step``, ``position`` (batches this rank consumed) and ``done`` (samples or tokens since the last log line,
     counted over all ranks) move as it trains."""
     cfg: Any
-    log: Any  # auralm.runlog.RunLog
+    log: Any  # auralm.training.runlog.RunLog
     model: Any  # the model itself (sharded in place under FSDP), not a DDP wrapper
     optimizer: Any
-    step_kind: Any  # auralm.objective.Plain or Recurrent: the loss of a batch, the ACT carries
-    ema: Any  # auralm.ema.EMA or None
-    guard: Any  # auralm.nan_guard.NanGuard or None
+    step_kind: Any  # auralm.training.objective.Plain or Recurrent: the loss of a batch, the ACT carries
+    ema: Any  # auralm.training.ema.EMA or None
+    guard: Any  # auralm.training.nan_guard.NanGuard or None
     train_set: Any
     shares: Any  # auralm.parallel.balance.Shares
-    meter: Any  # auralm.objective.Meter
+    meter: Any  # auralm.training.objective.Meter
     resumed: bool = False
     step: int = 0
     position: int = 0
@@ -61,7 +61,7 @@ class Strategy:
     - ``meter_group()``: over which ranks the training metrics are averaged;
     - ``checkpoint_parts()``: what it adds to a checkpoint (per rank, gathered; and rank 0's), and ``save``;
     - ``final_model(whole)``: the trained model the trainer returns;
-    - ``link_cost(budget, hook)`` (a class method, for auralm.link_budget): the per-step communication this
+    - ``link_cost(budget, hook)`` (a class method, for auralm.planning.link_budget): the per-step communication this
       strategy pays on a link, as the budget's entry, or None when it sends nothing per step.
     """
 

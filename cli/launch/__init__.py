@@ -7,7 +7,8 @@ A launch flows one way, each stage given the one object the previous stage made 
   plan     prepare.py     the preflight, at once over one connection per node, and the plan -> a LaunchPlan:
              facts.py       each node's torch facts (probed with netcheck, or cached)
              storage.py     the data, run and checkpoint directories each node needs: writable, with room
-             memory.py      the model's memory estimate (auralm.sizing, as a process) against each node's memory
+             memory.py      the model's memory estimate (auralm.planning.sizing, as a process) against each node's
+                            memory
              links.py       test-ddp's figures for these nodes, and train's warning about the link
              plan.py        each node's exact torchrun line and environment (the LaunchPlan, NodeLaunch); pure
   run      run.py         the plan run on every node: jobs started, watched, stopped everywhere (psutil on the
@@ -20,6 +21,7 @@ PYTHONPATH where torch's TCPStore has no libuv).
 
 A stage imports the ones before it (for their types) and never a later one. May import: cli.nodes, cli.sync
 (train --sync-data), cli.errors, netcheck, and of auralm only what needs no torch at import (its config parser, guide
-spellings, exit codes, link budget; auralm.data's preparer when the data is missing): the trainer itself is started
+spellings, exit codes, link budget; auralm.data.datadir's preparer when the data is missing): the trainer itself is
+started
 as a process, through torchrun.
 """

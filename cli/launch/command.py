@@ -11,8 +11,8 @@ import signal
 from rich.console import Console
 from rich.markup import escape
 
-from auralm import guide_spellings
-from auralm.config import split_global_batch
+from auralm.models import guide_spellings
+from auralm.training.config import split_global_batch
 from cli.errors import HrmctlError
 from cli.launch import guide_options, links, report
 from cli.launch.facts import remember
@@ -22,7 +22,7 @@ from cli.launch.plan import LaunchPlan
 from cli.launch.prepare import check_trainer_args, expand_config_files, prepare
 from cli.launch.run import RunResult, run
 
-DDP_CHECK = "auralm.ddp_check"
+DDP_CHECK = "auralm.planning.ddp_check"
 RESULT_TAG = "HRMCTL_RESULT "
 
 
@@ -48,7 +48,7 @@ def _model_choice(opts: LaunchOptions) -> str:
     by the trainer's own parser; a bad override is refused here, before anything starts."""
     if opts.module != TRAINER:
         return ""
-    from auralm import config
+    from auralm.training import config
     from auralm.errors import UserError
 
     try:
@@ -58,8 +58,8 @@ def _model_choice(opts: LaunchOptions) -> str:
 
 
 def auto_batch_plan(size: dict, prep: LaunchPlan) -> dict | None:
-    """batch_size=auto before the run: per node, the largest micro-batch the model's estimate (auralm.sizing)
-    fits into the trainer's margin (``memory_margin``: auralm.autobatch.MARGIN) of the memory the node's probe
+    """batch_size=auto before the run: per node, the largest micro-batch the model's estimate (auralm.planning.sizing)
+    fits into the trainer's margin (``memory_margin``: auralm.planning.autobatch.MARGIN) of the memory the node's probe
     reported (a GPU's memory on a GPU node, else the RAM available, or its memory cgroup's if less) shared by
     its ranks; then the plan the trainer would make from the smallest. Each rank measures its own at start; this is the estimate. None unless batch_size=auto."""
     if not size or size.get("batch_size") != "auto":

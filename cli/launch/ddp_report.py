@@ -1,4 +1,4 @@
-"""`hrmctl test-ddp`'s result: auralm.ddp_check's JSON (rank 0's HRMCTL_RESULT line) as rich tables."""
+"""`hrmctl test-ddp`'s result: auralm.planning.ddp_check's JSON (rank 0's HRMCTL_RESULT line) as rich tables."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from auralm import link_budget
+from auralm.planning import link_budget
 
 
 def human_bytes(n: int) -> str:
@@ -59,7 +59,7 @@ def _mb(n: float) -> str:
 
 
 def show_training(tr: dict, console: Console) -> None:
-    """What the link means for training (auralm.link_budget's figures, as ddp_check computed them)."""
+    """What the link means for training (auralm.planning.link_budget's figures, as ddp_check computed them)."""
     m, c = tr["model"], tr["compute"]
     timed = (f"median of {c['steps_timed']} timed step(s) of the slowest rank" if c.get("steps_timed")
              else f"not timed: {c.get('error')}")

@@ -1,14 +1,14 @@
 """The options a guide types after its launcher (``--model 50m --batch_size 8 --learning_rate 3e-4 --dry_run``), read
 by ``hrmctl train`` as what they are here: trainer overrides (``model=50m``, ``training.lr=3e-4``) or its own options
 (``--dry-run``). Everything else that looks like an option is refused in one line, with the "did you mean" of the
-guides' table (auralm/guide_spellings.py)."""
+guides' table (auralm/models/guide_spellings.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from auralm import guide_spellings
-from auralm.config import key_names
+from auralm.models import guide_spellings
+from auralm.training.config import key_names
 from cli.errors import HrmctlError
 
 # hrmctl train's options a guide's spelling can stand for, as LaunchOptions' fields and their types

@@ -2,9 +2,9 @@
 
 `hrmctl test-ddp` saves, per set of nodes (the sorted names), the bus bandwidth and latency it measured,
 the world, backend and time, and the compute time per step of the model it timed, the slowest rank's and
-every rank's (auralm.ddp_check's `training` section) in links.json under hrmctl's cache directory
+every rank's (auralm.planning.ddp_check's `training` section) in links.json under hrmctl's cache directory
 ($HRMCTL_CACHE, else $XDG_CACHE_HOME/hrmctl, else ~/.cache/hrmctl). Before a multi-node `hrmctl train`,
-the entry of its nodes, if any, is handed with the run's overrides to `python -m auralm.link_budget`
+the entry of its nodes, if any, is handed with the run's overrides to `python -m auralm.planning.link_budget`
 (a process, started at once so that it runs beside the preflight; it sizes the run's model on the meta
 device and scales the cached compute to it). When DDP's communication (with the run's comm hook, PowerSGD
 included) would take longer than the compute, or when the ranks differ in speed and the run gives them
@@ -93,11 +93,11 @@ def remember(result: dict | None, nodes: list[Node]) -> Path | None:
 
 
 class Advice:
-    """`python -m auralm.link_budget` for this run, started now; ``result()`` waits for it (briefly)."""
+    """`python -m auralm.planning.link_budget` for this run, started now; ``result()`` waits for it (briefly)."""
 
     def __init__(self, entry: dict, args: list[str], world: int | None):
         self.entry = entry
-        cmd = [sys.executable, "-m", "auralm.link_budget", "--link", json.dumps(entry)]
+        cmd = [sys.executable, "-m", "auralm.planning.link_budget", "--link", json.dumps(entry)]
         if world:
             cmd += ["--world", str(world)]
         self.proc = subprocess.Popen([*cmd, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

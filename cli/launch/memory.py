@@ -1,12 +1,14 @@
 """Before launch: the trainer's planned memory per rank against each node's memory.
 
-The plan is auralm.sizing's estimate (``python -m auralm.sizing --json``, run here as a process while the nodes are
+The plan is auralm.planning.sizing's estimate (``python -m auralm.planning.sizing --json``, run here as a process while
+the nodes are
 probed: the model on the meta device, nothing allocated): weights, gradients and optimizer states, plus the
 activations of one micro-batch, linear in its rows. A node's memory is what its probe reported: the smallest GPU's
 on a GPU node (a GPU a rank), else the RAM available (or its memory cgroup's, when less) shared by its ranks.
 
 A rank whose estimate is above its share is refused before anything starts, in one line naming the node, the two
-figures and the override that fits: the largest micro-batch within the trainer's margin (auralm.autobatch.MARGIN)
+figures and the override that fits: the largest micro-batch within the trainer's margin
+(auralm.planning.autobatch.MARGIN)
 with gradient accumulation keeping the rows a step (``config.split_global_batch``, as batch_size=auto plans), and
 what ``training.batch_size=auto`` would take. The estimate is within a factor of about 1.5 of what was measured;
 ``HRMCTL_MEMORY_CHECK=0`` launches anyway (and says so).
@@ -20,7 +22,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from auralm.config import split_global_batch
+from auralm.training.config import split_global_batch
 from cli.errors import HrmctlError
 from cli.launch.options import TRAINER
 from cli.launch.plan import NodeFacts
@@ -32,7 +34,8 @@ SIZING_CACHE_NAME = "model-sizes.json"  # in hrmctl's cache directory (cli/launc
 
 
 def model_size(opts, world: int, vocab: int | None = None) -> dict | None:
-    """The trainer's model: parameters and a per-rank memory estimate (``python -m auralm.sizing``, run here as a
+    """The trainer's model: parameters and a per-rank memory estimate (``python -m auralm.planning.sizing``, run here as
+    a
     process: on the meta device, nothing allocated), at the data's vocabulary when given (else the model's, or
     32000 for text). None for another module, or when it cannot say."""
     if opts.module != TRAINER:
@@ -45,7 +48,7 @@ def model_size(opts, world: int, vocab: int | None = None) -> dict | None:
     known = load_cache(cache).get(key) if key else None
     if known is not None:  # the same trainer source, Python and arguments: the same estimate
         return known
-    res = subprocess.run([sys.executable, "-m", "auralm.sizing", *argv], capture_output=True, text=True,
+    res = subprocess.run([sys.executable, "-m", "auralm.planning.sizing", *argv], capture_output=True, text=True,
                          timeout=SIZING_TIMEOUT_S)
     if res.returncode:
         raise HrmctlError((res.stderr.strip().splitlines() or ["the model's size could not be computed"])[-1]
@@ -102,7 +105,7 @@ def shares(plans: list[tuple[str, int]], facts: dict[str, NodeFacts]) -> list[Sh
 
 def rank_batch(size: dict, world: int) -> int | None:
     """The micro-batch of a rank in a world of ``world`` (global_batch_size split as the trainer splits it,
-    auralm.sizing.per_rank), from the estimate made for one rank; None for batch_size=auto."""
+    auralm.planning.sizing.per_rank), from the estimate made for one rank; None for batch_size=auto."""
     if size["batch_size"] == "auto":
         return None
     if size.get("global_batch_size"):

@@ -18,7 +18,7 @@ from typing import Callable
 from cli.errors import HrmctlError, InventoryError
 from cli.nodes.inventory import Node, load_inventory, local_node
 
-TRAINER = "auralm.train"  # the module torchrun starts for `hrmctl train` (test-ddp: auralm.ddp_check)
+TRAINER = "auralm.training.train"  # the module torchrun starts for `hrmctl train` (test-ddp: auralm.planning.ddp_check)
 BACKENDS = ("auto", "gloo", "nccl")
 
 

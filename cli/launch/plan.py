@@ -87,7 +87,7 @@ class LaunchPlan:
     options: LaunchOptions  # what the user asked for (the run reads max_restarts, runs_dir, the output's settings)
     sessions: dict[str, Session] | None = None  # the preflight's connections, for the first attempt
     facts: dict[str, NodeFacts] | None = None  # what the probes found, by node name (the dry run's memory)
-    size: dict | None = None  # the trainer's model and memory estimate for one rank (auralm.sizing; None: not it)
+    size: dict | None = None  # the trainer's model and memory estimate for one rank (auralm.planning.sizing; None: not it)
 
     @property
     def world(self) -> int:

@@ -2,10 +2,10 @@
 starts anywhere when something is wrong. It reads the LaunchOptions (cli/launch/options.py) and nothing after it:
   1. the master address (an IP the workers reach; never loopback with other nodes);
   2. at once, over one connection per node: the trainer's own check of the overrides (its parser,
-     `python -m auralm.config --check ...`, here), every node probed (netcheck's probe; torch facts cached,
+     `python -m auralm.training.config --check ...`, here), every node probed (netcheck's probe; torch facts cached,
      facts.py), each node's directories (data and run directory writable, with room, the data prepared for the
      task: storage.py), the master port (free on the master, reachable from every worker: netcheck), and the
-     model's memory estimate (auralm.sizing, memory.py);
+     model's memory estimate (auralm.planning.sizing, memory.py);
   3. the plan (plan.py: each node's torchrun line and environment), each rank's planned memory against its
      node's (memory.py) -> a LaunchPlan, printed by --dry-run (report.py) or run on every node (run.py).
 """
@@ -31,7 +31,7 @@ from cli.launch.plan import LaunchPlan, NodeFacts, build_plan, choose_backend, n
 from cli.launch.storage import DEFAULT_DATA_ENV, check_local, check_nodes, trainer_dirs
 from cli.nodes.remote import Session, connect_all
 
-TRAINER_CHECK = "auralm.config"  # the trainer's --check without `import torch`: same parser, a tenth of the time
+TRAINER_CHECK = "auralm.training.config"  # the trainer's --check without `import torch`: same parser, a tenth of the time
 DEFAULT_PORTS = range(29500, 29510)
 TRAINER_CHECKS = CACHE_DIR / "trainer-checks.json"  # torchrun's default first, then its neighbours
 
@@ -88,7 +88,7 @@ def check_trainer_args(module: str, args: list[str]) -> None:
 
 def expand_config_files(module: str, args: list[str]) -> list[str]:
     """``config=FILE.yaml`` spelled out into its key=value settings by the trainer's own reader (run here, as a
-    process: `python -m auralm.config --expand`), so the file need only exist on this machine."""
+    process: `python -m auralm.training.config --expand`), so the file need only exist on this machine."""
     if module != TRAINER or not any(a.partition("=")[0].strip().lstrip("+") == "config" for a in args):
         return args
     try:

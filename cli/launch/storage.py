@@ -29,12 +29,12 @@ from cli.nodes.remote import Session
 
 MIN_FREE_MB = 300  # below this, a run directory (checkpoints) or generated data is refused
 CHECK_TIMEOUT_S = 30
-DATA_KEYS = ("data_dir", "data_path", "data_paths")  # the trainer's key and its aliases (auralm/config.py)
+DATA_KEYS = ("data_dir", "data_path", "data_paths")  # the trainer's key and its aliases (auralm/training/config.py)
 OUT_KEYS = ("out_dir", "checkpoint_path")
 DEFAULT_TASK = "sudoku"
 DEFAULT_DATA_ENV = "HRMCTL_DEFAULT_DATA_DIR"  # tells the trainer: data_dir is the node's default, not the user's
 
-DATA_FORMAT = "auralm-data/1"  # auralm.data.FORMAT (the snippet runs without the project; a test keeps them equal)
+DATA_FORMAT = "auralm-data/1"  # auralm.data.datadir.FORMAT (the snippet runs without the project; a test keeps them equal)
 
 # Sent to the node's Python: argv[1] is a JSON spec {"workdir", "min_free", "dirs": [{"kind", "path", "generate",
 # and for data "task", "format", "base" (the node's data_dir)}]}; prints {"user", "psutil", "dirs": [{...,
@@ -184,7 +184,7 @@ def trainer_dirs(args: list[str], run_id: str) -> tuple[Dirs, list[str]]:
 def _task(args: list[str]) -> str | None:
     """The task the trainer's parser makes of the overrides (model.hidden_dim=... is an RLM on text: task lm), or
     None when it refuses them (its check, beside this one, says why)."""
-    from auralm import config  # no torch: a few milliseconds
+    from auralm.training import config  # no torch: a few milliseconds
     from auralm.errors import UserError
 
     try:
@@ -245,7 +245,7 @@ def data_line(node: str, d: dict) -> str:
     that makes it: `hrmctl sync-data NODE` when this machine's ./data has it (sync-data sends ./data to the node's
     data_dir), else the `hrmctl prepare-data` line (with the --preset a sudoku directory named like one needs),
     then the sync for a remote node."""
-    from auralm.data import prepare_command  # imports torch: only on this path
+    from auralm.data.datadir import prepare_command  # imports torch: only on this path
 
     p, path, task = d["problem"], d["resolved"], d["task"]
     what = {"nodata": "no prepared data (no such directory, or empty)",

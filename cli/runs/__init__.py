@@ -7,7 +7,7 @@ logs     `hrmctl logs`: the node logs merged by the launcher's time stamps, or o
 plot     `hrmctl plot`: one metric of several runs, a PNG (matplotlib) or the terminal (plotext)
 
 Flow: app -> view / logs / plot -> catalog. Reads files only: no network, no torch.
-May import: cli.errors, and auralm.curves — the trainer's pure module that reads metrics.jsonl and draws curves
+May import: cli.errors, and auralm.training.curves — the trainer's pure module that reads metrics.jsonl and draws curves
 (standard library + matplotlib, no torch), so that `hrmctl plot` and each run's curves.png are the same drawing.
 It is the one module of auralm the cli imports; auralm never imports cli.
 """

@@ -12,7 +12,7 @@ Status, in this order:
     writing the end (killed, or the machine restarted): finished when the metrics reach training.max_steps, running
     when the run directory was written in the last RECENT_S seconds (its processes may outlive the launcher),
     else stopped;
-  - no status.json (the trainer run without hrmctl, `python -m auralm.train`): finished when the metrics reach
+  - no status.json (the trainer run without hrmctl, `python -m auralm.training.train`): finished when the metrics reach
     training.max_steps, running when written in the last RECENT_S seconds, else unknown.
 The reason says which rule gave the status; `source` is "status.json" or "inferred".
 """
@@ -28,7 +28,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from auralm.curves import CURVES, number, read_metrics
+from auralm.training.curves import CURVES, number, read_metrics
+
+# The module names that runs recorded before auralm was split into rooms (#35) carry in their status.json.
+RECORDED_BEFORE_ROOMS = {"auralm.train": "auralm.training.train", "auralm.ddp_check": "auralm.planning.ddp_check"}
 
 from cli.errors import HrmctlError
 
@@ -256,8 +259,9 @@ def load_run(path: str | Path, now: float | None = None) -> Run:
     records = read_metrics(trainer_dir)
 
     run.module = doc.get("module") if isinstance(doc.get("module"), str) else None
-    if run.module and run.module != "auralm.train":
-        run.task = "test-ddp" if run.module == "auralm.ddp_check" else run.module
+    run.module = RECORDED_BEFORE_ROOMS.get(run.module, run.module)
+    if run.module and run.module != "auralm.training.train":
+        run.task = "test-ddp" if run.module == "auralm.planning.ddp_check" else run.module
     else:
         run.task = cfg.get("task") if isinstance(cfg.get("task"), str) else None
     model = cfg.get("model")

@@ -1,6 +1,6 @@
 """`hrmctl plot RUN [RUN ...]`: one metric of one or several runs, a line per run, as a PNG or in the terminal.
 
-The reading and the PNG are the trainer's own (auralm.curves: the same code that writes each run's curves.png);
+The reading and the PNG are the trainer's own (auralm.training.curves: the same code that writes each run's curves.png);
 the terminal drawing is plotext's.
 """
 
@@ -10,7 +10,7 @@ import shutil
 import sys
 from typing import TYPE_CHECKING, Sequence
 
-from auralm import curves
+from auralm.training import curves
 
 from cli.errors import HrmctlError
 from cli.runs.catalog import Run, load_run, resolve

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from cli.errors import HrmctlError
+from cli.launch.options import TRAINER
 from cli.slurm.allocation import slurm
 
 SCRIPT_NAME = "slurm.sbatch"
@@ -79,7 +80,7 @@ def train_args(opts) -> list[str]:
                         ("--max-restarts", opts.max_restarts or None)):
         if value is not None:
             args += [flag, str(value)]
-    if opts.module != "auralm.train":
+    if opts.module != TRAINER:
         args += ["--module", opts.module]
     for key, value in opts.env.items():
         args += ["--env", f"{key}={value}"]

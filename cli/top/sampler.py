@@ -10,12 +10,12 @@ Each line: {"v", "t" (the node's time), "host", "cores", "cpu" (% of the whole m
 "mem_used", "mem_total" (bytes; used = total - available), "net_tx", "net_rx" (bytes/s, every
 interface but loopback), "gpus" (null, or [{"index", "name", "util", "mem_used", "mem_total"}]),
 "gpu_error", "ranks" (the trainer's processes of this user: pid, rank, local_rank, world, run, cwd,
-cpu (% of one core), rss, and from the rank's heartbeat file, auralm/heartbeat.py: step, loss,
+cpu (% of one core), rss, and from the rank's heartbeat file, auralm/training/heartbeat.py: step, loss,
 steps_per_s, rate, unit, age), "agent_cpu" (this agent's CPU time / wall time since its first
 line, %), "psutil" (whether psutil was used)}.
 
-A trainer process is one whose first `-m` module is auralm.train (torchrun's worker, or a plain
-`python -m auralm.train`), never torchrun itself; its rank and run come from its environment
+A trainer process is one whose first `-m` module is auralm.training.train (torchrun's worker, or a plain
+`python -m auralm.training.train`), never torchrun itself; its rank and run come from its environment
 (RANK, LOCAL_RANK, WORLD_SIZE, HRMCTL_RUN_ID), readable because it runs as the same user.
 """
 
@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 
-TRAINER_MODULES = ("auralm.train",)
+TRAINER_MODULES = ("auralm.training.train",)
 RESCAN_S = 5.0  # command lines are cached per pid; forget the cache this often (pids are reused)
 try:
     import psutil  # type: ignore

@@ -222,7 +222,7 @@ def test_two_nodes_holding_different_data_fail_the_dataset_check(lab3, hrmctl, t
     node1 copy was made with other options (fail, naming node1 and its sync-data), node2 lacking it."""
     import shutil
 
-    from auralm import data
+    from auralm.data import datadir
     from lab.nodes import sh
 
     code, doc, err = doctor_json(hrmctl, lab3.inventory)
@@ -231,7 +231,7 @@ def test_two_nodes_holding_different_data_fail_the_dataset_check(lab3, hrmctl, t
     made = {}
     for name, train in (("node0", "20"), ("node1", "21")):
         made[name] = tmp_path / name / "issue33"
-        assert data.main(["--task", "sudoku", "--out", str(made[name]), "--train", train, "--test", "5"]) == 0
+        assert datadir.main(["--task", "sudoku", "--out", str(made[name]), "--train", train, "--test", "5"]) == 0
     targets = []
     try:
         for name, src in made.items():
@@ -253,12 +253,13 @@ def test_down_node_fails_in_bounded_time_while_others_report(lab3, hrmctl):
     node2 = lab3.node("node2")
     with iptables(node2, "INPUT", "-i", "eth0", "-j", "DROP"):  # node2 answers nothing at all
         t0 = time.monotonic()
-        code, doc, err = doctor_json(hrmctl, lab3.inventory, "--timeout", "4")
+        # 10 s: the healthy nodes' probe (an import of torch) must finish within it on a loaded 2-core host
+        code, doc, err = doctor_json(hrmctl, lab3.inventory, "--timeout", "10")
         elapsed = time.monotonic() - t0
     assert code == 1
-    assert elapsed < 15, f"a down node held doctor for {elapsed:.1f}s"
+    assert elapsed < 30, f"a down node held doctor for {elapsed:.1f}s"  # the default --timeout is 60
     down = doc["nodes"]["node2"]["checks"]
-    assert down["ssh"]["status"] == "fail" and "within 4s" in down["ssh"]["detail"]
+    assert down["ssh"]["status"] == "fail" and "within 10s" in down["ssh"]["detail"]
     assert down["reach"]["status"] == "fail"
     for name in ("node0", "node1"):
         assert status(doc, name, "torch") == "ok" and status(doc, name, "clock") == "ok"

@@ -131,7 +131,7 @@ def test_killed_trainer_on_one_node_stops_the_others(lab3, tmp_path):
                 pytest.fail(f"hrmctl ended before the first step: {proc.communicate()[1][-2000:]}")
             return log.exists() and "[rank0]:step " in log.read_text()
         wait_for(first_step, 120, "the first training step")
-        workers = [p for p, c in job_pids(lab3.nodes[2], "kill1") if is_worker(c, "auralm.train")]
+        workers = [p for p, c in job_pids(lab3.nodes[2], "kill1") if is_worker(c, "auralm.training.train")]
         assert workers, "no trainer process on node2"
         t0 = time.monotonic()
         lab3.nodes[2].as_user(f"kill -9 {workers[0]}")
@@ -233,7 +233,7 @@ def test_node_dropping_off_the_network_is_noticed_and_leaves_nothing(lab3, tmp_p
                          "--run-id", "drop1"], lab3.inventory, tmp_path)
     rules = [["INPUT", "-j", "DROP"], ["OUTPUT", "-j", "DROP"]]
     try:
-        wait_for(lambda: any("auralm.ddp_check" in c for _, c in job_pids(victim, "drop1")), 60, "the job on node1")
+        wait_for(lambda: any("auralm.planning.ddp_check" in c for _, c in job_pids(victim, "drop1")), 60, "the job on node1")
         t0 = time.monotonic()
         for r in rules:
             victim.netns(["iptables", "-I", *r])
@@ -300,10 +300,10 @@ def test_max_restarts_resumes_the_real_trainer_from_its_last_checkpoint(lab3, hr
 def test_sync_data_before_launch(lab3, hrmctl, tmp_path):
     (tmp_path / "data" / "extra").mkdir(parents=True)
     (tmp_path / "data" / "extra" / "shard.bin").write_bytes(b"x" * 100_000)
-    code, out, err = hrmctl("train", "--nodes", "node0,node1", "--sync-data", "--module", "auralm.ddp_check",
+    code, out, err = hrmctl("train", "--nodes", "node0,node1", "--sync-data", "--module", "auralm.planning.ddp_check",
                             "--no-bandwidth", inventory=lab3.inventory, timeout=120)
     assert code != 0 and "unknown option --no-bandwidth" in err  # train's extra arguments are key=value only
-    code, out, err = hrmctl("train", "--nodes", "node0,node1", "--sync-data", "--module", "auralm.ddp_check",
+    code, out, err = hrmctl("train", "--nodes", "node0,node1", "--sync-data", "--module", "auralm.planning.ddp_check",
                             inventory=lab3.inventory, timeout=180)
     assert code == 0, out + err
     for n in lab3.nodes[:2]:
@@ -455,11 +455,11 @@ def test_data_missing_on_a_node_is_refused_before_launch_with_the_command_that_m
     """issue 33, item 8: the HRM guide's data_path on node0 but not on node1. The dry run and the launch refuse in
     one line naming node1, the path and the prepare-data line with its --preset; nothing starts on any node. Once
     this machine's ./data has it, the line names `hrmctl sync-data node1`, and after that sync the dry run passes."""
-    from auralm import data
+    from auralm.data import datadir
 
     node0, node1 = lab3.nodes[:2]
     made = tmp_path / "made" / "sudoku-extreme-small"
-    assert data.main(["--task", "sudoku", "--out", str(made), "--train", "12", "--test", "4"]) == 0
+    assert datadir.main(["--task", "sudoku", "--out", str(made), "--train", "12", "--test", "4"]) == 0
     on_node0 = node0.home / "hrmctl" / "data" / "sudoku-extreme-small"
     on_node1 = node1.home / "hrmctl" / "data" / "sudoku-extreme-small"
     shutil.copytree(made, on_node0)

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from auralm import link_budget as lb
+from auralm.planning import link_budget as lb
 
 MODEL = ["model=tiny", "task=lm"]
 

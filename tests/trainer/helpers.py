@@ -1,7 +1,7 @@
 """Helpers for the trainer's tests: small data, the run's records, and real multi-process runs.
 
 ``run_ranks`` starts ``world`` separate processes (spawned, as separate nodes would be) that join
-one gloo process group through MASTER_ADDR/MASTER_PORT and run ``auralm.train.run``; each rank
+one gloo process group through MASTER_ADDR/MASTER_PORT and run ``auralm.training.train.run``; each rank
 writes what the test needs to see (its final weights, the inputs its model saw, how many
 optimizer steps it took) into the test's directory.
 """
@@ -24,7 +24,7 @@ QUIJOTE = REPO.parent / "shared" / "data" / "quijote" / "pg2000.txt"
 
 
 def small_sudoku(out: Path, count: int = 1200) -> Path:
-    from auralm.data import prepare_sudoku
+    from auralm.data.datadir import prepare_sudoku
 
     prepare_sudoku(out, count=count, seed=1, min_givens=50, max_givens=60)
     return out
@@ -57,12 +57,14 @@ def _rank_main(rank: int, world: int, port: int, args: list[str], result_dir: st
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     os.environ.update(opts.get("env", [{}] * world)[rank])
     torch.set_num_threads(1)
-    from auralm import config, data, distributed, models, train
+    from auralm import models
+    from auralm.data import datadir
+    from auralm.training import config, distributed, train
 
     if str(rank) in opts.get("fake_probe", {}):  # the one faked part: what this rank's device can do
         distributed.probe_device = lambda local_rank: opts["fake_probe"][str(rank)]
     if "sudoku_count" in opts:  # a smaller embedded default data set, to keep the test short
-        data.SUDOKU_DEFAULTS.update(train=opts["sudoku_count"], test=max(1, opts["sudoku_count"] // 10))
+        datadir.SUDOKU_DEFAULTS.update(train=opts["sudoku_count"], test=max(1, opts["sudoku_count"] // 10))
     if "cwd" in opts:
         Path(opts["cwd"][rank]).mkdir(parents=True, exist_ok=True)
         os.chdir(opts["cwd"][rank])

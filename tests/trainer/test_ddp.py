@@ -41,7 +41,7 @@ def test_two_ranks_end_with_identical_weights_after_seeing_disjoint_data(sudoku_
 def test_ranks_with_different_data_all_stop_naming_the_rank_and_sync_data(tmp_path):
     # Each rank has its own working directory with data/sudoku, as separate machines would.
     cwds = [tmp_path / "node0", tmp_path / "node1"]
-    from auralm.data import prepare_sudoku
+    from auralm.data.datadir import prepare_sudoku
 
     prepare_sudoku(cwds[0] / "data" / "sudoku", count=200, seed=1, min_givens=50, max_givens=60)
     prepare_sudoku(cwds[1] / "data" / "sudoku", count=200, seed=2, min_givens=50, max_givens=60)
@@ -64,7 +64,7 @@ def test_default_data_is_generated_once_under_a_lock_when_missing(tmp_path):
 
 def test_torchrun_two_ranks_progress_lines_from_rank_0_only(sudoku_dir, tmp_path):
     res = subprocess.run(
-        [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "auralm.train",
+        [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "auralm.training.train",
          *tiny_args(sudoku_dir, tmp_path / "run", "training.max_steps=6", "training.log_interval=2")],
         capture_output=True, text=True, timeout=300, env=python_env(HRMCTL_BACKEND="gloo"), cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]

@@ -12,7 +12,8 @@ import subprocess
 import pytest
 import torch
 
-from auralm import checkpoint, config, data
+from auralm.data import datadir
+from auralm.training import checkpoint, config
 from auralm.errors import UserError
 from tests.trainer.helpers import PYTHON, by_step, python_env, records, run_ranks, tiny_args
 
@@ -49,7 +50,7 @@ def _same_state(a: dict, b: dict) -> bool:
 
 
 def _export(ckpt, out):
-    from auralm import export
+    from auralm.tools import export
     from auralm.models import Pretrained
 
     assert export.main([str(ckpt), "--out", str(out)]) == 0
@@ -199,9 +200,9 @@ RECURRENT = {"hrm": ["model=hrm-tiny", "model.n_embd=32", "model.n_head=2", "mod
 
 
 def _torchrun(args: list[str], cwd) -> subprocess.CompletedProcess:
-    """``auralm.train`` on two ranks under a real torchrun (gloo, CPU)."""
+    """``auralm.training.train`` on two ranks under a real torchrun (gloo, CPU)."""
     res = subprocess.run([PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m",
-                          "auralm.train", *args], capture_output=True, text=True, timeout=300, cwd=cwd,
+                          "auralm.training.train", *args], capture_output=True, text=True, timeout=300, cwd=cwd,
                          env=python_env(HRMCTL_BACKEND="gloo"))
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     return res
@@ -230,7 +231,7 @@ def test_recurrent_families_train_evaluate_save_and_resume_exactly_under_torchru
     assert _same_state(_export(run / "checkpoint-4", tmp_path / "a").state_dict(),
                        _export(resumed / "checkpoint-4", tmp_path / "b").state_dict())
     # hrmctl eval: the whole model in one process gives the figures of the run's final evaluation (all of val)
-    from auralm import evaluate, solve
+    from auralm.tools import evaluate, solve
 
     capsys.readouterr()
     assert evaluate.main([str(run / "checkpoint-4"), "--batch-size", "8", "--json"]) == 0
@@ -239,7 +240,7 @@ def test_recurrent_families_train_evaluate_save_and_resume_exactly_under_torchru
     assert ev["exact_by_segments"] == a[4]["exact_by_segments"] and ev["cell_acc"] == pytest.approx(a[4]["cell_acc"])
     # hrmctl solve: a grid per puzzle
     puzzles = tmp_path / "puzzles.txt"
-    x, _ = data.open_split(sudoku_dir, data.load_manifest(sudoku_dir, "sudoku"), "val", 81).batch([0, 1])
+    x, _ = datadir.open_split(sudoku_dir, datadir.load_manifest(sudoku_dir, "sudoku"), "val", 81).batch([0, 1])
     puzzles.write_text("".join("".join(map(str, row)) + "\n" for row in x.tolist()))
     assert solve.main([str(run / "checkpoint-4"), str(puzzles), "--json"]) in (0, 1)
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]

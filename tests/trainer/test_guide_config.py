@@ -10,7 +10,7 @@ import pytest
 import safetensors.torch
 import torch
 
-from auralm import train
+from auralm.training import train
 from tests.trainer.helpers import QUIJOTE, by_step, records, run_ranks
 
 MODEL = ["model=rlm-tiny", "model.hidden_dim=64", "model.num_layers=2", "model.num_heads=2", "model.head_dim=32",

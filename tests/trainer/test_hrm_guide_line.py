@@ -12,7 +12,7 @@ import shlex
 import pytest
 import torch
 
-from auralm import config, train
+from auralm.training import config, train
 from tests.trainer.helpers import by_step, records, small_sudoku
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]

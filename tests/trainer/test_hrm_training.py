@@ -10,7 +10,7 @@ import pytest
 import safetensors.torch
 import torch
 
-from auralm import config, train
+from auralm.training import config, train
 from tests.trainer.helpers import by_step, records, run_ranks
 
 pytestmark = pytest.mark.slow

@@ -1,6 +1,6 @@
 """A rank killed mid-run (fault.kill_at_step): the others stop in bounded time, the last checkpoint
 is intact, and a restart with --resume continues from it. Each rank is its own `python -m
-auralm.train` process joined by MASTER_ADDR/MASTER_PORT, as on separate nodes (no torchrun agent
+auralm.training.train` process joined by MASTER_ADDR/MASTER_PORT, as on separate nodes (no torchrun agent
 to clean up after it)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from auralm import checkpoint
+from auralm.training import checkpoint
 from tests.trainer.helpers import PYTHON, free_port, python_env, records, tiny_args
 
 pytestmark = pytest.mark.slow
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 def _start(world, args, cwd):
     port = str(free_port())
-    return [subprocess.Popen([PYTHON, "-m", "auralm.train", *args], cwd=cwd, text=True, stdout=subprocess.PIPE,
+    return [subprocess.Popen([PYTHON, "-m", "auralm.training.train", *args], cwd=cwd, text=True, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE,
                              env=python_env(RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK="0",
                                             MASTER_ADDR="127.0.0.1", MASTER_PORT=port))

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from auralm.link_budget import PAPER_STEP
+from auralm.planning.link_budget import PAPER_STEP
 from tests.trainer.helpers import records, run_ranks, tiny_args
 
 pytestmark = pytest.mark.slow
@@ -85,7 +85,8 @@ def test_diloco_nesterov_outer_step_matches_its_formula_in_one_process(sudoku_di
     before = r["first_grads"]  # only to know the parameter count
     assert len(before) == len(r["synced"][0])
     torch.manual_seed(1337)
-    from auralm import config, models
+    from auralm import models
+    from auralm.training import config
 
     start = [p.detach() for p in models.build("sudoku", config.resolved_model(config.parse(args).model), None)
              .parameters()]

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from auralm import train
+from auralm.training import train
 from tests.trainer.helpers import PYTHON, by_step, python_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
@@ -49,7 +49,7 @@ def test_one_process_stops_after_twenty_skipped_steps_with_one_line_exit_2(sudok
 
 def test_torchrun_two_gloo_ranks_stop_together_with_one_line(sudoku_dir, tmp_path):
     res = subprocess.run(
-        [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "auralm.train",
+        [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "auralm.training.train",
          *args(sudoku_dir, tmp_path / "run", "training.max_steps=40", "fault.nan_at_step=1-40", "fault.nan_rank=1")],
         capture_output=True, text=True, timeout=400, env=python_env(HRMCTL_BACKEND="gloo"), cwd=tmp_path)
     assert res.returncode != 0

@@ -1,4 +1,4 @@
-"""training.batch_size=auto (auralm.autobatch) and the out-of-memory line (auralm.train.main)."""
+"""training.batch_size=auto (auralm.planning.autobatch) and the out-of-memory line (auralm.training.train.main)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import textwrap
 import pytest
 import torch
 
-from auralm import autobatch, config, train
+from auralm.planning import autobatch
+from auralm.training import config, train
 from auralm.errors import UserError
 from netcheck.node_probe import cgroup_memory
 from tests.trainer.helpers import REPO, python_env, tiny_args
@@ -42,11 +43,11 @@ def test_batch_size_auto_is_a_value_of_the_integer_key():
 
 
 def test_the_torch_free_check_accepts_auto_without_importing_torch():
-    res = subprocess.run([sys.executable, "-X", "importtime", "-m", "auralm.config", "training.batch_size=auto",
+    res = subprocess.run([sys.executable, "-X", "importtime", "-m", "auralm.training.config", "training.batch_size=auto",
                           "training.memory_limit_gb=1.5"], capture_output=True, text=True, env=python_env(), cwd=REPO)
     assert res.returncode == 0, res.stderr[-2000:]
     assert not re.search(r"\|\s+torch$", res.stderr, re.M)  # -X importtime: one line per module imported
-    bad = subprocess.run([sys.executable, "-m", "auralm.config", "training.batch_size=0"], capture_output=True,
+    bad = subprocess.run([sys.executable, "-m", "auralm.training.config", "training.batch_size=0"], capture_output=True,
                          text=True, env=python_env(), cwd=REPO)
     assert bad.returncode == 2 and "must be greater than 0 (or auto" in bad.stderr
 
@@ -125,9 +126,9 @@ def test_the_cpu_fit_stays_inside_the_budget_it_measured():
 
 
 def test_memory_malloc_holds_after_a_larger_step_does_not_inflate_the_fit():
-    """Freed memory kept by malloc (auralm.cpu_memory, as in training) is given back before the probes: a probe
+    """Freed memory kept by malloc (auralm.planning.cpu_memory, as in training) is given back before the probes: a probe
     reusing it would show no growth and promise any batch."""
-    from auralm import cpu_memory
+    from auralm.planning import cpu_memory
 
     cpu_memory.keep_freed_memory()
     blocks = [torch.ones(1 << 20) for _ in range(100)]  # 400 MB in 4 MB blocks (below the mmap threshold)
@@ -194,7 +195,7 @@ def test_running_out_of_cpu_memory_is_one_line_saying_what_to_lower(sudoku_dir, 
     importing torch, a 10M-parameter model at 1024 rows a micro-batch (about 13 MB of activations a row)."""
     code = textwrap.dedent(f"""
         import resource, sys
-        from auralm import train
+        from auralm.training import train
         size = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmSize:"))
         resource.setrlimit(resource.RLIMIT_AS, (size + 1_500_000_000, size + 1_500_000_000))
         sys.exit(train.main({tiny_args(sudoku_dir, tmp_path / 'run', 'model=small', 'training.batch_size=1024',

@@ -2,7 +2,7 @@
 
 import pytest
 
-from auralm import config
+from auralm.training import config
 from auralm.errors import UserError
 from auralm.parallel import balance
 

@@ -6,7 +6,7 @@ import json
 
 import torch
 
-from auralm import checkpoint
+from auralm.training import checkpoint
 
 
 def _save(run_dir, step, val_loss, keep_last=2):

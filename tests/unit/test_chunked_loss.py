@@ -4,7 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from auralm import chunked_loss, models
+from auralm import models
+from auralm.models import chunked_loss
 
 
 def plain(h, w, y):

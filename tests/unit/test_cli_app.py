@@ -56,6 +56,6 @@ def test_trainer_overrides_pass_through_around_the_options(tmp_path):
     """key=value before and after hrmctl's own options reach the trainer, in order; an unknown option is refused."""
     res = hrmctl("train", "model=tiny", "--dry-run", "training.max_steps=3", "--run-id", "r1", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
-    assert "-m auralm.train model=tiny training.max_steps=3 " in res.stdout and "out_dir=runs/r1" in res.stdout
+    assert "-m auralm.training.train model=tiny training.max_steps=3 " in res.stdout and "out_dir=runs/r1" in res.stdout
     res = hrmctl("train", "model=tiny", "--dry-runn", cwd=tmp_path)
     assert res.returncode == 2 and "unknown option --dry-runn" in res.stderr

@@ -1,6 +1,6 @@
-"""auralm.ddp_check under a real torchrun (2 ranks, gloo, this machine): it passes, and a falsified
+"""auralm.planning.ddp_check under a real torchrun (2 ranks, gloo, this machine): it passes, and a falsified
 result on one rank is caught, named and makes every rank exit non-zero. The backend is agreed by
-the ranks as the trainer does it (auralm.distributed.setup); for a GPU rank beside a CPU rank only
+the ranks as the trainer does it (auralm.training.distributed.setup); for a GPU rank beside a CPU rank only
 the device probe is faked (this machine has no GPU), in a wrapper that torchrun starts."""
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ GPU = {"cuda": True, "nccl": True, "why": ""}
 # Runs ddp_check with probe_device faked on the ranks named in HRMCTL_TEST_FAKE_PROBE ({"rank": answer}).
 FAKE_PROBE_WRAPPER = """
 import json, os, sys
-from auralm import ddp_check, distributed
+from auralm.planning import ddp_check
+from auralm.training import distributed
 fake = json.loads(os.environ["HRMCTL_TEST_FAKE_PROBE"]).get(os.environ["RANK"])
 if fake:
     distributed.probe_device = lambda local_rank: fake
@@ -36,7 +37,7 @@ def _result(p: subprocess.CompletedProcess) -> tuple[int, dict | None, str]:
     return p.returncode, json.loads(line.split(" ", 1)[1]) if line else None, p.stdout + p.stderr
 
 
-def run(*args: str, entry: tuple[str, ...] = ("-m", "auralm.ddp_check"), env: dict | None = None):
+def run(*args: str, entry: tuple[str, ...] = ("-m", "auralm.planning.ddp_check"), env: dict | None = None):
     full_env = {k: v for k, v in os.environ.items() if k != "HRMCTL_BACKEND"}
     full_env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **(env or {}))
     return _result(subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
@@ -93,7 +94,7 @@ def test_gloo_requested_by_the_launcher():
 
 def test_alone_outside_torchrun_is_a_world_of_one():
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "HRMCTL_BACKEND")}
-    code, res, out = _result(subprocess.run([sys.executable, "-m", "auralm.ddp_check", "--no-bandwidth"],
+    code, res, out = _result(subprocess.run([sys.executable, "-m", "auralm.planning.ddp_check", "--no-bandwidth"],
                                             capture_output=True, text=True, cwd=ROOT, timeout=120, env=env))
     assert code == 0, out
     assert out.startswith(f"world 1, backend gloo (rank 0 ({HOST}) cannot use NCCL: no CUDA device)\n"), out
@@ -102,7 +103,7 @@ def test_alone_outside_torchrun_is_a_world_of_one():
 
 def test_bad_backend_request_is_one_error_line():
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
-    p = subprocess.run([sys.executable, "-m", "auralm.ddp_check", "--no-bandwidth"], capture_output=True, text=True,
+    p = subprocess.run([sys.executable, "-m", "auralm.planning.ddp_check", "--no-bandwidth"], capture_output=True, text=True,
                        cwd=ROOT, timeout=120, env=dict(env, HRMCTL_BACKEND="infiniband"))
     assert p.returncode == 2 and p.stdout == ""
     assert p.stderr == "error: HRMCTL_BACKEND='infiniband': expected auto, nccl or gloo\n"

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from auralm import config
-from auralm.config import DilocoConfig
-from auralm.distributed import Dist
+from auralm.training import config
+from auralm.training.config import DilocoConfig
+from auralm.training.distributed import Dist
 from auralm.errors import UserError
-from auralm.link_budget import FEW_ROUNDS
+from auralm.planning.link_budget import FEW_ROUNDS
 from auralm.parallel.diloco import PAPER, PLAIN, DiLoCo, choose_outer_step, few_rounds_note
 
 

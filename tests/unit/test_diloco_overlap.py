@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from auralm.config import DilocoConfig
-from auralm.distributed import Dist
+from auralm.training.config import DilocoConfig
+from auralm.training.distributed import Dist
 from auralm.parallel.diloco import DiLoCo
 
 

@@ -1,4 +1,4 @@
-"""`hrmctl eval` and `hrmctl solve` (auralm.evaluate, auralm.solve) on a checkpoint of a real short HRM run."""
+"""`hrmctl eval` and `hrmctl solve` (auralm.tools.evaluate, auralm.tools.solve) on a checkpoint of a real short HRM run."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from auralm import train
-from auralm.config import parse
+from auralm.training import train
+from auralm.training.config import parse
 from tests.trainer.helpers import PYTHON, REPO, python_env, small_sudoku
 
 # a real HRM run, then a Python process per test (eval, solve, hrmctl train --dry-run): 70 s of CPU measured,
@@ -34,7 +34,7 @@ def cli(module: str, *args: str, stdin: str | None = None, cwd=None):
 
 def test_eval_reports_exact_and_cell_accuracy_halting_and_accuracy_by_segments(run):
     base, out = run
-    res = cli("auralm.evaluate", str(out), "--json")
+    res = cli("auralm.tools.evaluate", str(out), "--json")
     assert res.returncode == 0, res.stderr
     r = json.loads(res.stdout)
     assert r["checkpoint"].endswith("checkpoint-4") and r["split"] == "val" and r["examples"] == 30
@@ -52,7 +52,7 @@ def test_eval_reports_exact_and_cell_accuracy_halting_and_accuracy_by_segments(r
 ])
 def test_eval_bad_input_is_one_line_and_exit_2(run, args, expected):
     base, out = run
-    res = cli("auralm.evaluate", *[a.format(data=base / "data", out=out) for a in args])
+    res = cli("auralm.tools.evaluate", *[a.format(data=base / "data", out=out) for a in args])
     assert res.returncode == 2 and res.stdout == ""
     assert res.stderr.startswith("error: ") and expected in res.stderr and len(res.stderr.splitlines()) == 1
 
@@ -60,19 +60,19 @@ def test_eval_bad_input_is_one_line_and_exit_2(run, args, expected):
 def test_solve_prints_a_grid_per_puzzle_its_validity_and_a_summary(run):
     base, out = run
     puzzle = "53..7....6..195....98....6.8...6...34..8.3..17...2...6.6....28....419..5....8..79"
-    res = cli("auralm.solve", str(out), "-", stdin=f"# a comment\n{puzzle}\n\n{puzzle.replace('.', '0')}\n")
+    res = cli("auralm.tools.solve", str(out), "-", stdin=f"# a comment\n{puzzle}\n\n{puzzle.replace('.', '0')}\n")
     lines = res.stdout.splitlines()
     assert len(lines) == 3 and lines[-1].startswith(("0 of 2 solved", "1 of 2 solved", "2 of 2 solved"))
     for line in lines[:2]:
         grid, verdict = line.split()
         assert len(grid) == 81 and set(grid) <= set("123456789") and verdict in ("valid", "INVALID")
     assert res.returncode == (0 if lines[-1].startswith("2 of 2") else 1)
-    js = cli("auralm.solve", str(out), "--json", stdin=puzzle + "\n")
+    js = cli("auralm.tools.solve", str(out), "--json", stdin=puzzle + "\n")
     assert json.loads(js.stdout.splitlines()[0])["puzzle"] == puzzle
 
 
 def test_a_solution_must_keep_the_givens_and_be_a_valid_grid():
-    from auralm.solve import is_solution
+    from auralm.tools.solve import is_solution
 
     solution = [int(c) for c in "534678912672195348198342567859761423426853791713924856961537284287419635345286179"]
     puzzle = [v if i % 3 else 0 for i, v in enumerate(solution)]
@@ -90,22 +90,22 @@ def test_a_solution_must_keep_the_givens_and_be_a_valid_grid():
     ("\n# nothing\n", "no puzzle in it"),
 ])
 def test_solve_names_the_line_that_is_not_a_puzzle(run, stdin, expected):
-    res = cli("auralm.solve", str(run[1]), stdin=stdin)
+    res = cli("auralm.tools.solve", str(run[1]), stdin=stdin)
     assert res.returncode == 2 and res.stdout == "" and expected in res.stderr
     assert len(res.stderr.splitlines()) == 1
 
 
 def test_solve_refuses_a_checkpoint_that_is_not_a_sudoku_model(tmp_path):
-    from auralm import data
+    from auralm.data import datadir
     from tests.trainer.helpers import QUIJOTE
 
     data_dir = tmp_path / "text"
-    assert data.main([str(QUIJOTE), "--out", str(data_dir), "--vocab-size", "300", "--max-tokens", "20000"]) == 0
+    assert datadir.main([str(QUIJOTE), "--out", str(data_dir), "--vocab-size", "300", "--max-tokens", "20000"]) == 0
     train.run(parse(["task=lm", f"data_dir={data_dir}", f"out_dir={tmp_path / 'lm'}", "model=tiny",
                      "training.max_steps=1", "training.eval_interval=0", "training.sample_tokens=0"]))
-    res = cli("auralm.solve", str(tmp_path / "lm"), stdin="." * 81 + "\n")
+    res = cli("auralm.tools.solve", str(tmp_path / "lm"), stdin="." * 81 + "\n")
     assert res.returncode == 2 and "is a task=lm model, not a sudoku model" in res.stderr
-    missing = cli("auralm.solve", str(tmp_path / "lm"), str(tmp_path / "none.txt"))
+    missing = cli("auralm.tools.solve", str(tmp_path / "lm"), str(tmp_path / "none.txt"))
     assert missing.returncode == 2
 
 

@@ -1,6 +1,6 @@
-"""Generation (auralm.generate): the KV cache gives the tokens recomputation gives, past block_size too; top-k and
+"""Generation (auralm.tools.generate): the KV cache gives the tokens recomputation gives, past block_size too; top-k and
 top-p keep the right tokens; a seed makes the text; the evaluation sample leaves training's RNG alone; and
-`python -m auralm.generate` continues a prompt with a tiny model trained on the Quijote."""
+`python -m auralm.tools.generate` continues a prompt with a tiny model trained on the Quijote."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ import subprocess
 import pytest
 import torch
 
-from auralm import config, data, models, train
-from auralm.generate import filter_logits, generate, main, sample
+from auralm import models
+from auralm.data import datadir
+from auralm.training import config, train
+from auralm.tools.generate import filter_logits, generate, main, sample
 from tests.trainer.helpers import PYTHON, REPO, python_env
 
 VOCAB = 97
@@ -138,11 +140,11 @@ def test_the_evaluation_sample_is_seeded_by_step_and_leaves_the_training_rng_alo
     cfg = config.parse(["task=lm", f"data_dir={quijote}", *MODELS[name][:-1], "model.block_size=32",
                         "training.eval_batches=1", "training.batch_size=4", "training.sample_tokens=12",
                         "training.sample_prompt=En un lugar"])
-    meta = data.load_manifest(quijote, "lm")
+    meta = datadir.load_manifest(quijote, "lm")
     torch.manual_seed(0)
     model = models.build("lm", config.resolved_model(cfg.model), meta["tokenizer"]["vocab_size"]).train()
-    val = data.open_split(quijote, meta, "val", 32)
-    tokenizer = data.load_tokenizer(quijote / meta["tokenizer"]["path"])
+    val = datadir.open_split(quijote, meta, "val", 32)
+    tokenizer = datadir.load_tokenizer(quijote / meta["tokenizer"]["path"])
     torch.manual_seed(123)
     state = torch.get_rng_state()
     first = train.evaluate(model, val, cfg, torch.device("cpu"), tokenizer, step=10)
@@ -176,7 +178,7 @@ def test_an_rlm_run_prints_an_evaluation_sample(lm_run):
 
 
 def _generate(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, "-m", "auralm.generate", *args], capture_output=True, text=True,
+    return subprocess.run([PYTHON, "-m", "auralm.tools.generate", *args], capture_output=True, text=True,
                           env=python_env(), cwd=REPO, timeout=120)
 
 

@@ -7,7 +7,8 @@ import subprocess
 
 import pytest
 
-from auralm import config, data
+from auralm.data import datadir
+from auralm.training import config
 from auralm.errors import UserError
 from tests.trainer.helpers import PYTHON, REPO, python_env
 
@@ -168,13 +169,13 @@ def test_a_bad_config_file_is_one_error_naming_the_file(tmp_path, content, messa
 def test_the_check_path_reads_the_file_without_torch(tmp_path):
     f = tmp_path / "rlm.yaml"
     f.write_text(GUIDE_YAML)
-    code = ("import sys; from auralm import config; config.parse_command_line(sys.argv[1:]); "
+    code = ("import sys; from auralm.training import config; config.parse_command_line(sys.argv[1:]); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     res = subprocess.run([PYTHON, "-c", code, f"config={f}", "training.max_steps=3"], capture_output=True,
                          text=True, timeout=60, env=python_env(), cwd=REPO)
     assert res.returncode == 0, res.stderr
-    res = subprocess.run([PYTHON, "-m", "auralm.config", f"config={tmp_path / 'none.yaml'}"], capture_output=True,
-                         text=True, timeout=60, env=python_env(), cwd=REPO)
+    res = subprocess.run([PYTHON, "-m", "auralm.training.config", f"config={tmp_path / 'none.yaml'}"],
+                         capture_output=True, text=True, timeout=60, env=python_env(), cwd=REPO)
     assert res.returncode == 2 and res.stderr == f"error: config={tmp_path / 'none.yaml'}: no such file\n"
 
 
@@ -187,7 +188,7 @@ def test_a_bad_jsonl_line_is_one_error_naming_its_line(tmp_path, capsys, line3, 
     src = tmp_path / "corpus.jsonl"
     good = [json.dumps({"text": f"línea número {i} del texto"}, ensure_ascii=False) for i in range(4)]
     src.write_text("\n".join(good[:2] + [line3] + good[2:]) + "\n")
-    assert data.main([str(src), "--out", str(tmp_path / "out"), "--vocab-size", "300"]) == 2
+    assert datadir.main([str(src), "--out", str(tmp_path / "out"), "--vocab-size", "300"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {src}, {message}") and err.count("\n") == 1
     assert not (tmp_path / "out").exists()
@@ -195,8 +196,8 @@ def test_a_bad_jsonl_line_is_one_error_naming_its_line(tmp_path, capsys, line3, 
 
 def test_train_path_is_prepared_beside_the_file_or_in_the_cache(tmp_path, monkeypatch):
     f = tmp_path / "c.jsonl"
-    assert data.train_path_dir(f) == (tmp_path / "c.jsonl.auralm", False)
-    monkeypatch.setattr(data.os, "access", lambda *a: False)
+    assert datadir.train_path_dir(f) == (tmp_path / "c.jsonl.auralm", False)
+    monkeypatch.setattr(datadir.os, "access", lambda *a: False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    where, cached = data.train_path_dir(f)
+    where, cached = datadir.train_path_dir(f)
     assert cached and where.parent == tmp_path / "cache" / "auralm" / "data" and where.name.startswith("c.jsonl-")

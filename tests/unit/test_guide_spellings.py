@@ -1,4 +1,5 @@
-"""Issue #33, items 2, 5 and 10: a guide's line trains the family it names (or is refused in one line naming the family a
+"""Issue #33, items 2, 5 and 10: a guide's line trains the family it names (or is refused in one line naming the family
+a
 key belongs to and the model= that selects it), the RLM guide's finetune.yaml keys act, and the guides' option
 spellings (the HRM launcher's --learning_rate ...) are read as ours or refused with a correct "did you mean"."""
 
@@ -13,7 +14,8 @@ import sys
 
 import pytest
 
-from auralm import config, guide_spellings, model_families, optim, tracking
+from auralm.models import families, guide_spellings
+from auralm.training import config, optim, tracking
 from auralm.errors import UserError
 
 # The guides' lines as they are typed (the keys after the guide's own program name).
@@ -45,7 +47,7 @@ RLM_BASIC = ("data.train_path=data/corpus.jsonl training.optimizer.lr=3e-4 train
 def test_a_guide_line_trains_the_family_it_names_and_says_so(line, name, family, said):
     cfg = config.parse(shlex.split(line))
     arch = config.resolved_model(cfg.model)
-    assert (cfg.model.name, model_families.family(arch), cfg.model_choice) == (name, family, said)
+    assert (cfg.model.name, families.family(arch), cfg.model_choice) == (name, family, said)
     if family == "rlm":
         assert cfg.task == "lm"
 
@@ -83,13 +85,13 @@ def test_a_key_the_model_does_not_read_is_refused_naming_its_family(line, messag
 
 
 def test_every_family_reads_the_keys_of_its_sizes():
-    keys = model_families.keys_of(config.SIZES)
+    keys = families.keys_of(config.SIZES)
     assert set(keys) == {"gpt", "hrm", "trm", "rlm"}
     assert "H_layers" in keys["hrm"] and "H_layers" not in keys["trm"]
     assert "mlp_t" in keys["trm"] and "mlp_t" not in keys["hrm"]
     assert {"ffn_dim", "mhc_flows", "n_layer"} <= keys["rlm"] and "n_layer" not in keys["hrm"] | keys["trm"]
     for name, size in config.SIZES.items():  # every size's own keys are accepted on it
-        fam = model_families.family(size)
+        fam = families.family(size)
         overrides = [f"model={name}"] + (["task=lm"] if fam == "rlm" else [])
         for k in sorted(keys[fam] - {"vocab_size", "dropout"}):
             config.parse(overrides + [f"model.{k}={size[k]}"])
@@ -170,19 +172,19 @@ def hrmctl(*args, cwd):
 
 
 def test_the_launchers_options_are_read_as_ours(tmp_path):
-    from auralm import data
+    from auralm.data import datadir
     from tests.trainer.helpers import QUIJOTE
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(QUIJOTE.read_text(encoding="utf-8-sig")[20000:60000], encoding="utf-8")
-    assert data.main([str(corpus), "--out", str(tmp_path / "data" / "lm"), "--vocab-size", "300"]) == 0  # the preflight's
+    assert datadir.main([str(corpus), "--out", str(tmp_path / "data" / "lm"), "--vocab-size", "300"]) == 0  # the preflight's
     res = hrmctl("train", "--model", "50m", "task=lm", "--batch_size", "2", "--learning_rate=3e-4", "--dry_run",
                  "--eval_steps", "50", "--run-id", "g1", "--json", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)
     [node] = doc["nodes"]
     argv = node["argv"]
-    tail = argv[argv.index("auralm.train") + 1:]
+    tail = argv[argv.index("auralm.training.train") + 1:]
     assert tail[:5] == ["model=50m", "task=lm", "training.batch_size=2", "training.lr=3e-4",
                         "training.eval_interval=50"], tail
     assert doc["model"]["name"] == "hrm-50m" and doc["model_choice"] == "hrm-50m (HRM), chosen from model=50m"
@@ -238,7 +240,7 @@ def test_the_docs_page_lists_every_spelling_of_the_table():
 def test_the_hrm_guides_line_trains_hrm_and_the_run_says_so(tmp_path, capsys, one_thread):
     """The small HRM line of issue #33 through the trainer (two steps; fp32, item 1 being the bf16 default's): the
     run's log says which model the keys chose, and its saved config is HRM's with the guide's shape."""
-    from auralm import train
+    from auralm.training import train
     from tests.trainer.helpers import small_sudoku
 
     data_dir = small_sudoku(tmp_path / "sudoku-extreme-small", count=60)

@@ -26,7 +26,7 @@ LOGGED_CHAIN = "\n".join(P + line for line in [
     "During handling of the above exception, another exception occurred:", "",
     *SIGNAL_TRACEBACK.replace(": 1", ": 15").splitlines(), ""])
 OTHER_TRACEBACK = """Traceback (most recent call last):
-  File "/w/auralm/train.py", line 10, in main
+  File "/w/auralm/training/train.py", line 10, in main
     step()
 RuntimeError: Connection closed by peer"""
 

@@ -1,4 +1,5 @@
-"""The launcher's memory decision before launch (cli/launch/memory.py): each rank's planned memory (auralm.sizing's
+"""The launcher's memory decision before launch (cli/launch/memory.py): each rank's planned memory
+(auralm.planning.sizing's
 estimate) against its node's share of what the probe reported, and the override that fits (issue 33, item 9)."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from auralm.config import split_global_batch
+from auralm.training.config import split_global_batch
 from cli.errors import HrmctlError
 from cli.launch import memory
 from cli.launch.plan import NodeFacts
@@ -19,9 +20,9 @@ GIB = 1 << 30
 
 
 def hrm_50m(**over) -> dict:
-    """auralm.sizing's answer for the HRM launcher's `model=50m task=lm` (world 1), measured."""
-    res = subprocess.run([sys.executable, "-m", "auralm.sizing", "--json", "--world", "1", "model=50m", "task=lm",
-                          *[f"{k}={v}" for k, v in over.items()]], capture_output=True, text=True, timeout=120)
+    """auralm.planning.sizing's answer for the HRM launcher's `model=50m task=lm` (world 1), measured."""
+    res = subprocess.run([sys.executable, "-m", "auralm.planning.sizing", "--json", "--world", "1", "model=50m",
+                          "task=lm", *[f"{k}={v}" for k, v in over.items()]], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)
 
@@ -77,7 +78,7 @@ def test_batch_auto_is_left_to_the_ranks_and_a_model_with_no_room_for_a_row_says
     assert memory.verdict(auto, 4, memory.shares([("n", 1)], {"n": NodeFacts(mem_available_gb=0.5)}), fsdp=True) is None
 
 
-TRAINER_OPTS = SimpleNamespace(module="auralm.train", args=["model=50m", "task=lm"])
+TRAINER_OPTS = SimpleNamespace(module="auralm.training.train", args=["model=50m", "task=lm"])
 
 
 def test_the_refusal_is_exit_1_and_HRMCTL_MEMORY_CHECK_0_only_warns(size, monkeypatch):

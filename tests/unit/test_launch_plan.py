@@ -26,7 +26,7 @@ def node(name: str, host: str, **kw) -> Node:
 def plan(facts=None, nodes=None, **kw):
     nodes = nodes or [node("a", "10.0.0.1"), node("b", "10.0.0.2", ifname="wlan0")]
     facts = facts or {"a": NodeFacts(cpus=8, ifname="eth0"), "b": NodeFacts(cpus=4, gpus=2, nccl=True, ifname="eth1")}
-    args = dict(master_addr="10.0.0.1", master_port=29500, backend="gloo", entry=["-m", "auralm.train", "x=1"],
+    args = dict(master_addr="10.0.0.1", master_port=29500, backend="gloo", entry=["-m", "auralm.training.train", "x=1"],
                 run_id="r1", user_env={"WANDB_API_KEY": "s3cret", "FOO": "bar"})
     args.update(kw)
     return build_plan(nodes, facts, **args)
@@ -40,7 +40,7 @@ def test_each_node_gets_its_rank_nproc_and_interface():
     for p in (a, b):
         assert "--nnodes=2" in p.argv and "--master-addr=10.0.0.1" in p.argv and "--rdzv-backend=static" in p.argv
         assert p.argv[0] == f"/py/{p.node.name}" and p.cwd == f"~/w/{p.node.name}"
-        assert p.argv[-3:] == ["-m", "auralm.train", "x=1"]
+        assert p.argv[-3:] == ["-m", "auralm.training.train", "x=1"]
         assert p.env["HRMCTL_WORLD_SIZE"] == "3" and p.env["FOO"] == "bar"
     assert a.env["GLOO_SOCKET_IFNAME"] == "eth0"  # from its route to the master
     assert b.env["GLOO_SOCKET_IFNAME"] == b.env["NCCL_SOCKET_IFNAME"] == "wlan0"  # the inventory wins
@@ -202,11 +202,11 @@ def test_data_not_prepared_for_the_task_is_one_line_with_the_command_that_makes_
     """issue 33, item 8: each way a node's data directory can fail the task, seen by the snippet as a node sees it,
     and the line: prepare-data with the --preset a directory named like one needs, or sync-data when this
     machine's ./data has it (sync-data sends ./data to the node's data_dir)."""
-    from auralm import data
+    from auralm.data import datadir
 
     work, here = tmp_path / "work", tmp_path / "here"
     good = work / "data" / "sudoku-extreme-small"
-    assert data.main(["--task", "sudoku", "--out", str(good), "--train", "12", "--test", "4"]) == 0
+    assert datadir.main(["--task", "sudoku", "--out", str(good), "--train", "12", "--test", "4"]) == 0
     (work / "hrm").mkdir()
     (work / "hrm" / "dataset.json").write_text("{}")  # the HRM repository's own layout: not ours
     form = {"format": storage.DATA_FORMAT, "base": "data"}
@@ -233,14 +233,14 @@ def test_data_not_prepared_for_the_task_is_one_line_with_the_command_that_makes_
     line = storage.problem_line("node1", {**lost, "local": False}, "u", False)
     assert line.endswith("fix: `hrmctl prepare-data --task sudoku --preset sudoku-extreme-small --out "
                          "data/sudoku-extreme-small` here, then `hrmctl sync-data node1`"), line
-    assert data.main(["--task", "sudoku", "--out", "data/sudoku-extreme-small", "--train", "12", "--test", "4"]) == 0
+    assert datadir.main(["--task", "sudoku", "--out", "data/sudoku-extreme-small", "--train", "12", "--test", "4"]) == 0
     line = storage.problem_line("node1", {**lost, "local": False}, "u", False)
     assert line.endswith("fix: `hrmctl sync-data node1` (this machine's data/sudoku-extreme-small has it)"), line
     line = storage.problem_line("localhost", {**lost, "local": True}, "u", False)
     assert line == (f"localhost: {good} holds data whose files do not match its meta.json ({good}/val_000.bin is "
                     "missing or of another size); fix: `hrmctl prepare-data --task sudoku --preset "
                     "sudoku-extreme-small --out data/sudoku-extreme-small`")
-    assert data.FORMAT == storage.DATA_FORMAT
+    assert datadir.FORMAT == storage.DATA_FORMAT
 
 
 def test_unwritable_seen_as_the_node_user_sees_it(tmp_path, monkeypatch):
@@ -268,8 +268,8 @@ def test_the_trainers_directories_under_hrmctl():
 
 
 def test_data_dir_per_node_goes_to_the_trainer_with_its_marker():
-    entry = {"a": ["-m", "auralm.train", "data_dir=data/sudoku", "out_dir=runs/r1"],
-             "b": ["-m", "auralm.train", "data_dir=/home/b/d/sudoku", "out_dir=runs/r1"]}
+    entry = {"a": ["-m", "auralm.training.train", "data_dir=data/sudoku", "out_dir=runs/r1"],
+             "b": ["-m", "auralm.training.train", "data_dir=/home/b/d/sudoku", "out_dir=runs/r1"]}
     a, b = plan(entry=entry, node_env={"a": {"HRMCTL_DEFAULT_DATA_DIR": "data/sudoku"}})
     assert a.argv[-2:] == ["data_dir=data/sudoku", "out_dir=runs/r1"] and b.argv[-2] == "data_dir=/home/b/d/sudoku"
     assert a.env["HRMCTL_DEFAULT_DATA_DIR"] == "data/sudoku" and "HRMCTL_DEFAULT_DATA_DIR" not in b.env
@@ -280,7 +280,7 @@ def test_data_dir_per_node_goes_to_the_trainer_with_its_marker():
 
 ROOT_CAUSE_REPORT = """\
 ============================================================
-auralm.train FAILED
+auralm.training.train FAILED
 ------------------------------------------------------------
 Failures:
 [1]:

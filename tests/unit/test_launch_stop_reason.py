@@ -39,7 +39,7 @@ def two_nodes(tmp_path, console: Console):
 def test_stop_prints_the_tagged_line_only_under_the_launcher(capsys, monkeypatch):
     monkeypatch.delenv(errors.LAUNCHER_ENV, raising=False)
     assert errors.stop("error: bad key", 0) == 2
-    assert capsys.readouterr().err == "error: bad key\n"  # alone (python -m auralm.train): the line, nothing more
+    assert capsys.readouterr().err == "error: bad key\n"  # alone (python -m auralm.training.train): the line, nothing more
     monkeypatch.setenv(errors.LAUNCHER_ENV, "r1/a")
     errors.stop("error: rank 1: out of CPU memory: lower training.batch_size", 1)
     line, tagged = capsys.readouterr().err.splitlines()

@@ -1,5 +1,5 @@
-"""auralm.link_budget against figures worked by hand, the link cache of cli.launch.links (a real file under a
-temporary HOME or XDG_CACHE_HOME), and hrmctl train's warning as `python -m auralm.link_budget` gives it."""
+"""auralm.planning.link_budget against figures worked by hand, the link cache of cli.launch.links (a real file under a
+temporary HOME or XDG_CACHE_HOME), and hrmctl train's warning as `python -m auralm.planning.link_budget` gives it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 import pytest
 from rich.console import Console
 
-from auralm import link_budget as lb
+from auralm.planning import link_budget as lb
 from cli.launch import links
 from cli.launch.options import LaunchOptions
 from cli.nodes.inventory import Node
@@ -112,7 +112,8 @@ import json, os, sys
 import torch, torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
-from auralm import config, models
+from auralm import models
+from auralm.training import config
 
 cfg = config.parse(sys.argv[2:])
 arch = config.resolved_model(cfg.model)
@@ -153,7 +154,8 @@ def test_powersgd_elements_are_what_torchs_hook_sends(tmp_path, rank, overrides)
     import subprocess
     import sys
 
-    from auralm import config, sizing
+    from auralm.planning import sizing
+    from auralm.training import config
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -222,7 +224,7 @@ def test_cached_compute_is_scaled_to_the_run():
     assert lb.scaled_compute(cached, tiny) == (pytest.approx(0.06), True)
     # a recurrent model runs its layers several times a step: TRM tiny (H_cycles 2, L_cycles 3) 2 x 4 = 8 forward
     # calls, the last 4 in the graph (a backward is two forwards): (8 + 2 x 4) / 3 = 16/3 passes
-    from auralm import config
+    from auralm.training import config
     trm = config.resolved_model(config.ModelConfig(name="trm-tiny"))
     hrm = config.resolved_model(config.ModelConfig(name="hrm-tiny"))
     assert lb.passes(trm, "trm") == pytest.approx(16 / 3)
@@ -325,7 +327,7 @@ def _nodes() -> list[Node]:
 
 
 def test_train_warning_from_the_cache_end_to_end(home):
-    """A real cache file, the real `python -m auralm.link_budget` sizing the run's model (model=small task=lm)."""
+    """A real cache file, the real `python -m auralm.planning.link_budget` sizing the run's model (model=small task=lm)."""
     overrides = ["model=small", "task=lm", "training.batch_size=16"]
     model = {"name": "small", "task": "lm", "parameters": 13_891_584, "batch_size": 16, "grad_accum": 1,
              "tokens_per_sample": 256, "vocab": 8192, "spec": None}

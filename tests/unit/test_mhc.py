@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from auralm import config, models
+from auralm import models
+from auralm.training import config
 from auralm.errors import UserError
 from auralm.models import mhc
 
@@ -171,7 +172,7 @@ def test_the_guide_keys_set_the_rlm_shape_and_wrong_uses_are_one_clear_error():
 
 
 def test_named_sizes_count_what_the_guide_says():
-    from auralm import sizing
+    from auralm.planning import sizing
 
     counts = {m: sizing.count_parameters("lm", config.resolved_model(config.parse(["task=lm", f"model={m}"]).model),
                                          32000) for m in ("rlm-small", "rlm-base", "rlm-large")}
@@ -194,7 +195,7 @@ def test_gradient_checkpointing_gives_the_same_gradients():
 
 @pytest.mark.slow  # a real training run (10-20 s of CPU): not in scripts/test.sh --fast
 def test_training_logs_amax_every_record_and_the_plain_model_none(tmp_path, quijote_data):
-    from auralm import train
+    from auralm.training import train
     from tests.trainer.helpers import records
 
     text = quijote_data(512, 20000)
@@ -211,7 +212,7 @@ def test_training_logs_amax_every_record_and_the_plain_model_none(tmp_path, quij
 
 
 def test_validate_model_passes_a_healthy_model_and_says_what_failed(capsys):
-    from auralm import validate_model
+    from auralm.tools import validate_model
 
     small = ["model.hidden_dim=64", "model.num_heads=2", "model.head_dim=32", "model.ffn_dim=128",
              "model.num_layers=2", "model.max_seq_len=32"]
@@ -251,7 +252,7 @@ def test_after_training_the_check_holds_what_sinkhorn_guarantees_and_reports_the
 @pytest.mark.parametrize("keys", [[], ["model.hidden_dim=256", "model.num_layers=4", "model.num_heads=4"]],
                          ids=["default", "guide"])
 def test_validate_model_passes_at_its_default_and_the_guides_size(keys, capsys, one_thread):
-    from auralm import validate_model
+    from auralm.tools import validate_model
 
     assert validate_model.main(keys) == 0, capsys.readouterr().out
     out = capsys.readouterr().out

@@ -11,7 +11,8 @@ import sys
 import pytest
 import torch
 
-from auralm import config, kernels, models
+from auralm import kernels, models
+from auralm.training import config
 from auralm.models import mhc
 
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from auralm import config
-from auralm.distributed import Dist
-from auralm.nan_guard import STOP_AFTER, NanGuard, NanStop
-from auralm.runlog import RunLog
+from auralm.training import config
+from auralm.training.distributed import Dist
+from auralm.training.nan_guard import STOP_AFTER, NanGuard, NanStop
+from auralm.training.runlog import RunLog
 
 NAN, ONE = torch.tensor(float("nan")), torch.tensor(1.0)
 

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from auralm import data
+from auralm.data import datadir
 from tests.trainer.helpers import QUIJOTE
 
 README = """\
@@ -64,16 +64,16 @@ def _decoded(out) -> str:
 def test_a_configuration_streamed_up_to_a_token_budget(dataset, tmp_path, monkeypatch, capsys):
     root, english, spanish = dataset
     read = []
-    streamed = data._streamed
+    streamed = datadir._streamed
 
     def counting(*args):
         for t in streamed(*args):
             read.append(t)
             yield t
 
-    monkeypatch.setattr(data, "_streamed", counting)
+    monkeypatch.setattr(datadir, "_streamed", counting)
     out = tmp_path / "es"
-    assert data.main([str(root), "--config", "20231101.es", "--streaming", "--max-tokens", "3000", "--vocab-size", "400",
+    assert datadir.main([str(root), "--config", "20231101.es", "--streaming", "--max-tokens", "3000", "--vocab-size", "400",
                       "--out", str(out)]) == 0
     said = capsys.readouterr().out
     meta = json.loads((out / "meta.json").read_text())
@@ -89,7 +89,7 @@ def test_a_configuration_streamed_up_to_a_token_budget(dataset, tmp_path, monkey
 def test_another_configuration_of_the_same_dataset_is_its_own_text(dataset, tmp_path, capsys):
     root, english, _ = dataset
     out = tmp_path / "en"
-    assert data.main([str(root), "--config", "en", "--vocab-size", "300", "--out", str(out)]) == 0
+    assert datadir.main([str(root), "--config", "en", "--vocab-size", "300", "--out", str(out)]) == 0
     text = _decoded(out)
     assert "Gutenberg" in text and "Sancho" not in text
     meta = json.loads((out / "meta.json").read_text())
@@ -104,7 +104,7 @@ def test_another_configuration_of_the_same_dataset_is_its_own_text(dataset, tmp_
 ])
 def test_bad_dataset_options_are_one_line(dataset, tmp_path, capsys, args, line):
     root, *_ = dataset
-    assert data.main([str(root), *args, "--out", str(tmp_path / "x")]) == 2
+    assert datadir.main([str(root), *args, "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
     assert err.startswith(line.format(root=root)) and err.count("\n") == 1, err
     assert not (tmp_path / "x").exists()

@@ -9,8 +9,9 @@ import pytest
 import torch
 import yaml
 
-from auralm import checkpoint, config, inference, train
-from auralm.data import sha256_file
+from auralm.tools import inference
+from auralm.training import checkpoint, config, train
+from auralm.data.datadir import sha256_file
 from auralm.errors import UserError
 from auralm.models import ACT, GPT, Pretrained, RLMModel, SudokuNet, build
 

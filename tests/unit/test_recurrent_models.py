@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from auralm import config, models
+from auralm import models
+from auralm.training import config
 from auralm.models.act import ACT, Level
 
 

@@ -1,6 +1,7 @@
 """`hrmctl runs`, `hrmctl logs`, `hrmctl plot` and each run's curves.png (issue #18, items 2 and 4).
 
-The finished runs are real: short trainings of the trainer (`auralm.train.main`) on a small sudoku set; the failed,
+The finished runs are real: short trainings of the trainer (`auralm.training.train.main`) on a small sudoku set; the
+failed,
 stopped, running and unknown ones are made by hand, as the launcher and a trainer would have left them.
 """
 
@@ -41,7 +42,7 @@ def _png_size(path: Path) -> tuple[int, int]:
 
 
 def _train(data: Path, out: Path, *extra: str) -> None:
-    from auralm import train
+    from auralm.training import train
 
     assert train.main(tiny_args(data, out, "training.max_steps=12", "training.eval_interval=6",
                                 "training.log_interval=2", *extra)) == 0
@@ -87,7 +88,7 @@ def runs(tmp_path_factory) -> Path:
     me = psutil.Process()
     _hand_made(runs / FAILED, cfg, steps=5, status={
         "run_id": FAILED, "state": "failed", "started": OLD, "ended": OLD + 65, "host": "elsewhere", "pid": 1,
-        "module": "auralm.train", "nodes": ["node0", "node1"], "world": 2, "exit_code": 1,
+        "module": "auralm.training.train", "nodes": ["node0", "node1"], "world": 2, "exit_code": 1,
         "reason": "rank 1 on node1 failed first (exit code 1)"}, logs={
         "node0": ["# hrmctl launch, attempt 1, node node0 (node rank 0, ranks 0-0), host 10.0.0.1",
                   "09:00:01.000 [rank0]:model tiny (sudoku): 0.1M parameters",
@@ -100,14 +101,14 @@ def runs(tmp_path_factory) -> Path:
                   "09:00:04.500 [rank1]:RuntimeError: out of patience"]})
     _hand_made(runs / STOPPED, cfg, steps=7, status={
         "run_id": STOPPED, "state": "stopped", "started": OLD, "ended": OLD + 30, "host": socket.gethostname(),
-        "pid": dead.pid, "module": "auralm.train", "nodes": ["localhost"], "world": 1, "exit_code": 130,
+        "pid": dead.pid, "module": "auralm.train", "nodes": ["localhost"], "world": 1, "exit_code": 130,  # pre-rooms
         "reason": "interrupted (Ctrl-C)"})
     _hand_made(runs / GONE, cfg, steps=9, status={
         "run_id": GONE, "state": "running", "started": OLD, "host": socket.gethostname(), "pid": dead.pid,
-        "pid_started": OLD, "module": "auralm.train", "nodes": ["localhost"], "world": 1})
+        "pid_started": OLD, "module": "auralm.training.train", "nodes": ["localhost"], "world": 1})
     _hand_made(runs / LIVE, cfg, steps=3, status={
         "run_id": LIVE, "state": "running", "started": time.time() - 20, "host": socket.gethostname(),
-        "pid": os.getpid(), "pid_started": me.create_time(), "module": "auralm.train", "nodes": ["localhost"],
+        "pid": os.getpid(), "pid_started": me.create_time(), "module": "auralm.training.train", "nodes": ["localhost"],
         "world": 1}, logs={"localhost": ["12:00:00.000 [rank0]:step 1/100 | loss 2.0"]}, mtime=None)
     _hand_made(runs / UNKNOWN, cfg, steps=4, status=None)
     (runs / "notes").mkdir()  # not a run: nothing a launch or a training leaves
@@ -141,6 +142,7 @@ def test_runs_json_fields_and_statuses(runs, capsys):
     assert f["reason"] == "rank 1 on node1 failed first (exit code 1)" and f["nodes"] == ["node0", "node1"]
     assert f["duration_s"] == 65.0 and f["steps"] == 5 and f["max_steps"] == 100
     assert (got[STOPPED]["status"], got[STOPPED]["exit_code"]) == ("stopped", 130)
+    assert got[STOPPED]["task"] == "sudoku"  # recorded before the rooms as auralm.train: still the trainer's run
     gone = got[GONE]
     assert gone["status"] == "stopped" and gone["source"] == "inferred" and "is gone" in gone["reason"]
     assert got[LIVE]["status"] == "running" and got[LIVE]["source"] == "status.json"
@@ -274,7 +276,7 @@ def test_plot_in_the_terminal(runs, capsys):
 
 
 def test_curves_png_after_a_run_and_none_without_matplotlib(runs, tmp_path, monkeypatch):
-    from auralm import curves
+    from auralm.training import curves
 
     for r in (A, B):
         width, height = _png_size(runs / r / "curves.png")
@@ -296,12 +298,12 @@ def test_launcher_status_json(tmp_path):
 
     node = local_node()
     plan = SimpleNamespace(node=node, nproc=1, cwd=str(tmp_path),
-                           argv=["py", "-m", "torch.distributed.run", "--nnodes=1", "-m", "auralm.train",
+                           argv=["py", "-m", "torch.distributed.run", "--nnodes=1", "-m", "auralm.training.train",
                                  "model=tiny", "out_dir=elsewhere/r1"])
     run_dir = tmp_path / "runs" / "r1"
     run_dir.mkdir(parents=True)
     doc = started(run_dir, SimpleNamespace(run_id="r1", plans=[plan], backend="gloo",
-                                           options=SimpleNamespace(module="auralm.train")))
+                                           options=SimpleNamespace(module="auralm.training.train")))
     saved = json.loads((run_dir / "status.json").read_text())
     assert saved["state"] == "running" and saved["pid"] == os.getpid() and saved["nodes"] == ["localhost"]
     assert saved["trainer_dir"] == str((tmp_path / "elsewhere" / "r1").resolve())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from auralm import sudoku
+from auralm.data import sudoku
 
 
 def _valid(grid):
@@ -64,7 +64,7 @@ def test_solver_counts_several_solutions_and_none():
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from auralm import data  # noqa: E402
+from auralm.data import datadir  # noqa: E402
 from auralm.errors import UserError  # noqa: E402
 
 # Arto Inkala's "hardest sudoku": 21 givens, needs search
@@ -139,7 +139,7 @@ def test_the_test_split_holds_no_transform_of_a_train_puzzle():
     train = [sudoku.make_rated(rng, "medium") for _ in range(5)]
     planted = sudoku.augment(train[2][0], train[2][1], rng)
     test = [sudoku.make_rated(rng, "medium"), (planted[0], planted[1], 0), sudoku.make_rated(rng, "medium")]
-    kept, removed = data._without_leaks(train, test)
+    kept, removed = datadir._without_leaks(train, test)
     assert removed == 1 and planted[0] not in [p for p, *_ in kept] and len(kept) == 2
 
 
@@ -158,9 +158,9 @@ def _row(puzzle, solution, rating="3"):
 
 def test_prepare_writes_train_with_augmented_copies_and_an_unaugmented_test_split(tmp_path):
     out = tmp_path / "d"
-    msg = data.prepare_sudoku(out, train=20, test=10, difficulty="medium", aug=3, seed=1, workers=1)
+    msg = datadir.prepare_sudoku(out, train=20, test=10, difficulty="medium", aug=3, seed=1, workers=1)
     assert "20 medium train puzzles x 4" in msg
-    meta = data.load_manifest(out, "sudoku")
+    meta = datadir.load_manifest(out, "sudoku")
     assert meta["splits"]["train"]["puzzles"] == 80 and meta["splits"]["val"]["puzzles"] == 10
     assert meta["difficulty"] == "medium" and 30 <= meta["givens"]["min"] <= meta["givens"]["max"] <= 36
     train = np.fromfile(out / "train_000.bin", np.uint8).reshape(-1, 2, 81)
@@ -174,8 +174,8 @@ def test_the_csv_is_read_checked_and_split(tmp_path):
     rng = random.Random(8)
     rows = [_row(*sudoku.make_rated(rng, "hard")[:2]) for _ in range(12)]
     out = tmp_path / "d"
-    msg = data.prepare_sudoku(out, train=8, test=4, from_csv=str(_csv(tmp_path / "train.csv", rows)), aug=1)
-    meta = data.load_manifest(out, "sudoku")
+    msg = datadir.prepare_sudoku(out, train=8, test=4, from_csv=str(_csv(tmp_path / "train.csv", rows)), aug=1)
+    meta = datadir.load_manifest(out, "sudoku")
     assert meta["splits"]["train"]["puzzles"] == 16 and meta["splits"]["val"]["puzzles"] == 4, msg
     assert meta["source"] == {"csv": ["train.csv"]} and meta["rating"]["kind"] == "the CSV's rating"
     headerless = _csv(tmp_path / "plain.csv", [",".join(r.split(",")[1:3]) for r in rows], header=False)
@@ -197,7 +197,7 @@ def test_a_bad_csv_line_is_one_error_naming_the_line(tmp_path, capsys, bad, expe
     bad = bad.replace("KEEP", q).replace("OTHER", "".join(map(str, other)))
     bad = bad.replace("GOOD", q).replace("ANSWER", "".join(map(str, solution)))
     path = _csv(tmp_path / "x.csv", [_row(puzzle, solution), bad])
-    assert data.main(["--task", "sudoku", "--from-csv", str(path), "--out", str(tmp_path / "d")]) == 2
+    assert datadir.main(["--task", "sudoku", "--from-csv", str(path), "--out", str(tmp_path / "d")]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {path} ") and expected in err and err.count("\n") == 1
     assert not (tmp_path / "d").exists()
@@ -213,6 +213,6 @@ def test_a_bad_csv_line_is_one_error_naming_the_line(tmp_path, capsys, bad, expe
     (["--preset", "sudoku-hard-9"], "invalid choice"),
 ])
 def test_prepare_data_bad_sudoku_options_are_one_line(tmp_path, capsys, args, expected):
-    assert data.main(["--task", "sudoku", *args, "--out", str(tmp_path / "d")]) == 2
+    assert datadir.main(["--task", "sudoku", *args, "--out", str(tmp_path / "d")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and expected in err and err.count("\n") == 1

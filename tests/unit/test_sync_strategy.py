@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from auralm import checkpoint, config, distributed, train
+from auralm.training import checkpoint, config, distributed, train
 from auralm.errors import UserError
 from auralm.parallel import strategy
 from auralm.parallel.ddp import DataParallel

@@ -105,7 +105,7 @@ def test_agent_finds_a_running_trainer_with_its_step_and_loss(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", HRMCTL_RUN_ID="top-unit", TMPDIR=str(own_tmp))
     env.pop("RANK", None)
     errors = open(tmp_path / "trainer.err", "w")  # a file: a pipe nobody reads could stall the trainer
-    trainer = subprocess.Popen([sys.executable, "-m", "auralm.train",
+    trainer = subprocess.Popen([sys.executable, "-m", "auralm.training.train",
                                 *tiny_args(data, run, "training.max_steps=100000", "training.batch_size=8")],
                                cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=errors)
     agent = None

@@ -17,7 +17,7 @@ import time
 import pytest
 import torch
 
-from auralm import config, train, tracking
+from auralm.training import config, tracking, train
 from auralm.errors import UserError
 from tests.trainer.helpers import PYTHON, python_env, records, tiny_args
 
@@ -208,7 +208,7 @@ BLOCK = """import sys
 # `import {pkgs}` raise ImportError (ModuleNotFoundError) exactly like a missing package does.
 for name in {names!r}:
     sys.modules[name] = None
-from auralm.train import main
+from auralm.training.train import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -238,7 +238,7 @@ def on_a_terminal(args: list[str], cwd, timeout: float = 120) -> tuple[int, str]
     env = python_env(TERM="xterm-256color")
     for k in ("NO_COLOR", "TTY_INTERACTIVE", "TTY_COMPATIBLE", "COLUMNS", "LINES"):
         env.pop(k, None)
-    p = subprocess.Popen([PYTHON, "-m", "auralm.train", *args], stdin=slave, stdout=slave, stderr=slave, env=env,
+    p = subprocess.Popen([PYTHON, "-m", "auralm.training.train", *args], stdin=slave, stdout=slave, stderr=slave, env=env,
                          cwd=cwd)
     os.close(slave)
     chunks, deadline = [], time.monotonic() + timeout
@@ -275,7 +275,7 @@ def test_the_progress_bar_shows_on_a_terminal_and_plain_lines_otherwise(sudoku_d
     assert all(re.match(STEP_LINE, l) for l in steps), steps
 
     # not a terminal (a pipe, as under hrmctl and in tests): the lines as before, nothing else
-    p = subprocess.run([PYTHON, "-m", "auralm.train", *args("pipe")], capture_output=True, text=True,
+    p = subprocess.run([PYTHON, "-m", "auralm.training.train", *args("pipe")], capture_output=True, text=True,
                        env=python_env(TERM="xterm-256color"), cwd=tmp_path, timeout=120)
     assert p.returncode == 0, p.stderr
     assert "━" not in p.stdout and "\x1b" not in p.stdout and "ETA" not in p.stdout

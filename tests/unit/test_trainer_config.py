@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from auralm import config
+from auralm.training import config
 from auralm.errors import UserError
 from tests.trainer.helpers import PYTHON, REPO, python_env
 
@@ -46,12 +46,12 @@ def test_bad_overrides_name_the_problem(override, expected):
 
 
 def _train_cli(*args):
-    return subprocess.run([PYTHON, "-m", "auralm.train", *args], capture_output=True, text=True, timeout=120,
+    return subprocess.run([PYTHON, "-m", "auralm.training.train", *args], capture_output=True, text=True, timeout=120,
                           env=python_env(), cwd=REPO)
 
 
 def test_check_accepts_good_overrides_and_touches_nothing(tmp_path):
-    res = subprocess.run([PYTHON, "-m", "auralm.train", "--check", "model=tiny", "training.max_steps=5",
+    res = subprocess.run([PYTHON, "-m", "auralm.training.train", "--check", "model=tiny", "training.max_steps=5",
                           f"data_dir={tmp_path}/none"], capture_output=True, text=True, timeout=120,
                          env=python_env(), cwd=tmp_path)
     assert res.returncode == 0, res.stderr

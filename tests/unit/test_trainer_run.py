@@ -10,7 +10,8 @@ import shutil
 import pytest
 import torch
 
-from auralm import config, data, train
+from auralm.data import datadir
+from auralm.training import config, train
 from auralm.errors import UserError
 from tests.trainer.helpers import by_step, records, small_sudoku, tiny_args
 
@@ -182,7 +183,7 @@ def test_unwritable_out_dir_or_data_dir_is_one_line_and_exit_2(sudoku_dir, tmp_p
     def unreadable(data_dir, task):
         raise PermissionError(13, "Permission denied", str(data_dir / "meta.json"))
 
-    monkeypatch.setattr(data, "load_manifest", unreadable)
+    monkeypatch.setattr(datadir, "load_manifest", unreadable)
     assert train.main(tiny_args(sudoku_dir, tmp_path / "run2", "training.max_steps=1")) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: cannot use the data in {sudoku_dir}: Permission denied ({sudoku_dir / 'meta.json'})")
@@ -200,7 +201,7 @@ def test_the_nodes_default_data_dir_gets_the_default_sudoku_data_a_given_one_doe
         made.append(path)
         shutil.copytree(sudoku_dir, path)
 
-    monkeypatch.setattr(data, "ensure_sudoku", ensure)
+    monkeypatch.setattr(datadir, "ensure_sudoku", ensure)
     node_dir = tmp_path / "node-data" / "sudoku"
     monkeypatch.setenv(train.DEFAULT_DATA_ENV, str(node_dir))
     _run(*tiny_args(node_dir, tmp_path / "run", "training.max_steps=1"))
@@ -255,7 +256,8 @@ def test_the_papers_adam_atan2_optimizer_trains_and_resumes(sudoku_dir, tmp_path
     whole, cut = by_step(tmp_path / "whole"), by_step(tmp_path / "cut")
     assert all(math.isfinite(whole[s]["loss"]) for s in range(1, 5))
     assert [cut[s]["loss"] for s in (3, 4)] == [whole[s]["loss"] for s in (3, 4)]
-    from auralm import models, optim
+    from auralm import models
+    from auralm.training import optim
 
     cfg = config.parse(common)
     model = models.build("sudoku", config.resolved_model(cfg.model))

@@ -1,6 +1,6 @@
 """GPT-2 for ``task=lm``: takes ``(x, y)`` and returns ``(logits, loss)``; ``y`` is -100 where there is no target.
 
-``step(ids, cache)`` runs new tokens against a KV cache (``new_cache()``) for generation (``auralm.generate``),
+``step(ids, cache)`` runs new tokens against a KV cache (``new_cache()``) for generation (``auralm.tools.generate``),
 the protocol of ``auralm.models.rlm``; the training forward does not use it.
 """
 
@@ -13,7 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from auralm.chunked_loss import linear_cross_entropy
+from auralm.models.chunked_loss import linear_cross_entropy
 from auralm.models.layers import token_loss
 from auralm.models.rlm.model import KVCache
 from auralm.models.pretrained import Pretrained
@@ -62,7 +62,7 @@ class GPT(nn.Module, Pretrained):
 
     Our own module rather than ``transformers``' GPT2LMHeadModel: the same function, measurably
     faster (``bench/train_throughput.py``), mostly because the loss is taken a chunk of tokens at
-    a time (``auralm.chunked_loss``) instead of over the whole ``(tokens, vocab)`` logits; in
+    a time (``auralm.models.chunked_loss``) instead of over the whole ``(tokens, vocab)`` logits; in
     training the forward returns no logits.
     """
 

@@ -15,7 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from auralm.chunked_loss import linear_cross_entropy
+from auralm.models.chunked_loss import linear_cross_entropy
 from auralm.models import mhc
 from auralm.models.layers import Rotary, apply_rotary, token_loss
 from auralm.models.pretrained import Pretrained

@@ -4,7 +4,7 @@ means task=lm unless task is given."""
 
 from __future__ import annotations
 
-from auralm import guide_spellings
+from auralm.models import guide_spellings
 from auralm.errors import UserError
 from auralm.models.registry import ModelFamily, check_result, register
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from auralm import guide_spellings
+from auralm.models import guide_spellings
 from auralm.models import recurrent
 from auralm.models.registry import ModelFamily, register
 

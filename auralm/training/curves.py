@@ -6,7 +6,7 @@ no global backend switched); no torch, nothing else of the trainer, so it is che
     ``metrics.jsonl`` (loss and val_loss against step above, the learning rate below). Without matplotlib it says
     so in one line and writes nothing; a run never fails for its picture;
   - ``hrmctl plot`` (cli/runs/plot.py) imports it for the same reading and drawing of one or several runs.
-``python -m auralm.curves RUN_DIR [...]`` writes (again) the curves.png of finished runs.
+``python -m auralm.training.curves RUN_DIR [...]`` writes (again) the curves.png of finished runs.
 """
 
 from __future__ import annotations
@@ -231,7 +231,7 @@ def write_run_curves(run_dir: str | Path | None, say: Callable[[str], None] = pr
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     if not args or any(a in ("-h", "--help") for a in args):
-        print("usage: python -m auralm.curves RUN_DIR [RUN_DIR ...]: write each run's curves.png again")
+        print("usage: python -m auralm.training.curves RUN_DIR [RUN_DIR ...]: write each run's curves.png again")
         return 0 if args else 2
     bad = 0
     for a in args:

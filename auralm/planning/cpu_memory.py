@@ -28,7 +28,7 @@ def _libc_function(name: str):
 
 def give_back_freed_memory() -> None:
     """Return what malloc keeps after frees to the kernel now (glibc's malloc_trim), e.g. before measuring how
-    much memory a piece of work needs (auralm.autobatch: a probe reusing kept memory would show no growth)."""
+    much memory a piece of work needs (auralm.planning.autobatch: a probe reusing kept memory would show no growth)."""
     trim = _libc_function("malloc_trim")
     if trim is not None:
         trim(0)

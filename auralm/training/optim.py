@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from auralm import config
+from auralm.training import config
 from auralm.errors import UserError
 
 

@@ -12,7 +12,7 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from auralm import guide_spellings, model_families
+from auralm.models import families, guide_spellings
 from auralm.models import registry
 from auralm.parallel import strategy
 from auralm.errors import UserError
@@ -28,7 +28,7 @@ OPTIMIZERS = ("adamw", "adam_atan2")
 COMM_HOOKS = ("none", "bf16", "fp16", "powersgd")
 
 SCHEDULES = ("cosine", "linear", "constant")
-# The guides' spellings of our keys (and of hrmctl's options): one table, auralm/guide_spellings.py.
+# The guides' spellings of our keys (and of hrmctl's options): one table, auralm/models/guide_spellings.py.
 ALIASES, COMPOUND, VALUES = guide_spellings.ALIASES, guide_spellings.COMPOUND, guide_spellings.VALUES
 MODEL_ALIASES, ARCH_NAMES, ACCEPTED = guide_spellings.MODEL_ALIASES, guide_spellings.ARCH_NAMES, guide_spellings.ACCEPTED
 
@@ -82,7 +82,7 @@ class TrainingConfig:
     max_steps: int = 1000
     batch_size: int = 64  # per rank and micro-step; global batch = batch_size * grad_accum * world; 0: auto
     # (``training.batch_size=auto``: each rank probes the largest micro-batch that fits its memory, the ranks
-    # take the smallest, and grad_accum keeps global_batch_size when given; see auralm/autobatch.py)
+    # take the smallest, and grad_accum keeps global_batch_size when given; see auralm/planning/autobatch.py)
     grad_accum: int = 1
     lr: float = 2e-3
     min_lr_ratio: float = 0.1  # the cosine ends at lr * min_lr_ratio
@@ -156,14 +156,14 @@ class WandbConfig:
 
 @dataclass
 class LoggingConfig:
-    """Where rank 0's metrics go besides metrics.jsonl (auralm.tracking)."""
+    """Where rank 0's metrics go besides metrics.jsonl (auralm.training.tracking)."""
     tensorboard: bool = False  # event files in <run>/tensorboard/ (package tensorboard, on rank 0's node)
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
 
 @dataclass
 class DataConfig:
-    """A text file the trainer prepares itself (the RLM-mHC guide's ``data.*``): on first use, auralm.data's lm
+    """A text file the trainer prepares itself (the RLM-mHC guide's ``data.*``): on first use, auralm.data.datadir's lm
     preparation writes it into a data directory beside it (``FILE.auralm/``; in the user's cache when that
     directory is not writable), which becomes data_dir; reused while the file and these options are unchanged."""
     train_path: str = ""  # .jsonl (one {"text": ...} a line) or .txt (paragraphs); "": use data_dir
@@ -385,14 +385,14 @@ def apply(cfg: Config, overrides: list[str]) -> Config:
 
 
 def _choose_model(cfg: Config, typed: dict[str, str]) -> None:
-    """The model the keys name when ``model=`` does not (auralm.model_families), said in ``cfg.model_choice``; a
+    """The model the keys name when ``model=`` does not (auralm.models.families), said in ``cfg.model_choice``; a
     ``model.*`` key the model does not read is refused."""
     how = ""
     if "model" in typed:
         if typed["model"].partition("=")[2] != cfg.model.name:  # arch=hrm_v1, model=50m
             how = f", chosen from {typed['model']}"
     else:
-        chosen = model_families.choose(SIZES, cfg.model.name, typed, cfg.task if "task" in typed else None)
+        chosen = families.choose(SIZES, cfg.model.name, typed, cfg.task if "task" in typed else None)
         if chosen:
             cfg.model.name, item = chosen
             how = f", chosen from {item}"
@@ -401,9 +401,9 @@ def _choose_model(cfg: Config, typed: dict[str, str]) -> None:
     tasks = registry.size_tasks(cfg.model.name)
     if len(tasks) == 1 and "task" not in typed:
         cfg.task = next(iter(tasks))  # a family of one task (the RLM is a language model only)
-    family = model_families.short_title(model_families.family(SIZES[cfg.model.name]))
+    family = families.short_title(families.family(SIZES[cfg.model.name]))
     cfg.model_choice = f"{cfg.model.name} ({family}){how}" if how else ""
-    model_families.check(SIZES, cfg.model.name, typed, how or ("" if "model" in typed else ", the default model"))
+    families.check(SIZES, cfg.model.name, typed, how or ("" if "model" in typed else ", the default model"))
 
 
 def expand(overrides: list[str]) -> list[str]:
@@ -623,7 +623,7 @@ def to_dict(cfg: Config) -> dict:
 
 
 if __name__ == "__main__":
-    # `python -m auralm.config [args]`: the trainer's --check without importing torch (a fraction of a
+    # `python -m auralm.training.config [args]`: the trainer's --check without importing torch (a fraction of a
     # second instead of seconds), which is what the launcher runs before anything starts on any node.
     import sys
 

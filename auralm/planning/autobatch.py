@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from auralm import cpu_memory
+from auralm.planning import cpu_memory
 from auralm.errors import UserError
 from netcheck.node_probe import cgroup_memory, read
 
@@ -99,7 +99,7 @@ def _reset_peak() -> bool:
 
 
 def _trim() -> None:
-    """Give the memory malloc keeps after a free back to the kernel (auralm.cpu_memory makes it keep freed
+    """Give the memory malloc keeps after a free back to the kernel (auralm.planning.cpu_memory makes it keep freed
     blocks), so that a probe's growth is measured from what is really in use: otherwise a probe reuses held
     memory, shows no growth, and the line would promise more than fits."""
     import gc

@@ -5,7 +5,7 @@ models run ``halt_max_steps`` segments from a fresh state; they also report what
 Q-head halting gives (``exact_accuracy_qhalt``, ``halt_steps``: mean segments at which it halts)
 and the exact accuracy after each number of segments (``exact_by_segments``).
 
-``python -m auralm.evaluate CHECKPOINT [--data DIR] [--split val] [--batches N] [--segments N] [--json]``.
+``python -m auralm.tools.evaluate CHECKPOINT [--data DIR] [--split val] [--batches N] [--segments N] [--json]``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 
 from auralm.errors import UserError
 from auralm.models.layers import IGNORE, per_token_loss
-from auralm.objective import full_targets
+from auralm.training.objective import full_targets
 
 
 def _batches(val, batch_size: int, max_batches: int | None):
@@ -103,10 +103,10 @@ class _Parser(argparse.ArgumentParser):
 def main(argv: list[str] | None = None) -> int:
     import contextlib
 
-    from auralm import data
-    from auralm.inference import load
+    from auralm.data import datadir
+    from auralm.tools.inference import load
 
-    p = _Parser(prog=os.environ.get("AURALM_PROG", "python -m auralm.evaluate"),
+    p = _Parser(prog=os.environ.get("AURALM_PROG", "python -m auralm.tools.evaluate"),
                 description="Evaluate a checkpoint on a data split.")
     p.add_argument("checkpoint", help="a checkpoint-<step> directory, or a run directory (its best checkpoint)")
     p.add_argument("--data", help="the data directory (default: the one the run trained on)")
@@ -122,10 +122,10 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError("--batch-size, --batches and --segments must be greater than 0")
         loaded = load(Path(a.checkpoint))
         data_dir = Path(a.data) if a.data else loaded.data_dir
-        meta = data.load_manifest(data_dir, loaded.task)
+        meta = datadir.load_manifest(data_dir, loaded.task)
         if a.split not in meta["splits"]:
             raise UserError(f"--split {a.split}: {data_dir} has the splits {', '.join(meta['splits'])}")
-        val = data.open_split(data_dir, meta, a.split, loaded.arch["block_size"])
+        val = datadir.open_split(data_dir, meta, a.split, loaded.arch["block_size"])
         if len(val) == 0:
             raise UserError(f"the {a.split} split of {data_dir} is empty")
         out = evaluate(loaded.model, val, loaded.task, a.batch_size, a.batches, torch.device("cpu"),

@@ -1,8 +1,8 @@
-"""Train a model: ``python -m auralm.train [--check] [--resume] [key=value ...]``, alone or under torchrun.
+"""Train a model: ``python -m auralm.training.train [--check] [--resume] [key=value ...]``, alone or under torchrun.
 
 With no arguments it trains a small model on generated sudoku puzzles (made in ``data/sudoku``
 when missing). ``--check`` only validates the overrides. ``--resume`` is ``resume=latest``.
-Keys: see ``auralm/config.py`` (e.g. ``task=lm data_dir=data/quijote model=tiny training.max_steps=500``).
+Keys: see ``auralm/training/config.py`` (e.g. ``task=lm data_dir=data/quijote model=tiny training.max_steps=500``).
 
 ``train`` is the loop's shape: open the run, the data and the model, resume, then step, report, evaluate and save.
 How the ranks train together (single process, DDP, DiLoCo, FSDP) is the sync strategy that ``training.sync`` and
@@ -27,19 +27,22 @@ from typing import Any
 
 import torch
 
-from auralm import (autobatch, checkpoint, config, cpu_memory, data, distributed, errors, models, objective, optim,
-                    tracking)
-from auralm.config import Config
-from auralm.curves import write_run_curves
-from auralm.ema import EMA
-from auralm.evaluate import evaluate as evaluate_split
+from auralm import errors, models
+from auralm.data import datadir
+from auralm.planning import autobatch, cpu_memory
+from auralm.training import checkpoint, config, distributed, objective, optim, tracking
+from auralm.training.config import Config
+from auralm.training.curves import write_run_curves
+from auralm.training.ema import EMA
+from auralm.tools.evaluate import evaluate as evaluate_split
 from auralm.errors import UserError
-from auralm.nan_guard import NanGuard
+from auralm.training.nan_guard import NanGuard
 from auralm.parallel import balance, strategy
 from auralm.parallel.strategy import Parts
-from auralm.precision import autocast, bf16_compute, cpu_has_bf16, rng_state, set_rng_state  # noqa: F401 (re-exported)
-from auralm.runlog import RunLog
-from auralm import heartbeat
+from auralm.training.precision import (autocast, bf16_compute, cpu_has_bf16, rng_state,  # noqa: F401 (re-exported)
+                                       set_rng_state)
+from auralm.training.runlog import RunLog
+from auralm.training import heartbeat
 
 
 def memory_gb(device: torch.device) -> tuple[str, float]:
@@ -112,13 +115,14 @@ def _user() -> str:
 def open_data(cfg: Config, d: distributed.Dist) -> tuple[Path, dict]:
     """Check this rank's data; every rank's manifest must be the same as rank 0's (same meta.json hash).
     The default sudoku data is generated when missing in a default place (see default_data_dir).
-    ``data.train_path=FILE``: local rank 0 of each node prepares FILE (auralm.data.prepare_lm: nothing to do when
-    it is up to date) into data.train_path_dir(FILE), which is the data directory; the node's other ranks wait."""
+    ``data.train_path=FILE``: local rank 0 of each node prepares FILE (auralm.data.datadir.prepare_lm: nothing to do
+    when
+    it is up to date) into datadir.train_path_dir(FILE), which is the data directory; the node's other ranks wait."""
     data_dir = Path(cfg.data_dir or f"data/{cfg.task}").expanduser()
     meta, error = None, None
     if cfg.data.train_path:
         source = Path(cfg.data.train_path).expanduser()
-        data_dir, cached = data.train_path_dir(source)
+        data_dir, cached = datadir.train_path_dir(source)
         if not default_data_dir(cfg):
             error = (f"data.train_path={cfg.data.train_path} and data_dir={cfg.data_dir}: give one of them (the "
                      f"file is prepared into its own data directory, {data_dir})")
@@ -129,7 +133,7 @@ def open_data(cfg: Config, d: distributed.Dist) -> tuple[Path, dict]:
                 data_dir.parent.mkdir(parents=True, exist_ok=True)
                 with open(data_dir.parent / f".{data_dir.name}.lock", "w") as lock:  # nodes sharing a disk
                     fcntl.flock(lock, fcntl.LOCK_EX)
-                    said = data.prepare_lm(str(source), data_dir, cfg.data.vocab_size, None, None, 0, None)
+                    said = datadir.prepare_lm(str(source), data_dir, cfg.data.vocab_size, None, None, 0, None)
                 where = f" (its directory is not writable: in the cache, {data_dir})" if cached else ""
                 host = f"{d.host}: " if d.world > 1 else ""
                 print(f"{host}data.train_path={cfg.data.train_path}{where}: {said}", flush=True)
@@ -148,15 +152,15 @@ def open_data(cfg: Config, d: distributed.Dist) -> tuple[Path, dict]:
             if why:
                 raise UserError(f"cannot generate the default sudoku data in {data_dir}: {why}; make it writable, "
                                 f"or give data_dir= a prepared data directory")
-            data.ensure_sudoku(data_dir)
-        meta = data.load_manifest(data_dir, cfg.task)
+            datadir.ensure_sudoku(data_dir)
+        meta = datadir.load_manifest(data_dir, cfg.task)
     except UserError as e:
         error = str(e)
     except OSError as e:  # unreadable, or not writable after all (a read-only file system, a full disk)
         error = (f"cannot use the data in {data_dir}: {e.strerror or e} ({e.filename or data_dir}); fix its "
                  f"permissions or free space there, or give data_dir= another directory")
     distributed.raise_if_any(d, error)
-    hashes = distributed.gather_object(d, (d.host, data.manifest_hash(data_dir)))
+    hashes = distributed.gather_object(d, (d.host, datadir.manifest_hash(data_dir)))
     odd = [(r, host) for r, (host, h) in enumerate(hashes) if h != hashes[0][1]]
     if odd:
         hosts = ",".join(dict.fromkeys(host for _, host in odd))
@@ -277,7 +281,7 @@ def evaluate(model, val, cfg: Config, device: torch.device, tokenizer=None, whol
     out = evaluate_split(model, val, cfg.task, t.batch_size, None if whole else t.eval_batches, device,
                          autocast(t, device))
     if tokenizer is not None and hasattr(model, "new_cache"):
-        from auralm.generate import generate
+        from auralm.tools.generate import generate
 
         prompt = tokenizer(t.sample_prompt)["input_ids"] if t.sample_prompt else val.batch([0])[0][0, :16].tolist()
         ids = generate(model, torch.tensor(prompt, device=device), t.sample_tokens, temperature=0.8, top_k=50,
@@ -360,7 +364,7 @@ def measure_rate(step_kind, model, train_set, t: config.TrainingConfig, device: 
 
 def auto_batch(cfg: Config, d: distributed.Dist, raw, train_set, log: RunLog, grad_copies: int = 0) -> None:
     """``training.batch_size=auto``: every rank probes the largest micro-batch its memory holds
-    (auralm.autobatch), the ranks take the smallest, and grad_accum is set so that global_batch_size holds.
+    (auralm.planning.autobatch), the ranks take the smallest, and grad_accum is set so that global_batch_size holds.
     The model's weights, the random state and the gradients are left as found. ``grad_copies``: the copies of the
     gradients the sync strategy holds besides the model's (DDP's buckets)."""
     t = cfg.training
@@ -458,8 +462,8 @@ def open_splits(cfg: Config, d: distributed.Dist, log: RunLog):
     data_dir, meta = open_data(cfg, d)
     arch = config.resolved_model(cfg.model)
     vocab = meta["tokenizer"]["vocab_size"] if cfg.task == "lm" else None
-    train_set = data.open_split(data_dir, meta, "train", arch["block_size"])
-    val_set = data.open_split(data_dir, meta, "val", arch["block_size"])
+    train_set = datadir.open_split(data_dir, meta, "train", arch["block_size"])
+    val_set = datadir.open_split(data_dir, meta, "val", arch["block_size"])
     if len(val_set) == 0:
         raise UserError(f"the validation split of {data_dir} is shorter than one window of {arch['block_size']} tokens")
     resolve_schedule(cfg, d, len(train_set), log)
@@ -544,7 +548,7 @@ def report(b: Books, loss: float, norm: torch.Tensor, evaluating: bool, final: b
     if evaluating:
         record.update(evaluation(b, final))
     log.metrics(record)
-    heartbeat.beat(d, record)  # every rank: its step, loss and rate for `hrmctl top` (auralm/heartbeat.py)
+    heartbeat.beat(d, record)  # every rank: its step, loss and rate for `hrmctl top` (auralm/training/heartbeat.py)
     p.done, b.clock = 0, time.perf_counter()
 
 
@@ -608,7 +612,7 @@ def train(cfg: Config, d: distributed.Dist, whole: bool = True) -> torch.nn.Modu
     ckpt_dir = s.run_dir(out_dir)
     data_dir, meta, arch, vocab, train_set, val_set = open_splits(cfg, d, log)
     raw = build_model(cfg, d, s, arch, vocab, train_set, log)
-    tokenizer = data.load_tokenizer(data_dir / meta["tokenizer"]["path"]) if cfg.task == "lm" and \
+    tokenizer = datadir.load_tokenizer(data_dir / meta["tokenizer"]["path"]) if cfg.task == "lm" and \
         t.sample_tokens and (d.rank == 0 or s.sharded) and hasattr(raw, "new_cache") else None
     optimizer = optim.make_optimizer(raw, t, d.device)
     step_kind = objective.make(raw, cfg)

@@ -1,5 +1,6 @@
 """What rank 0 reports: lines on stdout, and ``config.json``, ``metrics.jsonl``, ``events.jsonl`` in the run directory;
-with ``logging.tensorboard`` / ``logging.wandb`` the same metrics to TensorBoard and W&B (auralm.tracking); on a
+with ``logging.tensorboard`` / ``logging.wandb`` the same metrics to TensorBoard and W&B (auralm.training.tracking); on
+a
 terminal, a progress bar with the time remaining below the lines.
 
 On every other rank a RunLog is silent, so the trainer can call it without asking who it is.
@@ -13,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from auralm import tracking
+from auralm.training import tracking
 
 
 class RunLog:

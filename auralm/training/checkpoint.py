@@ -27,7 +27,7 @@ import safetensors.torch
 import torch
 import yaml
 
-from auralm.data import sha256_file
+from auralm.data.datadir import sha256_file
 
 FILES = ("model.safetensors", "optimizer.pt", "rng.pt", "state.json")  # what every whole checkpoint has
 DCP = "dcp"  # a sharded checkpoint's torch.distributed.checkpoint directory

@@ -1,4 +1,4 @@
-"""Export a checkpoint as one model: ``python -m auralm.export CHECKPOINT --out DIR`` (``hrmctl export``).
+"""Export a checkpoint as one model: ``python -m auralm.tools.export CHECKPOINT --out DIR`` (``hrmctl export``).
 
 CHECKPOINT is a checkpoint-<step> directory or a run directory (its newest whole checkpoint), sharded
 (``training.parallel=fsdp``: a torch.distributed.checkpoint directory written by any number of ranks) or
@@ -32,7 +32,7 @@ def export(checkpoint: str | os.PathLike, out: str | os.PathLike, use_ema: bool 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = _Parser(prog=os.environ.get("AURALM_PROG", "python -m auralm.export"),
+    p = _Parser(prog=os.environ.get("AURALM_PROG", "python -m auralm.tools.export"),
                 description="Gather a checkpoint (sharded or whole) into one model.safetensors and config.yaml.")
     p.add_argument("checkpoint", help="a checkpoint-<step> directory, or a run directory (its newest checkpoint)")
     p.add_argument("--out", required=True, help="the directory to write (new, or holding only a saved model)")

@@ -1,4 +1,4 @@
-"""Check a language model before training it: ``python -m auralm.validate_model [--json] [key=value ...]``
+"""Check a language model before training it: ``python -m auralm.tools.validate_model [--json] [key=value ...]``
 (``hrmctl validate-model``), the RLM-mHC guide's ``validate_model.py``.
 
 Builds the model the keys describe (default ``task=lm model=rlm-tiny``, vocabulary ``model.vocab_size``
@@ -23,7 +23,9 @@ import time
 
 import torch
 
-from auralm import config, models, sizing
+from auralm import models
+from auralm.planning import sizing
+from auralm.training import config
 from auralm.errors import UserError
 from auralm.models import registry
 from auralm.models.registry import check_result as _check
@@ -103,9 +105,9 @@ def validate(cfg: config.Config, arch: dict, model: torch.nn.Module) -> list[dic
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
-    prog = os.environ.get("AURALM_PROG", "python -m auralm.validate_model")
+    prog = os.environ.get("AURALM_PROG", "python -m auralm.tools.validate_model")
     if any(a in ("-h", "--help") for a in args):
-        print(__doc__.strip().replace("python -m auralm.validate_model", prog, 1))
+        print(__doc__.strip().replace("python -m auralm.tools.validate_model", prog, 1))
         return 0
     as_json = "--json" in args
     args = [a for a in args if a != "--json"]

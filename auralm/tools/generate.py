@@ -6,7 +6,7 @@ every new token is computed over the last ``block_size`` tokens, exactly as with
 such token costs a whole window, cache or not). Sampling draws from a ``torch.Generator`` of its own:
 the global random state, which training uses, is never touched. Temperature 0 is greedy.
 
-``python -m auralm.generate CHECKPOINT --prompt TEXT [--max-new-tokens 64] [--temperature 0.8] [--top-k 50]
+``python -m auralm.tools.generate CHECKPOINT --prompt TEXT [--max-new-tokens 64] [--temperature 0.8] [--top-k 50]
 [--top-p 1.0] [--seed 0] [--data DIR] [--json]`` (``hrmctl generate``). The tokenizer is the one of the data
 the run trained on (its data directory, or ``--data``).
 """
@@ -119,7 +119,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _tokenizer(data_dir: Path, explicit: bool):
     """The tokenizer of the lm data in ``data_dir`` (its manifest names it), or a UserError saying what is missing."""
-    from auralm import data
+    from auralm.data import datadir
 
     if not (data_dir / "meta.json").is_file():
         where = "" if explicit else " (the data directory the run trained on" + (
@@ -135,13 +135,13 @@ def _tokenizer(data_dir: Path, explicit: bool):
         raise UserError(f"{data_dir} holds {meta.get('task')!r} data, not the run's lm data")
     if not path.exists():
         raise UserError(f"{data_dir} has no tokenizer at {path}: prepare or sync the data again")
-    return data.load_tokenizer(path)
+    return datadir.load_tokenizer(path)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from auralm.inference import load
+    from auralm.tools.inference import load
 
-    p = _Parser(prog=os.environ.get("AURALM_PROG", "python -m auralm.generate"),
+    p = _Parser(prog=os.environ.get("AURALM_PROG", "python -m auralm.tools.generate"),
                 description="Continue a prompt with a trained language model (task=lm).")
     p.add_argument("checkpoint", help="a checkpoint-<step> directory, or a run directory (its newest checkpoint)")
     p.add_argument("--prompt", required=True, help="the text to continue")

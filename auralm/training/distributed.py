@@ -5,7 +5,7 @@ other what they can do and agree on the backend for the model's collectives: NCC
 rank has a CUDA device and NCCL and a test all-reduce over NCCL succeeds on every rank, otherwise
 gloo on all of them. Object collectives (decisions, checksums) always go over gloo. One process
 (no WORLD_SIZE, or 1) runs without a process group; the helpers below then do nothing. The DDP
-self-test (auralm.ddp_check) uses the same agreement, with a group even for a world of one.
+self-test (auralm.planning.ddp_check) uses the same agreement, with a group even for a world of one.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Keys belong to families: a ``model.*`` key is read by some families' models only (``H_layers`` by HRM, ``ffn_dim``
-by the RLM, ``n_layer`` by GPT and the RLM). auralm.config asks two things here:
+by the RLM, ``n_layer`` by GPT and the RLM). auralm.training.config asks two things here:
 
 - :func:`choose`: with no ``model=`` (nor ``arch=``), do the keys name a family? A guide's spelling does
   (``arch.*`` and ``puzzle_emb_lr`` are the HRM repository's ``pretrain.py``, whose model is HRM; ``model.hidden_dim``
@@ -8,7 +8,7 @@ by the RLM, ``n_layer`` by GPT and the RLM). auralm.config asks two things here:
 - :func:`check`: a ``model.*`` key the chosen model does not read is refused in one line naming the family it
   belongs to and the ``model=`` that selects it (it used to be stored and ignored: another model, silently).
 
-A family's keys are those of its named sizes (auralm.config.SIZES), less the ones its model never reads; its
+A family's keys are those of its named sizes (auralm.training.config.SIZES), less the ones its model never reads; its
 name, the model= that selects it, its smallest size and the keys it never reads are declared by the family itself
 (auralm.models.registry).
 """

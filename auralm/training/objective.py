@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from auralm import distributed
+from auralm.training import distributed
 from auralm.models import Carry
 from auralm.models.layers import IGNORE
 

@@ -3,7 +3,8 @@
 Our users arrive with a guide: the HRM and TRM repositories' ``pretrain.py`` lines, the RLM-mHC guide's keys and
 YAML files, the HRM distributed launcher's ``--options``, torchrun's. Each row of :data:`TABLE` is one spelling of a
 guide and what it is here: a key of the trainer (``training.lr``), an option of ``hrmctl train`` (``--dry-run``), or
-nothing (then ``note`` says what to do instead). The trainer's config (auralm.config) takes the key spellings as
+nothing (then ``note`` says what to do instead). The trainer's config (auralm.training.config) takes the key spellings
+as
 aliases; ``hrmctl train`` takes the option spellings (cli/launch/command.py); both name their nearest row in a
 "did you mean" (:func:`suggest`). docs/guides.md is this table, per guide, with the lines it comes from.
 """

@@ -1,7 +1,7 @@
 """Training data: prepared once into fixed-width binary shards with a manifest, read by the trainer.
 
-``python -m auralm.data SOURCE --out DIR [--vocab-size N]`` (task ``lm``) or
-``python -m auralm.data --task sudoku --out DIR [--count N]``; ``hrmctl prepare-data`` forwards
+``python -m auralm.data.datadir SOURCE --out DIR [--vocab-size N]`` (task ``lm``) or
+``python -m auralm.data.datadir --task sudoku --out DIR [--count N]``; ``hrmctl prepare-data`` forwards
 its arguments to :func:`main`.
 
 A data directory holds ``meta.json`` (the manifest: task, token or puzzle counts, every file's
@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch.utils.data import DistributedSampler
 
-from auralm import sudoku
+from auralm.data import sudoku
 from auralm.errors import UserError
 
 FORMAT = "auralm-data/1"
@@ -195,10 +195,10 @@ def prepare_sudoku(out: Path, train: int | None = None, test: int | None = None,
         stats = {"givens": {"min": min(givens), "mean": round(sum(givens) / len(givens), 2), "max": max(givens)}}
         if ratings:
             stats["rating"] = {"min": min(ratings), "mean": round(sum(ratings) / len(ratings), 2), "max": max(ratings),
-                               "kind": "guesses of auralm.sudoku.rate" if not from_csv else "the CSV's rating"}
+                               "kind": "guesses of auralm.data.sudoku.rate" if not from_csv else "the CSV's rating"}
         splits = {"train": {"files": ["train_000.bin"], "puzzles": len(base) * (aug + 1), "base_puzzles": len(base)},
                   "val": {"files": ["val_000.bin"], "puzzles": len(test_rows)}}
-        source = {"csv": [Path(f).name for f in sources]} if from_csv else {"generator": "auralm.sudoku"}
+        source = {"csv": [Path(f).name for f in sources]} if from_csv else {"generator": "auralm.data.sudoku"}
         _manifest(tmp, "sudoku", splits, dtype="uint8", record=[2, 81], options=options, source=source,
                   fingerprint=fp, difficulty=options["difficulty"], leaks_removed=leaks, **stats)
 
@@ -641,7 +641,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = _Parser(prog=os.environ.get("AURALM_PROG", "python -m auralm.data"), description="Prepare training data for auralm.")
+    p = _Parser(prog=os.environ.get("AURALM_PROG", "python -m auralm.data.datadir"), description="Prepare training data for auralm.")
     p.add_argument("source", nargs="?", help="lm: a .txt/.jsonl/.parquet file, a directory of them, or a dataset name")
     p.add_argument("--task", choices=("lm", "sudoku"), default="lm")
     p.add_argument("--out", required=True, type=Path, help="the data directory to write")

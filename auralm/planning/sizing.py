@@ -1,5 +1,5 @@
 """What a model costs before it runs: parameters (counted on the meta device, nothing allocated) and a
-per-rank memory estimate, for ``hrmctl train --dry-run``: ``python -m auralm.sizing [key=value ...]``.
+per-rank memory estimate, for ``hrmctl train --dry-run``: ``python -m auralm.planning.sizing [key=value ...]``.
 
 The estimate: weights, gradients and AdamW's two moments in fp32 (16 bytes a parameter, 4 more with an
 EMA), plus the activations autograd keeps for one micro-batch: per block in the graph about
@@ -17,7 +17,8 @@ import sys
 
 import torch
 
-from auralm import config, models
+from auralm import models
+from auralm.training import config
 from auralm.errors import UserError
 from auralm.models import registry
 from auralm.models.layers import swiglu_width
@@ -92,7 +93,7 @@ def per_rank(cfg: config.Config, world: int) -> None:
 
 
 if __name__ == "__main__":
-    # python -m auralm.sizing [--json] [--world N] [--vocab N] key=value ...  (--vocab: the data's vocabulary)
+    # python -m auralm.planning.sizing [--json] [--world N] [--vocab N] key=value ...  (--vocab: the data's vocabulary)
     try:
         args, opts = sys.argv[1:], {"--world": 1, "--vocab": None}
         for flag in opts:
@@ -106,7 +107,7 @@ if __name__ == "__main__":
         if "--json" in sys.argv:
             import json
 
-            from auralm.autobatch import MARGIN  # the share of memory batch_size=auto plans with, for the dry run
+            from auralm.planning.autobatch import MARGIN  # the share of memory batch_size=auto plans with, for the dry run
 
             print(json.dumps(dict(estimate(cfg, vocab), grad_accum=cfg.training.grad_accum,
                                   global_batch_size=cfg.training.global_batch_size, memory_margin=MARGIN,

@@ -1,12 +1,12 @@
-"""The DDP self-test that torchrun runs on every node: `python -m auralm.ddp_check`.
+"""The DDP self-test that torchrun runs on every node: `python -m auralm.planning.ddp_check`.
 
 1. Every rank reports host, backend and device.
 2. Correctness: all_reduce (sum of rank-dependent values), broadcast, all_gather and barrier;
    every rank checks what it received, and the verdict is agreed by one more all_reduce.
 3. Speed: all_reduce algorithm and bus bandwidth for sizes from 1 KiB to 64 MiB
    (busbw = algbw * 2(n-1)/n, as nccl-tests define it) and small-message latency.
-4. What that means for training (auralm.link_budget): the trainer's model (its default, or the
-   ``key=value`` overrides given, parsed by auralm.config) timed for a few forward+backward+optimizer
+4. What that means for training (auralm.planning.link_budget): the trainer's model (its default, or the
+   ``key=value`` overrides given, parsed by auralm.training.config) timed for a few forward+backward+optimizer
    steps on random inputs of the right shape on every rank (the slowest rank's median: every DDP
    step waits for it), against the predicted communication of DDP, DDP with the bf16 hook and
    DiLoCo, and the suggestion. Skipped with --no-bandwidth.
@@ -14,7 +14,7 @@
 Rank 0 prints a table and one line `HRMCTL_RESULT {json}` that `hrmctl test-ddp` reads.
 Exit code: 0 when every check passed on every rank, 1 when any result was wrong.
 Works alone (world of one) and under torchrun. The backend is agreed by all ranks as the trainer
-does it (auralm.distributed): the request (--backend, else HRMCTL_BACKEND, the launcher's choice,
+does it (auralm.training.distributed): the request (--backend, else HRMCTL_BACKEND, the launcher's choice,
 else auto) is gloo, or NCCL only when every rank has CUDA and NCCL and NCCL starts on every rank;
 otherwise gloo on all, with the reason (naming the rank) in the report.
 """
@@ -31,8 +31,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from auralm import config, distributed, link_budget
-from auralm.distributed import Dist
+from auralm.planning import link_budget
+from auralm.training import config, distributed
+from auralm.training.distributed import Dist
 from auralm.errors import UserError
 
 RESULT_TAG = "HRMCTL_RESULT "
@@ -52,7 +53,7 @@ def parse_size(text: str) -> int:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m auralm.ddp_check", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m auralm.planning.ddp_check", description=__doc__.split("\n")[0])
     p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default=None,
                    help="gloo, or nccl if every rank can (else gloo on all, the reason reported); "
                         "default: HRMCTL_BACKEND, else auto")
@@ -197,7 +198,7 @@ def soak(seconds: float, d: Dist) -> bool:
 
 def random_batch(task: str, arch: dict, vocab: int | None, batch: int, device: torch.device):
     """Inputs and targets of the shape the trainer feeds: token windows for lm, puzzles for sudoku (0 = blank
-    cell, about half of them given; targets digit - 1, -100 on the givens, as auralm.data makes them)."""
+    cell, about half of them given; targets digit - 1, -100 on the givens, as auralm.data.datadir makes them)."""
     g = torch.Generator().manual_seed(0)
     if task == "lm":
         x = torch.randint(0, vocab, (batch, arch["block_size"]), generator=g)
@@ -211,7 +212,8 @@ def random_batch(task: str, arch: dict, vocab: int | None, batch: int, device: t
 def compute_probe(cfg: config.Config, model: dict, d: Dist, seconds: float) -> dict:
     """The trainer's model, built as the trainer builds it, timed on every rank at once for one optimizer step of
     random inputs (forward, backward, optimizer; after one warm-up step): {"steps_timed", "s_per_micro_batch" (the
-    slowest rank's median), "s_by_rank", "s_per_step" (x grad_accum), "s_per_step_by_rank", "error"}. Each rank times steps for about
+    slowest rank's median), "s_by_rank", "s_per_step" (x grad_accum), "s_per_step_by_rank", "error"}. Each rank times
+    steps for about
     ``seconds`` (at least one, three when they fit in twice that, at most PROBE_MAX_STEPS); "steps_timed" is the
     fewest any rank timed."""
     t = cfg.training
@@ -219,8 +221,9 @@ def compute_probe(cfg: config.Config, model: dict, d: Dist, seconds: float) -> d
            "s_per_step_by_rank": None, "error": None}
     error = None
     try:
-        from auralm import models, objective, optim
-        from auralm.train import autocast
+        from auralm import models
+        from auralm.training import objective, optim
+        from auralm.training.precision import autocast
 
         torch.manual_seed(t.seed)
         raw = models.build(cfg.task, config.resolved_model(cfg.model), model["vocab"]).to(d.device)
@@ -271,7 +274,8 @@ def compute_probe(cfg: config.Config, model: dict, d: Dist, seconds: float) -> d
 
 
 def training_section(cfg: config.Config, d: Dist, bw: list[dict], lat: dict, seconds: float) -> dict:
-    """The link budget (auralm.link_budget) for the trainer's model on this world, with the model and its compute."""
+    """The link budget (auralm.planning.link_budget) for the trainer's model on this world, with the model and its
+    compute."""
     model = link_budget.run_model(cfg, d.world)
     compute = compute_probe(cfg, model, d, seconds) if seconds > 0 else {
         "steps_timed": 0, "s_per_micro_batch": None, "s_by_rank": None, "s_per_step": None,

@@ -4,7 +4,7 @@
 ``logging.wandb.project=NAME`` (with ``logging.wandb.entity`` and ``logging.wandb.mode=auto|online|offline``)
 logs to W&B. Neither package is needed unless asked for: ``plan`` (rank 0, at the trainer's start, before
 anything is trained or written) imports what was asked for and turns a missing package into one UserError
-saying what to install. RunLog (auralm.runlog) opens the sinks when the run directory is first written and
+saying what to install. RunLog (auralm.training.runlog) opens the sinks when the run directory is first written and
 gives each of them every metrics record; each sink has ``log(record, step)`` and ``close(failed)``.
 
 The records' keys become the names these tools' users know (``NAMES``): ``train/loss``, ``train/lr``,
@@ -35,7 +35,7 @@ NAMES = {
     "tokens_per_s": "train/tokens_per_s",
     "samples_per_s": "train/samples_per_s",
     "train_s": "train/seconds",  # training time so far, without evaluations and saving
-    # the HRM/TRM ACT metrics (auralm.objective.Meter)
+    # the HRM/TRM ACT metrics (auralm.training.objective.Meter)
     "train_accuracy": "train/accuracy",
     "train_exact_accuracy": "train/exact_accuracy",
     "q_halt_loss": "train/q_halt_loss",
@@ -44,12 +44,12 @@ NAMES = {
     "ponder": "train/ponder",
     "h_updates": "train/h_updates",
     "l_steps": "train/l_steps",
-    # evaluations (auralm.evaluate)
+    # evaluations (auralm.tools.evaluate)
     "val_loss": "eval/loss",
     "exact_accuracy": "eval/exact_accuracy",
     "cell_acc": "eval/cell_accuracy",
     "token_acc": "eval/token_accuracy",
-    # this rank's memory (auralm.train.memory_record)
+    # this rank's memory (auralm.training.train.memory_record)
     "rss_gb": "memory/rss_gb",
     "cuda_peak_gb": "memory/cuda_peak_gb",
     "cuda_allocated_gb": "memory/cuda_allocated_gb",
@@ -87,7 +87,8 @@ class Plan:
 
 
 def plan(logging) -> Plan:
-    """Check ``cfg.logging`` (auralm.config.LoggingConfig) on rank 0 before anything is trained: the packages asked
+    """Check ``cfg.logging`` (auralm.training.config.LoggingConfig) on rank 0 before anything is trained: the packages
+    asked
     for import, W&B's mode is known. Any problem is one UserError (the trainer exits with status 2)."""
     w = logging.wandb
     if w.mode not in MODES:

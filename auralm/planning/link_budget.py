@@ -1,7 +1,7 @@
 """What a link means for training: from test-ddp's measured all-reduce figures and a model's size and
 compute time, the communication each way of synchronising costs per step, and which way to train.
 
-The model of an all-reduce is the ring's, with the figures as auralm.ddp_check defines them:
+The model of an all-reduce is the ring's, with the figures as auralm.planning.ddp_check defines them:
 algbw = bytes / time and busbw = algbw x 2(n-1)/n, so one all-reduce of ``B`` bytes takes
 ``B x 2(n-1)/n / busbw`` plus, per message, the measured small-message latency. Per optimizer step:
 
@@ -29,7 +29,7 @@ whose compute covers one synchronisation, so that they need not (its outer step 
 default, ``training.diloco.outer_lr=auto``: the ranks' plain average for a run of fewer than FEW_ROUNDS
 rounds, the paper's step otherwise). Plain dicts in and out; no torch, but advise(), which asks the run's sync
 strategy (auralm.parallel.strategy) what it sends each step (its ``link_cost``) and so imports its class.
-``python -m auralm.link_budget --link ENTRY key=value ...`` is hrmctl train's warning (see advise()).
+``python -m auralm.planning.link_budget --link ENTRY key=value ...`` is hrmctl train's warning (see advise()).
 """
 
 from __future__ import annotations
@@ -399,7 +399,9 @@ def passes(arch: dict, family: str) -> float:
 def run_model(cfg, world: int) -> dict:
     """The model a trainer config trains, as advise() and the cache describe it (imports torch: the parameters
     are counted on the meta device)."""
-    from auralm import config, models, sizing
+    from auralm import models
+    from auralm.planning import sizing
+    from auralm.training import config
 
     sizing.per_rank(cfg, world)
     arch = config.resolved_model(cfg.model)
@@ -416,8 +418,8 @@ def run_model(cfg, world: int) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m auralm.link_budget --link ENTRY_JSON [--world N] key=value ...``: advise() as one JSON line."""
-    from auralm import config
+    """``python -m auralm.planning.link_budget --link ENTRY_JSON [--world N] key=value ...``: advise() as one JSON line."""
+    from auralm.training import config
     from auralm.errors import UserError
 
     args, link, world = list(argv), None, None

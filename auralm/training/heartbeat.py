@@ -1,6 +1,6 @@
 """Every rank's latest progress in a small file on its own node, for `hrmctl top`.
 
-Only rank 0 logs (auralm/runlog.py), so nothing on disk tells another rank's step and loss;
+Only rank 0 logs (auralm/training/runlog.py), so nothing on disk tells another rank's step and loss;
 ``beat(d, record)``, called at the log site with the record that rank 0 writes to metrics.jsonl
 (every rank builds it), fills that gap. It writes ``<dir>/<pid>.json``, where ``<dir>`` is
 ``$TMPDIR/hrmctl-top-<uid>`` (``/tmp/...`` without TMPDIR): one JSON object with the rank, world,

@@ -29,10 +29,10 @@ import copy
 
 import torch
 
-from auralm.config import Config, GuardConfig, resolved_model
-from auralm.distributed import Dist, all_reduce_, broadcast_state, compare_checksums
+from auralm.training.config import Config, GuardConfig, resolved_model
+from auralm.training.distributed import Dist, all_reduce_, broadcast_state, compare_checksums
 from auralm.errors import UserError
-from auralm.runlog import RunLog
+from auralm.training.runlog import RunLog
 
 STOP_AFTER = 20  # this many steps in a row skipped on every rank stop the run (recoveries did not help)
 

@@ -2,7 +2,8 @@
 
 Holds ``autocast`` and ``bf16_compute`` (``training.dtype``), and ``rng_state``/``set_rng_state``, which the
 trainer saves per rank in checkpoints and which the probes (batch sizing, speed, DDP's buckets) put back.
-Imports torch and auralm.config only: the trainer (auralm.train) and the sync strategies (auralm.parallel) use it.
+Imports torch and auralm.training.config only: the trainer (auralm.training.train) and the sync strategies
+(auralm.parallel) use it.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import contextlib
 
 import torch
 
-from auralm import config
+from auralm.training import config
 
 
 def cpu_has_bf16() -> bool:

@@ -1,4 +1,4 @@
-"""Solve sudoku puzzles with a trained model: ``python -m auralm.solve CHECKPOINT [FILE|-]``.
+"""Solve sudoku puzzles with a trained model: ``python -m auralm.tools.solve CHECKPOINT [FILE|-]``.
 
 One puzzle per line, 81 characters in row-major order, ``.`` or ``0`` for a blank (blank lines and
 lines starting with ``#`` are skipped). For each puzzle it prints the model's grid and whether it is
@@ -59,9 +59,9 @@ def solve(model, puzzles: list[list[int]], batch_size: int = 256) -> list[list[i
 
 
 def main(argv: list[str] | None = None) -> int:
-    from auralm.inference import load
+    from auralm.tools.inference import load
 
-    p = argparse.ArgumentParser(prog=os.environ.get("AURALM_PROG", "python -m auralm.solve"),
+    p = argparse.ArgumentParser(prog=os.environ.get("AURALM_PROG", "python -m auralm.tools.solve"),
                                 description="Solve sudoku puzzles with a trained model.")
     p.add_argument("checkpoint", help="a checkpoint-<step> directory or a run directory")
     p.add_argument("file", nargs="?", default="-", help="puzzles, one per line (- or nothing: standard input)")

@@ -1,0 +1,13 @@
+"""What is decided before a run, from the config and the cluster's figures.
+
+- ``sizing``: parameters and memory of a config (``python -m auralm.planning.sizing``).
+- ``autobatch``: ``batch_size=auto``, the largest batch that fits the device, with ``cpu_memory``.
+- ``link_budget``: what each sync strategy sends per step over the measured link, and the advice
+  (``python -m auralm.planning.link_budget``).
+- ``ddp_check``: ``hrmctl test-ddp``'s worker (``python -m auralm.planning.ddp_check`` under torchrun): a real
+  collective across the nodes, checked and timed.
+
+May import ``auralm.errors``, ``models``, ``parallel.strategy`` (the registry; link_budget asks the strategy class
+it names what it sends per step) and training's parts (config, distributed, objective, optim, precision); never
+``training.train`` or ``tools``.
+"""
