@@ -51,6 +51,7 @@ class LazyConsole:
 
 out = LazyConsole()
 err = LazyConsole(stderr=True)
+_argv: list[str] = []  # hrmctl's arguments, as main() got them: what `train --detach` gives its supervisor
 _quick_exit = False  # set by a command whose process may end without tearing down its modules
 
 app = typer.Typer(name="hrmctl", help="Turn a few machines on one LAN into one training cluster.",
@@ -318,7 +319,12 @@ def train_cmd(
         partition: SlurmText("--partition", "Partition (--slurm).") = None,
         account: SlurmText("--account", "Account charged (--slurm).") = None,
         qos: SlurmText("--qos", "Quality of service (--slurm).") = None,
-        constraint: SlurmText("--constraint", "Node features, e.g. gpu (--slurm).") = None) -> int:
+        constraint: SlurmText("--constraint", "Node features, e.g. gpu (--slurm).") = None,
+        detach: Annotated[bool, typer.Option(
+            "--detach", rich_help_panel=LAUNCH,
+            help="Run on without this terminal: return once the first step is logged (then `hrmctl attach RUN`, "
+                 "`hrmctl stop RUN`).")] = False,
+        supervisor: Annotated[bool, typer.Option("--supervisor", hidden=True)] = False) -> int:
     """torchrun on every node, one merged log, one Ctrl-C; with no --nodes, this machine alone.
 
     Trainer overrides follow the options: `hrmctl train --nodes node0,node1 model=hrm-tiny training.max_steps=200`.
@@ -326,6 +332,16 @@ def train_cmd(
     from cli.launch.command import train
     from cli.launch.options import launch_options
 
+    if detach:
+        if dry_run:
+            raise HrmctlError("--detach with --dry-run: a dry run starts nothing to detach; drop one of them")
+        if slurm:
+            raise HrmctlError("--detach with --slurm: a submitted run never holds this terminal; drop --detach")
+        from pathlib import Path
+
+        from cli.launch.detach import detach as start_detached
+
+        return start_detached(_argv, run_id, Path("runs"), out, err, as_json=json)
     request = None
     if slurm:  # the nodes are Slurm's to give: --nodes counts them
         from cli.slurm.submit import SlurmOptions, inventory_table, node_count
@@ -337,7 +353,7 @@ def train_cmd(
     opts = launch_options(inventory=inventory, nodes=nodes, env=env, reprobe=reprobe, master_port=master_port,
                           nproc=nproc, backend=backend, dry_run=dry_run, run_id=run_id,
                           accept_new_host_keys=accept_new_host_keys, module=module, args=list(overrides or []),
-                          max_restarts=max_restarts)
+                          max_restarts=max_restarts, detached=supervisor)
     return train(opts, sync_data=sync_data, as_json=json, console=out, err=err, own_options=_options_of(ctx),
                  slurm=request)
 
@@ -363,17 +379,6 @@ def runs_cmd(json: Json = False, runs_dir: RunsDir = "runs") -> int:
     return show_runs(runs_dir, as_json=json, console=out)
 
 
-@command("stop")
-def stop_cmd(run: RunRef, json: Json = False, runs_dir: RunsDir = "runs") -> int:
-    """Stop a run from any terminal: a --slurm run's job is cancelled (scancel) and waited for until it has ended on
-    every node; a run whose hrmctl runs on this machine gets SIGTERM (it stops every node). Exit 1 if it does not end
-    within 60 s."""
-    from cli.runs.catalog import resolve
-    from cli.runs.stop import stop_run
-
-    return stop_run(resolve(run, runs_dir), as_json=json)
-
-
 @command("logs")
 def logs_cmd(run: RunRef,
              node: Annotated[Optional[str], typer.Option("--node", help="Only this node's log.")] = None,
@@ -387,6 +392,32 @@ def logs_cmd(run: RunRef,
     from cli.runs.logs import show_logs
 
     return show_logs(resolve(run, runs_dir), node=node, follow=follow)
+
+
+@command("attach")
+def attach_cmd(run: RunRef, runs_dir: RunsDir = "runs",
+               lines: Annotated[int, typer.Option("--lines", min=0, help="Merged log lines shown before the new ones.")]
+               = 20) -> int:
+    """Follow a running run (`hrmctl train --detach`, or one in another terminal) until it ends.
+
+    The last lines of every node's log merged, then each new one; at the end the run's last line, and its exit
+    code. Ctrl-C detaches (exit code 0): the run goes on."""
+    from cli.runs.catalog import resolve
+    from cli.runs.control import attach
+
+    return attach(resolve(run, runs_dir), last=lines)
+
+
+@command("stop")
+def stop_cmd(run: RunRef, runs_dir: RunsDir = "runs") -> int:
+    """Stop a running run on every node and wait until nothing of it is left.
+
+    Its launcher (detached or not, on this machine) gets SIGTERM and stops the job on every node, as Ctrl-C would;
+    exit code 0 once every node is confirmed stopped (also when the run was not running), 1 otherwise."""
+    from cli.runs.catalog import resolve
+    from cli.runs.control import stop
+
+    return stop(resolve(run, runs_dir))
 
 
 @command("plot")
@@ -445,7 +476,9 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: every expected failure is one line on stderr and a meaningful exit code."""
     from typer.exceptions import TyperException  # the base of typer's (click's) usage errors
 
+    global _argv
     argv = sys.argv[1:] if argv is None else list(argv)
+    _argv = argv
     cli = typer.main.get_command(app)
     try:
         if not argv:

@@ -115,6 +115,38 @@ def ensure_node_venv() -> Path:
     return python
 
 
+CLI_VENV = Path(os.environ.get("HRMCTL_NODE_CLI_VENV", "/opt/hrmctl-nodecli"))
+CLI_PACKAGES = ["typer", "rich", "paramiko", "msgspec"]  # what hrmctl needs beyond the nodes' own venv
+
+
+def ensure_cli_venv() -> Path:
+    """A venv from which a node's user can run hrmctl itself (a node acting as the machine you type on): the nodes'
+    venv (torch, psutil, ...) seen through a .pth file, and the CLI's own packages at this machine's versions."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    node_python = ensure_node_venv()
+    python = CLI_VENV / "bin" / "python"
+    lock_path = Path(str(CLI_VENV) + ".lock")
+    with open(lock_path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        check = "import typer, rich, paramiko, msgspec, torch, psutil"
+        if python.exists() and sh([str(python), "-c", check], check=False).returncode == 0:
+            return python
+        sh([SYSTEM_PYTHON, "-m", "venv", "--clear", str(CLI_VENV)])
+        site = sh([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
+        node_site = sh([str(node_python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout
+        Path(site, "hrmctl-node-venv.pth").write_text(node_site.strip() + "\n")
+        pins = []
+        for name in CLI_PACKAGES:
+            try:
+                pins.append(f"{name}=={version(name)}")
+            except PackageNotFoundError:
+                pins.append(name)
+        sh([str(python), "-m", "pip", "install", "-q", *pins], timeout=1800)
+        os.chmod(CLI_VENV, 0o755)
+    return python
+
+
 @dataclass
 class LabNode:
     name: str

@@ -14,14 +14,17 @@ A launch flows one way, each stage given the one object the previous stage made 
   run      run.py         the plan run on every node: jobs started, watched, stopped everywhere (psutil on the
                           node); restarts from the last checkpoint; a failed rank named -> a RunResult
              log.py         the merged live log (and runs/<run-id>/<node>.log)
+             lost.py        what a node that stopped answering shows: its link down, its processes frozen or gone
+           detach.py      train --detach: this launcher started again as the run's supervisor, in a session of its
+                          own; returns at the first step (before the stages: the supervisor runs them)
   report   report.py      --dry-run's plan, the run's last line or --json document; ddp_report.py: test-ddp's table
 
 On the node: node_torchrun.py (checks a first launch's guessed facts, then torchrun in-process) and nolibuv/ (put on
 PYTHONPATH where torch's TCPStore has no libuv).
 
 A stage imports the ones before it (for their types) and never a later one. May import: cli.nodes, cli.sync
-(train --sync-data), cli.errors, netcheck, and of auralm only what needs no torch at import (its config parser, guide
-spellings, exit codes, link budget; auralm.data.datadir's preparer when the data is missing): the trainer itself is
-started
+(train --sync-data), cli.runs.catalog (detach.py: status.json read), cli.errors, netcheck, and of auralm only what
+needs no torch at import (its config parser, guide spellings, exit codes, link budget; auralm.data.datadir's preparer
+when the data is missing): the trainer itself is started
 as a process, through torchrun.
 """

@@ -101,7 +101,8 @@ def _sync_data(opts: LaunchOptions, console: Console) -> None:
 def _dry_run(opts: LaunchOptions, as_json: bool, console: Console, err: Console | None = None,
              advice: links.Advice | None = None, choice: str = "") -> int:
     prep = prepare(opts)
-    size = model_size(opts, prep.world)
+    # the plan's estimate is for one rank (made beside the probes): for a world of one it is the run's own
+    size = prep.size if prep.size and prep.world == 1 else model_size(opts, prep.world)
     return report.dry_run(prep, size, auto_batch_plan(size, prep), as_json=as_json, console=console, choice=choice,
                           link=links.warn(advice, err or console))
 

@@ -132,6 +132,7 @@ class MergedLog:
         self.node_facts: dict[str, dict] = {}  # what cli.launch.node_torchrun reported, by node
         self.stops: list[tuple[str, dict]] = []  # (node, the trainer's stop: reason, rank), in the order they came
         self.first_step_at: float | None = None
+        self.on_first_step: Callable[[], None] | None = None  # told once, at rank 0's first step line
         self.progress: Progress | None = None
         self.task = None
         self.gone: str | None = None  # why the output has no reader any more (then nothing more is shown)
@@ -325,6 +326,8 @@ class MergedLog:
     def _step(self, step: int, total: int) -> None:
         if self.first_step_at is None:
             self.first_step_at = time.monotonic()
+            if self.on_first_step:
+                self.on_first_step()
         if self.quiet or self.gone or not self.console.is_terminal:
             return
         with self._screen():

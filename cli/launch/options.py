@@ -41,6 +41,7 @@ class LaunchOptions:
     json_output: bool = False  # stdout is for one JSON document: the live log goes to stderr
     result_tag: str | None = None  # a line with this prefix is a result for on_result(node, payload)
     on_result: Callable[[str, str], None] | None = None
+    detached: bool = False  # this process is a detached run's supervisor (cli/launch/detach.py), in a session of its own
 
     def check(self) -> None:
         """The numbers a launch cannot start with: one line each, exit code 2."""

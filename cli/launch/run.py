@@ -35,6 +35,7 @@ from rich.console import Console
 
 from auralm.errors import BAD_INPUT_EXIT
 from cli.launch.log import MergedLog, signal_name
+from cli.launch.lost import what_was_seen
 from cli.launch.node_torchrun import FACTS_DIFFER
 from cli.launch.options import TRAINER
 from cli.launch.plan import LaunchPlan, NodeLaunch
@@ -228,7 +229,8 @@ def run_once(plans: list[NodeLaunch], log: MergedLog, signals: _Signals, *, atte
                     beats[p.node.name] = _Heartbeat(session)
             for b in beats.values():
                 b.start()
-            result = _watch(plans, log, signals, jobs, beats, OomCounts(sessions, plans))
+            result = _watch(plans, log, signals, jobs, beats, OomCounts(sessions, plans),
+                            lambda plan: what_was_seen(plan, accept_new_host_keys))
     finally:
         for b in beats.values():
             b.halt.set()
@@ -253,8 +255,10 @@ def run_once(plans: list[NodeLaunch], log: MergedLog, signals: _Signals, *, atte
 
 
 def _watch(plans: list[NodeLaunch], log: MergedLog, signals: _Signals, jobs: dict[str, Job],
-           beats: dict[str, "_Heartbeat"], ooms: "OomCounts") -> RunResult:
-    """Wait for every node's job: the first failure, lost node or stop asked for is the result."""
+           beats: dict[str, "_Heartbeat"], ooms: "OomCounts", seen: Callable[[NodeLaunch], str]) -> RunResult:
+    """Wait for every node's job: the first failure, lost node or stop asked for is the result. A lost node (no
+    keep-alive reply for HEARTBEAT_TIMEOUT_S, or its job's connection broken) is named with what ``seen(plan)``
+    finds there (cli/launch/lost.py: its link down, its processes frozen or gone)."""
     ended: dict[str, int] = {}
     while True:
         asked = stop_asked(signals, log)
@@ -267,6 +271,8 @@ def _watch(plans: list[NodeLaunch], log: MergedLog, signals: _Signals, jobs: dic
             code = jobs[name].wait(0)
             if code is not None:
                 ended[name] = code
+                if code != 0 and jobs[name].connection_lost():
+                    return _lost(plans, log, name, "its SSH connection broke", seen)
                 if code != 0:
                     return _failure(plans, log, jobs, ended, name, ooms)
         if len(ended) == len(plans):
@@ -274,10 +280,16 @@ def _watch(plans: list[NodeLaunch], log: MergedLog, signals: _Signals, jobs: dic
         silent = [n for n, b in beats.items() if n not in ended and b.silent_for() > HEARTBEAT_TIMEOUT_S]
         if silent:
             name = silent[0]
-            return RunResult(LOST_CODE, f"{name} stopped answering (no SSH keep-alive reply for "
-                             f"{beats[name].silent_for():.0f}s)", failed_node=name,
-                             failed_rank=_plan(plans, name).first_rank)
+            return _lost(plans, log, name, f"no SSH keep-alive reply for {beats[name].silent_for():.0f}s", seen)
         time.sleep(POLL_S)
+
+
+def _lost(plans: list[NodeLaunch], log: MergedLog, name: str, how: str, seen: Callable[[NodeLaunch], str]) -> RunResult:
+    """A node lost: said at once, then what a fresh look at it found (a few seconds), as the run's reason."""
+    log.note(f"{name} stopped answering ({how}); looking at it")
+    plan = _plan(plans, name)
+    return RunResult(LOST_CODE, f"{name} stopped answering ({how}): {seen(plan)}", failed_node=name,
+                     failed_rank=plan.first_rank)
 
 
 def _plan(plans: list[NodeLaunch], name: str) -> NodeLaunch:
@@ -402,6 +414,7 @@ def run(prep: LaunchPlan, console: Console, replan: Callable[[dict[str, dict]], 
     result, attempt, error = None, 1, None
     with _Signals() as signals:
         status = started(run_dir, prep)
+        log.on_first_step = lambda: first_step(run_dir, status)
         try:
             log.note(f"run {prep.run_id}: {len(plans)} node(s), backend {prep.backend} ({prep.why}); logs in {run_dir}/")
             attempt, replanned = 1, False
@@ -449,8 +462,8 @@ STATUS_FILE = "status.json"  # read by cli/runs/catalog.py; the format is in doc
 
 
 def _write_status(run_dir: Path, doc: dict) -> None:
-    tmp = run_dir / f".{STATUS_FILE}.tmp"
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    tmp = run_dir / f".{STATUS_FILE}.{threading.get_ident()}.tmp"  # one per thread: first_step is a reader's
+    tmp.write_text(json.dumps(dict(doc), indent=2) + "\n")  # a copy: another thread may add a key meanwhile
     os.replace(tmp, run_dir / STATUS_FILE)  # a reader sees the old document or the new one, never half of one
 
 
@@ -477,7 +490,7 @@ def started(run_dir: Path, prep: LaunchPlan) -> dict:
            "host": socket.gethostname(), "pid": os.getpid(), "pid_started": psutil.Process().create_time(),
            "module": prep.options.module, "nodes": [p.node.name for p in prep.plans],
            "world": sum(p.nproc for p in prep.plans), "backend": prep.backend,
-           "trainer_dir": _trainer_dir(prep.plans[0])}
+           "trainer_dir": _trainer_dir(prep.plans[0]), "detached": prep.options.detached}
     if prep.plans[0].node.slurm_job:  # inside a Slurm allocation: `hrmctl runs` and `stop` ask Slurm about it
         doc["slurm_job"] = prep.plans[0].node.slurm_job
     try:
@@ -485,6 +498,15 @@ def started(run_dir: Path, prep: LaunchPlan) -> dict:
     except OSError:
         pass  # the run itself matters more than its record
     return doc
+
+
+def first_step(run_dir: Path, doc: dict) -> None:
+    """status.json once rank 0's first step is logged (`hrmctl train --detach` returns then: cli/launch/detach.py)."""
+    doc["first_step"] = round(time.time(), 3)
+    try:
+        _write_status(run_dir, doc)
+    except OSError:
+        pass
 
 
 def ended(run_dir: Path, doc: dict, result: RunResult | None, attempts: int, error: BaseException | None) -> None:
@@ -497,7 +519,7 @@ def ended(run_dir: Path, doc: dict, result: RunResult | None, attempts: int, err
     else:
         state = "finished" if result.code == 0 else "stopped" if result.interrupted else "failed"
         doc.update(state=state, exit_code=result.code, reason=result.reason, failed_node=result.failed_node,
-                   failed_rank=result.failed_rank)
+                   failed_rank=result.failed_rank, left_running=result.left_running)
         if result.code and not result.interrupted and result.no_restart:
             doc.update(no_restart=result.no_restart)
     doc.update(ended=round(time.time(), 3), attempts=attempts)

@@ -121,6 +121,10 @@ class Job:
         """Hang up / terminate the command (best effort, never raises)."""
         raise NotImplementedError
 
+    def connection_lost(self) -> bool:
+        """Its connection broke before the command's exit status came (wait() then says 255)."""
+        return False
+
 
 class LocalJob(Job):
     def __init__(self, proc: subprocess.Popen, on_line: LineHandler):
@@ -168,6 +172,10 @@ class SSHJob(Job):
         for t in self.threads:
             t.join(5)
         return self.chan.recv_exit_status()
+
+    def connection_lost(self) -> bool:
+        transport = self.chan.get_transport()
+        return not self.chan.status_event.is_set() and (transport is None or not transport.is_active())
 
     def stop(self) -> None:
         try:

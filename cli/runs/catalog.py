@@ -112,6 +112,25 @@ def _json(path: Path) -> dict:
     return doc if isinstance(doc, dict) else {}
 
 
+def read_submitted(run_path: Path) -> dict:
+    """runs/<run-id>/slurm.json ({} unless the run was submitted with `hrmctl train --slurm`)."""
+    return _json(Path(run_path) / SLURM_FILE)
+
+
+def read_status(run_path: Path) -> dict:
+    """The run's status.json as the launcher last wrote it ({} when there is none)."""
+    return _json(Path(run_path) / STATUS_FILE)
+
+
+def last_line(path: Path) -> str:
+    """The last non-empty line of a text file ("" when it is missing or empty)."""
+    try:
+        lines = [line for line in Path(path).read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return lines[-1] if lines else ""
+
+
 def looks_like_run(path: Path) -> bool:
     """A directory with something a launch or a training leaves there."""
     if not path.is_dir() or path.name.startswith("."):

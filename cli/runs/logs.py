@@ -86,10 +86,11 @@ def _emit(out: TextIO, text_lines: list[str]) -> None:
 
 
 def show_logs(run_path: Path, *, node: str | None = None, follow: bool = False, out: TextIO | None = None,
-              poll: float = POLL_S, running: Callable[[Path], bool] = is_running) -> int:
+              poll: float = POLL_S, running: Callable[[Path], bool] = is_running, last: int | None = None) -> int:
+    """``last``: only the last N merged lines of what is there now (then, with ``follow``, every new one)."""
     out = out or sys.stdout
     try:
-        return _show(run_path, node, follow, out, poll, running)
+        return _show(run_path, node, follow, out, poll, running, last)
     except BrokenPipeError:  # `hrmctl logs RUN | head`: the reader has had enough
         try:
             os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
@@ -109,7 +110,7 @@ def _node_files(run_path: Path, node: str | None) -> dict[str, Path]:
 
 
 def _show(run_path: Path, node: str | None, follow: bool, out: TextIO, poll: float,
-          running: Callable[[Path], bool]) -> int:
+          running: Callable[[Path], bool], last: int | None = None) -> int:
     files = _node_files(run_path, node)
     if not files and not follow:
         launched = (run_path / STATUS_FILE).exists()
@@ -120,7 +121,8 @@ def _show(run_path: Path, node: str | None, follow: bool, out: TextIO, poll: flo
     many = node is None and len(tails) > 1
     fmt = _prefix(width, many)
     first = {name: t.read(final=not follow) for name, t in tails.items()}
-    _emit(out, [fmt(n, line) for n, line in merged(first)])
+    shown = [fmt(n, line) for n, line in merged(first)]
+    _emit(out, shown[-last:] if last else shown)
     if not follow:
         return 0
     checked = 0.0

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from lab.nodes import sh
 from tests.polling import wait_for
 
 
@@ -227,29 +228,49 @@ def test_rejected_trainer_override_found_before_anything_starts(lab3, hrmctl, tm
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "runs").exists()
 
 
-def test_node_dropping_off_the_network_is_noticed_and_leaves_nothing(lab3, tmp_path):
+# a fault made on node1: how hrmctl must say it noticed, and what it saw there (cli/launch/lost.py)
+LOST_FAULTS = {"link-down": ("no SSH keep-alive reply for ", "its link is down (no answer from "),
+               "sigstop": ("no SSH keep-alive reply for ", "its processes are frozen (")}
+
+
+@pytest.mark.parametrize("fault", list(LOST_FAULTS))
+def test_a_lost_node_is_named_with_what_was_seen_and_leaves_nothing(lab3, tmp_path, fault):
+    """Its link cut (every packet in and out dropped), or every process of its user stopped (SIGSTOP: a sleeping
+    laptop): named within 30 s from the SSH keep-alive heartbeat, with what a fresh look found; exit 255. (Its
+    processes killed is not a lost node: its job reports the signal, `torchrun on node1 (rank 1) was killed by ...`.)"""
     victim = lab3.nodes[1]
+    run_id = f"lost-{fault}"
     proc = start_hrmctl(["test-ddp", "--nodes", "node0,node1", "--no-bandwidth", "--soak", "120",
-                         "--run-id", "drop1"], lab3.inventory, tmp_path)
+                         "--run-id", run_id], lab3.inventory, tmp_path)
     rules = [["INPUT", "-j", "DROP"], ["OUTPUT", "-j", "DROP"]]
     try:
-        wait_for(lambda: any("auralm.planning.ddp_check" in c for _, c in job_pids(victim, "drop1")), 60, "the job on node1")
+        wait_for(lambda: any(is_worker(c, "auralm.planning.ddp_check") for _, c in job_pids(victim, run_id)), 60,
+                 "the job's rank on node1")
         t0 = time.monotonic()
-        for r in rules:
-            victim.netns(["iptables", "-I", *r])
+        if fault == "link-down":
+            for r in rules:
+                victim.netns(["iptables", "-I", *r])
+        else:
+            sh(["pkill", "-STOP", "-u", victim.user])
         out, err = proc.communicate(timeout=60)
         noticed = time.monotonic() - t0
     finally:
         for r in rules:
             victim.netns(["iptables", "-D", *r], check=False)
+        sh(["pkill", "-CONT", "-u", victim.user], check=False)
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode not in (0, None)
-    assert "node1 stopped answering" in err and "Traceback" not in err, err
-    assert noticed < 30, f"a lost node took {noticed:.0f}s to notice"
-    assert job_pids(lab3.nodes[0], "drop1") == []
-    # node1's sshd hangs up the job's PTY when the connection dies: nothing is orphaned there either
-    wait_for(lambda: job_pids(victim, "drop1") == [], 40, "the job on node1 to be hung up")
+    assert proc.returncode == 255, out + err
+    last = err.strip().splitlines()[-1]
+    how, seen = LOST_FAULTS[fault]
+    assert f"node1 stopped answering ({how}" in last and seen in last, err
+    assert "Traceback" not in err, err
+    assert fault != "sigstop" or "(2 of the job's 2 processes stopped" in last, last  # torchrun and its rank
+    print(f"{fault}: hrmctl ended {noticed:.1f}s after the fault: {last}")
+    assert noticed < 30, f"a lost node took {noticed:.0f}s to notice and stop"
+    assert job_pids(lab3.nodes[0], run_id) == []
+    # node1's sshd hangs up the job's PTY when the connection dies, or the stop killed it: nothing is orphaned there
+    wait_for(lambda: job_pids(victim, run_id) == [], 40, "the job on node1 to be gone")
 
 
 def test_max_restarts_restarts_the_whole_job(hrmctl, tmp_path):

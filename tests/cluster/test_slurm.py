@@ -148,7 +148,7 @@ def test_stop_cancels_the_job_and_leaves_nothing(run_hrmctl, sudoku_data, tmp_pa
              what="the run's first steps")
     assert _tagged("stop1"), "the run's processes should be running"
     code, out, err = run_hrmctl("stop", "stop1", timeout=90)
-    assert code == 0 and "CANCELLED" in out, out + err
+    assert code == 0 and "Slurm job" in err and "CANCELLED" in err, out + err
     assert _tagged("stop1") == [], "processes of the stopped run are left"
     run = _runs(run_hrmctl)["stop1"]
     assert run["status"] == "stopped" and run["slurm_state"] == "CANCELLED", run

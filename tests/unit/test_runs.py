@@ -303,7 +303,7 @@ def test_launcher_status_json(tmp_path):
     run_dir = tmp_path / "runs" / "r1"
     run_dir.mkdir(parents=True)
     doc = started(run_dir, SimpleNamespace(run_id="r1", plans=[plan], backend="gloo",
-                                           options=SimpleNamespace(module="auralm.training.train")))
+                                           options=SimpleNamespace(module="auralm.training.train", detached=False)))
     saved = json.loads((run_dir / "status.json").read_text())
     assert saved["state"] == "running" and saved["pid"] == os.getpid() and saved["nodes"] == ["localhost"]
     assert saved["trainer_dir"] == str((tmp_path / "elsewhere" / "r1").resolve())
