@@ -89,6 +89,15 @@ def _root(version: Annotated[bool, typer.Option("--version", callback=_version, 
 
 NODES = "Nodes"
 LAUNCH = "Launch"
+SLURM = "Slurm (with --slurm)"
+
+
+def SlurmInt(flag: str, text: str):
+    return Annotated[Optional[int], typer.Option(flag, min=1, rich_help_panel=SLURM, help=text, show_default=False)]
+
+
+def SlurmText(flag: str, text: str):
+    return Annotated[Optional[str], typer.Option(flag, rich_help_panel=SLURM, help=text, show_default=False)]
 Nodes = Annotated[Optional[str], typer.Option(
     "--nodes", "-n", rich_help_panel=NODES,
     help="Comma-separated node names; the first is the master unless the inventory says otherwise.")]
@@ -301,6 +310,16 @@ def train_cmd(
             rich_help_panel=LAUNCH, help="Sync the local dataset to every other node first.")] = False,
         module: Annotated[str, typer.Option(
             rich_help_panel=LAUNCH, help="The Python module torchrun starts on every rank.")] = "auralm.training.train",
+        slurm: Annotated[bool, typer.Option(
+            "--slurm", rich_help_panel=SLURM,
+            help="Submit the run as a Slurm batch job (sbatch) and print its job id; --nodes is then a count.")] = False,
+        gpus_per_node: SlurmInt("--gpus-per-node", "GPUs per node (--slurm).") = None,
+        cpus_per_task: SlurmInt("--cpus-per-task", "CPUs for each node's torchrun (--slurm).") = None,
+        time_limit: SlurmText("--time", "Time limit, as Slurm spells it: 02:00:00 (--slurm).") = None,
+        partition: SlurmText("--partition", "Partition (--slurm).") = None,
+        account: SlurmText("--account", "Account charged (--slurm).") = None,
+        qos: SlurmText("--qos", "Quality of service (--slurm).") = None,
+        constraint: SlurmText("--constraint", "Node features, e.g. gpu (--slurm).") = None,
         detach: Annotated[bool, typer.Option(
             "--detach", rich_help_panel=LAUNCH,
             help="Run on without this terminal: return once the first step is logged (then `hrmctl attach RUN`, "
@@ -316,16 +335,27 @@ def train_cmd(
     if detach:
         if dry_run:
             raise HrmctlError("--detach with --dry-run: a dry run starts nothing to detach; drop one of them")
+        if slurm:
+            raise HrmctlError("--detach with --slurm: a submitted run never holds this terminal; drop --detach")
         from pathlib import Path
 
         from cli.launch.detach import detach as start_detached
 
         return start_detached(_argv, run_id, Path("runs"), out, err, as_json=json)
+    request = None
+    if slurm:  # the nodes are Slurm's to give: --nodes counts them
+        from cli.slurm.submit import SlurmOptions, inventory_table, node_count
+
+        request = SlurmOptions(nodes=node_count(nodes), gpus_per_node=gpus_per_node, cpus_per_task=cpus_per_task,
+                               time=time_limit, partition=partition, account=account, qos=qos,
+                               constraint=constraint).with_defaults(inventory_table(inventory))
+        nodes = "localhost"  # the options' checks only: the job's own hrmctl takes the allocation's nodes
     opts = launch_options(inventory=inventory, nodes=nodes, env=env, reprobe=reprobe, master_port=master_port,
                           nproc=nproc, backend=backend, dry_run=dry_run, run_id=run_id,
                           accept_new_host_keys=accept_new_host_keys, module=module, args=list(overrides or []),
                           max_restarts=max_restarts, detached=supervisor)
-    return train(opts, sync_data=sync_data, as_json=json, console=out, err=err, own_options=_options_of(ctx))
+    return train(opts, sync_data=sync_data, as_json=json, console=out, err=err, own_options=_options_of(ctx),
+                 slurm=request)
 
 
 def _options_of(ctx: typer.Context) -> list[str]:

@@ -21,7 +21,8 @@ done
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   need=()
   for tool in sshd:openssh-server ssh-keygen:openssh-client ip:iproute2 iptables:iptables tc:iproute2 \
-              faketime:faketime rsync:rsync cc:gcc ping:iputils-ping runuser:util-linux pkill:procps git:git tmux:tmux; do
+              faketime:faketime rsync:rsync cc:gcc ping:iputils-ping runuser:util-linux pkill:procps git:git tmux:tmux \
+              munged:munge slurmctld:slurmctld slurmd:slurmd sbatch:slurm-client; do
     command -v "${tool%%:*}" >/dev/null || [ -x "/usr/sbin/${tool%%:*}" ] || need+=("${tool##*:}")
   done
   /usr/bin/python3 -c "import venv, ensurepip" 2>/dev/null || need+=(python3-venv)

@@ -16,6 +16,8 @@ def doctor(inventory: str | None, nodes: str | None, *, master_port: int, timeou
         raise HrmctlError(f"--master-port {master_port} is outside 1-65535; give a free TCP port such as 29500")
     if not timeout > 0:
         raise HrmctlError(f"--timeout {timeout:g} must be a positive number of seconds, e.g. --timeout 30")
-    selected = load_inventory(inventory).select(nodes)
+    from cli.slurm.allocation import nodes_or_allocation
+
+    selected = nodes_or_allocation(nodes, lambda: load_inventory(inventory).select(nodes))  # an allocation's: srun
     rep = run_doctor(selected, master_port=master_port, timeout=timeout, accept_new_host_keys=accept_new_host_keys)
     return show(rep, console, as_json=as_json, verbose=verbose)

@@ -236,7 +236,8 @@ def _node_rows(r: NodeReport, multi: bool, mres: MeshResult | None, verdict: Mes
         if not r.is_master and mres and mres.master_port:
             rows[ROWS.index("master port")] = Check("master port", FAIL, "not reached", None)
         return rows
-    rows = [Check("ssh", OK, "local" if n.is_local else f"{r.seconds:.1f}s {n.user}@{n.host}:{n.port}")]
+    how = {"local": "local", "srun": f"{r.seconds:.1f}s srun (Slurm job {n.slurm_job})"}
+    rows = [Check("ssh", OK, how.get(n.reached_by, f"{r.seconds:.1f}s {n.user}@{n.host}:{n.port}"))]
     if r.probe:
         rows += node_checks(r.probe, n, multi)
     else:

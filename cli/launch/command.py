@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
 
 from rich.console import Console
 from rich.markup import escape
@@ -124,8 +125,9 @@ def plan_then_run(opts: LaunchOptions, console: Console, before_run=None) -> tup
 
 
 def train(opts: LaunchOptions, *, sync_data: bool, as_json: bool, console: Console, err: Console,
-          own_options: list[str] = ()) -> int:
-    """``own_options``: hrmctl train's, for the "did you mean" of an unknown one."""
+          own_options: list[str] = (), slurm=None) -> int:
+    """``own_options``: hrmctl train's, for the "did you mean" of an unknown one. ``slurm`` (cli.slurm.submit's
+    SlurmOptions): the run checked here, then submitted as a batch job whose own hrmctl launches it."""
     if opts.module == TRAINER:
         _read_guide_options(opts, err, list(own_options))
     else:
@@ -135,6 +137,12 @@ def train(opts: LaunchOptions, *, sync_data: bool, as_json: bool, console: Conso
     choice = _model_choice(opts)
     if choice and not (opts.dry_run and not as_json):  # the dry run's text says it with the model's size
         err.print(f"model: {choice}", markup=False, highlight=False, soft_wrap=True)
+    if slurm is not None:
+        check_trainer_args(opts.module, opts.args)
+        return _submit(opts, slurm, as_json, console)
+    if opts.nodes[0].slurm_job:  # no --nodes, inside an allocation: a choice the user did not write, so said
+        err.print(f"nodes: Slurm allocation {opts.nodes[0].slurm_job}: {', '.join(n.name for n in opts.nodes)} "
+                  "(reached with srun)", markup=False, highlight=False, soft_wrap=True)
     advice = links.start(opts)  # test-ddp's figures for these nodes, if any: sized beside the preflight
     if opts.dry_run:
         return _dry_run(opts, as_json, console, err, advice, choice)
@@ -147,7 +155,27 @@ def train(opts: LaunchOptions, *, sync_data: bool, as_json: bool, console: Conso
         link[0] = links.warn(advice, err)
 
     prep, result = plan_then_run(opts, console, before_run)
-    return report.finish(result, prep, as_json, console, err, extra={"link": link[0]})
+    code = report.finish(result, prep, as_json, console, err, extra={"link": link[0]})
+    if result.interrupted and result.code == 128 + signal.SIGUSR1 and opts.nodes[0].slurm_job:
+        from cli.slurm.allocation import requeue  # Slurm's warning before the time limit (hrmctl train --slurm)
+        requeue(opts.nodes[0].slurm_job, err)
+    return code
+
+
+def _submit(opts: LaunchOptions, request, as_json: bool, console: Console) -> int:
+    from cli.launch.prepare import new_run_id
+    from cli.slurm.submit import submit, train_args
+
+    run_id = opts.run_id or new_run_id()
+    doc = submit(run_id, opts.runs_dir, request, train_args(opts), dry_run=opts.dry_run)
+    if as_json:
+        print(json.dumps(doc))
+    elif opts.dry_run:
+        console.print(doc["script"], markup=False, highlight=False, soft_wrap=True, end="")
+    else:
+        console.print(f"submitted run {run_id} as Slurm job {doc['job_id']}: `hrmctl logs {run_id} -f` follows it, "
+                      f"`hrmctl stop {run_id}` cancels it", markup=False, highlight=False, soft_wrap=True)
+    return 0
 
 
 def test_ddp(opts: LaunchOptions, *, overrides: list[str] | None = None, as_json: bool, console: Console,

@@ -63,7 +63,7 @@ def save_cache(path: Path, entries: dict) -> None:
 def _check(node: Node, probe: NodeProbe) -> None:
     """The node can run torchrun from its workdir: one clear line otherwise."""
     project = probe.raw.get("project") or {}
-    if not node.is_local and not project.get("present"):  # locally, hrmctl's own install runs it
+    if node.reached_by == "ssh" and not project.get("present"):  # locally (or srun: shared files), hrmctl's own
         raise HrmctlError(f"{node.name}: workdir {node.workdir} has no hrmctl project (no auralm/ in it); "
                           f"copy the project there or set workdir for {node.name} in the inventory")
 
@@ -94,7 +94,7 @@ def _guess(probe: NodeProbe) -> dict:
 
 def _can_check(node: Node, probe: NodeProbe) -> bool:
     """cli.launch.node_torchrun runs there: the node's project has it, or this very hrmctl runs it locally."""
-    return bool((probe.raw.get("project") or {}).get("launch_check")) or (node.is_local and node.python == sys.executable)
+    return bool((probe.raw.get("project") or {}).get("launch_check")) or (node.reached_by != "ssh" and node.python == sys.executable)
 
 
 def remember(reported: dict[str, dict], nodes: list[Node]) -> None:

@@ -30,6 +30,7 @@ from cli.launch.plan import NodeFacts
 GIB = 1 << 30
 SKIP_ENV = "HRMCTL_MEMORY_CHECK"  # "0": no refusal (the estimate is a rough one)
 SIZING_TIMEOUT_S = 120
+SIZING_CACHE_NAME = "model-sizes.json"  # in hrmctl's cache directory (cli/launch/facts.py's CACHE_DIR)
 
 
 def model_size(opts, world: int, vocab: int | None = None) -> dict | None:
@@ -39,13 +40,43 @@ def model_size(opts, world: int, vocab: int | None = None) -> dict | None:
     32000 for text). None for another module, or when it cannot say."""
     if opts.module != TRAINER:
         return None
-    res = subprocess.run([sys.executable, "-m", "auralm.planning.sizing", "--json", "--world", str(world),
-                          *(["--vocab", str(vocab)] if vocab else []), *opts.args],
-                         capture_output=True, text=True, timeout=SIZING_TIMEOUT_S)
+    from cli.launch.facts import CACHE_DIR, load_cache, save_cache
+
+    cache = CACHE_DIR / SIZING_CACHE_NAME
+    argv = ["--json", "--world", str(world), *(["--vocab", str(vocab)] if vocab else []), *opts.args]
+    key = _sizing_key(argv)
+    known = load_cache(cache).get(key) if key else None
+    if known is not None:  # the same trainer source, Python and arguments: the same estimate
+        return known
+    res = subprocess.run([sys.executable, "-m", "auralm.planning.sizing", *argv], capture_output=True, text=True,
+                         timeout=SIZING_TIMEOUT_S)
     if res.returncode:
         raise HrmctlError((res.stderr.strip().splitlines() or ["the model's size could not be computed"])[-1]
                           .removeprefix("error: "))
-    return json.loads(res.stdout)
+    size = json.loads(res.stdout)
+    if key:
+        cached = load_cache(cache)
+        cached[key] = size
+        save_cache(cache, dict(list(cached.items())[-100:]))
+    return size
+
+
+def _sizing_key(argv: list[str]) -> str | None:
+    """This Python, these arguments, and the trainer's source (every file's name, size and mtime): a key that changes
+    whenever the estimate could."""
+    import hashlib
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("auralm")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    h = hashlib.sha256(json.dumps([sys.executable, argv]).encode())
+    root = Path(list(spec.submodule_search_locations)[0])
+    for path in sorted(root.rglob("*.py")):
+        st = path.stat()
+        h.update(f"{path.relative_to(root)}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()
 
 
 @dataclass

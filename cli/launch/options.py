@@ -4,7 +4,7 @@
 (--nodes from the inventory, or this machine alone), reads --env and refuses a bad --backend; `check()` refuses a
 bad --nproc, --master-port or --max-restarts (after a guide's spellings of them were read, cli/launch/command.py).
 The stages after it (prepare -> plan -> run -> report) read this one object; none of them takes the options again
-one by one. May import: cli.nodes, cli.errors.
+one by one. May import: cli.nodes, cli.slurm.allocation, cli.errors.
 """
 
 from __future__ import annotations
@@ -56,9 +56,13 @@ class LaunchOptions:
 
 
 def select_nodes(inventory: str | None, nodes: str | None) -> list[Node]:
-    """--nodes from the inventory; without --nodes, this machine alone (the embedded default)."""
+    """--nodes from the inventory; without --nodes, the nodes of the Slurm allocation this runs in (SLURM_JOB_ID set:
+    reached with srun, cli/slurm/allocation.py), else this machine alone (the embedded default)."""
     if nodes is None:
-        return [local_node()]
+        from cli.slurm.allocation import allocation_id, allocation_nodes
+
+        job = allocation_id()
+        return allocation_nodes(job) if job else [local_node()]
     return load_inventory(inventory).select(nodes)
 
 

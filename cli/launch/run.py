@@ -130,7 +130,7 @@ class _Signals:
     it would then wait on that lock for ever; so the wait loop looks at `got` every POLL_S instead.
     Signals during the stop are noted too, so a second Ctrl-C cannot cut it short."""
 
-    WATCHED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    WATCHED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)  # USR1: Slurm's time-limit warning
 
     def __init__(self) -> None:
         self.got: int | None = None
@@ -223,9 +223,9 @@ def run_once(plans: list[NodeLaunch], log: MergedLog, signals: _Signals, *, atte
             log.start(plans, attempt)
             for p in plans:
                 session = sessions[p.node.name]
-                jobs[p.node.name] = session.start(p.argv, log.handler(p), env=p.env, cwd=p.cwd,
-                                                  pty=not p.node.is_local)
-                if not p.node.is_local:
+                ssh = p.node.reached_by == "ssh"  # srun's nodes are watched by Slurm: a lost node fails the step
+                jobs[p.node.name] = session.start(p.argv, log.handler(p), env=p.env, cwd=p.cwd, pty=ssh)
+                if ssh:
                     beats[p.node.name] = _Heartbeat(session)
             for b in beats.values():
                 b.start()
@@ -469,7 +469,7 @@ def _write_status(run_dir: Path, doc: dict) -> None:
 
 def _trainer_dir(plan: NodeLaunch) -> str | None:
     """Where rank 0 writes config.json and metrics.jsonl (its out_dir), when that is on this machine."""
-    if not plan.node.is_local:
+    if plan.node.reached_by == "ssh":  # a Slurm node shares this machine's files (the cluster's file system)
         return None
     out = None
     for a in plan.argv[plan.argv.index("-m", 2) + 2:] if "-m" in plan.argv[2:] else []:
@@ -491,6 +491,8 @@ def started(run_dir: Path, prep: LaunchPlan) -> dict:
            "module": prep.options.module, "nodes": [p.node.name for p in prep.plans],
            "world": sum(p.nproc for p in prep.plans), "backend": prep.backend,
            "trainer_dir": _trainer_dir(prep.plans[0]), "detached": prep.options.detached}
+    if prep.plans[0].node.slurm_job:  # inside a Slurm allocation: `hrmctl runs` and `stop` ask Slurm about it
+        doc["slurm_job"] = prep.plans[0].node.slurm_job
     try:
         _write_status(run_dir, doc)
     except OSError:

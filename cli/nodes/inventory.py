@@ -52,10 +52,16 @@ class Node:
     known_hosts: list[str] = field(default_factory=list)
     proxy_command: str | None = None
     sources: dict[str, str] = field(default_factory=dict)
+    slurm_job: str | None = None  # a node of this Slurm allocation: reached with srun (cli/nodes/srun.py), not SSH
 
     @property
     def is_local(self) -> bool:
         return self.host in LOCAL_NAMES
+
+    @property
+    def reached_by(self) -> str:
+        """"local" (this machine), "srun" (a node of the Slurm allocation this runs in) or "ssh"."""
+        return "local" if self.is_local else "srun" if self.slurm_job else "ssh"
 
     @property
     def address(self) -> str:

@@ -596,9 +596,13 @@ class SSHSession(Session):
 
 
 def connect(node: Node, *, accept_new_host_keys: bool = False, timeout: float = CONNECT_TIMEOUT) -> Session:
-    """A session on `node`: local for localhost, SSH otherwise. Raises RemoteError subclasses."""
+    """A session on `node`: local for localhost, srun for a node of this Slurm allocation, SSH otherwise. Raises
+    RemoteError subclasses."""
     if node.is_local:
         return LocalSession(node)
+    if node.slurm_job:
+        from cli.nodes.srun import SrunSession
+        return SrunSession(node)
     return SSHSession(node, accept_new_host_keys=accept_new_host_keys, timeout=timeout)
 
 

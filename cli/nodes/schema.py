@@ -87,6 +87,7 @@ class TopTable(Struct, forbid_unknown_fields=True):
     known_hosts: Union[Paths, UnsetType] = UNSET
     defaults: Table = {}
     nodes: Annotated[dict[str, Any], Meta(description="a table of nodes like [nodes.NAME]")] = {}
+    slurm: Table = {}  # `hrmctl train --slurm`'s defaults, checked by cli/slurm/submit.py
 
 
 def nearest(word: str, choices: list[str]) -> str | None:

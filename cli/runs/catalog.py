@@ -37,11 +37,12 @@ from cli.errors import HrmctlError
 
 RUNS_DIR = "runs"
 STATUS_FILE = "status.json"  # written by cli/launch/run.py (started, ended)
-STATES = ("running", "finished", "failed", "stopped", "unknown")
+STATES = ("queued", "running", "finished", "failed", "stopped", "unknown")
 RECENT_S = 120.0
 RUN_ID_TIME = re.compile(r"^(\d{8}-\d{6})")  # hrmctl's and the trainer's own run names begin with the start time
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 TRAINER_FILES = ("config.json", "metrics.jsonl", "events.jsonl")
+SLURM_FILE = "slurm.json"  # written by `hrmctl train --slurm` (cli/slurm/submit.py): the job id
 
 
 @dataclass
@@ -71,6 +72,8 @@ class Run:
     checkpoints: list[int] = field(default_factory=list)
     curves: Path | None = None
     last_write: float | None = None
+    slurm_job: str | None = None  # submitted with --slurm: the job's id, and its state as Slurm tells it
+    slurm_state: str | None = None
 
     @property
     def duration(self) -> float | None:
@@ -91,6 +94,7 @@ class Run:
             "checkpoints": self.checkpoints, "logs": [p.name for p in self.logs],
             "curves": str(self.curves) if self.curves else None,
             "trainer_dir": str(self.trainer_dir) if self.trainer_dir != self.path else None,
+            "slurm_job": self.slurm_job, "slurm_state": self.slurm_state,
         }
 
 
@@ -106,6 +110,11 @@ def _json(path: Path) -> dict:
     except (OSError, ValueError):
         return {}
     return doc if isinstance(doc, dict) else {}
+
+
+def read_submitted(run_path: Path) -> dict:
+    """runs/<run-id>/slurm.json ({} unless the run was submitted with `hrmctl train --slurm`)."""
+    return _json(Path(run_path) / SLURM_FILE)
 
 
 def read_status(run_path: Path) -> dict:
@@ -130,7 +139,7 @@ def looks_like_run(path: Path) -> bool:
         names = [p.name for p in path.iterdir()]
     except OSError:
         return False
-    return any(n in TRAINER_FILES or n == STATUS_FILE or n.endswith(".log") or CHECKPOINT_RE.match(n)
+    return any(n in TRAINER_FILES or n in (STATUS_FILE, SLURM_FILE) or n.endswith(".log") or CHECKPOINT_RE.match(n)
                for n in names)
 
 
@@ -225,6 +234,36 @@ def _status(run: Run, doc: dict, now: float) -> None:
                                              f"nothing records why")
 
 
+def slurm_job_of(status: dict, submitted: dict) -> str | None:
+    """The Slurm job of a run: submitted with --slurm (slurm.json), or launched inside an allocation (status.json)."""
+    job = submitted.get("job_id") or status.get("slurm_job")
+    return str(job) if job else None
+
+
+def _slurm_status(run: Run, doc: dict, job_id: str) -> None:
+    """A Slurm run: Slurm's state of its job decides while the job is queued (or requeued), and while it runs or
+    after it ended when the run's own hrmctl has not recorded an end (not started yet, cancelled, killed); else
+    status.json's."""
+    from cli.slurm.jobs import ENDED, QUEUED, job_state
+
+    run.slurm_job = job_id
+    found = job_state(job_id)
+    if found is None:
+        return
+    state = run.slurm_state = found["state"]
+    said = f"Slurm job {job_id} {state}" + (f" ({found['reason']})" if found["reason"] else "")
+    if state in QUEUED:  # not started yet, or requeued (time limit, preemption): it will run
+        run.status, run.source, run.reason, run.end = "queued", found["source"], said, None
+    elif doc.get("state") in ("finished", "failed", "stopped"):
+        return  # the run's own record (one allocation may hold several runs, one after the other)
+    elif state in ("RUNNING", "COMPLETING"):
+        where = f" on {found['nodes']}" if found["nodes"] else ""
+        run.status, run.source, run.reason, run.end = "running", found["source"], said + where, None
+    elif state in ENDED:
+        run.status = "finished" if state == "COMPLETED" else "stopped" if state == "CANCELLED" else "failed"
+        run.source, run.reason = found["source"], said
+
+
 def load_run(path: str | Path, now: float | None = None) -> Run:
     """What a run directory says about its run."""
     path = Path(path)
@@ -281,9 +320,15 @@ def load_run(path: str | Path, now: float | None = None) -> Run:
                 started = time.mktime(time.strptime(m.group(1), "%Y%m%d-%H%M%S"))
             except ValueError:
                 started = None
+    job = _json(path / SLURM_FILE)
+    if started is None:
+        started = number(job.get("submitted"))
     run.start = started if started is not None else _first_write(path, trainer_dir)
     _status(run, doc, now)
-    if run.status != "running":
+    job_id = slurm_job_of(doc, job)
+    if job_id:
+        _slurm_status(run, doc, job_id)
+    if run.status not in ("running", "queued"):
         run.end = number(doc.get("ended")) if doc.get("state") in ("finished", "failed", "stopped") else None
         if run.end is None:
             run.end = run.last_write
@@ -333,4 +378,4 @@ def resolve(ref: str, runs_dir: str | Path = RUNS_DIR) -> Path:
 
 
 def is_running(path: Path) -> bool:
-    return load_run(path).status == "running"
+    return load_run(path).status in ("running", "queued")  # a queued Slurm job will run

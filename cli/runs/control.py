@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TextIO
 
 from cli.errors import HrmctlError
-from cli.runs.catalog import last_line, launcher_alive, load_run, read_status
+from cli.runs.catalog import last_line, launcher_alive, load_run, read_status, read_submitted, slurm_job_of
 from cli.runs.logs import show_logs
 
 ATTACH_LINES = 20  # of the merged log, before the new ones
@@ -59,9 +59,16 @@ def attach(run_path: Path, *, out: TextIO | None = None, err: TextIO | None = No
 
 
 def stop(run_path: Path, *, err: TextIO | None = None, wait_s: float = STOP_WAIT_S) -> int:
-    """SIGTERM to the run's launcher, then wait for its record of the end: 0 when every node stopped."""
+    """SIGTERM to the run's launcher, then wait for its record of the end: 0 when every node stopped. A Slurm run
+    submitted with --slurm (or one launched inside an allocation whose launcher is not on this machine) is
+    cancelled instead (scancel), and waited for until Slurm says its job has ended: Slurm has then killed what was
+    left of it on every node."""
     err = err or sys.stderr
     run, doc = load_run(run_path), read_status(run_path)
+    submitted = read_submitted(run_path)
+    job = slurm_job_of(doc, submitted)
+    if job and run.status in ("queued", "running") and (submitted or not launcher_alive(doc)):
+        return _cancel(run.id, job, err, wait_s)  # a --slurm job, or an allocation's run launched elsewhere
     if run.status != "running":
         print(f"hrmctl: run {run.id} is not running ({run.status}{': ' + run.reason if run.reason else ''}); "
               f"nothing to stop", file=err)
@@ -92,4 +99,18 @@ def stop(run_path: Path, *, err: TextIO | None = None, wait_s: float = STOP_WAIT
         return 1
     print(f"run {run.id} stopped: every node stopped after {time.monotonic() - t0:.1f}s "
           f"({after.get('reason') or after.get('state')})", file=err)
+    return 0
+
+
+def _cancel(run_id: str, job: str, err: TextIO, wait_s: float) -> int:
+    from cli.slurm.jobs import ENDED, cancel
+
+    print(f"hrmctl: run {run_id}: scancel {job}; waiting for Slurm to end it on every node", file=err, flush=True)
+    t0 = time.monotonic()
+    state = cancel(job, wait_s)
+    said = f"Slurm job {job} {state['state'] if state else 'gone'}"
+    if state is not None and state["state"] not in ENDED:
+        print(f"error: run {run_id}: {said}, still not ended after {wait_s:.0f}s; see `squeue -j {job}`", file=err)
+        return 1
+    print(f"run {run_id} stopped: {said} after {time.monotonic() - t0:.1f}s", file=err)
     return 0

@@ -14,7 +14,7 @@ from cli.runs.catalog import Run, list_runs
 if TYPE_CHECKING:
     from rich.console import Console
 
-STYLE = {"running": "cyan", "finished": "green", "failed": "bold red", "stopped": "yellow", "unknown": "dim"}
+STYLE = {"queued": "blue", "running": "cyan", "finished": "green", "failed": "bold red", "stopped": "yellow", "unknown": "dim"}
 
 
 def duration_text(seconds: float | None) -> str:
@@ -70,7 +70,8 @@ def _cells(r: Run) -> dict[str, str]:
 
     return {"id": escape(r.id), "start": start_text(r.start), "duration": duration_text(r.duration),
             "nodes": escape(nodes_text(r)), "task": escape(r.task or "-"), "model": escape(r.model or "-"),
-            "status": f"[{STYLE[r.status]}]{r.status}[/]", "steps": steps_text(r), "best": best_text(r)}
+            "status": f"[{STYLE[r.status]}]{r.status}[/]" + (f" [dim](slurm {r.slurm_job} {r.slurm_state})[/]"
+                                                             if r.slurm_job else ""), "steps": steps_text(r), "best": best_text(r)}
 
 
 def _table(runs: list[Run], columns: list[str], title: str):

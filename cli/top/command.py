@@ -77,7 +77,9 @@ def top(inventory: str | None, nodes: str | None, *, interval: float, once: bool
         accept_new_host_keys: bool, console: Console) -> int:
     if not interval > 0:
         raise HrmctlError(f"--interval {interval:g} must be a positive number of seconds, e.g. --interval 1")
-    selected = load_inventory(inventory).select(nodes)
+    from cli.slurm.allocation import nodes_or_allocation
+
+    selected = nodes_or_allocation(nodes, lambda: load_inventory(inventory).select(nodes))  # an allocation's: srun
     watch = Watch(selected, interval=interval, accept_new_host_keys=accept_new_host_keys)
     with watch:
         if once:

@@ -160,7 +160,7 @@ IFNAME = "a network interface name like \"eth0\" (1-15 ASCII letters, digits, '_
     ("[nodes.a]\nhots = \"x\"\n", "unknown key 'hots' in [nodes.a]; did you mean 'host'?"),
     ("[defaults]\nworkdri = \"x\"\n", "unknown key 'workdri' in [defaults]; did you mean 'workdir'?"),
     ("mastr = \"a\"\n", "unknown key 'mastr' in the top level; did you mean 'master'?"),
-    ("\"a\\nb\" = 1\n", "unknown key 'a\\nb' in the top level; valid keys: master, known_hosts, defaults, nodes"),
+    ("\"a\\nb\" = 1\n", "unknown key 'a\\nb' in the top level; valid keys: master, known_hosts, defaults, nodes, slurm"),
     # not TOML at all: the parser's own words, with the line and column
     ("[nodes.a]\nhost = \"x\"\nport = \n", "not valid TOML: Invalid value (at line 3, column 8); fix that line"),
     ("[nodes.a]\nhost = \"x\n", "not valid TOML: Illegal character '\\n' (at line 2, column 10); fix that line"),

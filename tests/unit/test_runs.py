@@ -303,7 +303,9 @@ def test_launcher_status_json(tmp_path):
     from cli.launch.run import RunResult, ended, started
     from cli.runs.catalog import load_run
 
-    node = SimpleNamespace(name="localhost", is_local=True)
+    from cli.nodes.inventory import local_node
+
+    node = local_node()
     plan = SimpleNamespace(node=node, nproc=1, cwd=str(tmp_path),
                            argv=["py", "-m", "torch.distributed.run", "--nnodes=1", "-m", "auralm.training.train",
                                  "model=tiny", "out_dir=elsewhere/r1"])
