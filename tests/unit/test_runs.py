@@ -332,9 +332,9 @@ def test_launcher_status_json(tmp_path):
 
 
 @pytest.mark.slow
-def test_hrmctl_train_leaves_a_finished_run_with_status_and_curves(runs, tmp_path):
+def test_hrmctl_train_leaves_a_finished_run_with_status_and_curves(runs, tmp_path, sudoku_data):
     """A real local `hrmctl train`: status.json finished, the node log, curves.png; then runs, logs and plot."""
-    data = runs.parent / "sudoku"
+    data = sudoku_data(300)  # the puzzles the runs fixture trained on
     env = dict(os.environ, OMP_NUM_THREADS="1")
     res = subprocess.run([sys.executable, "-m", "cli", "train", "--run-id", "t1", f"data_dir={data}", "model=tiny",
                           "training.max_steps=4", "training.batch_size=8", "training.log_interval=1",
