@@ -195,6 +195,7 @@ def test_the_launchers_options_are_read_as_ours(tmp_path):
         "--dry-run; --eval_steps 50 is training.eval_interval=50 (evaluate every N steps)")
 
 
+@pytest.mark.slow  # seconds of real work (hrmctl train --dry-run; torch processes): not in --fast (issue 35, item 6)
 def test_the_dry_run_says_which_model_the_keys_chose(tmp_path):
     from tests.trainer.helpers import small_sudoku
 

@@ -97,6 +97,7 @@ def test_env_options():
             parse_env_options([bad])
 
 
+@pytest.mark.slow  # seconds of real work (hrmctl train --dry-run; torch processes): not in --fast (issue 35, item 6)
 def test_nolibuv_sitecustomize_turns_libuv_off_in_the_static_rendezvous():
     """torch 2.13's static rendezvous ignores USE_LIBUV; the sitecustomize makes it honour it."""
     code = ("import importlib, datetime, torch.distributed as d\n"
