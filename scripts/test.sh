@@ -5,10 +5,8 @@
 #   bash scripts/test.sh [--fast] [PYTEST ARGS...]
 # --fast: only what needs no lab and no real training run (pytest -m "not cluster and not slow").
 # The suite without a selection of yours (no test path, -m, -k): everything but the cluster tier on two pytest
-# processes (pytest-xdist, a file's tests together so its fixtures are made once), then the cluster tier: first
-# its tests without timed bounds on two processes (a lab each), then those marked `timing` (tests/cluster/conftest.py)
-# alone, their lab made once (their timings must not share the cores with other tests).
-# With a selection: one pytest, as given.
+# processes (pytest-xdist, a file's tests together so its fixtures are made once), then the cluster tier alone,
+# its lab made once (its timings must not share the cores with other tests). With a selection: one pytest, as given.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 fast=0 chosen=0 args=()
@@ -48,12 +46,7 @@ elif [ $chosen = 1 ]; then
 else
   pytest -m "not cluster" --ignore=tests/cluster "${parallel[@]}" ${args[@]+"${args[@]}"}
   rc=$?
-  # each phase collects only its own files; the cluster tier's timed bounds alone on the cores, after the rest of it
-  # on two processes (a lab each: most of their time is spent waiting on nodes, links and stops)
-  pytest -m "cluster and not timing" "${parallel[@]}" ${args[@]+"${args[@]}"} tests/cluster
+  pytest -m cluster ${args[@]+"${args[@]}"} tests/cluster  # each phase collects only its own files
   rc2=$?
-  pytest -m "cluster and timing" ${args[@]+"${args[@]}"} tests/cluster
-  rc3=$?
-  for r in $rc $rc2 $rc3; do [ "$r" = 0 ] || exit "$r"; done
-  exit 0
+  exit $(( rc != 0 ? rc : rc2 ))
 fi

@@ -113,13 +113,15 @@ def make_lab():
 def lab3(make_lab, tmp_path_factory) -> Lab:
     """Three healthy nodes shared by the tests that leave them healthy (undo your faults). Each node's default
     sudoku data (~/hrmctl/data/sudoku, what the trainer makes there at its first run) is made once here, by the
-    same generator with the same seed, and copied to every node: the files are the ones each node would make.
-    Tests of that making use other directories (tests/cluster/test_launch.py)."""
-    from auralm.data.datadir import ensure_sudoku
+    same generator with the same seed and the default's train split, and copied to every node; its held-out split
+    is 200 puzzles, not the default's 1000, since every sudoku run that reaches its last step evaluates all of them
+    (17.5 s of HRM-tiny on a quiet 2-core machine, minutes on a busy one). Tests of that making use other
+    directories (tests/cluster/test_launch.py)."""
+    from auralm.data.datadir import SUDOKU_DEFAULTS, prepare_sudoku
 
     lab = make_lab(3)
     made = tmp_path_factory.mktemp("default-data") / "sudoku"
-    ensure_sudoku(made)
+    prepare_sudoku(made, **dict(SUDOKU_DEFAULTS, test=200))
     for node in lab.nodes:
         data = node.home / "hrmctl" / "data"
         data.mkdir(exist_ok=True)

@@ -3,20 +3,10 @@ import shutil
 import pytest
 
 
-# Files whose tests bound times or speed ratios (link delays, CPU quotas, round trips, a no-op setup's seconds, the
-# cost of top's sampling, parallel SSH commands) or start host-wide daemons (test_slurm: munged, slurmctld): marked
-# `timing`, scripts/test.sh runs them alone on the cores; the rest of the tier runs on two pytest processes, each
-# with its own lab.
-TIMING = {"test_lab_shaping.py", "test_link_advice.py", "test_lowcomm.py", "test_memory_cap.py", "test_doctor.py",
-          "test_setup.py", "test_slurm.py", "test_ssh_nodes.py", "test_top.py"}
-
-
 def pytest_collection_modifyitems(items):
     for item in items:
         if "tests/cluster/" in str(item.fspath):
             item.add_marker(pytest.mark.cluster)
-            if item.fspath.basename in TIMING:
-                item.add_marker(pytest.mark.timing)
 
 
 @pytest.fixture(scope="session")
