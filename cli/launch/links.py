@@ -103,6 +103,7 @@ class Advice:
         self.proc = subprocess.Popen([*cmd, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self._result: dict | None = None
         self._done = False
+        self.late = False  # not answered within ADVICE_TIMEOUT_S: the launch went on without it
 
     def result(self) -> dict | None:
         if not self._done:
@@ -110,7 +111,8 @@ class Advice:
             try:
                 out, _ = self.proc.communicate(timeout=ADVICE_TIMEOUT_S)
                 self._result = json.loads(out) if self.proc.returncode == 0 else None
-            except (subprocess.TimeoutExpired, ValueError):
+            except (subprocess.TimeoutExpired, ValueError) as e:
+                self.late = isinstance(e, subprocess.TimeoutExpired)
                 self.proc.kill()
                 self.proc.communicate()
         return self._result
@@ -148,6 +150,9 @@ def warn(advice: Advice | None, err) -> dict | None:
     doc = summary(advice)
     if doc and doc["warn"]:
         err.print(f"[yellow]warning:[/yellow] {_escape(doc['line'])}", highlight=False, soft_wrap=True)
+    elif advice is not None and advice.late:
+        err.print(f"note: no advice from test-ddp's figures for these nodes: the estimate took over "
+                  f"{ADVICE_TIMEOUT_S} s on this machine; launching without it", highlight=False, soft_wrap=True)
     return doc
 
 

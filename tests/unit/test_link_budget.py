@@ -360,3 +360,12 @@ def test_train_warning_from_the_cache_end_to_end(home, monkeypatch):
     out = io.StringIO()
     doc = links.warn(links.start(LaunchOptions(nodes=_nodes(), args=overrides)), Console(file=out))
     assert doc is not None and not doc["warn"] and out.getvalue() == ""
+
+
+def test_advice_that_is_late_is_said_not_dropped_quietly(monkeypatch):
+    """The advice process (an import of torch) not done within ADVICE_TIMEOUT_S: the launch goes on and says so."""
+    monkeypatch.setattr(links, "ADVICE_TIMEOUT_S", 0.01)
+    advice = links.Advice({"nodes": ["node0", "node1"]}, ["model=tiny"], None)
+    out = io.StringIO()
+    assert links.warn(advice, Console(file=out, width=400)) is None and advice.late
+    assert out.getvalue().startswith("note: no advice from test-ddp's figures for these nodes: the estimate took over")
