@@ -7,7 +7,7 @@ start training the same way.
 
 Time limits: the script asks Slurm for SIGUSR1 to the batch shell (hrmctl, which `exec` made it) SIGNAL_S before
 the limit (`--signal=B:USR1@...`) and may be requeued (`--requeue`); hrmctl stops the job on that signal (the
-trainer saves a checkpoint on its way out) and requeues it (`scontrol requeue`); a requeued start
+trainer does not yet save on it: the steps since its last periodic checkpoint are trained again) and requeues it (`scontrol requeue`); a requeued start
 (SLURM_RESTART_COUNT > 0) resumes from the run's last checkpoint (resume=latest).
 
 Options come from the command line, else the inventory's `[slurm]` table (same names, with underscores), else
@@ -60,6 +60,10 @@ class SlurmOptions:
         flags = {"nodes": self.nodes, "gpus-per-node": self.gpus_per_node, "cpus-per-task": self.cpus_per_task,
                  "time": self.time, "partition": self.partition, "account": self.account, "qos": self.qos,
                  "constraint": self.constraint}
+        for k, v in flags.items():  # a value is one word of the script's #SBATCH line: nothing may end that line
+            if v is not None and (not str(v) or any(c.isspace() or not c.isprintable() for c in str(v))):
+                raise HrmctlError(f"--{k} {str(v)!r}: a Slurm value is one word without spaces, such as --{k} "
+                                  f"{'gpu' if k in ('partition', 'constraint') else '2'}")
         return [f"#SBATCH --{k}={v}" for k, v in flags.items() if v is not None]
 
 

@@ -27,6 +27,9 @@ def test_bad_options_are_one_line():
     with pytest.raises(HrmctlError, match="with --slurm, --nodes is how many nodes"):
         node_count("node0,node1")
     assert node_count("3") == 3 and node_count(None) is None
+    with pytest.raises(HrmctlError, match="a Slurm value is one word"):  # a newline would add a line to the script
+        SlurmOptions(partition="gpu\nrm -rf ~").directives()
+    assert SlurmOptions(partition="gpu").directives() == ["#SBATCH --partition=gpu"]
 
 
 def test_refusal_is_slurms_reason():
