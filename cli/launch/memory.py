@@ -34,10 +34,9 @@ SIZING_CACHE_NAME = "model-sizes.json"  # in hrmctl's cache directory (cli/launc
 
 
 def model_size(opts, world: int, vocab: int | None = None) -> dict | None:
-    """The trainer's model: parameters and a per-rank memory estimate (``python -m auralm.planning.sizing``, run here as
-    a
-    process: on the meta device, nothing allocated), at the data's vocabulary when given (else the model's, or
-    32000 for text). None for another module, or when it cannot say."""
+    """The trainer's model: parameters and a per-rank memory estimate (``python -m auralm.planning.sizing``, run here
+    as a process: on the meta device, nothing allocated), at the data's vocabulary when given (else the model's, or
+    32000 for text); cached by _sizing_key. None for another module, or when it cannot say."""
     if opts.module != TRAINER:
         return None
     from cli.launch.facts import CACHE_DIR, load_cache, save_cache
