@@ -111,7 +111,7 @@ class LabSlurm:
             "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\nMpiDefault=none\n"
             "SchedulerType=sched/backfill\nSelectType=select/cons_tres\nSelectTypeParameters=CR_CPU\n"
             "AccountingStorageType=accounting_storage/none\nJobAcctGatherType=jobacct_gather/none\n"
-            "JobCompType=jobcomp/none\nReturnToService=2\nSlurmdTimeout=30\nKillWait=3\nMinJobAge=600\n"
+            "JobCompType=jobcomp/none\nReturnToService=2\nSlurmdTimeout=30\nKillWait=20\nMinJobAge=600\n"
             "SchedulerParameters=sched_interval=1\nMessageTimeout=10\n"
             f"{nodes}PartitionName=lab Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n")
 

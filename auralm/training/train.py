@@ -37,6 +37,7 @@ from auralm.training.ema import EMA
 from auralm.tools.evaluate import evaluate as evaluate_split
 from auralm.errors import UserError
 from auralm.training.nan_guard import NanGuard
+from auralm.training.stop_request import StopRequest, stop_line
 from auralm.parallel import balance, strategy
 from auralm.parallel.strategy import Parts
 from auralm.training.precision import (autocast, bf16_compute, cpu_has_bf16, rng_state,  # noqa: F401 (re-exported)
@@ -574,7 +575,7 @@ def evaluation(b: Books, final: bool) -> dict:
     return {k: v for k, v in ev.items() if k != "sample"}
 
 
-def save(b: Books) -> None:
+def save(b: Books):
     """A checkpoint of this step: every rank's random state and data position, what the strategy adds (per rank
     and shared), the run's state; written as the strategy writes (rank 0, or every rank its shards)."""
     cfg, d, p, t = b.cfg, b.d, b.p, b.cfg.training
@@ -595,6 +596,7 @@ def save(b: Books) -> None:
     if d.rank == 0:
         b.log.say(f"saved {path}")
     b.clock += time.perf_counter() - began  # throughput counts training time only
+    return path
 
 
 def due(interval: int, previous: int, step: int) -> bool:
@@ -640,19 +642,22 @@ def train(cfg: Config, d: distributed.Dist, whole: bool = True) -> torch.nn.Modu
     s.wrap(extras)
     s.start()
     b.clock = time.perf_counter()
-    while p.step < t.max_steps:
-        previous = p.step
-        p.step, loss, norm = s.step()
-        log.progress(p.step, t.max_steps)  # a terminal: the bar below the lines
-        final = p.step == t.max_steps
-        evaluating = final or due(t.eval_interval, previous, p.step)
-        saving = final or due(t.checkpoint_interval, previous, p.step)
-        if evaluating or saving:  # both see, and a resume starts from, the weights every rank shares
-            loss = s.settle(loss)
-        if due(t.log_interval, previous, p.step) or evaluating:
-            report(b, loss, norm, evaluating, final)
-        if saving:
-            save(b)
+    with StopRequest(d) as asked:  # SIGUSR1 (Slurm's time limit), and SIGTERM in a Slurm job: save, then end
+        while p.step < t.max_steps:
+            previous = p.step
+            p.step, loss, norm = s.step()
+            log.progress(p.step, t.max_steps)  # a terminal: the bar below the lines
+            final, halt = p.step == t.max_steps, asked.agreed()
+            evaluating = final or due(t.eval_interval, previous, p.step)
+            saving = final or halt or due(t.checkpoint_interval, previous, p.step)
+            if evaluating or saving:  # both see, and a resume starts from, the weights every rank shares
+                loss = s.settle(loss)
+            if due(t.log_interval, previous, p.step) or evaluating:
+                report(b, loss, norm, evaluating, final)
+            path = save(b) if saving else None
+            if halt and not final:
+                log.say(stop_line(halt, p.step, t.max_steps, path))
+                break
     if d.world > 1:
         phrase, sums, equal = distributed.compare_checksums(d, raw)
         log.event(p.step, "checksum", phrase, checksums=sums, equal=equal)

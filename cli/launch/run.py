@@ -39,6 +39,7 @@ from cli.launch.lost import what_was_seen
 from cli.launch.node_torchrun import FACTS_DIFFER
 from cli.launch.options import TRAINER
 from cli.launch.plan import LaunchPlan, NodeLaunch
+from cli.launch.save_stop import save_then_wait, saves_first
 from cli.nodes.remote import Job, Session, connect_all, for_each
 
 HEARTBEAT_S = 2.0
@@ -231,6 +232,8 @@ def run_once(plans: list[NodeLaunch], log: MergedLog, signals: _Signals, *, atte
                 b.start()
             result = _watch(plans, log, signals, jobs, beats, OomCounts(sessions, plans),
                             lambda plan: what_was_seen(plan, accept_new_host_keys))
+            if result.interrupted and saves_first(signals.got, plans):  # Slurm's time limit, requeue: save first
+                save_then_wait(signals.got, plans, jobs, log, accept_new_host_keys)
     finally:
         for b in beats.values():
             b.halt.set()

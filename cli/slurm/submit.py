@@ -6,9 +6,10 @@ cli/launch/, its nodes the allocation's (cli/slurm/allocation.py), so a submitte
 start training the same way.
 
 Time limits: the script asks Slurm for SIGUSR1 to the batch shell (hrmctl, which `exec` made it) SIGNAL_S before
-the limit (`--signal=B:USR1@...`) and may be requeued (`--requeue`); hrmctl stops the job on that signal (the
-trainer does not yet save on it: the steps since its last periodic checkpoint are trained again) and requeues it (`scontrol requeue`); a requeued start
-(SLURM_RESTART_COUNT > 0) resumes from the run's last checkpoint (resume=latest).
+the limit (`--signal=B:USR1@...`) and may be requeued (`--requeue`). On that signal hrmctl has every rank save a
+checkpoint at a step they agree on (cli/launch/save_stop.py), stops the job and requeues it (`scontrol requeue`);
+on `scontrol requeue`, scancel or preemption Slurm sends SIGTERM to every process of the job, and the ranks save
+the same way. A requeued start (SLURM_RESTART_COUNT > 0) resumes from the run's last checkpoint (resume=latest).
 
 Options come from the command line, else the inventory's `[slurm]` table (same names, with underscores), else
 Slurm's own defaults (nothing written).

@@ -3,8 +3,9 @@ namespaces, made by this module's fixture and torn down after it). Jobs run as r
 every node sees (a cluster's shared file system); the trainer is this checkout's, through this Python.
 
   - `hrmctl train --slurm --nodes 2`: the script (--dry-run), the job submitted, trained on both nodes (one torchrun
-    each, started with srun); Slurm's time-limit signal (SIGUSR1) stops it, requeues it, and its next start resumes
-    from the last checkpoint; COMPLETED; `hrmctl runs --json` lists it with the job id and Slurm's state;
+    each, started with srun); Slurm's time-limit signal (SIGUSR1) has the ranks save, stops it and requeues it;
+    `scontrol requeue` (SIGTERM) has them save; each next start resumes from the saved step; COMPLETED with every
+    step trained once; `hrmctl runs --json` lists it with the job id and Slurm's state;
   - inside `salloc -N 2`, `hrmctl doctor` and `hrmctl top` see the allocation's nodes over srun, and `hrmctl train`
     takes them and trains the same way;
   - `hrmctl stop` of a running job: cancelled, and no process of it left on any node;
@@ -70,14 +71,23 @@ def _slurm_state(job: str, env: dict) -> str:
     return out[0] if out else ""
 
 
-def test_submitted_run_trains_requeues_resumes_and_is_listed(run_hrmctl, sudoku_data, tmp_path, slurm):
+def _steps(run_dir: Path) -> list[int]:
+    return [m["step"] for m in _metrics(run_dir) if "loss" in m]
+
+
+def test_submitted_run_trains_saves_on_signals_requeues_resumes_and_is_listed(run_hrmctl, sudoku_data, tmp_path,
+                                                                               slurm):
     """One job proves the submission (the script, the job on two nodes, COMPLETED, listed with its Slurm state) and
-    the time-limit path: Slurm's SIGUSR1 to the batch shell (sent here with scancel, as --signal would send it)
-    makes hrmctl stop the nodes and requeue the job, whose next start resumes from the last checkpoint."""
+    both ways a job is cut short: Slurm's time-limit signal (SIGUSR1 to the batch shell, sent here with scancel, as
+    --signal would send it), on which hrmctl has the ranks save and requeues the job; and `scontrol requeue`
+    (SIGTERM to every process of the job), on which the ranks save. No periodic checkpoints: each start resumes
+    from the checkpoint of the step the signal stopped at, so every step is trained exactly once."""
     import subprocess
 
-    six = [a for a in TINY if not a.startswith("training.max_steps")] + ["training.max_steps=6"]
-    args = ["train", "--slurm", "--nodes", "2", "--time", "00:10:00", "--run-id", "sub1", *six,
+    steps = 150
+    args = ["train", "--slurm", "--nodes", "2", "--time", "00:10:00", "--run-id", "sub1", *TINY[:1],
+            f"training.max_steps={steps}", "training.batch_size=8", "training.log_interval=1",
+            "training.checkpoint_interval=0", "training.eval_interval=0", "training.eval_batches=1",
             f"data_dir={sudoku_data()}"]
     code, out, err = run_hrmctl(*args, "--dry-run")
     assert code == 0, err
@@ -89,19 +99,28 @@ def test_submitted_run_trains_requeues_resumes_and_is_listed(run_hrmctl, sudoku_
     run_dir = tmp_path / "runs" / "sub1"
     job = json.loads((run_dir / "slurm.json").read_text())["job_id"]
     slurm_out = run_dir / f"slurm-{job}.out"
-    wait_for(lambda: (run_dir / "checkpoint-2").is_dir(), timeout=120, every=0.5, what="the first checkpoint",
-             show=lambda: slurm_out.read_text()[-2000:] if slurm_out.exists() else "")
+    show = lambda: slurm_out.read_text()[-3000:] if slurm_out.exists() else ""  # noqa: E731
+    wait_for(lambda: len(_steps(run_dir)) >= 5, timeout=120, every=0.2, what="the first steps", show=show)
     subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True, env=slurm.env())
-    wait_for(lambda: _slurm_state(job, slurm.env()) in ("COMPLETED", "FAILED", "CANCELLED"), timeout=150, every=1.0,
-             what="the requeued job to end", show=lambda: slurm_out.read_text()[-3000:])
-    text = slurm_out.read_text()
+    wait_for(lambda: "resuming from" in (run_dir / "node0.log").read_text(), timeout=120, every=0.5,
+             what="the requeued start to resume", show=show)
+    first = max(_steps(run_dir))
+    wait_for(lambda: max(_steps(run_dir)) >= first + 5, timeout=120, every=0.2, what="steps after the resume",
+             show=show)
+    subprocess.run(["scontrol", "requeue", job], check=True, env=slurm.env())
+    wait_for(lambda: _slurm_state(job, slurm.env()) in ("COMPLETED", "FAILED", "CANCELLED"), timeout=240, every=1.0,
+             what="the job to end", show=show)
+    text, log = slurm_out.read_text(), (run_dir / "node0.log").read_text()
     assert f"requeueing job {job}" in text and "stopped by SIGUSR1" in text, text[-3000:]
-    assert "resuming from" in (run_dir / "node0.log").read_text()
+    saved = [int(line.split("stopped at step ")[1].split("/")[0]) for line in log.splitlines()
+             if "stopped at step " in line]
+    assert len(saved) == 2 and "on SIGUSR1: checkpoint" in log and "on SIGTERM: checkpoint" in log, log[-3000:]
+    assert [f"checkpoint-{s} (step {s})" in log for s in saved] == [True, True], saved  # resumed from each
+    assert _steps(run_dir) == list(range(1, steps + 1)), "every step trained exactly once"
     run = _runs(run_hrmctl)["sub1"]
     assert run["status"] == "finished", (run, text[-3000:])
     assert run["slurm_job"] == job and run["slurm_state"] == "COMPLETED", run
     assert run["nodes"] == ["node0", "node1"] and run["world"] == 2, run
-    assert [m["step"] for m in _metrics(run_dir) if "loss" in m][-1] == 6
     assert "nodes: Slurm allocation" in text
 
 
