@@ -44,6 +44,14 @@ srun --kill-on-bad-exit=1 bash -c "exec {python} -m torch.distributed.run --nnod
 """
 
 
+def user_env(slurm: LabSlurm) -> dict[str, str]:
+    """The cluster's environment as a user's shell has it: Python writes its bytecode caches (a test harness's
+    PYTHONDONTWRITEBYTECODE would have every start compile hrmctl's modules again, which no user's does)."""
+    env = slurm.env()
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
 def first_step(run_dir: Path, t0: float, timeout: float = 300) -> float:
     metrics = run_dir / "metrics.jsonl"
     deadline = time.perf_counter() + timeout
@@ -62,7 +70,7 @@ def wait_idle(slurm: LabSlurm) -> None:
 def hrmctl_run(slurm: LabSlurm, work: Path, data: Path, run: str) -> float:
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "cli", "train", "--slurm", "--nodes", "2", "--run-id", run, *TRAIN,
-                    f"data_dir={data}"], check=True, cwd=work, env=slurm.env(), capture_output=True)
+                    f"data_dir={data}"], check=True, cwd=work, env=user_env(slurm), capture_output=True)
     return first_step(work / "runs" / run, t0)
 
 
@@ -72,7 +80,8 @@ def hand_run(slurm: LabSlurm, work: Path, data: Path, run: str) -> float:
     script = out / "hand.sbatch"
     script.write_text(HAND.format(out=out, python=sys.executable, run=run, args=" ".join([*TRAIN, f"data_dir={data}"])))
     t0 = time.perf_counter()
-    subprocess.run(["sbatch", "--parsable", str(script)], check=True, cwd=work, env=slurm.env(), capture_output=True)
+    subprocess.run(["sbatch", "--parsable", str(script)], check=True, cwd=work, env=user_env(slurm),
+                   capture_output=True)
     return first_step(out, t0)
 
 
