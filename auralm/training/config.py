@@ -65,6 +65,15 @@ class ModelConfig:
 
 
 @dataclass
+class ElasticConfig:
+    """A node that stops answering during a run (cli/launch/elastic.py reads this; the trainer only checks it)."""
+    # the nodes a run goes on with when one is lost: 0 means 1 under training.sync=diloco and every node otherwise
+    # (a lost node stops the run); the launcher restarts the others from the last checkpoint, and the lost node
+    # again once it answers
+    min_nodes: int = 0
+
+
+@dataclass
 class DilocoConfig:
     """DiLoCo (training.sync=diloco): H local steps per rank, then one outer step on the averaged change."""
     inner_steps: int = 50  # H: local optimizer steps between two synchronisations
@@ -121,6 +130,7 @@ class TrainingConfig:
     # each rank's share of the work: equal, auto (measured), or weights per node (node0:2,node1:1)
     balance: str = "equal"
     diloco: DilocoConfig = field(default_factory=DilocoConfig)
+    elastic: ElasticConfig = field(default_factory=ElasticConfig)
     # how the model is held: ddp (every rank a whole replica) or fsdp (FSDP2: parameters, gradients and optimizer
     # state sharded over the ranks, sharded checkpoints with torch.distributed.checkpoint; see docs/trainer.md)
     parallel: str = "ddp"
@@ -492,7 +502,7 @@ def check(cfg: Config) -> None:
                     "training.checkpoint_interval": t.checkpoint_interval, "training.sample_tokens": t.sample_tokens,
                     "training.min_lr_ratio": t.min_lr_ratio, "guard.lr_steps": cfg.guard.lr_steps,
                     "model.dropout": cfg.model.dropout or 0, "fault.nan_rank": cfg.fault.nan_rank,
-                    "fault.kill_rank": cfg.fault.kill_rank}
+                    "fault.kill_rank": cfg.fault.kill_rank, "training.elastic.min_nodes": t.elastic.min_nodes}
     for key, value in positive.items():
         if value <= 0:
             raise UserError(f"{key}={value}: must be greater than 0")

@@ -116,8 +116,10 @@ def plan_then_run(opts: LaunchOptions, console: Console, before_run=None) -> tup
     if before_run:
         before_run()
 
-    def replan(reported: dict[str, dict]) -> LaunchPlan:
-        return prepare(dataclasses.replace(opts, run_id=prep.run_id), reported)
+    def replan(reported: dict[str, dict], nodes=None, args=None) -> LaunchPlan:
+        """The plan again: from what nodes reported, and for other nodes or overrides (a node left or joined)."""
+        changed = {k: v for k, v in (("nodes", nodes), ("args", args)) if v is not None}
+        return prepare(dataclasses.replace(opts, run_id=prep.run_id, **changed), reported)
 
     result = run(prep, console, replan)
     remember(result.node_facts, opts.nodes)

@@ -39,6 +39,7 @@ from cli.launch.lost import what_was_seen
 from cli.launch.node_torchrun import FACTS_DIFFER
 from cli.launch.options import TRAINER
 from cli.launch.plan import LaunchPlan, NodeLaunch
+from cli.launch.elastic import JOIN_CODE, Members
 from cli.launch.save_stop import save_then_wait, saves_first
 from cli.nodes.remote import Job, Session, connect_all, for_each
 
@@ -182,6 +183,14 @@ def stop_everywhere(plans: list[NodeLaunch], jobs: dict[str, Job], accept_new_ho
     return left
 
 
+def clear_node(session: Session, tag: str) -> bool:
+    """What is left on a node of the job tagged ``tag`` stopped (a node that left the run, answering again):
+    whether the node ran the stop and nothing of it is left."""
+    res = session.run_python(STOP_SNIPPET, [tag, str(TERM_GRACE_S)], timeout=TERM_GRACE_S + 15)
+    parts = res.stdout.split()
+    return res.ok and len(parts) == 2 and parts[1] == "0"
+
+
 class _Heartbeat(threading.Thread):
     """An SSH-level keep-alive request (`keepalive@openssh.com`, answered by sshd itself, so no
     process is started on the node) every HEARTBEAT_S; `silent_for()` is how long the node has
@@ -210,9 +219,12 @@ class _Heartbeat(threading.Thread):
 
 
 def run_once(plans: list[NodeLaunch], log: MergedLog, signals: _Signals, *, attempt: int = 1,
-             accept_new_host_keys: bool = False, sessions: dict[str, Session] | None = None) -> RunResult:
+             accept_new_host_keys: bool = False, sessions: dict[str, Session] | None = None,
+             returned: Callable[[], str | None] | None = None) -> RunResult:
     """Start every node's command, wait, and stop everything on the first failure or a stop asked for (see
-    stop_asked). `sessions` (one per node, closed here) are the preflight's; without them, new ones are made."""
+    stop_asked). `sessions` (one per node, closed here) are the preflight's; without them, new ones are made.
+    ``returned()``: a node that left the run and answers again (cli/launch/elastic.py): the ranks save, and the
+    job stops with JOIN_CODE, to be started again with it."""
     t0 = time.monotonic()
     sessions = sessions or connect_all([p.node for p in plans], accept_new_host_keys)
     jobs: dict[str, Job] = {}
@@ -231,9 +243,11 @@ def run_once(plans: list[NodeLaunch], log: MergedLog, signals: _Signals, *, atte
             for b in beats.values():
                 b.start()
             result = _watch(plans, log, signals, jobs, beats, OomCounts(sessions, plans),
-                            lambda plan: what_was_seen(plan, accept_new_host_keys))
+                            lambda plan: what_was_seen(plan, accept_new_host_keys), returned)
             if result.interrupted and saves_first(signals.got, plans):  # Slurm's time limit, requeue: save first
                 save_then_wait(signals.got, plans, jobs, log, accept_new_host_keys)
+            elif result.code == JOIN_CODE:  # a node is back: a checkpoint of this step, which every rank resumes
+                save_then_wait(signal.SIGUSR1, plans, jobs, log, accept_new_host_keys)
     finally:
         for b in beats.values():
             b.halt.set()
@@ -258,7 +272,8 @@ def run_once(plans: list[NodeLaunch], log: MergedLog, signals: _Signals, *, atte
 
 
 def _watch(plans: list[NodeLaunch], log: MergedLog, signals: _Signals, jobs: dict[str, Job],
-           beats: dict[str, "_Heartbeat"], ooms: "OomCounts", seen: Callable[[NodeLaunch], str]) -> RunResult:
+           beats: dict[str, "_Heartbeat"], ooms: "OomCounts", seen: Callable[[NodeLaunch], str],
+           returned: Callable[[], str | None] | None = None) -> RunResult:
     """Wait for every node's job: the first failure, lost node or stop asked for is the result. A lost node (no
     keep-alive reply for HEARTBEAT_TIMEOUT_S, or its job's connection broken) is named with what ``seen(plan)``
     finds there (cli/launch/lost.py: its link down, its processes frozen or gone)."""
@@ -280,6 +295,9 @@ def _watch(plans: list[NodeLaunch], log: MergedLog, signals: _Signals, jobs: dic
                     return _failure(plans, log, jobs, ended, name, ooms)
         if len(ended) == len(plans):
             return RunResult(0, "every node finished")
+        back = returned() if returned else None
+        if back:
+            return RunResult(JOIN_CODE, f"{back} answers again", failed_node=back)
         silent = [n for n, b in beats.items() if n not in ended and b.silent_for() > HEARTBEAT_TIMEOUT_S]
         if silent:
             name = silent[0]
@@ -421,11 +439,18 @@ def run(prep: LaunchPlan, console: Console, replan: Callable[[dict[str, dict]], 
         try:
             log.note(f"run {prep.run_id}: {len(plans)} node(s), backend {prep.backend} ({prep.why}); logs in {run_dir}/")
             attempt, replanned = 1, False
+            members = Members.of(prep, clear_node) if opts.module == TRAINER else None  # training.elastic
+            ranks = {p.node.name: p.nproc for p in plans}
             while True:
                 result = run_once(plans, log, signals, attempt=attempt, accept_new_host_keys=opts.accept_new_host_keys,
-                                  sessions=prep.sessions)
+                                  sessions=prep.sessions, returned=members.returned if members else None)
                 prep.sessions = None  # closed by run_once
                 reported = result.node_facts = dict(log.node_facts)
+                regrouped = _regroup(members, result, opts, ranks, replan, log, lambda: _members(run_dir, status,
+                                                                                                  members))
+                if regrouped:  # a node left (min_nodes allows going on) or came back: the nodes present, resumed
+                    prep, plans = regrouped, regrouped.plans
+                    continue
                 if result.code == FACTS_DIFFER and result.failed_node in reported and not replanned:
                     # a first launch's guess was wrong on that node (nothing ran there): plan again from
                     # what it reported (now cached), once; this is not a restart
@@ -455,8 +480,36 @@ def run(prep: LaunchPlan, console: Console, replan: Callable[[dict[str, dict]], 
             error = exc
             raise
         finally:
+            if members:
+                members.close()
             ended(run_dir, status, result, attempt, error)
             log.close()
+
+
+def _regroup(members: Members | None, result: RunResult, opts, ranks: dict[str, int], replan, log: MergedLog,
+             record: Callable[[], None]) -> LaunchPlan | None:
+    """The plan for the nodes present now when a node left and min_nodes lets the run go on without it, or when a
+    node that left is back (cli/launch/elastic.py); None otherwise. ``record()`` writes the leave or join down."""
+    if members is None:
+        return None
+    if result.code == JOIN_CODE:
+        members.join(result.failed_node, log)
+    elif result.code == LOST_CODE and members.can_go_on_without(result.failed_node):
+        members.leave(result.failed_node, result.reason, log)
+    else:
+        return None
+    record()
+    now = members.now()
+    args = members.args(opts.args, sum(ranks.values()), sum(ranks[n.name] for n in now), log)
+    return replan(result.node_facts, now, args)
+
+
+def _members(run_dir: Path, status: dict, members: Members) -> None:
+    status["members"] = list(members.events)
+    try:
+        _write_status(run_dir, status)
+    except OSError:
+        pass
 
 
 # ---------------------------------------------------------------- runs/<run-id>/status.json, for `hrmctl runs`

@@ -74,6 +74,7 @@ class Run:
     last_write: float | None = None
     slurm_job: str | None = None  # submitted with --slurm: the job's id, and its state as Slurm tells it
     slurm_state: str | None = None
+    members: list[dict] = field(default_factory=list)  # nodes that left and joined (training.elastic), with times
 
     @property
     def duration(self) -> float | None:
@@ -95,6 +96,7 @@ class Run:
             "curves": str(self.curves) if self.curves else None,
             "trainer_dir": str(self.trainer_dir) if self.trainer_dir != self.path else None,
             "slurm_job": self.slurm_job, "slurm_state": self.slurm_state,
+            "members": [{**e, "t": _iso(number(e.get("t")))} for e in self.members],
         }
 
 
@@ -308,6 +310,8 @@ def load_run(path: str | Path, now: float | None = None) -> Run:
     nodes = doc.get("nodes")
     run.nodes = [str(n) for n in nodes] if isinstance(nodes, list) else [p.stem for p in run.logs]
     run.world = doc.get("world") if isinstance(doc.get("world"), int) else None
+    members = doc.get("members")
+    run.members = [e for e in members if isinstance(e, dict)] if isinstance(members, list) else []
     curves = trainer_dir / CURVES
     run.curves = curves if curves.exists() else None
     run.last_write = _last_write(path, trainer_dir)

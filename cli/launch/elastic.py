@@ -1,0 +1,149 @@
+"""A node that leaves a run and comes back (`training.elastic.min_nodes=K`, issue 36 items 2 and 3).
+
+With K below the run's node count, a node lost during the run (cli/launch/run.py: no SSH keep-alive answer, its
+connection broken) no longer ends it while K nodes remain and the lost one is not the master (rank 0 holds the
+checkpoints and the rendezvous):
+
+  - it is noted as left, with its time and what was seen (`hrmctl runs --json`: "members");
+  - the others are restarted at once from the run's last checkpoint (resume=latest) with the nodes present: the
+    world re-forms without it, and the global batch is kept by gradient accumulation
+    (training.grad_accum x the old world / the new, when that divides; else the log says how it changed);
+  - a watcher tries the lost node every REJOIN_POLL_S (a fresh connection, as the preflight makes); once it answers,
+    what is left there of the run (its processes, found by their HRMCTL_JOB tag) is stopped, and the run is
+    restarted with it: the ranks present save a checkpoint first, at a step they agree on (cli/launch/save_stop.py),
+    and every rank, the returning node's too, resumes from it: rank 0 loads it and broadcasts the weights and the
+    optimizer state (auralm/training/train.py resume), so the returning node takes them from a peer, never from a
+    stale copy of its own.
+
+Work lost: the steps since the last checkpoint, on a leave (at most training.checkpoint_interval); none on a join.
+Under DiLoCo the survivors are restarted too (not yet: going on within the round among those present).
+Default K: 1 under training.sync=diloco, every node otherwise (a lost node stops the run, as before).
+
+Imports cli.nodes and auralm.training.config (no torch).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from cli.nodes.inventory import Node
+from cli.nodes.remote import connect
+
+REJOIN_POLL_S = 3.0
+JOIN_CODE = 254  # run_once's result when a lost node is back: not a failure, the run re-forms with it
+
+
+def min_nodes(args: list[str], count: int) -> int:
+    """training.elastic.min_nodes as the trainer reads it (0: 1 under DiLoCo, else every node)."""
+    from auralm.errors import UserError
+    from auralm.training import config
+
+    try:
+        t = config.parse([a for a in args if not a.startswith("-")]).training
+    except UserError:
+        return count  # the trainer's own check says what is wrong with the overrides
+    return min(count, t.elastic.min_nodes or (1 if t.sync == "diloco" else count))
+
+
+def _clock(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t))
+
+
+class _Watcher(threading.Thread):
+    """Tries a lost node until it answers; then stops what is left there of the run. ``back`` is set then."""
+
+    def __init__(self, node: Node, tag: str, clear: Callable, accept_new_host_keys: bool):
+        super().__init__(daemon=True)
+        self.node, self.tag, self.clear, self.accept = node, tag, clear, accept_new_host_keys
+        self.back = threading.Event()
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        while not self.halt.wait(REJOIN_POLL_S):
+            try:
+                with connect(self.node, accept_new_host_keys=self.accept, timeout=4) as session:
+                    cleared = self.clear(session, self.tag)
+            except Exception:  # not answering yet (or a surprise): try again
+                continue
+            if cleared:
+                self.back.set()
+                return
+
+
+@dataclass
+class Members:
+    """The run's nodes (in the order asked; the first is the master), those present, and every leave and join."""
+
+    nodes: list[Node]
+    min_nodes: int
+    tags: dict[str, str]  # node -> its job's HRMCTL_JOB tag
+    clear: Callable  # clear(session, tag): stop what is left of the job with that tag on the node; whether it did
+    accept_new_host_keys: bool = False
+    present: list[str] = field(default_factory=list)
+    events: list[dict] = field(default_factory=list)
+    watchers: dict[str, _Watcher] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.present = self.present or [n.name for n in self.nodes]
+
+    @classmethod
+    def of(cls, prep, clear: Callable) -> "Members | None":
+        """For a trainer run of several nodes whose min_nodes lets one go; else None (a lost node stops the run)."""
+        opts = prep.options
+        nodes = [p.node for p in prep.plans]
+        k = min_nodes(opts.args, len(nodes)) if len(nodes) > 1 else len(nodes)
+        if k >= len(nodes):
+            return None
+        return cls(nodes, k, {p.node.name: p.env["HRMCTL_JOB"] for p in prep.plans}, clear, opts.accept_new_host_keys)
+
+    def can_go_on_without(self, name: str | None) -> bool:
+        return name in self.present and name != self.nodes[0].name and len(self.present) - 1 >= self.min_nodes
+
+    def now(self) -> list[Node]:
+        return [n for n in self.nodes if n.name in self.present]
+
+    def leave(self, name: str, why: str, log) -> None:
+        t = time.time()
+        self.present.remove(name)
+        self.events.append({"t": round(t, 3), "node": name, "event": "left", "why": why})
+        log.note(f"{name} left at {_clock(t)} ({why}); going on with {', '.join(self.present)} from the last "
+                 f"checkpoint (training.elastic.min_nodes={self.min_nodes}); {name} rejoins once it answers")
+        w = self.watchers[name] = _Watcher(next(n for n in self.nodes if n.name == name), self.tags[name],
+                                           self.clear, self.accept_new_host_keys)
+        w.start()
+
+    def returned(self) -> str | None:
+        """A lost node that answers again (its leftovers stopped), if any."""
+        return next((name for name, w in self.watchers.items() if w.back.is_set()), None)
+
+    def join(self, name: str, log) -> None:
+        t = time.time()
+        self.watchers.pop(name)
+        self.present = [n.name for n in self.nodes if n.name in self.present or n.name == name]
+        self.events.append({"t": round(t, 3), "node": name, "event": "joined"})
+        log.note(f"{name} joined at {_clock(t)}: the run goes on with {', '.join(self.present)} from the checkpoint "
+                 f"just saved")
+
+    def close(self) -> None:
+        for w in self.watchers.values():
+            w.halt.set()
+
+    def args(self, args: list[str], world_all: int, world_now: int, log) -> list[str]:
+        """The trainer's overrides for a restart with the nodes present: resume=latest, and the global batch of the
+        whole world kept by gradient accumulation."""
+        from auralm.training import config
+
+        kept = [a for a in args if not a.startswith("resume=") and a != "--resume"
+                and not a.lstrip("+").startswith("training.grad_accum=")]
+        t = config.parse([a for a in args if not a.startswith("-")]).training
+        accum = t.grad_accum
+        if not t.global_batch_size and world_now != world_all:  # a global batch is split over any world by the trainer
+            if (accum * world_all) % world_now == 0:
+                accum = accum * world_all // world_now
+            else:
+                log.note(f"the global batch changes: {world_all} ranks' worth of training.grad_accum={accum} does "
+                         f"not split over {world_now} ranks; give training.global_batch_size to keep it")
+        return kept + [f"training.grad_accum={accum}", "resume=latest"]

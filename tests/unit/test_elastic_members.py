@@ -1,0 +1,49 @@
+"""cli/launch/elastic.py's pure parts: the default of training.elastic.min_nodes, who may leave, and the overrides of
+a restart with fewer ranks (the global batch kept by gradient accumulation). The leave and rejoin themselves run
+on real lab nodes: tests/cluster/test_elastic.py."""
+
+from __future__ import annotations
+
+from cli.launch.elastic import Members, min_nodes
+from cli.nodes.inventory import Node
+
+
+class _Log:
+    def __init__(self):
+        self.lines = []
+
+    def note(self, text, *a, **k):
+        self.lines.append(text)
+
+
+def _members(k: int, names=("node0", "node1", "node2")) -> Members:
+    nodes = [Node(name=n, host=f"10.0.0.{i + 1}", user="u") for i, n in enumerate(names)]
+    return Members(nodes, k, {n: f"r/{n}" for n in names}, clear=lambda session, tag: True)
+
+
+def test_min_nodes_defaults_to_one_under_diloco_and_every_node_otherwise():
+    assert min_nodes(["model=tiny"], 3) == 3
+    assert min_nodes(["model=tiny", "training.sync=diloco"], 3) == 1
+    assert min_nodes(["training.elastic.min_nodes=2"], 3) == 2
+    assert min_nodes(["training.elastic.min_nodes=9"], 3) == 3  # more than the run has: a lost node stops it
+    assert min_nodes(["training.max_stepz=3"], 3) == 3  # bad overrides: the trainer's check says so, nothing here
+
+
+def test_the_master_never_leaves_and_min_nodes_holds():
+    m = _members(2)
+    assert not m.can_go_on_without("node0") and m.can_go_on_without("node2") and not m.can_go_on_without("nodeX")
+    m.present.remove("node2")
+    assert not m.can_go_on_without("node1")  # 1 left would be below min_nodes=2
+
+
+def test_a_restart_with_fewer_ranks_keeps_the_global_batch():
+    log, m = _Log(), _members(1)
+    assert m.args(["model=tiny", "training.batch_size=8"], 4, 2, log) == \
+        ["model=tiny", "training.batch_size=8", "training.grad_accum=2", "resume=latest"]
+    assert m.args(["training.grad_accum=3", "resume=latest", "--resume"], 2, 1, log) == \
+        ["training.grad_accum=6", "resume=latest"]
+    assert m.args(["training.grad_accum=2"], 2, 2, log) == ["training.grad_accum=2", "resume=latest"] and not log.lines
+    assert m.args(["training.batch_size=8"], 3, 2, log)[-2:] == ["training.grad_accum=1", "resume=latest"]
+    assert "the global batch changes" in log.lines[-1]
+    # a global batch the trainer splits over any world itself: the user's accumulation stays
+    assert m.args(["training.global_batch_size=64"], 4, 2, log)[-2:] == ["training.grad_accum=1", "resume=latest"]
