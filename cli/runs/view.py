@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cli.runs.catalog import Run, list_runs
+from cli.runs.catalog import Run, list_runs, number
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -113,8 +113,19 @@ def show_runs(runs_dir: str, *, as_json: bool, console: "Console") -> int:
         shown.remove(drop)
         table = _table(runs, shown, title)
     console.print(table)
-    for r in runs:  # why a run did not finish, under the table
+    for r in runs:  # why a run did not finish, and the nodes that left and joined it, under the table
         if r.status in ("failed", "stopped", "unknown") and r.reason:
             console.print(f"[{STYLE[r.status]}]{escape(r.id)}[/]: {escape(r.reason)}", highlight=False,
                           soft_wrap=True)
+        if r.members:
+            console.print(f"{escape(r.id)}: " + "; ".join(_member_event(e) for e in r.members), highlight=False,
+                          soft_wrap=True)
     return 0
+
+
+def _member_event(e: dict) -> str:
+    from rich.markup import escape
+
+    t = number(e.get("t"))
+    when = time.strftime("%H:%M:%S", time.localtime(t)) if t is not None else "?"
+    return escape(f"{e.get('node')} {e.get('event')} at {when}")

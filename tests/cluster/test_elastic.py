@@ -58,6 +58,8 @@ def test_a_node_cut_off_leaves_the_run_and_rejoins_it(lab3, tmp_path):
     code_runs = start_hrmctl(["runs", "--json"], lab3.inventory, tmp_path)
     listed = {r["id"]: r for r in json.loads(code_runs.communicate(timeout=60)[0])}
     assert [e["event"] for e in listed["el1"]["members"]] == ["left", "joined"]
+    table = start_hrmctl(["runs"], lab3.inventory, tmp_path).communicate(timeout=60)[0]
+    assert re.search(r"el1: node1 left at \d\d:\d\d:\d\d; node1 joined at \d\d:\d\d:\d\d", table), table
 
     # the work lost at the leave is at most one checkpoint interval; none at the join (resumed from the step saved)
     text0, text1 = _text(log0), _text(log1)

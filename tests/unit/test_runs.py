@@ -352,3 +352,20 @@ def test_hrmctl_train_leaves_a_finished_run_with_status_and_curves(runs, tmp_pat
     res = subprocess.run([sys.executable, "-m", "cli", "logs", "t"], capture_output=True, text=True, timeout=60,
                          cwd=tmp_path)
     assert res.returncode == 0 and "step 4/4" in res.stdout and "curves: runs/t1/curves.png" in res.stdout
+
+
+def test_nodes_that_left_and_joined_are_listed_with_their_times(tmp_path, capsys):
+    """training.elastic's record (cli/launch/elastic.py) in status.json: `runs --json` gives each leave and join with
+    its time, the table says them under itself."""
+    left, joined = OLD + 20, OLD + 50
+    _hand_made(tmp_path / "el", {"task": "sudoku", "model": {"name": "tiny"}, "training": {"max_steps": 5}}, steps=5,
+               status={"run_id": "el", "state": "finished", "started": OLD, "ended": OLD + 65, "host": "elsewhere",
+                       "pid": 1, "exit_code": 0, "nodes": ["node0", "node1"],
+                       "members": [{"t": left, "node": "node1", "event": "left", "why": "its link is down"},
+                                   {"t": joined, "node": "node1", "event": "joined"}]})
+    got = _json_runs(tmp_path, capsys)["el"]["members"]
+    assert [(e["node"], e["event"]) for e in got] == [("node1", "left"), ("node1", "joined")]
+    assert got[0]["t"] == time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(left)) and got[0]["why"]
+    assert main(["runs", "--dir", str(tmp_path)]) == 0
+    clock = lambda t: time.strftime("%H:%M:%S", time.localtime(t))  # noqa: E731
+    assert f"el: node1 left at {clock(left)}; node1 joined at {clock(joined)}" in capsys.readouterr().out

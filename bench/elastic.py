@@ -1,0 +1,169 @@
+"""A node cut off during a two-node DDP run, and back LINK_DOWN_S later: hrmctl's leave and rejoin
+(`training.elastic.min_nodes=1`, cli/launch/elastic.py) side by side with torchrun's own elastic mode
+(`--nnodes=1:2 --rdzv-backend=c10d --max-restarts=5`, started by hand on each node), on the same lab nodes, with
+the same run and the same fault (every packet in and out of node1 dropped, right after the run's checkpoint at
+step 50).
+
+Per side: the seconds from the fault until rank 0 steps again, and the steps lost (the last step rank 0 logged
+before it stopped, minus the step it resumed from); the seconds from the link's return until rank 0 steps again
+after the next resume (node1 back in the world), and the steps lost then.
+
+Both run the trainer with dist_timeout=DIST_TIMEOUT_S (60 s; the default is 300 s) so that torchrun's side ends
+within minutes: its agents learn of the loss only when a collective times out. hrmctl's does not wait for that (SSH
+heartbeats). Each line's time is when this script read it.
+
+Root only. Usage: python bench/elastic.py
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from lab.nodes import Lab, sh  # noqa: E402
+
+LINK_DOWN_S = 30
+DIST_TIMEOUT_S = 60
+EVERY = 50
+TRAIN = ["model=tiny", "training.max_steps=100000", "training.batch_size=8", "training.log_interval=10",
+         f"training.checkpoint_interval={EVERY}", "training.eval_interval=0", "training.eval_batches=1",
+         f"dist_timeout={DIST_TIMEOUT_S}"]  # the data: each node's default, ~/hrmctl/data/sudoku
+STEP = re.compile(r"step (\d+)/")
+RESUMED = re.compile(r"resuming from \S+ \(step (\d+)\)|no checkpoint found: starting fresh")
+
+
+class Lines(threading.Thread):
+    """(time read, line) of a process's output."""
+
+    def __init__(self, stream):
+        super().__init__(daemon=True)
+        self.stream, self.lines = stream, []
+
+    def run(self) -> None:
+        for line in self.stream:
+            self.lines.append((time.time(), line.rstrip("\n")))
+
+
+def steps(lines: list[tuple[float, str]]) -> list[tuple[float, int]]:
+    return [(t, int(m.group(1))) for t, line in lines if (m := STEP.search(line))]
+
+
+def recovery(lines, after: float, timeout: float) -> tuple[float | None, int | None]:
+    """(seconds from ``after`` until rank 0 steps again after a resume, steps lost) or (None, None). ``lines()``:
+    rank 0's lines so far, wherever it runs."""
+    deadline = after + timeout
+    while time.time() < deadline:
+        seen = lines()
+        resumed = [(t, line) for t, line in seen if t > after and RESUMED.search(line)]
+        if resumed:
+            t_res, line = resumed[0]
+            m = RESUMED.search(line)
+            at = int(m.group(1)) if m.group(1) else 0
+            later = [(t, s) for t, s in steps(seen) if t > t_res]
+            if later:
+                before = [s for t, s in steps(seen) if t <= t_res]
+                return later[0][0] - after, (max(before) - at) if before else None
+        time.sleep(0.2)
+    return None, None
+
+
+def fault_and_back(lab: Lab, lines, saved) -> dict:
+    wait_until(saved, 300, "the checkpoint at step 50")
+    victim, rules = lab.nodes[1], [["INPUT", "-j", "DROP"], ["OUTPUT", "-j", "DROP"]]
+    fault = time.time()
+    for r in rules:
+        victim.netns(["iptables", "-I", *r])
+    try:
+        survive, lost = recovery(lines, fault, LINK_DOWN_S + DIST_TIMEOUT_S + 120)
+        time.sleep(max(0.0, fault + LINK_DOWN_S - time.time()))
+    finally:
+        for r in rules:
+            victim.netns(["iptables", "-D", *r], check=False)
+    back = time.time()
+    rejoin, lost_join = recovery(lines, back, DIST_TIMEOUT_S + 180)
+    return {"survivors_step_s": survive, "lost_steps": lost, "rejoined_step_s": rejoin, "lost_at_join": lost_join}
+
+
+def wait_until(cond, timeout: float, what: str) -> None:
+    deadline = time.time() + timeout
+    while not cond():
+        if time.time() > deadline:
+            raise SystemExit(f"no {what} after {timeout:.0f}s")
+        time.sleep(0.3)
+
+
+def hrmctl_side(lab: Lab, work: Path) -> dict:
+    env = dict(os.environ, HRMCTL_INVENTORY=str(lab.inventory))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "train", "--nodes", "node0,node1", "--run-id", "el",
+                             *TRAIN, "training.elastic.min_nodes=1"], cwd=work, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines = Lines(proc.stdout)
+    lines.start()
+    try:
+        return fault_and_back(lab, lambda: [(t, line) for t, line in list(lines.lines) if " r0 " in line[:12]],
+                              lambda: (lab.node("node0").home / "hrmctl" / "runs" / "el" / f"checkpoint-{EVERY}").is_dir())
+    finally:
+        proc.send_signal(2)
+        proc.wait(timeout=120)
+
+
+def torchrun_side(lab: Lab) -> dict:
+    ip0 = lab.nodes[0].ip
+    procs, readers = [], []
+    for node in lab.nodes:
+        cmd = (f"cd {node.home}/hrmctl && exec env OMP_NUM_THREADS=2 PYTHONUNBUFFERED=1 GLOO_SOCKET_IFNAME=eth0 "
+               f"HRMCTL_BACKEND=gloo {lab.python} -m torch.distributed.run --nnodes=1:2 --nproc-per-node=1 "
+               f"--rdzv-backend=c10d --rdzv-endpoint={ip0}:29500 --rdzv-id=bench --max-restarts=5 "
+               f"--monitor-interval=1 -m auralm.training.train {shlex.join(TRAIN)} data_dir=data/sudoku out_dir=runs/tre "
+               "resume=latest")
+        p = subprocess.Popen(["ip", "netns", "exec", node.ns, "runuser", "-u", node.user, "--", "sh", "-c", cmd],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        r = Lines(p.stdout)
+        r.start()
+        procs.append(p)
+        readers.append(r)
+    try:
+        # only rank 0 logs: its lines come from whichever node holds it
+        return fault_and_back(lab, lambda: sorted(list(readers[0].lines) + list(readers[1].lines)),
+                              lambda: (lab.nodes[0].home / "hrmctl" / "runs" / "tre" / f"checkpoint-{EVERY}").is_dir())
+    finally:
+        for node in lab.nodes:
+            sh(["pkill", "-KILL", "-u", node.user], check=False)
+        for p in procs:
+            p.wait(timeout=30)
+
+
+def main() -> int:
+    from auralm.data.datadir import SUDOKU_DEFAULTS, prepare_sudoku
+
+    with Lab(2) as lab, tempfile.TemporaryDirectory() as tmp:
+        made = Path(tmp) / "sudoku"
+        prepare_sudoku(made, **dict(SUDOKU_DEFAULTS, test=200))
+        for node in lab.nodes:
+            data = node.home / "hrmctl" / "data"
+            data.mkdir(exist_ok=True)
+            shutil.copytree(made, data / "sudoku")
+            sh(["chown", "-R", f"{node.user}:{node.user}", str(data)])
+        results = {"hrmctl": hrmctl_side(lab, Path(tmp)), "torchrun elastic": torchrun_side(lab)}
+    print(f"node1's link cut for {LINK_DOWN_S} s after the checkpoint at step {EVERY}; dist_timeout={DIST_TIMEOUT_S}")
+    for name, r in results.items():
+        fmt = lambda v: "never" if v is None else f"{v:.1f} s"  # noqa: E731
+        print(f"{name:17s} fault -> node0 steps again {fmt(r['survivors_step_s'])}, steps lost {r['lost_steps']}; "
+              f"link back -> node0 steps with node1 again {fmt(r['rejoined_step_s'])}, steps lost {r['lost_at_join']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
