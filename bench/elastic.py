@@ -137,7 +137,8 @@ def torchrun_side(lab: Lab) -> dict:
     try:
         # only rank 0 logs: its lines come from whichever node holds it
         return fault_and_back(lab, lambda: sorted(list(readers[0].lines) + list(readers[1].lines)),
-                              lambda: (lab.nodes[0].home / "hrmctl" / "runs" / "tre" / f"checkpoint-{EVERY}").is_dir())
+                              lambda: any((n.home / "hrmctl" / "runs" / "tre" / f"checkpoint-{EVERY}").is_dir()
+                                          for n in lab.nodes))  # rank 0 is where the rendezvous put it
     finally:
         for node in lab.nodes:
             sh(["pkill", "-KILL", "-u", node.user], check=False)

@@ -1,16 +1,17 @@
 """A node that leaves a run and comes back (`training.elastic.min_nodes=K`, issue 36 items 2 and 3).
 
 With K below the run's node count, a node lost during the run (cli/launch/run.py: no SSH keep-alive answer, its
-connection broken) no longer ends it while K nodes remain and the lost one is not the master (rank 0 holds the
-checkpoints and the rendezvous):
+connection broken), or whose rank or torchrun was killed by a signal (not the OOM killer: that would come back),
+no longer ends it while K nodes remain and the lost one is not the master (rank 0 holds the checkpoints and the
+rendezvous):
 
   - it is noted as left, with its time and what was seen (`hrmctl runs --json`: "members");
   - the others are restarted at once from the run's last checkpoint (resume=latest) with the nodes present: the
     world re-forms without it, and the global batch is kept by gradient accumulation
     (training.grad_accum x the old world / the new, when that divides; else the log says how it changed);
   - a watcher tries the lost node every REJOIN_POLL_S (a fresh connection, as the preflight makes); once it answers,
-    what is left there of the run (its processes, found by their HRMCTL_JOB tag) is stopped, and the run is
-    restarted with it: the ranks present save a checkpoint first, at a step they agree on (cli/launch/save_stop.py),
+    what is left there of the run (its processes, found by their HRMCTL_JOB tag) is stopped, and, once the nodes
+    present have logged a step (their ranks can take the signal), the run is restarted with it: the ranks present save a checkpoint first, at a step they agree on (cli/launch/save_stop.py),
     and every rank, the returning node's too, resumes from it: rank 0 loads it and broadcasts the weights and the
     optimizer state (auralm/training/train.py resume), so the returning node takes them from a peer, never from a
     stale copy of its own.

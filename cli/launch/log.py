@@ -133,6 +133,7 @@ class MergedLog:
         self.stops: list[tuple[str, dict]] = []  # (node, the trainer's stop: reason, rank), in the order they came
         self.first_step_at: float | None = None
         self.on_first_step: Callable[[], None] | None = None  # told once, at rank 0's first step line
+        self.stepped = False
         self.progress: Progress | None = None
         self.task = None
         self.gone: str | None = None  # why the output has no reader any more (then nothing more is shown)
@@ -151,6 +152,7 @@ class MergedLog:
                 fh = self.files[p.node.name] = open(self.run_dir / f"{p.node.name}.log", "a", encoding="utf-8")
             fh.write("\n".join(header_lines(p, attempt)) + "\n")
             fh.flush()
+        self.stepped = False  # rank 0 logged a step in this attempt
         self.failed_rank.clear()
         self.exitcode.clear()
         self.in_root_cause.clear()
@@ -324,6 +326,7 @@ class MergedLog:
             pass
 
     def _step(self, step: int, total: int) -> None:
+        self.stepped = True
         if self.first_step_at is None:
             self.first_step_at = time.monotonic()
             if self.on_first_step:

@@ -123,6 +123,7 @@ class RunResult:
     seconds: float = 0.0
     from_trainer: bool = False  # the reason is the trainer's own line (auralm.errors.STOP_TAG)
     no_restart: str = ""  # why a restart cannot fix this failure ("": a crash or a lost node, which one may)
+    killed: bool = False  # the failed node's rank or torchrun died of a signal (not the OOM killer's)
     node_facts: dict[str, dict] = field(default_factory=dict)  # what nodes said of their torch (node_torchrun)
 
 
@@ -295,7 +296,7 @@ def _watch(plans: list[NodeLaunch], log: MergedLog, signals: _Signals, jobs: dic
                     return _failure(plans, log, jobs, ended, name, ooms)
         if len(ended) == len(plans):
             return RunResult(0, "every node finished")
-        back = returned() if returned else None
+        back = returned() if returned and log.stepped else None  # the ranks present step: they can save
         if back:
             return RunResult(JOIN_CODE, f"{back} answers again", failed_node=back)
         silent = [n for n, b in beats.items() if n not in ended and b.silent_for() > HEARTBEAT_TIMEOUT_S]
@@ -385,11 +386,11 @@ def _failure(plans: list[NodeLaunch], log: MergedLog, jobs: dict[str, Job], ende
     if worker_code is not None and worker_code < 0:  # torchrun's report: the rank died of a signal
         oom = -worker_code == signal.SIGKILL and ooms is not None and ooms.grew(name)
         return RunResult(code, killed_by(f"{who} on {name}", name, -worker_code, oom), failed_node=name,
-                         failed_rank=rank, no_restart=OOM_NOT_FIXED if oom else "")
+                         failed_rank=rank, no_restart=OOM_NOT_FIXED if oom else "", killed=not oom)
     if code < 0:  # the node's job itself (a local torchrun) died of a signal: exit as a shell would
         oom = -code == signal.SIGKILL and ooms is not None and ooms.grew(name)
         return RunResult(128 - code, killed_by(f"torchrun on {name} ({who})", name, -code, oom), failed_node=name,
-                         failed_rank=rank, no_restart=OOM_NOT_FIXED if oom else "")
+                         failed_rank=rank, no_restart=OOM_NOT_FIXED if oom else "", killed=not oom)
     stop = log.stop_reason(name, rank)
     if stop is not None:  # the trainer said why, in one line: that is the reason
         node, doc = stop
@@ -494,7 +495,7 @@ def _regroup(members: Members | None, result: RunResult, opts, ranks: dict[str, 
         return None
     if result.code == JOIN_CODE:
         members.join(result.failed_node, log)
-    elif result.code == LOST_CODE and members.can_go_on_without(result.failed_node):
+    elif (result.code == LOST_CODE or result.killed) and members.can_go_on_without(result.failed_node):
         members.leave(result.failed_node, result.reason, log)
     else:
         return None

@@ -1,8 +1,9 @@
 """A node that drops off during a real two-node DDP run and comes back (training.elastic.min_nodes=1,
-cli/launch/elastic.py): its link cut (every packet in and out of node1 dropped) for LINK_DOWN_S, then restored.
-node1 is named within 30 s, node0 goes on alone from the last checkpoint (step lines keep coming), node1 rejoins
-once it answers (node0's rank saves at an agreed step; both resume from it, node1 taking the weights from rank 0),
-and the run ends at max_steps with exit 0, the leave and the join in `hrmctl runs --json`, nothing left anywhere."""
+cli/launch/elastic.py), twice in one run: its link cut (every packet in and out of node1 dropped) for LINK_DOWN_S,
+then restored; later every process of its user killed (SIGKILL). Each time node1 is named (the link: within 30 s),
+node0 goes on alone from the last checkpoint (step lines keep coming), node1 rejoins once it answers (node0's rank
+saves at an agreed step; both resume from it, node1 taking the weights from rank 0), and the run ends at max_steps
+with exit 0, every leave and join in `hrmctl runs`, nothing left anywhere."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ import json
 import re
 import time
 
+from lab.nodes import sh
 from tests.cluster.test_launch import job_pids, start_hrmctl
 from tests.polling import wait_for
 
 LINK_DOWN_S = 30  # issue 36 asks 60 s; 30 s shows the same path (the watcher's tries fail until the link is back)
-STEPS, EVERY = 450, 50
+STEPS, EVERY = 350, 50
 
 
 def _text(path):
@@ -44,7 +46,13 @@ def test_a_node_cut_off_leaves_the_run_and_rejoins_it(lab3, tmp_path):
     finally:
         for r in rules:
             victim.netns(["iptables", "-D", *r], check=False)
-    out, err = proc.communicate(timeout=600)
+    try:  # back with node1 (a resume, then a step): then every process of node1's user killed
+        wait_for(lambda: _text(log0).count("resuming from") >= 2 and
+                 re.search(r"\[rank0\]:step \d+/", _text(log0).split("resuming from")[-1]) or proc.poll() is not None,
+                 240, "node1 back in the run", every=0.5)
+        sh(["pkill", "-KILL", "-u", victim.user])
+    finally:
+        out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, (out + err)[-4000:]
     assert "node1 stopped answering" in out + err and "node1 left at " in out + err, (out + err)[-4000:]
     assert "node1 joined at " in out + err, (out + err)[-4000:]
@@ -52,22 +60,22 @@ def test_a_node_cut_off_leaves_the_run_and_rejoins_it(lab3, tmp_path):
 
     status = json.loads((tmp_path / "runs" / "el1" / "status.json").read_text())
     events = status["members"]
-    assert [(e["node"], e["event"]) for e in events] == [("node1", "left"), ("node1", "joined")], events
+    assert [(e["node"], e["event"]) for e in events] == [("node1", "left"), ("node1", "joined")] * 2, events
     assert events[0]["t"] - fault < 30, f"node1 named {events[0]['t'] - fault:.1f}s after its link went down"
     assert events[1]["t"] > fault + LINK_DOWN_S
     code_runs = start_hrmctl(["runs", "--json"], lab3.inventory, tmp_path)
     listed = {r["id"]: r for r in json.loads(code_runs.communicate(timeout=60)[0])}
-    assert [e["event"] for e in listed["el1"]["members"]] == ["left", "joined"]
+    assert [e["event"] for e in listed["el1"]["members"]] == ["left", "joined"] * 2
     table = start_hrmctl(["runs"], lab3.inventory, tmp_path).communicate(timeout=60)[0]
-    assert re.search(r"el1: node1 left at \d\d:\d\d:\d\d; node1 joined at \d\d:\d\d:\d\d", table), table
+    assert re.search(r"el1: node1 left at \d\d:\d\d:\d\d; node1 joined at \d\d:\d\d:\d\d; node1 left", table), table
 
     # the work lost at the leave is at most one checkpoint interval; none at the join (resumed from the step saved)
     text0, text1 = _text(log0), _text(log1)
     starts = text0.split("# hrmctl launch, attempt")
-    assert len(starts) == 4, f"three launches on node0 expected, got {len(starts) - 1}"
+    assert len(starts) == 6, f"five launches on node0 expected, got {len(starts) - 1}"
     before = [int(s) for s in re.findall(r"\[rank0\]:step (\d+)/", starts[1])]
     resumed = [int(s) for s in re.findall(r"resuming from \S+ \(step (\d+)\)", text0)]
-    assert len(resumed) == 2 and max(before) - resumed[0] <= EVERY + 10, (before[-3:], resumed)
+    assert len(resumed) == 4 and max(before) - resumed[0] <= EVERY + 10, (before[-3:], resumed)
     saved = re.findall(r"stopped at step (\d+)/\d+ on SIGUSR1", starts[2])
     assert saved and int(saved[0]) == resumed[1], (saved, resumed)
     assert "resuming from" in text1.split("# hrmctl launch, attempt")[-1] or "[rank1]" in text1
