@@ -12,7 +12,7 @@ Both run the trainer with dist_timeout=DIST_TIMEOUT_S (60 s; the default is 300 
 within minutes: its agents learn of the loss only when a collective times out. hrmctl's does not wait for that (SSH
 heartbeats). Each line's time is when this script read it.
 
-Root only. Usage: python bench/elastic.py
+Root only. Usage: python bench/elastic.py [hrmctl|torchrun]  (both by default)
 """
 
 from __future__ import annotations
@@ -122,10 +122,11 @@ def hrmctl_side(lab: Lab, work: Path) -> dict:
 def torchrun_side(lab: Lab) -> dict:
     ip0 = lab.nodes[0].ip
     procs, readers = [], []
-    for node in lab.nodes:
+    for i, node in enumerate(lab.nodes):  # is_host: the store on node0 (the lab's nodes share one hostname)
         cmd = (f"cd {node.home}/hrmctl && exec env OMP_NUM_THREADS=2 PYTHONUNBUFFERED=1 GLOO_SOCKET_IFNAME=eth0 "
                f"HRMCTL_BACKEND=gloo {lab.python} -m torch.distributed.run --nnodes=1:2 --nproc-per-node=1 "
-               f"--rdzv-backend=c10d --rdzv-endpoint={ip0}:29500 --rdzv-id=bench --max-restarts=5 "
+               f"--rdzv-backend=c10d --rdzv-endpoint={ip0}:29500 --rdzv-conf=is_host={int(i == 0)} --local-addr={node.ip} "
+               f"--rdzv-id=bench --max-restarts=5 "
                f"--monitor-interval=1 -m auralm.training.train {shlex.join(TRAIN)} data_dir=data/sudoku out_dir=runs/tre "
                "resume=latest")
         p = subprocess.Popen(["ip", "netns", "exec", node.ns, "runuser", "-u", node.user, "--", "sh", "-c", cmd],
@@ -139,6 +140,10 @@ def torchrun_side(lab: Lab) -> dict:
         return fault_and_back(lab, lambda: sorted(list(readers[0].lines) + list(readers[1].lines)),
                               lambda: any((n.home / "hrmctl" / "runs" / "tre" / f"checkpoint-{EVERY}").is_dir()
                                           for n in lab.nodes))  # rank 0 is where the rendezvous put it
+    except SystemExit:
+        for node, r in zip(lab.nodes, readers):
+            print(f"--- {node.name}'s torchrun, its last lines:\n" + "\n".join(line for _, line in r.lines[-25:]))
+        raise
     finally:
         for node in lab.nodes:
             sh(["pkill", "-KILL", "-u", node.user], check=False)
@@ -157,12 +162,17 @@ def main() -> int:
             data.mkdir(exist_ok=True)
             shutil.copytree(made, data / "sudoku")
             sh(["chown", "-R", f"{node.user}:{node.user}", str(data)])
-        results = {"hrmctl": hrmctl_side(lab, Path(tmp)), "torchrun elastic": torchrun_side(lab)}
-    print(f"node1's link cut for {LINK_DOWN_S} s after the checkpoint at step {EVERY}; dist_timeout={DIST_TIMEOUT_S}")
-    for name, r in results.items():
-        fmt = lambda v: "never" if v is None else f"{v:.1f} s"  # noqa: E731
-        print(f"{name:17s} fault -> node0 steps again {fmt(r['survivors_step_s'])}, steps lost {r['lost_steps']}; "
-              f"link back -> node0 steps with node1 again {fmt(r['rejoined_step_s'])}, steps lost {r['lost_at_join']}")
+        print(f"node1's link cut for {LINK_DOWN_S} s after the checkpoint at step {EVERY}; "
+              f"dist_timeout={DIST_TIMEOUT_S}", flush=True)
+        only = sys.argv[1:] and sys.argv[1]
+        for name, side in (("hrmctl", lambda: hrmctl_side(lab, Path(tmp))), ("torchrun elastic", lambda: torchrun_side(lab))):
+            if only and not name.startswith(only):
+                continue
+            r = side()
+            fmt = lambda v: "never" if v is None else f"{v:.1f} s"  # noqa: E731
+            print(f"{name:17s} fault -> rank 0 steps again {fmt(r['survivors_step_s'])}, steps lost {r['lost_steps']}; "
+                  f"link back -> rank 0 steps after the next resume {fmt(r['rejoined_step_s'])}, steps lost "
+                  f"{r['lost_at_join']}", flush=True)
     return 0
 
 
