@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -157,11 +156,7 @@ def main() -> int:
     with Lab(2) as lab, tempfile.TemporaryDirectory() as tmp:
         made = Path(tmp) / "sudoku"
         prepare_sudoku(made, **dict(SUDOKU_DEFAULTS, test=200))
-        for node in lab.nodes:
-            data = node.home / "hrmctl" / "data"
-            data.mkdir(exist_ok=True)
-            shutil.copytree(made, data / "sudoku")
-            sh(["chown", "-R", f"{node.user}:{node.user}", str(data)])
+        lab.give_data(made, "sudoku")
         print(f"node1's link cut for {LINK_DOWN_S} s after the checkpoint at step {EVERY}; "
               f"dist_timeout={DIST_TIMEOUT_S}", flush=True)
         only = sys.argv[1:] and sys.argv[1]

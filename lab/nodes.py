@@ -482,6 +482,15 @@ class Lab:
         for i, node in enumerate(self.nodes):
             node.limit_cpu(cpus=str(cores[i % len(cores)]), quota=quota)
 
+    def give_data(self, local: Path, name: str) -> None:
+        """A copy of the directory ``local`` in every node's ~/hrmctl/data/<name>, owned by the node's user (what
+        `hrmctl sync-data`, or the trainer's first run there, leaves)."""
+        for node in self.nodes:
+            data = node.home / "hrmctl" / "data"
+            data.mkdir(exist_ok=True)
+            shutil.copytree(local, data / name)
+            sh(["chown", "-R", f"{node.user}:{node.user}", str(data)])
+
     # ------------------------------------------------------------ teardown
     def down(self) -> None:
         for node in self.nodes:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
-from lab.nodes import Lab, missing_capability, remove_stale, sh
+from lab.nodes import Lab, missing_capability, remove_stale
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
@@ -122,11 +121,7 @@ def lab3(make_lab, tmp_path_factory) -> Lab:
     lab = make_lab(3)
     made = tmp_path_factory.mktemp("default-data") / "sudoku"
     prepare_sudoku(made, **dict(SUDOKU_DEFAULTS, test=200))
-    for node in lab.nodes:
-        data = node.home / "hrmctl" / "data"
-        data.mkdir(exist_ok=True)
-        shutil.copytree(made, data / "sudoku")
-        sh(["chown", "-R", f"{node.user}:{node.user}", str(data)])
+    lab.give_data(made, "sudoku")
     return lab
 
 
