@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -114,7 +115,7 @@ def hrmctl_side(lab: Lab, work: Path) -> dict:
         return fault_and_back(lab, lambda: [(t, line) for t, line in list(lines.lines) if " r0 " in line[:12]],
                               lambda: (lab.node("node0").home / "hrmctl" / "runs" / "el" / f"checkpoint-{EVERY}").is_dir())
     finally:
-        proc.send_signal(2)
+        proc.send_signal(signal.SIGINT)
         proc.wait(timeout=120)
 
 

@@ -169,11 +169,7 @@ def stop_everywhere(plans: list[NodeLaunch], jobs: dict[str, Job], accept_new_ho
     by_name = {p.node.name: p for p in plans}
 
     def kill(session: Session) -> int:
-        tag = by_name[session.node.name].env["HRMCTL_JOB"]
-        res = session.run_python(STOP_SNIPPET, [tag, str(TERM_GRACE_S), str(SETTLE_S)],
-                                 timeout=SETTLE_S + TERM_GRACE_S + 6)
-        parts = res.stdout.split()
-        return int(parts[1]) if res.ok and len(parts) == 2 else -1
+        return stop_tagged(session, by_name[session.node.name].env["HRMCTL_JOB"], settle=SETTLE_S)
 
     left = {}
     for o in for_each([p.node for p in plans], kill, accept_new_host_keys=accept_new_host_keys, connect_timeout=4):
@@ -184,12 +180,18 @@ def stop_everywhere(plans: list[NodeLaunch], jobs: dict[str, Job], accept_new_ho
     return left
 
 
+def stop_tagged(session: Session, tag: str, settle: float = 0.0) -> int:
+    """STOP_SNIPPET on the node for the job tagged ``tag`` (``settle`` s for its processes to end by themselves
+    first): how many of them are left, -1 when the node could not say."""
+    res = session.run_python(STOP_SNIPPET, [tag, str(TERM_GRACE_S), str(settle)], timeout=settle + TERM_GRACE_S + 6)
+    parts = res.stdout.split()
+    return int(parts[1]) if res.ok and len(parts) == 2 else -1
+
+
 def clear_node(session: Session, tag: str) -> bool:
     """What is left on a node of the job tagged ``tag`` stopped (a node that left the run, answering again):
     whether the node ran the stop and nothing of it is left."""
-    res = session.run_python(STOP_SNIPPET, [tag, str(TERM_GRACE_S)], timeout=TERM_GRACE_S + 15)
-    parts = res.stdout.split()
-    return res.ok and len(parts) == 2 and parts[1] == "0"
+    return stop_tagged(session, tag) == 0
 
 
 class _Heartbeat(threading.Thread):
