@@ -9,7 +9,8 @@ namespace, link and user names it created.
 
 Faults are made for real inside a node's namespace: `node.netns(["iptables", ...])`,
 `node.netns(["tc", ...])`, or a shifted wall clock for the node's SSH sessions with
-`node.shift_clock(seconds)` (libfaketime through ~/.ssh/environment). Two kinds of shaping are
+`node.shift_clock(seconds)` (libfaketime through ~/.ssh/environment), or the whole node asleep with
+`node.freeze(True)` (SIGSTOP to every process of its namespace, sshd too; `freeze(False)` wakes it). Two kinds of shaping are
 built in:
 
 - `node.shape_link(rate_mbit, delay_ms=0.0)` shapes the node's link in both directions: an HTB
@@ -170,6 +171,17 @@ class LabNode:
         """Run a shell script as the node's user, inside its namespace (not through SSH)."""
         return sh(["ip", "netns", "exec", self.ns, "runuser", "-u", self.user, "--", "sh", "-c",
                    f"cd {self.home} && {script}"], check=check)
+
+    def freeze(self, frozen: bool) -> int:
+        """Stop (SIGSTOP) or continue (SIGCONT) every process of the node's namespace, its sshd included: a laptop
+        that sleeps (no SSH answer, new connections accepted by the kernel but never greeted). The count signalled."""
+        pids = [int(p) for p in sh(["ip", "netns", "pids", self.ns]).stdout.split()]
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGSTOP if frozen else signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        return len(pids)
 
     def shift_clock(self, seconds: float | None) -> None:
         """Shift the wall clock that the node's SSH sessions see (None: undo)."""

@@ -13,6 +13,7 @@ import contextlib
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -108,6 +109,8 @@ class Single(Strategy):
         if d.rank == fault.kill_rank and at in fault.kill_at_step and not p.resumed:  # not after a resume
             print(f"fault: killing rank {d.rank} at step {at}", file=sys.stderr, flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
+        if fault.step_sleep > 0:
+            time.sleep(fault.step_sleep)
         optim.set_lr(p.optimizer, self.lr(at))
         loss_sum = torch.zeros((), device=d.device)
         for micro in range(t.grad_accum):

@@ -155,6 +155,7 @@ class FaultConfig:
     # fault fires once, and a restart (hrmctl --max-restarts, which passes resume=latest) gets past it
     kill_at_step: tuple[int, ...] = ()
     kill_rank: int = 0
+    step_sleep: float = 0.0  # seconds every rank sleeps each step: a slower machine (a test's run outlasts its faults)
 
 
 @dataclass
@@ -502,7 +503,8 @@ def check(cfg: Config) -> None:
                     "training.checkpoint_interval": t.checkpoint_interval, "training.sample_tokens": t.sample_tokens,
                     "training.min_lr_ratio": t.min_lr_ratio, "guard.lr_steps": cfg.guard.lr_steps,
                     "model.dropout": cfg.model.dropout or 0, "fault.nan_rank": cfg.fault.nan_rank,
-                    "fault.kill_rank": cfg.fault.kill_rank, "training.elastic.min_nodes": t.elastic.min_nodes}
+                    "fault.kill_rank": cfg.fault.kill_rank, "fault.step_sleep": cfg.fault.step_sleep,
+                    "training.elastic.min_nodes": t.elastic.min_nodes}
     for key, value in positive.items():
         if value <= 0:
             raise UserError(f"{key}={value}: must be greater than 0")

@@ -83,6 +83,7 @@ class Members:
     tags: dict[str, str]  # node -> its job's HRMCTL_JOB tag
     clear: Callable  # clear(session, tag): stop what is left of the job with that tag on the node; whether it did
     accept_new_host_keys: bool = False
+    chosen: str = ""  # how min_nodes was chosen when the overrides do not set it ("the default under DiLoCo")
     present: list[str] = field(default_factory=list)
     events: list[dict] = field(default_factory=list)
     watchers: dict[str, _Watcher] = field(default_factory=dict)
@@ -98,7 +99,14 @@ class Members:
         k = min_nodes(opts.args, len(nodes)) if len(nodes) > 1 else len(nodes)
         if k >= len(nodes):
             return None
-        return cls(nodes, k, {p.node.name: p.env["HRMCTL_JOB"] for p in prep.plans}, clear, opts.accept_new_host_keys)
+        given = any(a.partition("=")[0].lstrip("+") == "training.elastic.min_nodes" for a in opts.args)
+        return cls(nodes, k, {p.node.name: p.env["HRMCTL_JOB"] for p in prep.plans}, clear, opts.accept_new_host_keys,
+                   "" if given else " (the default under training.sync=diloco)")
+
+    def said(self) -> str:
+        """The run's rule, for the log's first lines."""
+        return (f"training.elastic.min_nodes={self.min_nodes}{self.chosen}: a node but the master that stops "
+                f"answering leaves the run while {self.min_nodes} node(s) remain, and rejoins when it answers")
 
     def can_go_on_without(self, name: str | None) -> bool:
         return name in self.present and name != self.nodes[0].name and len(self.present) - 1 >= self.min_nodes

@@ -92,9 +92,11 @@ def signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
-def header_lines(plan: NodeLaunch, attempt: int) -> list[str]:
-    """What the node's log file starts with: the exact command and environment, secrets hidden."""
-    lines = [f"# hrmctl launch, attempt {attempt}, node {plan.node.name} (node rank {plan.node_rank}, "
+def header_lines(plan: NodeLaunch, attempt: int, after: str = "") -> list[str]:
+    """What the node's log file starts with: the exact command and environment, secrets hidden. ``after``: why the
+    launch was made again within the attempt ("node1 left", "node1 joined": cli/launch/elastic.py)."""
+    lines = [f"# hrmctl launch, attempt {attempt}{f' (after {after})' if after else ''}, node {plan.node.name} "
+             f"(node rank {plan.node_rank}, "
              f"ranks {plan.ranks.start}-{plan.ranks.stop - 1}), host {plan.node.host}",
              f"# cwd: {plan.cwd}",
              f"# command: {plan.shell_line(redact=True)}"]
@@ -145,12 +147,12 @@ class MergedLog:
         getattr(console, "console", console).on_broken_pipe = _broken_pipe  # cli.app's LazyConsole holds rich's
         run_dir.mkdir(parents=True, exist_ok=True)
 
-    def start(self, plans: list[NodeLaunch], attempt: int) -> None:
+    def start(self, plans: list[NodeLaunch], attempt: int, after: str = "") -> None:
         for p in plans:
             fh = self.files.get(p.node.name)
             if fh is None:
                 fh = self.files[p.node.name] = open(self.run_dir / f"{p.node.name}.log", "a", encoding="utf-8")
-            fh.write("\n".join(header_lines(p, attempt)) + "\n")
+            fh.write("\n".join(header_lines(p, attempt, after)) + "\n")
             fh.flush()
         self.stepped = False  # rank 0 logged a step in this attempt
         self.failed_rank.clear()

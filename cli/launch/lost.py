@@ -5,6 +5,7 @@ has not answered for 8 s, or whose job's SSH connection broke, is lost. Then, ov
 seconds, hrmctl looks at what is there:
 
   - no TCP answer from its sshd within CONNECT_S: its link is down (or it sleeps, or it is off: from here the same);
+  - a TCP answer (the kernel's) but no SSH greeting within CONNECT_S: every process there is frozen, sshd too (asleep);
   - its sshd answers, and the job's processes (found by their HRMCTL_JOB tag, as the stop finds them) are stopped:
     they are frozen (SIGSTOP, or a machine that sleeps while its network card still answers);
   - none of the job's processes is left: they are gone (killed, the OOM killer, the machine restarted);
@@ -46,24 +47,32 @@ print(json.dumps(states))
 
 
 def link_answers(plan: NodeLaunch) -> str | None:
-    """None when the node's sshd takes a TCP connection within CONNECT_S, else what happened instead."""
+    """None when the node's sshd greets a TCP connection within CONNECT_S, else what happened instead: no TCP answer
+    (the link), or a connection the kernel took but no SSH greeting on it (every process frozen: asleep)."""
     node = plan.node
     if node.proxy_command:  # reached through another host: the SSH attempt below says it
         return None
     try:
-        with socket.create_connection((node.host, node.port), timeout=CONNECT_S):
-            return None
+        with socket.create_connection((node.host, node.port), timeout=CONNECT_S) as sock:
+            try:
+                sock.recv(4)  # sshd sends its version line first
+                return None
+            except socket.timeout:
+                return (f"it is asleep or frozen ({node.host}:{node.port} takes the connection but its sshd says "
+                        f"nothing within {CONNECT_S:g}s)")
     except socket.timeout:
-        return f"no answer from {node.host}:{node.port} within {CONNECT_S:g}s"
+        down = f"no answer from {node.host}:{node.port} within {CONNECT_S:g}s"
     except OSError as exc:
-        return f"{node.host}:{node.port}: {exc.strerror or exc}"
+        down = f"{node.host}:{node.port}: {exc.strerror or exc}"
+    return f"its link is down ({down}: off the network, asleep or powered off)"
 
 
 def what_was_seen(plan: NodeLaunch, accept_new_host_keys: bool = False) -> str:
-    """One phrase: the node's link down, its job's processes frozen, gone, or running without an answering session."""
+    """One phrase: the node's link down, the node asleep, its job's processes frozen, gone, or running without an
+    answering session."""
     down = link_answers(plan)
     if down:
-        return f"its link is down ({down}: off the network, asleep or powered off)"
+        return down
     tag = plan.env["HRMCTL_JOB"]
     outcome = for_each([plan.node], lambda s: s.run_python(STATES_SNIPPET, [tag], timeout=LOOK_S),
                        accept_new_host_keys=accept_new_host_keys, connect_timeout=CONNECT_S)[0]

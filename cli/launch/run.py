@@ -221,7 +221,7 @@ class _Heartbeat(threading.Thread):
         return time.monotonic() - self.last
 
 
-def run_once(plans: list[NodeLaunch], log: MergedLog, signals: _Signals, *, attempt: int = 1,
+def run_once(plans: list[NodeLaunch], log: MergedLog, signals: _Signals, *, attempt: int = 1, after: str = "",
              accept_new_host_keys: bool = False, sessions: dict[str, Session] | None = None,
              returned: Callable[[], str | None] | None = None) -> RunResult:
     """Start every node's command, wait, and stop everything on the first failure or a stop asked for (see
@@ -236,7 +236,7 @@ def run_once(plans: list[NodeLaunch], log: MergedLog, signals: _Signals, *, atte
     try:
         result = stop_asked(signals, log)  # asked before anything started: nothing starts
         if result is None:
-            log.start(plans, attempt)
+            log.start(plans, attempt, after)
             for p in plans:
                 session = sessions[p.node.name]
                 ssh = p.node.reached_by == "ssh"  # srun's nodes are watched by Slurm: a lost node fails the step
@@ -441,11 +441,14 @@ def run(prep: LaunchPlan, console: Console, replan: Callable[[dict[str, dict]], 
         log.on_first_step = lambda: first_step(run_dir, status)
         try:
             log.note(f"run {prep.run_id}: {len(plans)} node(s), backend {prep.backend} ({prep.why}); logs in {run_dir}/")
-            attempt, replanned = 1, False
+            attempt, replanned, after = 1, False, ""
             members = Members.of(prep, clear_node) if opts.module == TRAINER else None  # training.elastic
+            if members:
+                log.note(members.said())
             ranks = {p.node.name: p.nproc for p in plans}
             while True:
-                result = run_once(plans, log, signals, attempt=attempt, accept_new_host_keys=opts.accept_new_host_keys,
+                result = run_once(plans, log, signals, attempt=attempt, after=after,
+                                  accept_new_host_keys=opts.accept_new_host_keys,
                                   sessions=prep.sessions, returned=members.returned if members else None)
                 prep.sessions = None  # closed by run_once
                 reported = result.node_facts = dict(log.node_facts)
@@ -453,6 +456,7 @@ def run(prep: LaunchPlan, console: Console, replan: Callable[[dict[str, dict]], 
                                                                                                   members))
                 if regrouped:  # a node left (min_nodes allows going on) or came back: the nodes present, resumed
                     prep, plans = regrouped, regrouped.plans
+                    after = "{node} {event}".format(**members.events[-1])
                     continue
                 if result.code == FACTS_DIFFER and result.failed_node in reported and not replanned:
                     # a first launch's guess was wrong on that node (nothing ran there): plan again from
