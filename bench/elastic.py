@@ -1,22 +1,27 @@
-"""A node cut off during a two-node DDP run, and back LINK_DOWN_S later: hrmctl's leave and rejoin
-(`training.elastic.min_nodes=1`, cli/launch/elastic.py) side by side with torchrun's own elastic mode
-(`--nnodes=1:2 --rdzv-backend=c10d --max-restarts=5`, started by hand on each node), on the same lab nodes, with
-the same run and the same fault (every packet in and out of node1 dropped, right after the run's checkpoint at
-step 50).
+"""A node lost during a two-node DDP run, and back later: hrmctl's leave and rejoin (`training.elastic.min_nodes=1`,
+cli/launch/elastic.py) side by side with torchrun's own elastic mode (`--nnodes=1:2 --rdzv-backend=c10d
+--max-restarts=5`, started by hand on each node), on the same lab nodes, with the same run and the same fault, made
+right after the run's checkpoint at step 50 (FAULTS):
+
+  link   every packet in and out of node1 dropped for 30 s (iptables);
+  sleep  every process of node1's namespace, sshd too, stopped for 60 s (SIGSTOP, then SIGCONT: LabNode.freeze);
+  kill   every process of node1's user killed (SIGKILL); nothing starts them again but hrmctl's rejoin.
 
 Per side: the seconds from the fault until rank 0 steps again, and the steps lost (the last step rank 0 logged
-before it stopped, minus the step it resumed from); the seconds from the link's return until rank 0 steps again
-after the next resume (node1 back in the world), and the steps lost then.
+before it stopped, minus the step it resumed from); the seconds from the node's return (link back, woken; for kill
+the fault itself) until rank 0 steps again after the next resume (node1 back in the world), and the steps lost then.
 
 Both run the trainer with dist_timeout=DIST_TIMEOUT_S (60 s; the default is 300 s) so that torchrun's side ends
 within minutes: its agents learn of the loss only when a collective times out. hrmctl's does not wait for that (SSH
 heartbeats). Each line's time is when this script read it.
 
-Root only. Usage: python bench/elastic.py [hrmctl|torchrun]  (both by default)
+Root only. Usage: python bench/elastic.py [--side hrmctl|torchrun] [--fault link,sleep,kill]  (both sides, every
+fault by default: about 15 minutes)
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import shlex
@@ -33,7 +38,8 @@ sys.path.insert(0, str(ROOT))
 
 from lab.nodes import Lab, sh  # noqa: E402
 
-LINK_DOWN_S = 30
+FAULTS = {"link": 30, "sleep": 60, "kill": 0}  # seconds until the node is back
+REJOIN_WAIT_S = 150  # after the node is back: how long a side may take to step with it again
 DIST_TIMEOUT_S = 60
 EVERY = 50
 TRAIN = ["model=tiny", "training.max_steps=100000", "training.batch_size=8", "training.log_interval=10",
@@ -78,20 +84,38 @@ def recovery(lines, after: float, timeout: float) -> tuple[float | None, int | N
     return None, None
 
 
-def fault_and_back(lab: Lab, lines, saved) -> dict:
-    wait_until(saved, 300, "the checkpoint at step 50")
-    victim, rules = lab.nodes[1], [["INPUT", "-j", "DROP"], ["OUTPUT", "-j", "DROP"]]
-    fault = time.time()
-    for r in rules:
-        victim.netns(["iptables", "-I", *r])
-    try:
-        survive, lost = recovery(lines, fault, LINK_DOWN_S + DIST_TIMEOUT_S + 120)
-        time.sleep(max(0.0, fault + LINK_DOWN_S - time.time()))
-    finally:
+def make_fault(victim, kind: str):
+    """Make the fault on node1; what undoes it (the node back)."""
+    if kind == "link":
+        rules = [["INPUT", "-j", "DROP"], ["OUTPUT", "-j", "DROP"]]
         for r in rules:
-            victim.netns(["iptables", "-D", *r], check=False)
-    back = time.time()
-    rejoin, lost_join = recovery(lines, back, DIST_TIMEOUT_S + 180)
+            victim.netns(["iptables", "-I", *r])
+        return lambda: [victim.netns(["iptables", "-D", *r], check=False) for r in rules]
+    if kind == "sleep":
+        victim.freeze(True)
+        return lambda: victim.freeze(False)
+    sh(["pkill", "-KILL", "-u", victim.user], check=False)
+    return lambda: None
+
+
+def fault_and_back(lab: Lab, lines, saved, kind: str) -> dict:
+    wait_until(saved, 300, "the checkpoint at step 50")
+    fault = time.time()
+    undo, back = make_fault(lab.nodes[1], kind), []
+    # the node is back FAULTS[kind] seconds after the fault, however long the survivors take
+    timer = threading.Timer(FAULTS[kind], lambda: (undo(), back.append(time.time())))
+    timer.start()
+    try:
+        survive, lost = recovery(lines, fault, FAULTS[kind] + DIST_TIMEOUT_S + 120)
+        timer.join()
+    finally:
+        timer.cancel()
+        if not back:
+            undo()
+    back = fault if kind == "kill" else back[0]
+    look = max(back, fault + (survive or 0) + 0.01)  # the rejoin is a resume after the survivors' own
+    rejoin, lost_join = recovery(lines, look, REJOIN_WAIT_S)
+    rejoin = None if rejoin is None else rejoin + look - back
     return {"survivors_step_s": survive, "lost_steps": lost, "rejoined_step_s": rejoin, "lost_at_join": lost_join}
 
 
@@ -103,23 +127,25 @@ def wait_until(cond, timeout: float, what: str) -> None:
         time.sleep(0.3)
 
 
-def hrmctl_side(lab: Lab, work: Path) -> dict:
+def hrmctl_side(lab: Lab, work: Path, kind: str) -> dict:
     env = dict(os.environ, HRMCTL_INVENTORY=str(lab.inventory))
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-    proc = subprocess.Popen([sys.executable, "-m", "cli", "train", "--nodes", "node0,node1", "--run-id", "el",
+    run = f"el-{kind}"
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "train", "--nodes", "node0,node1", "--run-id", run,
                              *TRAIN, "training.elastic.min_nodes=1"], cwd=work, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     lines = Lines(proc.stdout)
     lines.start()
     try:
         return fault_and_back(lab, lambda: [(t, line) for t, line in list(lines.lines) if " r0 " in line[:12]],
-                              lambda: (lab.node("node0").home / "hrmctl" / "runs" / "el" / f"checkpoint-{EVERY}").is_dir())
+                              lambda: (lab.node("node0").home / "hrmctl" / "runs" / run / f"checkpoint-{EVERY}").is_dir(),
+                              kind)
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=120)
 
 
-def torchrun_side(lab: Lab) -> dict:
+def torchrun_side(lab: Lab, kind: str) -> dict:
     ip0 = lab.nodes[0].ip
     procs, readers = [], []
     for i, node in enumerate(lab.nodes):  # is_host: the store on node0 (the lab's nodes share one hostname)
@@ -127,7 +153,7 @@ def torchrun_side(lab: Lab) -> dict:
                f"HRMCTL_BACKEND=gloo {lab.python} -m torch.distributed.run --nnodes=1:2 --nproc-per-node=1 "
                f"--rdzv-backend=c10d --rdzv-endpoint={ip0}:29500 --rdzv-conf=is_host={int(i == 0)} --local-addr={node.ip} "
                f"--rdzv-id=bench --max-restarts=5 "
-               f"--monitor-interval=1 -m auralm.training.train {shlex.join(TRAIN)} data_dir=data/sudoku out_dir=runs/tre "
+               f"--monitor-interval=1 -m auralm.training.train {shlex.join(TRAIN)} data_dir=data/sudoku out_dir=runs/tre-{kind} "
                "resume=latest")
         p = subprocess.Popen(["ip", "netns", "exec", node.ns, "runuser", "-u", node.user, "--", "sh", "-c", cmd],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -138,8 +164,8 @@ def torchrun_side(lab: Lab) -> dict:
     try:
         # only rank 0 logs: its lines come from whichever node holds it
         return fault_and_back(lab, lambda: sorted(list(readers[0].lines) + list(readers[1].lines)),
-                              lambda: any((n.home / "hrmctl" / "runs" / "tre" / f"checkpoint-{EVERY}").is_dir()
-                                          for n in lab.nodes))  # rank 0 is where the rendezvous put it
+                              lambda: any((n.home / "hrmctl" / "runs" / f"tre-{kind}" / f"checkpoint-{EVERY}").is_dir()
+                                          for n in lab.nodes), kind)  # rank 0 is where the rendezvous put it
     except SystemExit:
         for node, r in zip(lab.nodes, readers):
             print(f"--- {node.name}'s torchrun, its last lines:\n" + "\n".join(line for _, line in r.lines[-25:]))
@@ -154,21 +180,28 @@ def torchrun_side(lab: Lab) -> dict:
 def main() -> int:
     from auralm.data.datadir import SUDOKU_DEFAULTS, prepare_sudoku
 
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--side", choices=("hrmctl", "torchrun"), help="one side only (default: both)")
+    ap.add_argument("--fault", default=",".join(FAULTS), help="comma-separated, of: " + ", ".join(FAULTS))
+    args = ap.parse_args()
+    kinds = [k.strip() for k in args.fault.split(",")]
+    if any(k not in FAULTS for k in kinds):
+        ap.error(f"--fault {args.fault}: each one of {', '.join(FAULTS)}")
+    fmt = lambda v: "never" if v is None else f"{v:.1f} s"  # noqa: E731
     with Lab(2) as lab, tempfile.TemporaryDirectory() as tmp:
         made = Path(tmp) / "sudoku"
         prepare_sudoku(made, **dict(SUDOKU_DEFAULTS, test=200))
         lab.give_data(made, "sudoku")
-        print(f"node1's link cut for {LINK_DOWN_S} s after the checkpoint at step {EVERY}; "
-              f"dist_timeout={DIST_TIMEOUT_S}", flush=True)
-        only = sys.argv[1:] and sys.argv[1]
-        for name, side in (("hrmctl", lambda: hrmctl_side(lab, Path(tmp))), ("torchrun elastic", lambda: torchrun_side(lab))):
-            if only and not name.startswith(only):
-                continue
-            r = side()
-            fmt = lambda v: "never" if v is None else f"{v:.1f} s"  # noqa: E731
-            print(f"{name:17s} fault -> rank 0 steps again {fmt(r['survivors_step_s'])}, steps lost {r['lost_steps']}; "
-                  f"link back -> rank 0 steps after the next resume {fmt(r['rejoined_step_s'])}, steps lost "
-                  f"{r['lost_at_join']}", flush=True)
+        print(f"faults made on node1 after the checkpoint at step {EVERY}; dist_timeout={DIST_TIMEOUT_S}", flush=True)
+        for kind in kinds:
+            for name, side in (("hrmctl", hrmctl_side), ("torchrun elastic", torchrun_side)):
+                if args.side and not name.startswith(args.side):
+                    continue
+                r = side(lab, Path(tmp), kind) if name == "hrmctl" else side(lab, kind)
+                back = "at once" if kind == "kill" else f"after {FAULTS[kind]} s"
+                print(f"{kind:5s} {name:17s} fault -> rank 0 steps again {fmt(r['survivors_step_s'])}, steps lost "
+                      f"{r['lost_steps']}; node1 back ({back}) -> rank 0 steps with it after the next resume "
+                      f"{fmt(r['rejoined_step_s'])}, steps lost {r['lost_at_join']}", flush=True)
     return 0
 
 

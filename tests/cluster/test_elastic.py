@@ -156,3 +156,37 @@ def test_diloco_goes_on_while_a_node_sleeps_and_ends_as_an_uninterrupted_run(lab
     assert abs(loss / ref_loss - 1) <= 0.03, (ref_loss, loss)
     for node in lab3.nodes[:2]:
         wait_for(lambda: job_pids(node, "dl-sleep") == [], 40, f"the run's processes on {node.name} to be gone")
+
+
+def test_three_nodes_go_on_as_two_and_take_the_middle_one_back(lab3, tmp_path):
+    """A three-node DDP run with training.elastic.min_nodes=2: every process of node1 (node rank 1) killed. node0 and
+    node2 go on as a world of two (node2 now node rank 1; the global batch of 3 ranks does not split over 2 by
+    accumulation, which the log says), node1 rejoins as node rank 1 (node2 back to 2), the run ends at max_steps
+    with exit 0 and nothing left on any node."""
+    steps = 150
+    args = ["model=tiny", f"training.max_steps={steps}", "training.batch_size=8", "training.log_interval=10",
+            "training.checkpoint_interval=20", "training.eval_interval=0", "training.eval_batches=1",
+            "training.elastic.min_nodes=2"]
+    proc = start_hrmctl(["train", "--nodes", "node0,node1,node2", "--run-id", "el3", *args], lab3.inventory, tmp_path)
+    logs = {n: tmp_path / "runs" / "el3" / f"{n}.log" for n in ("node0", "node1", "node2")}
+    try:
+        wait_for(lambda: "saved runs/el3/checkpoint-20" in _text(logs["node0"]) or proc.poll() is not None, 240,
+                 "the first checkpoint", every=0.5)
+        assert proc.poll() is None, proc.communicate()
+        sh(["pkill", "-KILL", "-u", lab3.nodes[1].user])
+    finally:
+        out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, (out + err)[-4000:]
+    assert "the global batch changes: 3 ranks' worth of training.grad_accum=1 does not split over 2 ranks" in out + err
+    events = json.loads((tmp_path / "runs" / "el3" / "status.json").read_text())["members"]
+    assert [(e["node"], e["event"]) for e in events] == [("node1", "left"), ("node1", "joined")], events
+    heads = re.findall(r"# hrmctl launch, attempt 1(?: \(after (node1 \w+)\))?, node node2 \(node rank (\d)",
+                       _text(logs["node2"]))
+    assert heads == [("", "2"), ("node1 left", "1"), ("node1 joined", "2")], heads
+    launches = _text(logs["node0"]).split("# command: ")[1:]
+    assert [int(re.search(r"HRMCTL_WORLD_SIZE=(\d)", c).group(1)) for c in launches] == [3, 2, 3]
+    steps_seen = [json.loads(line)["step"] for line in
+                  (lab3.node("node0").home / "hrmctl" / "runs" / "el3" / "metrics.jsonl").read_text().splitlines()]
+    assert steps_seen[-1] == steps
+    for node in lab3.nodes:
+        wait_for(lambda: job_pids(node, "el3") == [], 40, f"the run's processes on {node.name} to be gone")
