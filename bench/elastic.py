@@ -7,9 +7,11 @@ right after the run's checkpoint at step 50 (FAULTS):
   sleep  every process of node1's namespace, sshd too, stopped for 60 s (SIGSTOP, then SIGCONT: LabNode.freeze);
   kill   every process of node1's user killed (SIGKILL); nothing starts them again but hrmctl's rejoin.
 
-Per side: the seconds from the fault until rank 0 steps again, and the steps lost (the last step rank 0 logged
-before it stopped, minus the step it resumed from); the seconds from the node's return (link back, woken; for kill
-the fault itself) until rank 0 steps again after the next resume (node1 back in the world), and the steps lost then.
+Per side: the seconds from the fault until rank 0 steps again after its steps stalled, and the steps lost (the
+last step rank 0 logged before the stall, minus the step it resumed from; 0 when it went on without a restart,
+its collective having waited for node1); then, if the world was restarted without node1, the seconds from the
+node's return (link back, woken; for kill the fault itself) until rank 0 steps again after the next stall (node1
+back in the world), and the steps lost then.
 
 Both run the trainer with dist_timeout=DIST_TIMEOUT_S (60 s; the default is 300 s) so that torchrun's side ends
 within minutes: its agents learn of the loss only when a collective times out. hrmctl's does not wait for that (SSH
@@ -40,6 +42,7 @@ from lab.nodes import Lab, sh  # noqa: E402
 
 FAULTS = {"link": 30, "sleep": 60, "kill": 0}  # seconds until the node is back
 REJOIN_WAIT_S = 150  # after the node is back: how long a side may take to step with it again
+GAP_S = 20.0  # a step line this long after the one before, with no resume between: the run stalled and went on
 DIST_TIMEOUT_S = 60
 EVERY = 50
 TRAIN = ["model=tiny", "training.max_steps=100000", "training.batch_size=8", "training.log_interval=10",
@@ -65,23 +68,28 @@ def steps(lines: list[tuple[float, str]]) -> list[tuple[float, int]]:
     return [(t, int(m.group(1))) for t, line in lines if (m := STEP.search(line))]
 
 
-def recovery(lines, after: float, timeout: float) -> tuple[float | None, int | None]:
-    """(seconds from ``after`` until rank 0 steps again after a resume, steps lost) or (None, None). ``lines()``:
-    rank 0's lines so far, wherever it runs."""
+def recovery(lines, after: float, timeout: float) -> tuple[float | None, int | None, bool]:
+    """(seconds from ``after`` until rank 0 steps again, steps lost, whether it resumed from a checkpoint) or (None,
+    None, False). Stepping again: the first step after the first resume since ``after``, the steps lost the last step
+    logged before that resume minus the step resumed from; or, with no resume, a step that came GAP_S or more after
+    the one before it (the run went on where it was, its collective having waited for the node: 0 lost).
+    ``lines()``: rank 0's lines so far, wherever it runs."""
     deadline = after + timeout
     while time.time() < deadline:
         seen = lines()
-        resumed = [(t, line) for t, line in seen if t > after and RESUMED.search(line)]
-        if resumed:
-            t_res, line = resumed[0]
-            m = RESUMED.search(line)
-            at = int(m.group(1)) if m.group(1) else 0
-            later = [(t, s) for t, s in steps(seen) if t > t_res]
-            if later:
-                before = [s for t, s in steps(seen) if t <= t_res]
-                return later[0][0] - after, (max(before) - at) if before else None
+        logged = steps(seen)
+        resumes = [(t, m) for t, line in seen if t > after and (m := RESUMED.search(line))]
+        last = max([t for t, _ in logged if t <= after], default=after)
+        for t, _ in [(t, s) for t, s in logged if t > after]:
+            if resumes and resumes[0][0] < t:
+                at = int(resumes[0][1].group(1)) if resumes[0][1].group(1) else 0
+                before = [s for u, s in logged if u <= resumes[0][0]]
+                return t - after, (max(before) - at) if before else None, True
+            if t - last > GAP_S:
+                return t - after, 0, False
+            last = t
         time.sleep(0.2)
-    return None, None
+    return None, None, False
 
 
 def make_fault(victim, kind: str):
@@ -106,17 +114,20 @@ def fault_and_back(lab: Lab, lines, saved, kind: str) -> dict:
     timer = threading.Timer(FAULTS[kind], lambda: (undo(), back.append(time.time())))
     timer.start()
     try:
-        survive, lost = recovery(lines, fault, FAULTS[kind] + DIST_TIMEOUT_S + 120)
+        survive, lost, restarted = recovery(lines, fault, FAULTS[kind] + DIST_TIMEOUT_S + 120)
         timer.join()
     finally:
         timer.cancel()
         if not back:
             undo()
     back = fault if kind == "kill" else back[0]
-    look = max(back, fault + (survive or 0) + 0.01)  # the rejoin is a resume after the survivors' own
-    rejoin, lost_join = recovery(lines, look, REJOIN_WAIT_S)
+    if survive is not None and not restarted:  # node1 never left: the world waited for it
+        return {"survivors_step_s": survive, "lost_steps": lost, "restarted": False}
+    look = max(back, fault + (survive or 0) + 0.01)  # the rejoin is a stall after the survivors' own
+    rejoin, lost_join, _ = recovery(lines, look, REJOIN_WAIT_S)
     rejoin = None if rejoin is None else rejoin + look - back
-    return {"survivors_step_s": survive, "lost_steps": lost, "rejoined_step_s": rejoin, "lost_at_join": lost_join}
+    return {"survivors_step_s": survive, "lost_steps": lost, "restarted": survive is not None,
+            "rejoined_step_s": rejoin, "lost_at_join": lost_join}
 
 
 def wait_until(cond, timeout: float, what: str) -> None:
@@ -199,9 +210,13 @@ def main() -> int:
                     continue
                 r = side(lab, Path(tmp), kind) if name == "hrmctl" else side(lab, kind)
                 back = "at once" if kind == "kill" else f"after {FAULTS[kind]} s"
-                print(f"{kind:5s} {name:17s} fault -> rank 0 steps again {fmt(r['survivors_step_s'])}, steps lost "
-                      f"{r['lost_steps']}; node1 back ({back}) -> rank 0 steps with it after the next resume "
-                      f"{fmt(r['rejoined_step_s'])}, steps lost {r['lost_at_join']}", flush=True)
+                head = f"{kind:5s} {name:17s} fault -> rank 0 steps again {fmt(r['survivors_step_s'])}"
+                if r["survivors_step_s"] is not None and not r["restarted"]:
+                    print(f"{head} without a restart (its collective waited for node1, back {back}), steps lost 0; "
+                          "node1 never left", flush=True)
+                    continue
+                print(f"{head}, steps lost {r['lost_steps']}; node1 back ({back}) -> rank 0 steps with it after the "
+                      f"next resume {fmt(r['rejoined_step_s'])}, steps lost {r['lost_at_join']}", flush=True)
     return 0
 
 
