@@ -38,6 +38,7 @@ def test_defaults_are_the_embedded_sudoku_run():
     ("fault.nan_at_step=9-3", "expected steps like 10,11,12 or 10-14"),
     ("model.n_embd=65", "not a multiple of model.n_head"),
     ("max_steps", "expected key=value"),
+    ("fault.step_sleep=-0.1", "fault.step_sleep=-0.1: must not be negative"),
 ])
 def test_bad_overrides_name_the_problem(override, expected):
     with pytest.raises(UserError, match=None) as err:
