@@ -25,6 +25,29 @@ def _text(path):
     return path.read_text() if path.exists() else ""
 
 
+def _records(run_dir) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _asleep(victim, log0, proc, launches: int) -> tuple[float, str]:
+    """node1 asleep for ASLEEP_S (every process of its namespace stopped), and woken even when a wait fails: when it
+    fell asleep, and node0's log since its launch without it (launch number ``launches``)."""
+    asleep = time.time()
+    victim.freeze(True)
+    try:
+        wait_for(lambda: _text(log0).count("# hrmctl launch") >= launches or proc.poll() is not None, 90,
+                 "node0 to start again without the sleeping node1", every=0.5)
+        time.sleep(max(0.0, asleep + ASLEEP_S - time.time()))
+        return asleep, _text(log0).split("# hrmctl launch")[-1]
+    finally:
+        victim.freeze(False)
+
+
+def _nothing_left(nodes, run_id: str) -> None:
+    for node in nodes:
+        wait_for(lambda: job_pids(node, run_id) == [], 40, f"the run's processes on {node.name} to be gone")
+
+
 def test_a_node_cut_off_leaves_the_run_and_rejoins_it(lab3, tmp_path):
     victim = lab3.nodes[1]
     run_dir = lab3.node("node0").home / "hrmctl" / "runs" / "el1"
@@ -54,19 +77,12 @@ def test_a_node_cut_off_leaves_the_run_and_rejoins_it(lab3, tmp_path):
                  240, "node1 back in the run", every=0.5)
         assert proc.poll() is None, proc.communicate()
 
-    asleep = 0.0
     try:  # back: then every process of node1's user killed; back again: then the whole node asleep for ASLEEP_S
         back(2)
         sh(["pkill", "-KILL", "-u", victim.user])
         back(4)
-        asleep = time.time()
-        victim.freeze(True)
-        wait_for(lambda: _text(log0).count("# hrmctl launch") >= 6 or proc.poll() is not None, 90,
-                 "node0 to start again without the sleeping node1", every=0.5)
-        time.sleep(max(0.0, asleep + ASLEEP_S - time.time()))
-        alone_asleep = _text(log0).split("# hrmctl launch")[-1]
+        asleep, alone_asleep = _asleep(victim, log0, proc, 6)
     finally:
-        victim.freeze(False)
         out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, (out + err)[-4000:]
     assert "node1 stopped answering" in out + err and "node1 left at " in out + err, (out + err)[-4000:]
@@ -99,15 +115,12 @@ def test_a_node_cut_off_leaves_the_run_and_rejoins_it(lab3, tmp_path):
     # node1 started again at each join, and the last launch was a world of both nodes again
     assert text1.count("# hrmctl launch, attempt") == 4, text1[-2000:]
     assert "HRMCTL_WORLD_SIZE=2 " in starts[-1].split("# command: ")[1].splitlines()[0]
-    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert steps[-1] == STEPS
-    for node in lab3.nodes[:2]:
-        wait_for(lambda: job_pids(node, "el1") == [], 40, f"the run's processes on {node.name} to be gone")
+    assert _records(run_dir)[-1]["step"] == STEPS
+    _nothing_left(lab3.nodes[:2], "el1")
 
 
 def _final_val_loss(run_dir) -> float:
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [r["val_loss"] for r in records if "val_loss" in r][-1]
+    return [r["val_loss"] for r in _records(run_dir) if "val_loss" in r][-1]
 
 
 def test_diloco_goes_on_while_a_node_sleeps_and_ends_as_an_uninterrupted_run(lab3, tmp_path):
@@ -132,14 +145,8 @@ def test_diloco_goes_on_while_a_node_sleeps_and_ends_as_an_uninterrupted_run(lab
         wait_for(lambda: f"saved runs/dl-sleep/checkpoint-{every}" in _text(log0) or proc.poll() is not None, 240,
                  "the first checkpoint", every=0.5)
         assert proc.poll() is None, proc.communicate()
-        asleep = time.time()
-        victim.freeze(True)
-        wait_for(lambda: _text(log0).count("# hrmctl launch") >= 2 or proc.poll() is not None, 90,
-                 "node0 to start again without the sleeping node1", every=0.5)
-        time.sleep(max(0.0, asleep + ASLEEP_S - time.time()))
-        alone = _text(log0).split("# hrmctl launch")[-1]
+        asleep, alone = _asleep(victim, log0, proc, 2)
     finally:
-        victim.freeze(False)
         out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, (out + err)[-4000:]
     assert "training.elastic.min_nodes=1 (the default under training.sync=diloco)" in out + err, (out + err)[-3000:]
@@ -147,14 +154,12 @@ def test_diloco_goes_on_while_a_node_sleeps_and_ends_as_an_uninterrupted_run(lab
     assert [e["event"] for e in events] == ["left", "joined"], events
     assert events[0]["t"] - asleep < 30 and "it is asleep or frozen" in events[0]["why"], events
     assert re.search(r"\[rank0\]:step \d+/", alone), "node0 stepped while node1 slept: " + alone[-2000:]
-    steps_seen = [json.loads(line)["step"] for line in (home / "dl-sleep" / "metrics.jsonl").read_text().splitlines()]
-    assert steps_seen[-1] == steps
+    assert _records(home / "dl-sleep")[-1]["step"] == steps
     ref_loss, loss = _final_val_loss(home / "dl-ref"), _final_val_loss(home / "dl-sleep")
     print(f"final val_loss: uninterrupted {ref_loss:.4f}, node1 asleep {ASLEEP_S}s {loss:.4f} "
           f"({(loss / ref_loss - 1) * 100:+.2f}%)")
     assert abs(loss / ref_loss - 1) <= 0.03, (ref_loss, loss)
-    for node in lab3.nodes[:2]:
-        wait_for(lambda: job_pids(node, "dl-sleep") == [], 40, f"the run's processes on {node.name} to be gone")
+    _nothing_left(lab3.nodes[:2], "dl-sleep")
 
 
 def test_three_nodes_go_on_as_two_and_take_the_middle_one_back(lab3, tmp_path):
@@ -184,8 +189,5 @@ def test_three_nodes_go_on_as_two_and_take_the_middle_one_back(lab3, tmp_path):
     assert heads == [("", "2"), ("node1 left", "1"), ("node1 joined", "2")], heads
     launches = _text(logs["node0"]).split("# command: ")[1:]
     assert [int(re.search(r"HRMCTL_WORLD_SIZE=(\d)", c).group(1)) for c in launches] == [3, 2, 3]
-    steps_seen = [json.loads(line)["step"] for line in
-                  (lab3.node("node0").home / "hrmctl" / "runs" / "el3" / "metrics.jsonl").read_text().splitlines()]
-    assert steps_seen[-1] == steps
-    for node in lab3.nodes:
-        wait_for(lambda: job_pids(node, "el3") == [], 40, f"the run's processes on {node.name} to be gone")
+    assert _records(lab3.node("node0").home / "hrmctl" / "runs" / "el3")[-1]["step"] == steps
+    _nothing_left(lab3.nodes, "el3")
