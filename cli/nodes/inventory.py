@@ -14,18 +14,19 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised only on 3.10
     import tomli as tomllib
 
-import paramiko
-
 from cli.errors import InventoryError
 from cli.nodes import schema
 from cli.nodes.schema import UNSET, NodeTable, TopTable
+
+if TYPE_CHECKING:
+    import paramiko
 
 INVENTORY_NAME = "hrmctl.toml"
 LOCAL_NAMES = ("localhost", "local")
@@ -226,6 +227,8 @@ def _load_ssh_config() -> tuple[paramiko.SSHConfig | None, Path | None]:
     path = Path(os.path.expanduser("~/.ssh/config"))
     if not path.is_file():
         return None, None
+    import paramiko  # only when ~/.ssh/config exists: a Slurm or local launch does not import it
+
     try:
         return paramiko.SSHConfig.from_path(str(path)), path
     except Exception as exc:  # paramiko raises several types for bad configs

@@ -21,7 +21,8 @@ from typing import Any, Callable, Iterable, Iterator
 
 import paramiko
 
-from cli.nodes.remote import SSHSession, Session
+from cli.nodes.remote import Session
+from cli.nodes.ssh import SSHSession
 from cli.sync.plan import SyncError, Transfer
 from cli.sync.receiver import BLOCK, part_name
 from cli.sync.sftp import STATUS, WRITE_SIZE, PipelinedSFTP, SFTPError

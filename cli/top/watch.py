@@ -52,7 +52,7 @@ def agent_argv(node: Node, interval: float) -> list[str]:
 
 def _ended(pipe: Pipe) -> bool:
     """Whether a pipe whose readline gave None has ended (rather than only being quiet)."""
-    chan = getattr(pipe, "chan", None)  # cli.nodes.remote.SSHPipe
+    chan = getattr(pipe, "chan", None)  # cli.nodes.ssh.SSHPipe
     if chan is not None:
         return bool(chan.closed or chan.eof_received or chan.exit_status_ready())
     proc = getattr(pipe, "proc", None)  # cli.nodes.remote.LocalPipe
