@@ -1,4 +1,4 @@
-"""A node lost during a two-node DDP run, and back later: hrmctl's leave and rejoin (`training.elastic.min_nodes=1`,
+"""A node lost during a two-node DDP (or DiLoCo: --sync diloco) run, and back later: hrmctl's leave and rejoin (`training.elastic.min_nodes=1`,
 cli/launch/elastic.py) side by side with torchrun's own elastic mode (`--nnodes=1:2 --rdzv-backend=c10d
 --max-restarts=5`, started by hand on each node), on the same lab nodes, with the same run and the same fault, made
 right after the run's checkpoint at step 50 (FAULTS):
@@ -17,8 +17,11 @@ Both run the trainer with dist_timeout=DIST_TIMEOUT_S (60 s; the default is 300 
 within minutes: its agents learn of the loss only when a collective times out. hrmctl's does not wait for that (SSH
 heartbeats). Each line's time is when this script read it.
 
-Root only. Usage: python bench/elastic.py [--side hrmctl|torchrun] [--fault link,sleep,kill]  (both sides, every
-fault by default: about 15 minutes)
+Under DiLoCo (H=10 local steps a round, SYNC) rank 0 steps on through a fault until its round's end, where the
+all-reduce waits for node1; "steps again" is read the same way.
+
+Root only. Usage: python bench/elastic.py [--side hrmctl|torchrun] [--fault link,sleep,kill] [--sync ddp|diloco]
+(both sides, every fault, DDP by default: about 15 minutes)
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ EVERY = 50
 TRAIN = ["model=tiny", "training.max_steps=100000", "training.batch_size=8", "training.log_interval=10",
          f"training.checkpoint_interval={EVERY}", "training.eval_interval=0", "training.eval_batches=1",
          f"dist_timeout={DIST_TIMEOUT_S}"]  # the data: each node's default, ~/hrmctl/data/sudoku
+SYNC = {"ddp": [], "diloco": ["training.sync=diloco", "training.diloco.inner_steps=10"]}  # EVERY: whole rounds
 STEP = re.compile(r"step (\d+)/")
 RESUMED = re.compile(r"resuming from \S+ \(step (\d+)\)|no checkpoint found: starting fresh")
 
@@ -138,12 +142,12 @@ def wait_until(cond, timeout: float, what: str) -> None:
         time.sleep(0.3)
 
 
-def hrmctl_side(lab: Lab, work: Path, kind: str) -> dict:
+def hrmctl_side(lab: Lab, work: Path, kind: str, sync: list[str]) -> dict:
     env = dict(os.environ, HRMCTL_INVENTORY=str(lab.inventory))
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-    run = f"el-{kind}"
+    run = f"el-{kind}" + ("-diloco" if sync else "")
     proc = subprocess.Popen([sys.executable, "-m", "cli", "train", "--nodes", "node0,node1", "--run-id", run,
-                             *TRAIN, "training.elastic.min_nodes=1"], cwd=work, env=env, stdout=subprocess.PIPE,
+                             *TRAIN, *sync, "training.elastic.min_nodes=1"], cwd=work, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     lines = Lines(proc.stdout)
     lines.start()
@@ -156,7 +160,7 @@ def hrmctl_side(lab: Lab, work: Path, kind: str) -> dict:
         proc.wait(timeout=120)
 
 
-def torchrun_side(lab: Lab, kind: str) -> dict:
+def torchrun_side(lab: Lab, kind: str, sync: list[str]) -> dict:
     ip0 = lab.nodes[0].ip
     procs, readers = [], []
     for i, node in enumerate(lab.nodes):  # is_host: the store on node0 (the lab's nodes share one hostname)
@@ -164,7 +168,8 @@ def torchrun_side(lab: Lab, kind: str) -> dict:
                f"HRMCTL_BACKEND=gloo {lab.python} -m torch.distributed.run --nnodes=1:2 --nproc-per-node=1 "
                f"--rdzv-backend=c10d --rdzv-endpoint={ip0}:29500 --rdzv-conf=is_host={int(i == 0)} --local-addr={node.ip} "
                f"--rdzv-id=bench --max-restarts=5 "
-               f"--monitor-interval=1 -m auralm.training.train {shlex.join(TRAIN)} data_dir=data/sudoku out_dir=runs/tre-{kind} "
+               f"--monitor-interval=1 -m auralm.training.train {shlex.join(TRAIN + sync)} data_dir=data/sudoku "
+               f"out_dir=runs/tre-{kind}{'-diloco' if sync else ''} "
                "resume=latest")
         p = subprocess.Popen(["ip", "netns", "exec", node.ns, "runuser", "-u", node.user, "--", "sh", "-c", cmd],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -175,7 +180,8 @@ def torchrun_side(lab: Lab, kind: str) -> dict:
     try:
         # only rank 0 logs: its lines come from whichever node holds it
         return fault_and_back(lab, lambda: sorted(list(readers[0].lines) + list(readers[1].lines)),
-                              lambda: any((n.home / "hrmctl" / "runs" / f"tre-{kind}" / f"checkpoint-{EVERY}").is_dir()
+                              lambda: any((n.home / "hrmctl" / "runs" / f"tre-{kind}{'-diloco' if sync else ''}" /
+                                           f"checkpoint-{EVERY}").is_dir()
                                           for n in lab.nodes), kind)  # rank 0 is where the rendezvous put it
     except SystemExit:
         for node, r in zip(lab.nodes, readers):
@@ -194,6 +200,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--side", choices=("hrmctl", "torchrun"), help="one side only (default: both)")
     ap.add_argument("--fault", default=",".join(FAULTS), help="comma-separated, of: " + ", ".join(FAULTS))
+    ap.add_argument("--sync", choices=tuple(SYNC), default="ddp", help="the run's training.sync (default: ddp)")
     args = ap.parse_args()
     kinds = [k.strip() for k in args.fault.split(",")]
     if any(k not in FAULTS for k in kinds):
@@ -203,12 +210,14 @@ def main() -> int:
         made = Path(tmp) / "sudoku"
         prepare_sudoku(made, **dict(SUDOKU_DEFAULTS, test=200))
         lab.give_data(made, "sudoku")
-        print(f"faults made on node1 after the checkpoint at step {EVERY}; dist_timeout={DIST_TIMEOUT_S}", flush=True)
+        print(f"training.sync={args.sync}; faults made on node1 after the checkpoint at step {EVERY}; "
+              f"dist_timeout={DIST_TIMEOUT_S}", flush=True)
         for kind in kinds:
             for name, side in (("hrmctl", hrmctl_side), ("torchrun elastic", torchrun_side)):
                 if args.side and not name.startswith(args.side):
                     continue
-                r = side(lab, Path(tmp), kind) if name == "hrmctl" else side(lab, kind)
+                sync = SYNC[args.sync]
+                r = side(lab, Path(tmp), kind, sync) if name == "hrmctl" else side(lab, kind, sync)
                 back = "at once" if kind == "kill" else f"after {FAULTS[kind]} s"
                 head = f"{kind:5s} {name:17s} fault -> rank 0 steps again {fmt(r['survivors_step_s'])}"
                 if r["survivors_step_s"] is not None and not r["restarted"]:
