@@ -15,6 +15,10 @@ K steps. The shared weights, the outer momentum and the next pseudo-gradient are
 except that those K steps started from the older weights. Evaluations and checkpoints finish the
 round first, so a resumed run continues exactly.
 
+With ranks that may leave (auralm.training.members: several nodes, training.elastic.min_nodes below their count),
+a round whose all-reduce waits for a rank that went silent is sent again among the ranks present, and the outer
+step averages over them, weighted by the rows each saw; the others are not restarted.
+
 The NaN guard costs no collective of its own here: a rank skips a local step whose loss or
 gradients are not finite, and the counts of such steps travel with the round's small vector of
 flags; a pseudo-gradient that is not finite on any rank discards the round on every rank (all go
@@ -106,6 +110,8 @@ class _InFlight:
     flags: torch.Tensor
     at_start: list[torch.Tensor] | None  # the rank's weights when it sent them, when it steps on meanwhile
     end: int
+    sent: tuple[torch.Tensor, torch.Tensor] | None = None  # what was sent, to send again if a rank leaves
+    epoch: int = 0  # the membership it was sent in
 
 
 class DiLoCo:
@@ -129,16 +135,36 @@ class DiLoCo:
         d = self.d
         delta = torch.cat([(s - p).reshape(-1) for s, p in zip(self.shared, self.params)])
         finite = bool(torch.isfinite(delta).all())
-        flags = torch.zeros(2 * d.world + 2, dtype=torch.float64)
+        flags = torch.zeros(2 * d.world + 3, dtype=torch.float64)
         flags[d.rank] = bad_steps
         flags[d.world + d.rank] = 0.0 if finite else 1.0
+        flags[-3] = self.weight  # the weights of the ranks present: 1 until one leaves
         if losses:
             flags[-2], flags[-1] = self.weight * loss_sum / losses, self.weight
         payload = (delta * self.weight if finite else torch.zeros_like(delta)).to(self.wire)
-        works = [dist.all_reduce(payload, group=d.group_for(payload), async_op=True),
-                 dist.all_reduce(flags, async_op=True)] if d.world > 1 else []
-        self.in_flight = _InFlight(works, payload, delta.dtype, flags,
-                                   [p.detach().clone() for p in self.params] if carry else None, end)
+        m = d.members
+        sent = (payload.clone(), flags.clone()) if m is not None else None
+        self.in_flight = _InFlight(self._send(payload, flags), payload, delta.dtype, flags,
+                                   [p.detach().clone() for p in self.params] if carry else None, end, sent,
+                                   m.epoch if m is not None else 0)
+
+    def _send(self, payload: torch.Tensor, flags: torch.Tensor) -> list:
+        d = self.d
+        if d.world == 1:
+            return []
+        return [dist.all_reduce(payload, group=d.group_for(payload), async_op=True),
+                dist.all_reduce(flags, group=d.objects_group, async_op=True)]
+
+    def _wait(self, sent: _InFlight) -> None:
+        """The round's all-reduces; sent again among the ranks present whenever one leaves meanwhile."""
+        m = self.d.members
+        if m is None:
+            for w in sent.works:
+                w.wait()
+            return
+        while not m.wait(sent.works, sent.epoch):
+            sent.payload, sent.flags = sent.sent[0].clone(), sent.sent[1].clone()
+            sent.works, sent.epoch = self._send(sent.payload, sent.flags), m.epoch
 
     @torch.no_grad()
     def finish(self) -> Round:
@@ -146,8 +172,7 @@ class DiLoCo:
         (plus, when it carries them, the local steps it took since ``start``)."""
         d, sent = self.d, self.in_flight
         self.in_flight = None
-        for w in sent.works:
-            w.wait()
+        self._wait(sent)
         flags = sent.flags
         counts = [int(v) for v in flags[:d.world].tolist()]
         broken = [r for r in range(d.world) if flags[d.world + r] > 0]
@@ -159,6 +184,8 @@ class DiLoCo:
             for p, began in zip(self.params, sent.at_start):
                 p.sub_(began)
         averaged = sent.payload.to(sent.dtype)
+        if d.members is not None and d.members.changed:  # over the ranks present: their weights no longer sum to 1
+            averaged /= float(flags[-3])
         offset = 0
         for s in self.shared:
             s.grad = averaged[offset: offset + s.numel()].view_as(s)

@@ -10,11 +10,13 @@ The EMA follows the rounds. Imports torch, auralm.parallel's single, diloco, str
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
 from auralm.data import datadir
 from auralm.training import distributed
+from auralm.training.members import Members
 from auralm.parallel.diloco import DiLoCo, choose_outer_step, few_rounds_note
 from auralm.parallel.single import Single
 from auralm.parallel.strategy import Parts
@@ -41,6 +43,11 @@ class DiLoCoRounds(Single):
         if "inner_optimizer" in extras:
             parts.optimizer.load_state_dict(extras["inner_optimizer"])
         self.own_metrics = distributed.Dist(device=self.d.device)  # the metrics are this rank's: no collective in a round
+        nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1"))  # torchrun's node count
+        if self.d.world > 1 and nodes > 1 and (t.elastic.min_nodes or 1) < nodes:  # a node may leave: the others go on
+            self.d.members = Members(self.d.rank, self.d.world)
+            if self.d.group is not None:
+                self.d.members.nccl_group = self.d.group
 
     def say_start(self, log, step: int) -> None:
         t = self.t
@@ -48,6 +55,9 @@ class DiLoCoRounds(Single):
                 f"all-reduced as {t.diloco.comm_dtype}, {self.outer_step}" +
                 (f"; each round's all-reduce overlaps the next round's first {t.diloco.overlap_steps} local "
                  f"steps" if t.diloco.overlap_steps else ""))
+        if self.d.members is not None:
+            log.say(f"diloco: a rank silent for {self.d.members.lost_s:g}s leaves the run at its round's all-reduce; "
+                    f"the others go on without it, not restarted (training.elastic.min_nodes)")
         note = few_rounds_note(t.diloco, t.max_steps)
         if note:
             log.event(step, "diloco_few_rounds", note, rounds=t.max_steps // t.diloco.inner_steps)

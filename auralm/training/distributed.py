@@ -33,9 +33,24 @@ class Dist:
     group: object = None  # the group for device tensors (DDP, broadcasts, the NaN flag); None: the default (gloo)
     requested: str = "auto"
     why: str = ""  # why this backend, for the log
+    members: object = None  # auralm.training.members.Members, when ranks may leave without the others restarting
 
     def group_for(self, t: torch.Tensor):
+        """The group a collective of ``t`` goes over: of the ranks present (the world until one left)."""
+        m = self.members
+        if m is not None and m.changed:
+            return m.nccl_group if t.is_cuda and self.group is not None else m.group
         return self.group if t.is_cuda else None
+
+    @property
+    def objects_group(self):
+        """The group for object collectives and CPU flags (gloo): of the ranks present; None, the world."""
+        return self.members.group if self.members is not None and self.members.changed else None
+
+    @property
+    def present_count(self) -> int:
+        """How many ranks are in the run now (the world until one left)."""
+        return len(self.members.present) if self.members is not None else self.world
 
     @property
     def reason(self) -> str:
@@ -133,16 +148,20 @@ def exit_process(code: int) -> None:
 
 
 def teardown(d: Dist) -> None:
+    if d.members is not None:
+        d.members.close()
+        if d.members.changed:  # the world's group may still wait for a rank that left: it is not destroyed (its
+            return  # threads would wait out the timeout); the process ends with exit_process
     if dist.is_initialized():
         dist.destroy_process_group()
 
 
 def gather_object(d: Dist, obj) -> list:
-    """Every rank's ``obj``, in rank order, on every rank (over gloo)."""
+    """Every present rank's ``obj``, in rank order, on every rank (over gloo)."""
     if d.world == 1:
         return [obj]
-    out = [None] * d.world
-    dist.all_gather_object(out, obj)
+    out = [None] * d.present_count
+    dist.all_gather_object(out, obj, group=d.objects_group)
     return out
 
 
@@ -151,7 +170,7 @@ def broadcast_object(d: Dist, obj):
     if d.world == 1:
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=0, group=d.objects_group)
     return box[0]
 
 
@@ -211,5 +230,5 @@ def scatter_object(d: Dist, objs: list | None):
     if d.world == 1:
         return objs[0]
     box = [None]
-    dist.scatter_object_list(box, objs, src=0)
+    dist.scatter_object_list(box, objs, src=0, group=d.objects_group)
     return box[0]

@@ -1,0 +1,136 @@
+"""Who is still in a run whose ranks may leave it without the others restarting (training.sync=diloco on several
+nodes with training.elastic.min_nodes below their count: a node asleep, cut off or killed), and the group of those
+present.
+
+Every rank beats: a thread adds 1 to the rank's counter in the run's store (torchrun's TCPStore, on the master)
+every BEAT_S, over a connection of its own. A rank that waits for a collective (DiLoCo's round, the stop flag)
+waits in ``wait(works, epoch)``: while the works are not done it reads the other present ranks' counters, and one
+that has not moved for LOST_S (its rank frozen, its link cut, its process gone) is a leave. The first rank to see
+it writes the next membership into the store (compare_set: every rank then reads the same one), every present
+rank makes a new process group of it (``dist.new_group(..., use_local_synchronization=True)``: the ranks that
+left take no part), and ``wait`` returns False: the caller sends its collective again on the new group. The
+master's ranks never leave (the store and the checkpoints are there); the launcher (cli/launch/elastic.py) starts
+a node that left again when it answers, and the whole run then resumes together.
+
+Imports torch only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from datetime import timedelta
+
+import torch.distributed as dist
+
+BEAT_S = 2.0
+LOST_S = 15.0  # silent this long: left (the launcher's SSH keep-alive names it within about the same time)
+FAILED_WAIT_S = 3 * LOST_S  # a collective that failed (a peer's connection reset) waits this long for a silence
+LEFT_OUT_EXIT = 75  # this rank was counted out while it was away (asleep): it ends, and the launcher starts it again
+PREFIX = "hrmctl/members/"
+
+
+def _client(timeout_s: float) -> "dist.TCPStore":
+    """A connection of our own to the run's store (torchrun's, at MASTER_ADDR:MASTER_PORT)."""
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                         timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+
+
+class Members:
+    def __init__(self, rank: int, world: int, store=None, beat_store=None, lost_s: float = LOST_S):
+        self.rank, self.world, self.lost_s = rank, world, lost_s
+        self.present = list(range(world))
+        self.epoch = 0  # how many times the membership changed
+        self.group = None  # the gloo group of the ranks present (None: the world)
+        self.nccl_group = None  # and the NCCL one, when the run's device collectives use NCCL
+        self.store = store if store is not None else _client(30)
+        self._seen: dict[int, tuple[int, float]] = {}  # rank -> (its count, when this rank saw it change)
+        self._halt = threading.Event()
+        self._beat_store = beat_store if beat_store is not None else _client(10)
+        self._thread = threading.Thread(target=self._beats, name="hrmctl-beat", daemon=True)
+        self._thread.start()
+
+    @property
+    def changed(self) -> bool:
+        return self.epoch > 0
+
+    def _beats(self) -> None:
+        key = f"{PREFIX}beat/{self.rank}"
+        while True:
+            try:
+                self._beat_store.add(key, 1)
+            except Exception:  # the store out of reach (this node cut off): beat again when it is back
+                pass
+            if self._halt.wait(BEAT_S):
+                return
+
+    def silent(self) -> list[int]:
+        """The present ranks (not this one) whose counter has not moved for ``lost_s``."""
+        now, gone = time.monotonic(), []
+        for r in self.present:
+            if r == self.rank:
+                continue
+            count = self.store.add(f"{PREFIX}beat/{r}", 0)
+            last = self._seen.get(r)
+            if last is None or last[0] != count:
+                self._seen[r] = (count, now)
+            elif now - last[1] > self.lost_s:
+                gone.append(r)
+        return gone
+
+    def _written(self) -> list[int] | None:
+        key = f"{PREFIX}epoch/{self.epoch + 1}"
+        return json.loads(self.store.get(key)) if self.store.check([key]) else None
+
+    def _propose(self, present: list[int]) -> list[int]:
+        """The next membership: ours, unless another rank wrote one first (then theirs, for every rank alike)."""
+        key = f"{PREFIX}epoch/{self.epoch + 1}"
+        return json.loads(self.store.compare_set(key, "", json.dumps(present)))
+
+    def wait(self, works: list, epoch: int) -> bool:
+        """Wait for ``works`` (sent when the membership was ``epoch``): True when they are done; False when the
+        membership changed meanwhile (a rank left: the group is made again here), and they must be sent again on
+        ``self.group``."""
+        failed_at = None
+        while True:
+            if epoch != self.epoch:
+                return False
+            if failed_at is None and all(w.is_completed() for w in works):
+                try:
+                    for w in works:
+                        w.wait()
+                    return True
+                except Exception as exc:  # a peer's connection reset: a leave once its rank falls silent
+                    failed_at, error = time.monotonic(), exc
+            written = self._written()
+            if written is None:
+                gone = self.silent()
+                if gone:
+                    written = self._propose([r for r in self.present if r not in gone])
+            if written is not None:
+                self._regroup(written)
+                return False
+            if failed_at is not None and time.monotonic() - failed_at > FAILED_WAIT_S:
+                raise error
+            time.sleep(0.05)
+
+    def _regroup(self, present: list[int]) -> None:
+        gone = [r for r in self.present if r not in present]
+        if self.rank not in present:
+            print(f"rank {self.rank}: counted out of the run while it did not answer (ranks present: {present}); "
+                  f"ending: hrmctl starts it again and it rejoins", file=sys.stderr, flush=True)
+            from auralm.training.distributed import exit_process
+            exit_process(LEFT_OUT_EXIT)
+        self.present, self.epoch = sorted(present), self.epoch + 1
+        self.group = dist.new_group(ranks=self.present, backend="gloo", use_local_synchronization=True)
+        if self.nccl_group is not None:
+            self.nccl_group = dist.new_group(ranks=self.present, backend="nccl", use_local_synchronization=True)
+        if self.rank == self.present[0]:
+            print(f"rank(s) {', '.join(map(str, gone))} left the run (silent for {self.lost_s:g}s); the round goes on "
+                  f"with ranks {', '.join(map(str, self.present))}, not restarted", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        self._halt.set()
