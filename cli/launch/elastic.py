@@ -17,7 +17,10 @@ rendezvous):
     stale copy of its own.
 
 Work lost: the steps since the last checkpoint, on a leave (at most training.checkpoint_interval); none on a join.
-Under DiLoCo the survivors are restarted too (not yet: going on within the round among those present).
+Under DiLoCo (``in_place``) the others are not restarted: their ranks find the silent one at the round's all-reduce
+and finish the round without it (auralm/training/members.py); the launcher only notes the leave, keeps watching the
+others, and takes the node back as above. Work lost there: the lost node's round. torchrun's agents then wait at
+most EXIT_BARRIER_S at their end for one another (cli/launch/node_torchrun.py), since a node that left never comes.
 Default K: 1 under training.sync=diloco, every node otherwise (a lost node stops the run, as before).
 
 Imports cli.nodes and auralm.training.config (no torch).
@@ -35,18 +38,31 @@ from cli.nodes.remote import connect
 
 REJOIN_POLL_S = 3.0
 JOIN_CODE = 254  # run_once's result when a lost node is back: not a failure, the run re-forms with it
+EXIT_BARRIER_S = 30.0
 
 
-def min_nodes(args: list[str], count: int) -> int:
-    """training.elastic.min_nodes as the trainer reads it (0: 1 under DiLoCo, else every node)."""
+def _training(args: list[str]):
     from auralm.errors import UserError
     from auralm.training import config
 
     try:
-        t = config.parse([a for a in args if not a.startswith("-")]).training
+        return config.parse([a for a in args if not a.startswith("-")]).training
     except UserError:
-        return count  # the trainer's own check says what is wrong with the overrides
+        return None  # the trainer's own check says what is wrong with the overrides
+
+
+def min_nodes(args: list[str], count: int) -> int:
+    """training.elastic.min_nodes as the trainer reads it (0: 1 under DiLoCo, else every node)."""
+    t = _training(args)
+    if t is None:
+        return count
     return min(count, t.elastic.min_nodes or (1 if t.sync == "diloco" else count))
+
+
+def in_place(args: list[str], count: int) -> bool:
+    """Whether a node may leave a trainer run of ``count`` nodes without the others restarting (DiLoCo)."""
+    t = _training(args)
+    return count > 1 and t is not None and t.sync == "diloco" and min_nodes(args, count) < count
 
 
 def _clock(t: float) -> str:
@@ -84,6 +100,8 @@ class Members:
     clear: Callable  # clear(session, tag): stop what is left of the job with that tag on the node; whether it did
     accept_new_host_keys: bool = False
     chosen: str = ""  # how min_nodes was chosen when the overrides do not set it ("the default under DiLoCo")
+    in_place: bool = False  # the ranks go on without a node that leaves, not restarted (DiLoCo)
+    on_change: Callable = lambda: None  # a leave in place noted (for the run's status)
     present: list[str] = field(default_factory=list)
     events: list[dict] = field(default_factory=list)
     watchers: dict[str, _Watcher] = field(default_factory=dict)
@@ -101,7 +119,7 @@ class Members:
             return None
         given = any(a.partition("=")[0].lstrip("+") == "training.elastic.min_nodes" for a in opts.args)
         return cls(nodes, k, {p.node.name: p.env["HRMCTL_JOB"] for p in prep.plans}, clear, opts.accept_new_host_keys,
-                   "" if given else " (the default under training.sync=diloco)")
+                   "" if given else " (the default under training.sync=diloco)", in_place(opts.args, len(nodes)))
 
     def said(self) -> str:
         """The run's rule, for the log's first lines."""
@@ -114,12 +132,23 @@ class Members:
     def now(self) -> list[Node]:
         return [n for n in self.nodes if n.name in self.present]
 
+    def leaves_in_place(self, name: str, lost: bool, why: str, log) -> bool:
+        """Whether node ``name``, ``lost`` (no answer) or its processes killed, leaves while the others' ranks go on
+        without it; if so it is noted as left (and taken back when it answers)."""
+        if not (self.in_place and lost and self.can_go_on_without(name)):
+            return False
+        self.leave(name, why, log)
+        self.on_change()
+        return True
+
     def leave(self, name: str, why: str, log) -> None:
         t = time.time()
         self.present.remove(name)
         self.events.append({"t": round(t, 3), "node": name, "event": "left", "why": why})
-        log.note(f"{name} left at {_clock(t)} ({why}); going on with {', '.join(self.present)} from the last "
-                 f"checkpoint (training.elastic.min_nodes={self.min_nodes}); {name} rejoins once it answers")
+        how = ("without a restart: their ranks finish the round among themselves" if self.in_place else
+               "from the last checkpoint")
+        log.note(f"{name} left at {_clock(t)} ({why}); going on with {', '.join(self.present)} {how} "
+                 f"(training.elastic.min_nodes={self.min_nodes}); {name} rejoins once it answers")
         w = self.watchers[name] = _Watcher(next(n for n in self.nodes if n.name == name), self.tags[name],
                                            self.clear, self.accept_new_host_keys)
         w.start()

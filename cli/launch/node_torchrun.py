@@ -11,6 +11,10 @@ FACTS_DIFFER before anything else starts, and the launcher plans again from the 
 
     python -m cli.launch.node_torchrun --expect '{"gpus": 0, "nccl": false, "libuv_ok": true}' -- <torchrun args>
 
+With ``--exit-barrier S`` (a run that nodes may leave without the others restarting: DiLoCo under
+training.elastic) torchrun's agent waits at most S seconds at its end for the other nodes' agents (torchrun waits
+300 and has no option for it): a node that left the run never arrives. ``--expect`` is then optional.
+
 Standard library and torch only (the node has the project in its workdir, not hrmctl's
 dependencies).
 """
@@ -40,26 +44,67 @@ def found_facts() -> dict:
             "libuv_ok": tf["libuv_ok"] is not False, "error": tf["error"]}
 
 
+def options(argv: list[str]) -> tuple[dict, list[str]] | None:
+    """({"--expect": JSON text, "--exit-barrier": seconds text}, torchrun's args), or None when malformed."""
+    if "--" not in argv:
+        return None
+    own, rest = argv[:argv.index("--")], argv[argv.index("--") + 1:]
+    if len(own) % 2 or any(k not in ("--expect", "--exit-barrier") for k in own[::2]) or not own:
+        return None
+    return dict(zip(own[::2], own[1::2])), rest
+
+
+def shorter_exit_barrier(seconds: float) -> None:
+    """torchrun's agent waits ``seconds`` for the other agents at its end, and says so in one line if one never
+    came (its own message has a traceback)."""
+    import logging
+
+    from torch.distributed.elastic.agent.server import api, local_elastic_agent
+
+    init = local_elastic_agent.LocalElasticAgent.__init__
+
+    def patched(self, *args, **kwargs):
+        init(self, *args, **dict(kwargs, exit_barrier_timeout=seconds))
+
+    local_elastic_agent.LocalElasticAgent.__init__ = patched
+
+    class OneLine(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            if str(record.msg).startswith("Error waiting on exit barrier"):
+                record.msg, record.args, record.exc_info = (
+                    "hrmctl: not every node's torchrun came to the end within %ss (a node that left the run): "
+                    "ending", (f"{seconds:g}",), None)
+            return True
+
+    logging.getLogger(api.__name__).addFilter(OneLine())
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) < 3 or argv[0] != "--expect" or argv[2] != "--":
-        print("usage: python -m cli.launch.node_torchrun --expect JSON -- <torchrun args>", file=sys.stderr)
+    parsed = options(argv)
+    if parsed is None:
+        print("usage: python -m cli.launch.node_torchrun [--expect JSON] [--exit-barrier S] -- <torchrun args>",
+              file=sys.stderr)
         return 2
-    expect = json.loads(argv[1])
-    found = found_facts()
-    print(FACTS_TAG + json.dumps(found), flush=True)
-    if found["error"]:
-        print(f"error: torch does not import here: {found['error']}", file=sys.stderr, flush=True)
-        return 1
-    differ = [f"{k} {expect.get(k)} -> {found[k]}" for k in PLANNED if expect.get(k) != found[k]]
-    if differ:
-        print(f"this node's torch differs from the launch plan's guess ({', '.join(differ)}); "
-              "hrmctl plans again with what it found", flush=True)
-        return FACTS_DIFFER
+    own, rest = parsed
+    if "--expect" in own:
+        expect = json.loads(own["--expect"])
+        found = found_facts()
+        print(FACTS_TAG + json.dumps(found), flush=True)
+        if found["error"]:
+            print(f"error: torch does not import here: {found['error']}", file=sys.stderr, flush=True)
+            return 1
+        differ = [f"{k} {expect.get(k)} -> {found[k]}" for k in PLANNED if expect.get(k) != found[k]]
+        if differ:
+            print(f"this node's torch differs from the launch plan's guess ({', '.join(differ)}); "
+                  "hrmctl plans again with what it found", flush=True)
+            return FACTS_DIFFER
+    if "--exit-barrier" in own:
+        shorter_exit_barrier(float(own["--exit-barrier"]))
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.run import main as torchrun
 
     try:
-        torchrun(argv[3:])
+        torchrun(rest)
     except SignalException as exc:  # stopped by a signal (the launcher's stop): torchrun stopped its workers
         print(f"torchrun stopped by {exc.sigval.name}", file=sys.stderr, flush=True)
         return 128 + int(exc.sigval)

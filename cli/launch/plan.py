@@ -122,9 +122,11 @@ def choose_backend(requested: str, facts: dict[str, NodeFacts]) -> tuple[str, st
 def build_plan(nodes: list[Node], facts: dict[str, NodeFacts], *, master_addr: str, master_port: int,
                backend: str, entry: list[str] | dict[str, list[str]], run_id: str,
                user_env: dict[str, str] | None = None, nproc: int | None = None,
-               node_env: dict[str, dict[str, str]] | None = None) -> list[NodeLaunch]:
+               node_env: dict[str, dict[str, str]] | None = None, exit_barrier: float | None = None) -> list[NodeLaunch]:
     """One NodeLaunch per node, master (node rank 0) first. `entry` is the module and its args (the same on
-    every node, or by node name); `node_env` adds variables per node (the user's --env still wins)."""
+    every node, or by node name); `node_env` adds variables per node (the user's --env still wins).
+    `exit_barrier`: seconds torchrun's agent waits for the others at its end (cli/launch/node_torchrun.py), for a
+    run that a node may leave without the others restarting."""
     counts = [nproc_for(n, facts[n.name], nproc) for n in nodes]
     world = sum(counts)
     plans = []
@@ -158,7 +160,7 @@ def build_plan(nodes: list[Node], facts: dict[str, NodeFacts], *, master_addr: s
         node_entry = entry[node.name] if isinstance(entry, dict) else entry
         if f.guessed:
             notes.append("first launch here: torch's answers guessed, confirmed on the node before torchrun starts")
-        argv = [node.python, *(_checked(f) if f.guessed else TORCHRUN),
+        argv = [node.python, *_torchrun(f, exit_barrier),
                 f"--nnodes={len(nodes)}", f"--node-rank={rank}", f"--nproc-per-node={count}",
                 "--rdzv-backend=static", f"--rdzv-id={run_id}",
                 f"--master-addr={master_addr}", f"--master-port={master_port}",
@@ -170,7 +172,12 @@ def build_plan(nodes: list[Node], facts: dict[str, NodeFacts], *, master_addr: s
     return plans
 
 
-def _checked(f: NodeFacts) -> list[str]:
-    expect = json.dumps({"gpus": f.gpus, "nccl": f.nccl, "libuv_ok": f.libuv_ok}, separators=(",", ":"))
-    return [*CHECKED_TORCHRUN, "--expect", expect, "--"]
+def _torchrun(f: NodeFacts, exit_barrier: float | None) -> list[str]:
+    """torchrun itself, or through cli.launch.node_torchrun: to confirm guessed facts, to shorten its exit barrier."""
+    own = []
+    if f.guessed:
+        own += ["--expect", json.dumps({"gpus": f.gpus, "nccl": f.nccl, "libuv_ok": f.libuv_ok}, separators=(",", ":"))]
+    if exit_barrier is not None:
+        own += ["--exit-barrier", f"{exit_barrier:g}"]
+    return [*CHECKED_TORCHRUN, *own, "--"] if own else TORCHRUN
 

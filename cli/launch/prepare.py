@@ -25,6 +25,7 @@ from netcheck import MasterAddressError, check_master_port, master_address
 from cli.errors import HrmctlError, InventoryError
 from cli.nodes.inventory import Node
 from cli.launch import memory
+from cli.launch.elastic import EXIT_BARRIER_S, in_place
 from cli.launch.facts import CACHE_DIR, gather, load_cache, remember, save_cache
 from cli.launch.options import TRAINER, LaunchOptions
 from cli.launch.plan import LaunchPlan, NodeFacts, build_plan, choose_backend, nproc_for
@@ -187,8 +188,10 @@ def prepare(opts: LaunchOptions, reported: dict[str, dict] | None = None) -> Lau
                 args.append(f"data_dir={dirs.data[node.name]}")
                 node_env[node.name] = {DEFAULT_DATA_ENV: dirs.data[node.name]}
             entry[node.name] = ["-m", opts.module, *args, *extra]
+        leaves = trainer and in_place(opts.args, len(nodes))  # a node may leave, the others not restarted: DiLoCo
         plans = build_plan(nodes, facts, master_addr=addr, master_port=port, backend=backend, entry=entry,
-                           run_id=run_id, user_env=opts.env, nproc=opts.nproc, node_env=node_env)
+                           run_id=run_id, user_env=opts.env, nproc=opts.nproc, node_env=node_env,
+                           exit_barrier=EXIT_BARRIER_S if leaves else None)
         size = memory.check(opts, size, _data_vocab(answers, nodes[0].name), sum(nl.nproc for nl in plans),
                             memory.shares([(nl.node.name, nl.nproc) for nl in plans], facts),
                             lambda line: print(line, file=sys.stderr))

@@ -223,11 +223,12 @@ class _Heartbeat(threading.Thread):
 
 def run_once(plans: list[NodeLaunch], log: MergedLog, signals: _Signals, *, attempt: int = 1, after: str = "",
              accept_new_host_keys: bool = False, sessions: dict[str, Session] | None = None,
-             returned: Callable[[], str | None] | None = None) -> RunResult:
+             members: Members | None = None) -> RunResult:
     """Start every node's command, wait, and stop everything on the first failure or a stop asked for (see
     stop_asked). `sessions` (one per node, closed here) are the preflight's; without them, new ones are made.
-    ``returned()``: a node that left the run and answers again (cli/launch/elastic.py): the ranks save, and the
-    job stops with JOIN_CODE, to be started again with it."""
+    ``members`` (cli/launch/elastic.py): a node that left the run and answers again (``members.returned()``): the
+    ranks save, and the job stops with JOIN_CODE, to be started again with it; a node that leaves a run whose ranks
+    go on without it (``members.in_place``) is noted, and the others' jobs are left running."""
     t0 = time.monotonic()
     sessions = sessions or connect_all([p.node for p in plans], accept_new_host_keys)
     jobs: dict[str, Job] = {}
@@ -246,7 +247,7 @@ def run_once(plans: list[NodeLaunch], log: MergedLog, signals: _Signals, *, atte
             for b in beats.values():
                 b.start()
             result = _watch(plans, log, signals, jobs, beats, OomCounts(sessions, plans),
-                            lambda plan: what_was_seen(plan, accept_new_host_keys), returned)
+                            lambda plan: what_was_seen(plan, accept_new_host_keys), members)
             if result.interrupted and saves_first(signals.got, plans):  # Slurm's time limit, requeue: save first
                 save_then_wait(signals.got, plans, jobs, log, accept_new_host_keys)
             elif result.code == JOIN_CODE:  # a node is back: a checkpoint of this step, which every rank resumes
@@ -276,11 +277,21 @@ def run_once(plans: list[NodeLaunch], log: MergedLog, signals: _Signals, *, atte
 
 def _watch(plans: list[NodeLaunch], log: MergedLog, signals: _Signals, jobs: dict[str, Job],
            beats: dict[str, "_Heartbeat"], ooms: "OomCounts", seen: Callable[[NodeLaunch], str],
-           returned: Callable[[], str | None] | None = None) -> RunResult:
+           members: Members | None = None) -> RunResult:
     """Wait for every node's job: the first failure, lost node or stop asked for is the result. A lost node (no
     keep-alive reply for HEARTBEAT_TIMEOUT_S, or its job's connection broken) is named with what ``seen(plan)``
-    finds there (cli/launch/lost.py: its link down, its processes frozen or gone)."""
+    finds there (cli/launch/lost.py: its link down, its processes frozen or gone). Under ``members.in_place`` a
+    node that may leave is noted as left and the watch goes on with the others (their ranks go on without it)."""
     ended: dict[str, int] = {}
+
+    def gone(result: RunResult) -> RunResult | None:  # the result, unless the node left and the others go on
+        if members is not None and members.leaves_in_place(result.failed_node, result.code == LOST_CODE or
+                                                            result.killed, result.reason, log):
+            beats.pop(result.failed_node, None)
+            ended.setdefault(result.failed_node, LOST_CODE)
+            return None
+        return result
+
     while True:
         asked = stop_asked(signals, log)
         if asked:
@@ -292,19 +303,23 @@ def _watch(plans: list[NodeLaunch], log: MergedLog, signals: _Signals, jobs: dic
             code = jobs[name].wait(0)
             if code is not None:
                 ended[name] = code
-                if code != 0 and jobs[name].connection_lost():
-                    return _lost(plans, log, name, "its SSH connection broke", seen)
                 if code != 0:
-                    return _failure(plans, log, jobs, ended, name, ooms)
+                    result = gone(_lost(plans, log, name, "its SSH connection broke", seen)
+                                  if jobs[name].connection_lost() else _failure(plans, log, jobs, ended, name, ooms))
+                    if result is not None:
+                        return result
         if len(ended) == len(plans):
             return RunResult(0, "every node finished")
-        back = returned() if returned and log.stepped else None  # the ranks present step: they can save
+        back = members.returned() if members and log.stepped else None  # the ranks present step: they can save
         if back:
             return RunResult(JOIN_CODE, f"{back} answers again", failed_node=back)
         silent = [n for n, b in beats.items() if n not in ended and b.silent_for() > HEARTBEAT_TIMEOUT_S]
         if silent:
             name = silent[0]
-            return _lost(plans, log, name, f"no SSH keep-alive reply for {beats[name].silent_for():.0f}s", seen)
+            result = gone(_lost(plans, log, name, f"no SSH keep-alive reply for {beats[name].silent_for():.0f}s",
+                                seen))
+            if result is not None:
+                return result
         time.sleep(POLL_S)
 
 
@@ -445,11 +460,12 @@ def run(prep: LaunchPlan, console: Console, replan: Callable[[dict[str, dict]], 
             members = Members.of(prep, clear_node) if opts.module == TRAINER else None  # training.elastic
             if members:
                 log.note(members.said())
+                members.on_change = lambda: _members(run_dir, status, members)
             ranks = {p.node.name: p.nproc for p in plans}
             while True:
                 result = run_once(plans, log, signals, attempt=attempt, after=after,
                                   accept_new_host_keys=opts.accept_new_host_keys,
-                                  sessions=prep.sessions, returned=members.returned if members else None)
+                                  sessions=prep.sessions, members=members)
                 prep.sessions = None  # closed by run_once
                 reported = result.node_facts = dict(log.node_facts)
                 regrouped = _regroup(members, result, opts, ranks, replan, log, lambda: _members(run_dir, status,

@@ -123,12 +123,19 @@ def _final_val_loss(run_dir) -> float:
     return [r["val_loss"] for r in _records(run_dir) if "val_loss" in r][-1]
 
 
+def _left_event(status_path) -> dict | None:
+    doc = json.loads(status_path.read_text()) if status_path.exists() else {}
+    return next((e for e in doc.get("members", []) if e["event"] == "left"), None)
+
+
 def test_diloco_goes_on_while_a_node_sleeps_and_ends_as_an_uninterrupted_run(lab3, tmp_path):
     """training.sync=diloco, whose default lets the run go on with one node: node1 asleep for ASLEEP_S (every process
-    of its namespace stopped) right after a checkpoint; named within 30 s, node0 goes on alone, node1 rejoins when it
-    wakes, the run ends at max_steps with exit 0, nothing left; its final validation loss is near the same run's left
-    alone (equal tokens: node0 alone accumulates node1's share). Issue 36 asks within 1%; this short run (node1 away
-    for about half of its 300 steps, the loss still falling fast) measured +2.1%: the test holds it to 3%."""
+    of its namespace stopped) right after a checkpoint. It is named within 30 s; node0's rank finds it silent at the
+    round's all-reduce and finishes the round alone, not restarted (its launch goes on: no new launch, step lines
+    keep coming); node1 rejoins when it wakes (both resume from a checkpoint saved at an agreed step), and the run
+    ends at max_steps with exit 0, nothing left. Its final validation loss is near the same run's left alone. Issue
+    36 asks within 1% at equal tokens; here node0 alone sees half the tokens for the rounds node1 is away (it is
+    not given node1's share): the test holds the result to 3% and prints it."""
     steps, every = 300, 20
     args = ["model=tiny", f"training.max_steps={steps}", "training.batch_size=8", "training.log_interval=10",
             f"training.checkpoint_interval={every}", "training.eval_interval=0", "training.eval_batches=8",
@@ -142,20 +149,34 @@ def test_diloco_goes_on_while_a_node_sleeps_and_ends_as_an_uninterrupted_run(lab
 
     victim = lab3.nodes[1]
     proc = start_hrmctl(["train", "--nodes", "node0,node1", "--run-id", "dl-sleep", *args], lab3.inventory, tmp_path)
-    log0 = tmp_path / "runs" / "dl-sleep" / "node0.log"
+    log0, status = tmp_path / "runs" / "dl-sleep" / "node0.log", tmp_path / "runs" / "dl-sleep" / "status.json"
     try:
         wait_for(lambda: f"saved runs/dl-sleep/checkpoint-{every}" in _text(log0) or proc.poll() is not None, 240,
                  "the first checkpoint", every=0.5)
         assert proc.poll() is None, proc.communicate()
-        asleep, alone = _asleep(victim, log0, proc, 2)
+        asleep = time.time()
+        victim.freeze(True)
+        try:
+            wait_for(lambda: _left_event(status) or proc.poll() is not None, 60, "node1 to be named as left",
+                     every=0.5)
+            wait_for(lambda: "left the run" in _text(log0) or proc.poll() is not None, 60,
+                     "node0's rank to go on without node1", every=0.5)
+            time.sleep(max(0.0, asleep + ASLEEP_S - time.time()))
+            alone = _text(log0).split("left the run")[-1]
+        finally:
+            victim.freeze(False)
     finally:
         out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, (out + err)[-4000:]
     assert "training.elastic.min_nodes=1 (the default under training.sync=diloco)" in out + err, (out + err)[-3000:]
-    events = json.loads((tmp_path / "runs" / "dl-sleep" / "status.json").read_text())["members"]
+    events = json.loads(status.read_text())["members"]
     assert [e["event"] for e in events] == ["left", "joined"], events
     assert events[0]["t"] - asleep < 30 and "it is asleep or frozen" in events[0]["why"], events
+    assert "without a restart" in out + err, (out + err)[-3000:]
+    # node0's rank went on in the same launch while node1 slept: its steps came after the leave, before any relaunch
+    assert "# hrmctl launch" not in alone.split("[rank0]:step")[0], alone[-2000:]
     assert re.search(r"\[rank0\]:step \d+/", alone), "node0 stepped while node1 slept: " + alone[-2000:]
+    assert _text(log0).count("# hrmctl launch") == 2, "one launch, and one more when node1 came back"
     assert _records(home / "dl-sleep")[-1]["step"] == steps
     ref_loss, loss = _final_val_loss(home / "dl-ref"), _final_val_loss(home / "dl-sleep")
     print(f"final val_loss: uninterrupted {ref_loss:.4f}, node1 asleep {ASLEEP_S}s {loss:.4f} "
