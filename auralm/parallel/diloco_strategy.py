@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 
 import torch
 
@@ -48,6 +49,7 @@ class DiLoCoRounds(Single):
             self.d.members = Members(self.d.rank, self.d.world)
             if self.d.group is not None:
                 self.d.members.nccl_group = self.d.group
+        self.seen_epoch, self.base_accum = 0, t.grad_accum
 
     def say_start(self, log, step: int) -> None:
         t = self.t
@@ -74,6 +76,8 @@ class DiLoCoRounds(Single):
         """The outer step of the round in flight, with what follows it: the EMA, the guard's verdict."""
         p = self.p
         rnd = self.outer.finish()
+        if self.d.members is not None and self.d.members.epoch != self.seen_epoch:
+            self.keep_rows()
         end = rnd.end
         if p.ema and rnd.ok:
             p.ema.update()
@@ -82,6 +86,19 @@ class DiLoCoRounds(Single):
             if p.guard.after_step(end, rnd.ok and not any(rnd.bad_steps)):  # no snapshot of a round with skips
                 self.outer.restart_from_model()  # rank 0's restored weights are every rank's shared weights now
         return rnd.loss
+
+    def keep_rows(self) -> None:
+        """After ranks left: each rank present takes more micro-batches a local step (training.grad_accum x the world
+        / those present, when that divides), so that a round sees as many rows as with every rank."""
+        m, t = self.d.members, self.t
+        self.seen_epoch = m.epoch
+        here = len(m.present)
+        accum = self.base_accum * self.d.world // here if (self.base_accum * self.d.world) % here == 0 else t.grad_accum
+        if accum != t.grad_accum and self.d.rank == m.present[0]:
+            print(f"diloco: {here} of {self.d.world} ranks present: each takes {accum} micro-batches a local step "
+                  f"(training.grad_accum {t.grad_accum} -> {accum}), so that a round sees the same rows",
+                  file=sys.stderr, flush=True)
+        t.grad_accum = accum
 
     def step(self) -> tuple[int, float, torch.Tensor]:
         """H local steps on each rank (its share of them), then the outer step on the averaged change; with

@@ -72,8 +72,8 @@ def shorter_exit_barrier(seconds: float) -> None:
         def filter(self, record: logging.LogRecord) -> bool:
             if str(record.msg).startswith("Error waiting on exit barrier"):
                 record.msg, record.args, record.exc_info = (
-                    "hrmctl: not every node's torchrun came to the end within %ss (a node that left the run): "
-                    "ending", (f"{seconds:g}",), None)
+                    "hrmctl: not every node's torchrun came to the end within %ss (a node that left the run, or one "
+                    "still finishing): ending", (f"{seconds:g}",), None)
             return True
 
     logging.getLogger(api.__name__).addFilter(OneLine())
