@@ -12,9 +12,14 @@ import json
 import re
 import time
 
+import pytest
+
 from lab.nodes import sh
 from tests.cluster.test_launch import job_pids, start_hrmctl
 from tests.polling import wait_for
+
+# the whole suite runs this file beside the tests outside the cluster tier (scripts/test.sh): slower than alone
+pytestmark = pytest.mark.timeout(1500)
 
 LINK_DOWN_S = ASLEEP_S = 60  # issue 36's faults: 60 s each
 STEPS, EVERY, PACE = 600, 25, 0.2  # PACE: seconds each step sleeps (fault.step_sleep), so that node0 alone

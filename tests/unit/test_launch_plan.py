@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cli.nodes.inventory import Node
-from cli.launch import storage
+from cli.launch import node_torchrun, storage
 from cli.launch.options import parse_env_options
 from cli.launch.plan import NodeFacts, build_plan, choose_backend
 from cli.errors import HrmctlError
@@ -56,6 +56,19 @@ def test_guessed_facts_start_torchrun_through_the_check_of_the_guess():
     plain, _ = plan(facts={"a": NodeFacts(cpus=8), "b": facts["b"]})
     assert a.argv[6:] == plain.argv[3:] and a.env == plain.env  # the same torchrun either way
     assert any("guessed" in n for n in a.notes) and not any("guessed" in n for n in b.notes)
+
+
+def test_a_run_nodes_may_leave_shortens_torchruns_exit_barrier_through_the_node_wrapper():
+    facts = {"a": NodeFacts(cpus=8, guessed=True), "b": NodeFacts(cpus=4)}
+    a, b = plan(facts=facts, exit_barrier=10.0)
+    assert a.argv[1:4] == ["-m", "cli.launch.node_torchrun", "--expect"] and a.argv[5:8] == ["--exit-barrier", "10", "--"]
+    assert b.argv[1:6] == ["-m", "cli.launch.node_torchrun", "--exit-barrier", "10", "--"]
+    _, plain = plan(facts={"a": NodeFacts(cpus=8), "b": facts["b"]})
+    assert b.argv[6:] == plain.argv[3:]  # the same torchrun arguments after the wrapper's own
+    assert node_torchrun.options(["--exit-barrier", "10", "--", "--nnodes=2"]) == ({"--exit-barrier": "10"},
+                                                                                   ["--nnodes=2"])
+    for bad in (["--", "x"], ["--exit-barrier", "--", "x"], ["--other", "1", "--", "x"], ["--expect", "{}"]):
+        assert node_torchrun.options(bad) is None, bad
 
 
 def test_the_node_check_refuses_a_wrong_guess_before_torchrun_starts():
