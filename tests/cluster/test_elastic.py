@@ -137,11 +137,12 @@ def test_diloco_goes_on_while_a_node_sleeps_and_ends_as_an_uninterrupted_run(lab
     """training.sync=diloco, whose default lets the run go on with one node: node1 asleep for ASLEEP_S (every process
     of its namespace stopped) right after a checkpoint. It is named within 30 s; node0's rank finds it silent at the
     round's all-reduce and finishes the round alone, not restarted (its launch goes on: no new launch, step lines
-    keep coming); node1 rejoins when it wakes (both resume from a checkpoint saved at an agreed step), and the run
-    ends at max_steps with exit 0, nothing left. Its final validation loss is near the same run's left alone. Issue
+    keep coming); node1 rejoins when it wakes (both resume from a checkpoint saved at an agreed step). Then every
+    process of node1's user is killed: the same again (left, node0 goes on in its launch, node1 back at once). The
+    run ends at max_steps with exit 0, nothing left. Its final validation loss is near the same run's left alone. Issue
     36 asks within 1% at equal tokens; here node0 alone sees half the tokens for the rounds node1 is away (it is
     not given node1's share): the test holds the result to 3% and prints it."""
-    steps, every = 300, 20
+    steps, every = 400, 20
     args = ["model=tiny", f"training.max_steps={steps}", "training.batch_size=8", "training.log_interval=10",
             f"training.checkpoint_interval={every}", "training.eval_interval=0", "training.eval_batches=8",
             "training.sync=diloco", "training.diloco.inner_steps=10", f"fault.step_sleep={PACE}"]
@@ -170,18 +171,26 @@ def test_diloco_goes_on_while_a_node_sleeps_and_ends_as_an_uninterrupted_run(lab
             alone = _text(log0).split("left the run")[-1]
         finally:
             victim.freeze(False)
+        wait_for(lambda: _text(log0).count("resuming from") >= 1 and
+                 re.search(r"\[rank0\]:step \d+/", _text(log0).split("resuming from")[-1]) or proc.poll() is not None,
+                 240, "node1 back in the run", every=0.5)
+        sh(["pkill", "-KILL", "-u", victim.user])
+        wait_for(lambda: _text(log0).count("left the run") >= 2 or proc.poll() is not None, 90,
+                 "node0's rank to go on without the killed node1", every=0.5)
+        alone_killed = _text(log0).split("left the run")[-1]
     finally:
         out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, (out + err)[-4000:]
     assert "training.elastic.min_nodes=1 (the default under training.sync=diloco)" in out + err, (out + err)[-3000:]
     events = json.loads(status.read_text())["members"]
-    assert [e["event"] for e in events] == ["left", "joined"], events
+    assert [e["event"] for e in events] == ["left", "joined"] * 2, events
     assert events[0]["t"] - asleep < 30 and "it is asleep or frozen" in events[0]["why"], events
     assert "without a restart" in out + err, (out + err)[-3000:]
     # node0's rank went on in the same launch while node1 slept: its steps came after the leave, before any relaunch
     assert "# hrmctl launch" not in alone.split("[rank0]:step")[0], alone[-2000:]
     assert re.search(r"\[rank0\]:step \d+/", alone), "node0 stepped while node1 slept: " + alone[-2000:]
-    assert _text(log0).count("# hrmctl launch") == 2, "one launch, and one more when node1 came back"
+    assert "# hrmctl launch" not in alone_killed.split("[rank0]:step")[0], alone_killed[-2000:]
+    assert _text(log0).count("# hrmctl launch") == 3, "one launch, and one more each time node1 came back"
     assert _records(home / "dl-sleep")[-1]["step"] == steps
     ref_loss, loss = _final_val_loss(home / "dl-ref"), _final_val_loss(home / "dl-sleep")
     print(f"final val_loss: uninterrupted {ref_loss:.4f}, node1 asleep {ASLEEP_S}s {loss:.4f} "
