@@ -54,6 +54,7 @@ TRAIN = ["model=tiny", "training.max_steps=100000", "training.batch_size=8", "tr
 SYNC = {"ddp": [], "diloco": ["training.sync=diloco", "training.diloco.inner_steps=10"]}  # EVERY: whole rounds
 STEP = re.compile(r"step (\d+)/")
 RESUMED = re.compile(r"resuming from \S+ \(step (\d+)\)|no checkpoint found: starting fresh")
+ONWARD = re.compile(r"left the run \(silent")  # DiLoCo under hrmctl: rank 0 goes on without node1, not restarted
 
 
 class Lines(threading.Thread):
@@ -73,9 +74,10 @@ def steps(lines: list[tuple[float, str]]) -> list[tuple[float, int]]:
 
 
 def recovery(lines, after: float, timeout: float) -> tuple[float | None, int | None, bool]:
-    """(seconds from ``after`` until rank 0 steps again, steps lost, whether it resumed from a checkpoint) or (None,
-    None, False). Stepping again: the first step after the first resume since ``after``, the steps lost the last step
-    logged before that resume minus the step resumed from; or, with no resume, a step that came GAP_S or more after
+    """(seconds from ``after`` until rank 0 steps again, steps lost, whether node1 left its world) or (None, None,
+    False). Stepping again: the first step after the first resume since ``after``, the steps lost the last step
+    logged before that resume minus the step resumed from; or the first step after rank 0 said it goes on without
+    node1 in the same process (DiLoCo under hrmctl: 0 lost); or, with neither, a step that came GAP_S or more after
     the one before it (the run went on where it was, its collective having waited for the node: 0 lost).
     ``lines()``: rank 0's lines so far, wherever it runs."""
     deadline = after + timeout
@@ -83,8 +85,11 @@ def recovery(lines, after: float, timeout: float) -> tuple[float | None, int | N
         seen = lines()
         logged = steps(seen)
         resumes = [(t, m) for t, line in seen if t > after and (m := RESUMED.search(line))]
+        onward = [t for t, line in seen if t > after and ONWARD.search(line)]
         last = max([t for t, _ in logged if t <= after], default=after)
         for t, _ in [(t, s) for t, s in logged if t > after]:
+            if onward and onward[0] < t and not (resumes and resumes[0][0] < onward[0]):
+                return t - after, 0, True
             if resumes and resumes[0][0] < t:
                 at = int(resumes[0][1].group(1)) if resumes[0][1].group(1) else 0
                 before = [s for u, s in logged if u <= resumes[0][0]]

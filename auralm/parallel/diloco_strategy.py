@@ -94,10 +94,13 @@ class DiLoCoRounds(Single):
         self.seen_epoch = m.epoch
         here = len(m.present)
         accum = self.base_accum * self.d.world // here if (self.base_accum * self.d.world) % here == 0 else t.grad_accum
-        if accum != t.grad_accum and self.d.rank == m.present[0]:
+        if self.d.rank == m.present[0] and accum != t.grad_accum:
             print(f"diloco: {here} of {self.d.world} ranks present: each takes {accum} micro-batches a local step "
                   f"(training.grad_accum {t.grad_accum} -> {accum}), so that a round sees the same rows",
                   file=sys.stderr, flush=True)
+        elif self.d.rank == m.present[0] and (self.base_accum * self.d.world) % here:
+            print(f"diloco: {here} of {self.d.world} ranks present: a round sees fewer rows ({self.d.world} ranks' "
+                  f"training.grad_accum={self.base_accum} does not split over {here})", file=sys.stderr, flush=True)
         t.grad_accum = accum
 
     def step(self) -> tuple[int, float, torch.Tensor]:
