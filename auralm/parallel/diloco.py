@@ -142,11 +142,9 @@ class DiLoCo:
         if losses:
             flags[-2], flags[-1] = self.weight * loss_sum / losses, self.weight
         payload = (delta * self.weight if finite else torch.zeros_like(delta)).to(self.wire)
-        m = d.members
-        sent = (payload.clone(), flags.clone()) if m is not None else None
+        sent = (payload.clone(), flags.clone()) if d.members is not None else None  # to send again if a rank leaves
         self.in_flight = _InFlight(self._send(payload, flags), payload, delta.dtype, flags,
-                                   [p.detach().clone() for p in self.params] if carry else None, end, sent,
-                                   m.epoch if m is not None else 0)
+                                   [p.detach().clone() for p in self.params] if carry else None, end, sent, d.epoch)
 
     def _send(self, payload: torch.Tensor, flags: torch.Tensor) -> list:
         d = self.d
@@ -157,14 +155,9 @@ class DiLoCo:
 
     def _wait(self, sent: _InFlight) -> None:
         """The round's all-reduces; sent again among the ranks present whenever one leaves meanwhile."""
-        m = self.d.members
-        if m is None:
-            for w in sent.works:
-                w.wait()
-            return
-        while not m.wait(sent.works, sent.epoch):
+        while not self.d.wait(sent.works, sent.epoch):
             sent.payload, sent.flags = sent.sent[0].clone(), sent.sent[1].clone()
-            sent.works, sent.epoch = self._send(sent.payload, sent.flags), m.epoch
+            sent.works, sent.epoch = self._send(sent.payload, sent.flags), self.d.epoch
 
     @torch.no_grad()
     def finish(self) -> Round:

@@ -17,7 +17,7 @@ import torch
 
 from auralm.data import datadir
 from auralm.training import distributed
-from auralm.training.members import Members
+from auralm.training.members import Membership
 from auralm.parallel.diloco import DiLoCo, choose_outer_step, few_rounds_note
 from auralm.parallel.single import Single
 from auralm.parallel.strategy import Parts
@@ -46,7 +46,7 @@ class DiLoCoRounds(Single):
         self.own_metrics = distributed.Dist(device=self.d.device)  # the metrics are this rank's: no collective in a round
         nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1"))  # torchrun's node count
         if self.d.world > 1 and nodes > 1 and (t.elastic.min_nodes or 1) < nodes:  # a node may leave: the others go on
-            self.d.members = Members(self.d.rank, self.d.world)
+            self.d.members = Membership(self.d.rank, self.d.world)
             if self.d.group is not None:
                 self.d.members.nccl_group = self.d.group
         self.seen_epoch, self.base_accum = 0, t.grad_accum
@@ -92,15 +92,14 @@ class DiLoCoRounds(Single):
         / those present, when that divides), so that a round sees as many rows as with every rank."""
         m, t = self.d.members, self.t
         self.seen_epoch = m.epoch
-        here = len(m.present)
-        accum = self.base_accum * self.d.world // here if (self.base_accum * self.d.world) % here == 0 else t.grad_accum
-        if self.d.rank == m.present[0] and accum != t.grad_accum:
-            print(f"diloco: {here} of {self.d.world} ranks present: each takes {accum} micro-batches a local step "
-                  f"(training.grad_accum {t.grad_accum} -> {accum}), so that a round sees the same rows",
-                  file=sys.stderr, flush=True)
-        elif self.d.rank == m.present[0] and (self.base_accum * self.d.world) % here:
-            print(f"diloco: {here} of {self.d.world} ranks present: a round sees fewer rows ({self.d.world} ranks' "
-                  f"training.grad_accum={self.base_accum} does not split over {here})", file=sys.stderr, flush=True)
+        here, whole = len(m.present), self.base_accum * self.d.world
+        accum = whole // here if whole % here == 0 else t.grad_accum
+        if self.d.rank == m.present[0]:
+            print(f"diloco: {here} of {self.d.world} ranks present: " +
+                  (f"each takes {accum} micro-batches a local step (training.grad_accum {t.grad_accum} -> {accum}), "
+                   f"so that a round sees the same rows" if whole % here == 0 else
+                   f"a round sees fewer rows ({self.d.world} ranks' training.grad_accum={self.base_accum} does not "
+                   f"split over {here})"), file=sys.stderr, flush=True)
         t.grad_accum = accum
 
     def step(self) -> tuple[int, float, torch.Tensor]:

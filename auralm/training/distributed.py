@@ -33,7 +33,7 @@ class Dist:
     group: object = None  # the group for device tensors (DDP, broadcasts, the NaN flag); None: the default (gloo)
     requested: str = "auto"
     why: str = ""  # why this backend, for the log
-    members: object = None  # auralm.training.members.Members, when ranks may leave without the others restarting
+    members: object = None  # auralm.training.members.Membership, when ranks may leave without the others restarting
 
     def group_for(self, t: torch.Tensor):
         """The group a collective of ``t`` goes over: of the ranks present (the world until one left)."""
@@ -46,6 +46,20 @@ class Dist:
     def objects_group(self):
         """The group for object collectives and CPU flags (gloo): of the ranks present; None, the world."""
         return self.members.group if self.members is not None and self.members.changed else None
+
+    @property
+    def epoch(self) -> int:
+        """How many times the ranks present changed (0 without a membership)."""
+        return self.members.epoch if self.members is not None else 0
+
+    def wait(self, works: list, epoch: int) -> bool:
+        """Wait for ``works``, sent at membership ``epoch``: True when done; False when ranks left meanwhile, and
+        they must be sent again (on the group of those present now)."""
+        if self.members is not None:
+            return self.members.wait(works, epoch)
+        for w in works:
+            w.wait()
+        return True
 
     @property
     def present_count(self) -> int:

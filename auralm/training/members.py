@@ -29,6 +29,7 @@ import torch.distributed as dist
 BEAT_S = 2.0
 LOST_S = 15.0  # silent this long: left (the launcher's SSH keep-alive names it within about the same time)
 FAILED_WAIT_S = 3 * LOST_S  # a collective that failed (a peer's connection reset) waits this long for a silence
+LOOK_S = 0.5  # how often a waiting rank reads the store (the counters, a membership written by another rank)
 LEFT_OUT_EXIT = 75  # this rank was counted out while it was away (asleep): it ends, and the launcher starts it again
 PREFIX = "hrmctl/members/"
 
@@ -39,17 +40,17 @@ def _client(timeout_s: float) -> "dist.TCPStore":
                          timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
 
 
-class Members:
-    def __init__(self, rank: int, world: int, store=None, beat_store=None, lost_s: float = LOST_S):
-        self.rank, self.world, self.lost_s = rank, world, lost_s
+class Membership:
+    def __init__(self, rank: int, world: int, lost_s: float = LOST_S):
+        self.rank, self.lost_s = rank, lost_s
         self.present = list(range(world))
         self.epoch = 0  # how many times the membership changed
         self.group = None  # the gloo group of the ranks present (None: the world)
         self.nccl_group = None  # and the NCCL one, when the run's device collectives use NCCL
-        self.store = store if store is not None else _client(30)
+        self.store = _client(30)
         self._seen: dict[int, tuple[int, float]] = {}  # rank -> (its count, when this rank saw it change)
         self._halt = threading.Event()
-        self._beat_store = beat_store if beat_store is not None else _client(10)
+        self._beat_store = _client(10)
         self._thread = threading.Thread(target=self._beats, name="hrmctl-beat", daemon=True)
         self._thread.start()
 
@@ -94,7 +95,7 @@ class Members:
         """Wait for ``works`` (sent when the membership was ``epoch``): True when they are done; False when the
         membership changed meanwhile (a rank left: the group is made again here), and they must be sent again on
         ``self.group``."""
-        failed_at = None
+        failed_at, look = None, 0.0
         while True:
             if epoch != self.epoch:
                 return False
@@ -105,14 +106,16 @@ class Members:
                     return True
                 except Exception as exc:  # a peer's connection reset: a leave once its rank falls silent
                     failed_at, error = time.monotonic(), exc
-            written = self._written()
-            if written is None:
-                gone = self.silent()
-                if gone:
-                    written = self._propose([r for r in self.present if r not in gone])
-            if written is not None:
-                self._regroup(written)
-                return False
+            if time.monotonic() >= look:  # the store, at most every LOOK_S (it is on the master, maybe over Wi-Fi)
+                look = time.monotonic() + LOOK_S
+                written = self._written()
+                if written is None:
+                    gone = self.silent()
+                    if gone:
+                        written = self._propose([r for r in self.present if r not in gone])
+                if written is not None:
+                    self._regroup(written)
+                    return False
             if failed_at is not None and time.monotonic() - failed_at > FAILED_WAIT_S:
                 raise error
             time.sleep(0.05)

@@ -36,7 +36,7 @@ class StopRequest:
         self.asked = 0
         self.flag = torch.zeros(1, dtype=torch.int64)
         self.work = None
-        self.sent, self.epoch = 0, 0  # what this rank sent, and in which membership (auralm.training.members)
+        self.epoch = 0  # the membership the flag in flight was sent in (auralm.training.members)
 
     def __enter__(self) -> "StopRequest":
         self.old = {}
@@ -55,25 +55,18 @@ class StopRequest:
             return self.asked
         seen = 0
         if self.work is not None:  # the flags every rank sent one step ago
-            m = self.d.members
-            if m is None:
-                self.work.wait()
-            elif not m.wait([self.work], self.epoch):  # a rank left meanwhile: the flag again, among those present
-                self.flag = torch.tensor([max(self.asked, int(self.sent))], dtype=torch.int64)
+            if not self.d.wait([self.work], self.epoch):  # a rank left meanwhile: the flag again, among those present
+                self.flag = torch.tensor([self.asked], dtype=torch.int64)  # ``asked`` never goes back to 0
                 dist.all_reduce(self.flag, op=dist.ReduceOp.MAX, group=self.d.objects_group)
             seen = int(self.flag.item())
-        self.sent = self.asked
-        self.epoch = self.d.members.epoch if self.d.members is not None else 0
+        self.epoch = self.d.epoch
         self.flag = torch.tensor([self.asked], dtype=torch.int64)  # a CPU tensor: the gloo group
         self.work = dist.all_reduce(self.flag, op=dist.ReduceOp.MAX, group=self.d.objects_group, async_op=True)
         return seen
 
     def __exit__(self, *exc) -> None:
         if self.work is not None and exc[0] is None:
-            if self.d.members is None:
-                self.work.wait()
-            else:
-                self.d.members.wait([self.work], self.epoch)  # a rank gone meanwhile: nothing to send again
+            self.d.wait([self.work], self.epoch)  # a rank gone meanwhile: nothing to send again
         for s, h in self.old.items():
             signal.signal(s, h)
 

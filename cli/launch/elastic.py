@@ -62,7 +62,7 @@ def min_nodes(args: list[str], count: int) -> int:
 def in_place(args: list[str], count: int) -> bool:
     """Whether a node may leave a trainer run of ``count`` nodes without the others restarting (DiLoCo)."""
     t = _training(args)
-    return count > 1 and t is not None and t.sync == "diloco" and min_nodes(args, count) < count
+    return count > 1 and t is not None and t.sync == "diloco" and min(count, t.elastic.min_nodes or 1) < count
 
 
 def _clock(t: float) -> str:
