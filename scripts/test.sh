@@ -7,7 +7,8 @@
 # The suite without a selection of yours (no test path, -m, -k): everything but the cluster tier on two pytest
 # processes (pytest-xdist, a file's tests together so its fixtures are made once), then the cluster tier alone,
 # its lab made once (its timings must not share the cores with other tests), except its elastic tests, which mostly
-# wait and run beside the first phase on a lab of their own. With a selection: one pytest, as given.
+# wait and run beside the first phase on a lab of their own (the cluster tier starts when both have ended).
+# With a selection: one pytest, as given.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 fast=0 chosen=0 args=()
@@ -52,12 +53,12 @@ else
   elastic=$!
   pytest -m "not cluster" --ignore=tests/cluster "${parallel[@]}" ${args[@]+"${args[@]}"}
   rc=$?
-  pytest -m cluster ${args[@]+"${args[@]}"} --ignore=tests/cluster/test_elastic.py tests/cluster  # its own files
-  rc2=$?
-  wait $elastic
+  wait $elastic  # before the cluster tier: its CPU and link figures must not share the cores with a training run
   rc3=$?
   echo "--- tests/cluster/test_elastic.py (run beside the first phase):"
   cat "$elastic_log"
   rm -f "$elastic_log"
+  pytest -m cluster ${args[@]+"${args[@]}"} --ignore=tests/cluster/test_elastic.py tests/cluster  # its own files
+  rc2=$?
   exit $(( rc != 0 ? rc : rc2 != 0 ? rc2 : rc3 ))
 fi

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import subprocess
 import time
 
 import pytest
@@ -46,6 +48,22 @@ def _asleep(victim, log0, proc, launches: int) -> tuple[float, str]:
         return asleep, _text(log0).split("# hrmctl launch")[-1]
     finally:
         victim.freeze(False)
+
+
+def _finish(proc, run_dir, timeout: float = 600) -> tuple[str, str]:
+    """The run's output once it has ended; past the timeout it is stopped (Ctrl-C, then kill) and the test fails
+    with the tail of its output and of each node's log, so that a run that hung says where."""
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        logs = "".join(f"\n--- {p.name}:\n{p.read_text()[-2500:]}" for p in sorted(run_dir.glob("node*.log")))
+        pytest.fail(f"the run had not ended {timeout:.0f}s after its faults:\n{(out + err)[-2500:]}{logs}")
 
 
 def _nothing_left(nodes, run_id: str) -> None:
@@ -88,7 +106,7 @@ def test_a_node_cut_off_leaves_the_run_and_rejoins_it(lab3, tmp_path):
         back(4)
         asleep, alone_asleep = _asleep(victim, log0, proc, 6)
     finally:
-        out, err = proc.communicate(timeout=600)
+        out, err = _finish(proc, tmp_path / "runs" / "el1")
     assert proc.returncode == 0, (out + err)[-4000:]
     assert "node1 stopped answering" in out + err and "node1 left at " in out + err, (out + err)[-4000:]
     assert "node1 joined at " in out + err, (out + err)[-4000:]
@@ -183,7 +201,7 @@ def test_diloco_goes_on_while_a_node_sleeps_and_ends_as_an_uninterrupted_run(lab
                  "node0's rank to go on without the killed node1", every=0.5)
         before_kill_left = LEFT.join(_text(log0).split(LEFT)[:2])
     finally:
-        out, err = proc.communicate(timeout=600)
+        out, err = _finish(proc, tmp_path / "runs" / "dl-sleep")
     assert proc.returncode == 0, (out + err)[-4000:]
     assert "training.elastic.min_nodes=1 (the default under training.sync=diloco)" in out + err, (out + err)[-3000:]
     events = json.loads(status.read_text())["members"]
@@ -221,7 +239,7 @@ def test_three_nodes_go_on_as_two_and_take_the_middle_one_back(lab3, tmp_path):
         assert proc.poll() is None, proc.communicate()
         sh(["pkill", "-KILL", "-u", lab3.nodes[1].user])
     finally:
-        out, err = proc.communicate(timeout=600)
+        out, err = _finish(proc, tmp_path / "runs" / "el3")
     assert proc.returncode == 0, (out + err)[-4000:]
     assert "the global batch changes: 3 ranks' worth of training.grad_accum=1 does not split over 2 ranks" in out + err
     events = json.loads((tmp_path / "runs" / "el3" / "status.json").read_text())["members"]

@@ -176,7 +176,8 @@ def test_cpu_limit_reaches_every_ssh_session(lab3):
             assert str(node.sshd.pid) in (group / "cgroup.procs").read_text().split(), group
         limited = until(lambda: ssh(lab3, node, BUSY), lambda r: r["ratio"] >= 0.4)
         node.limit_cpu()
-        lifted = until(lambda: ssh(lab3, node, BUSY), lambda r: r["ratio"] >= 0.85)
+        assert (groups[1] / "cpu.cfs_quota_us").read_text().strip() == "-1"
+        lifted = until(lambda: ssh(lab3, node, BUSY), lambda r: r["ratio"] >= 0.85, tries=5)
     finally:
         node.limit_cpu()
     everything = _cpu_list((CGROUP_ROOT / "cpuset" / "cpuset.effective_cpus").read_text())
@@ -185,7 +186,9 @@ def test_cpu_limit_reaches_every_ssh_session(lab3):
     assert all(r["affinity"] == [0] for r in limited), limited
     assert all(r["ratio"] <= 0.6 for r in limited) and limited[-1]["ratio"] >= 0.4, limited
     assert all(r["affinity"] == everything for r in lifted), lifted
-    assert lifted[-1]["ratio"] >= 0.85, lifted
+    # the quota held the loop to half a core (<= 0.6 above); lifted, it runs well past that: on a quiet machine a whole
+    # core (>= 0.85, which `until` waits for), with the rest of the suite beside it on these 2 cores at least 0.7
+    assert max(r["ratio"] for r in lifted) >= 0.7, lifted
 
 
 def test_pin_cores_pins_node_i_to_core_i(lab3):
