@@ -195,8 +195,12 @@ def torchrun_side(lab: Lab, kind: str, sync: list[str]) -> dict:
     finally:
         for node in lab.nodes:
             sh(["pkill", "-KILL", "-u", node.user], check=False)
-        for p in procs:
-            p.wait(timeout=30)
+        for p in procs:  # ip netns exec and runuser run as root: the user's pkill may leave them waiting
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=30)
 
 
 def main() -> int:

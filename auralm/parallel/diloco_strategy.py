@@ -49,7 +49,7 @@ class DiLoCoRounds(Single):
             self.d.members = Membership(self.d.rank, self.d.world)
             if self.d.group is not None:
                 self.d.members.nccl_group = self.d.group
-        self.seen_epoch, self.base_accum = 0, t.grad_accum
+        self.seen_epoch, self.base_accum, self.own_stream = 0, t.grad_accum, None
 
     def say_start(self, log, step: int) -> None:
         t = self.t
@@ -64,13 +64,13 @@ class DiLoCoRounds(Single):
         if note:
             log.event(step, "diloco_few_rounds", note, rounds=t.max_steps // t.diloco.inner_steps)
 
-    def batches(self):
+    def batches(self, rank: int | None = None):
         """Unequal shares: every rank its own batches of training.batch_size (the shares are its local steps)."""
         p, t, d = self.p, self.t, self.d
         if p.shares.equal:
-            return super().batches()
-        return datadir.batches(p.train_set, t.batch_size, d.rank, d.world, t.seed, start=p.position,
-                            augment=t.augment and self.cfg.task == "sudoku")
+            return super().batches(rank)
+        return datadir.batches(p.train_set, t.batch_size, d.rank if rank is None else rank, d.world, t.seed,
+                            start=p.position, augment=t.augment and self.cfg.task == "sudoku")
 
     def finish_round(self) -> float:
         """The outer step of the round in flight, with what follows it: the EMA, the guard's verdict."""
@@ -88,19 +88,27 @@ class DiLoCoRounds(Single):
         return rnd.loss
 
     def keep_rows(self) -> None:
-        """After ranks left: each rank present takes more micro-batches a local step (training.grad_accum x the world
-        / those present, when that divides), so that a round sees as many rows as with every rank."""
-        m, t = self.d.members, self.t
+        """After ranks left: the ranks present take over their rows. Each absent rank's batches go to one rank present
+        (in turn), which takes them beside its own, training.grad_accum micro-batches of each a local step, from the
+        same position: a round sees the rows it would have seen with every rank, and the ranks' positions stay those
+        of the whole world (a rank that rejoins starts where it would have been). Its part of the outer average grows
+        by theirs."""
+        m, t, d = self.d.members, self.t, self.d
         self.seen_epoch = m.epoch
-        here, whole = len(m.present), self.base_accum * self.d.world
-        accum = whole // here if whole % here == 0 else t.grad_accum
-        if self.d.rank == m.present[0]:
-            print(f"diloco: {here} of {self.d.world} ranks present: " +
-                  (f"each takes {accum} micro-batches a local step (training.grad_accum {t.grad_accum} -> {accum}), "
-                   f"so that a round sees the same rows" if whole % here == 0 else
-                   f"a round sees fewer rows ({self.d.world} ranks' training.grad_accum={self.base_accum} does not "
-                   f"split over {here})"), file=sys.stderr, flush=True)
-        t.grad_accum = accum
+        absent = [r for r in range(d.world) if r not in m.present]
+        taken = [a for i, a in enumerate(absent) if m.present[i % len(m.present)] == d.rank]
+        if self.own_stream is None:
+            self.own_stream = self.stream
+        self.sources = 1 + len(taken)
+        self.stream = _in_turn([self.own_stream, *(self.batches(a) for a in taken)], self.base_accum)
+        t.grad_accum = self.base_accum * self.sources
+        self.outer.weight = self.p.shares.sample_weight(d.rank) * self.sources  # the rows it sees, of a whole round's
+        self.samples_factor = self.p.shares.global_factor(d.rank) / self.sources
+        if taken or d.rank == m.present[0]:
+            print(f"diloco: {len(m.present)} of {d.world} ranks present: rank {d.rank} takes " +
+                  (f"rank(s) {', '.join(map(str, taken))}'s rows beside its own ({t.grad_accum} micro-batches a "
+                   f"local step), so that a round sees the rows it would have" if taken else "its own rows"),
+                  file=sys.stderr, flush=True)
 
     def step(self) -> tuple[int, float, torch.Tensor]:
         """H local steps on each rank (its share of them), then the outer step on the averaged change; with
@@ -145,3 +153,11 @@ class DiLoCoRounds(Single):
     @classmethod
     def link_cost(cls, budget: dict, hook: str) -> dict | None:
         return None  # one all-reduce a round, not a step: the budget's "diloco" entry, which the suggestion reads
+
+
+def _in_turn(streams: list, each: int):
+    """Batches from each stream in turn, ``each`` at a time: a local step's micro-batches, every rank's share."""
+    while True:
+        for stream in streams:
+            for _ in range(each):
+                yield next(stream)

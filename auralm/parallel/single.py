@@ -63,6 +63,7 @@ class Single(Strategy):
         self.model = parts.model
         self.params = [q for q in parts.model.parameters() if q.requires_grad]
         self.samples_factor = parts.shares.global_factor(self.d.rank)
+        self.sources = 1  # the ranks whose rows this rank takes each step: itself (DiLoCo: and ranks that left)
         if extras.get("grad_scaler"):
             self.scaler.load_state_dict(extras["grad_scaler"])
 
@@ -72,14 +73,15 @@ class Single(Strategy):
     def wrap(self, extras: dict) -> None:
         pass
 
-    def batches(self):
-        """This rank's batches from its position on: its share of each global batch."""
+    def batches(self, rank: int | None = None):
+        """This rank's batches (or another ``rank``'s) from its position on: its share of each global batch."""
         t, d, p = self.t, self.d, self.p
+        rank = d.rank if rank is None else rank
         augment = t.augment and self.cfg.task == "sudoku"
         if p.shares.equal:
-            return datadir.batches(p.train_set, p.shares.batch[d.rank], d.rank, d.world, t.seed, start=p.position,
+            return datadir.batches(p.train_set, p.shares.batch[rank], rank, d.world, t.seed, start=p.position,
                                 augment=augment)
-        return datadir.shared_batches(p.train_set, p.shares.batch, d.rank, t.seed, start=p.position, augment=augment)
+        return datadir.shared_batches(p.train_set, p.shares.batch, rank, t.seed, start=p.position, augment=augment)
 
     def start(self) -> None:
         """The batches, as the loop begins."""
@@ -123,7 +125,7 @@ class Single(Strategy):
             loss_sum += loss.detach()
             p.meter.add(metrics)
             p.done += p.train_set.units(x) * self.samples_factor
-        p.position += t.grad_accum
+        p.position += t.grad_accum // self.sources  # the position in each rank's batches, as if all were present
         self.scaler.unscale_(p.optimizer)  # fp16: the true gradients, for the check below and the clipping
         nan_fault = d.rank == fault.nan_rank and at in fault.nan_at_step
         if nan_fault:

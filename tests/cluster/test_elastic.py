@@ -154,17 +154,19 @@ def _left_event(status_path) -> dict | None:
     return next((e for e in doc.get("members", []) if e["event"] == "left"), None)
 
 
-def test_diloco_goes_on_while_a_node_sleeps_and_ends_as_an_uninterrupted_run(lab3, tmp_path):
+def test_diloco_goes_on_while_a_node_sleeps_is_killed_or_cut_off_and_ends_near_an_uninterrupted_run(lab3, tmp_path):
     """training.sync=diloco, whose default lets the run go on with one node: node1 asleep for ASLEEP_S (every process
     of its namespace stopped) right after a checkpoint. It is named within 30 s; node0's rank finds it silent at the
     round's all-reduce and finishes the round alone, not restarted (its launch goes on: no new launch, step lines
     keep coming); node1 rejoins when it wakes (both resume from a checkpoint saved at an agreed step). Then every
     process of node1's user is killed: left again, node0's rank finishes its round without it in the same launch,
-    and node1, which answers at once, is back after that round. The run ends at max_steps with exit 0, nothing
-    left. Its final validation loss is near the same run's left alone, at equal tokens (node0 alone takes two
-    micro-batches a step). Issue 36 asks within 1%; measured +2.45% (node0 alone for about half of this short run,
-    the loss still falling fast; +1.8% with the sleep alone in 300 steps): the test holds 4% and prints it."""
-    steps, every = 400, 20
+    and node1, which answers at once, is back after that round. Then node1's link is cut for LINK_DOWN_S: named
+    within 30 s, node0's rank goes on in the same launch, node1 is back once its link is. The run ends at max_steps
+    with exit 0, nothing left. Its final validation loss is near the same run's left alone, at equal tokens (node0
+    alone takes two micro-batches a step): issue 36 asks within 1%, which one pair of short runs cannot show (two
+    runs that differ only in how the same data is shared out land up to 4% apart at this length; bench/
+    diloco_leave.py measures the median over seeds); the test prints it and holds 6%."""
+    steps, every = 600, 20
     args = ["model=tiny", f"training.max_steps={steps}", "training.batch_size=8", "training.log_interval=10",
             f"training.checkpoint_interval={every}", "training.eval_interval=0", "training.eval_batches=8",
             "training.sync=diloco", "training.diloco.inner_steps=10", f"fault.step_sleep={PACE}"]
@@ -200,25 +202,45 @@ def test_diloco_goes_on_while_a_node_sleeps_and_ends_as_an_uninterrupted_run(lab
         wait_for(lambda: _text(log0).count(LEFT) >= 2 or proc.poll() is not None, 90,
                  "node0's rank to go on without the killed node1", every=0.5)
         before_kill_left = LEFT.join(_text(log0).split(LEFT)[:2])
+        wait_for(lambda: _text(log0).count("resuming from") >= 2 and
+                 re.search(r"\[rank0\]:step \d+/", _text(log0).split("resuming from")[-1]) or proc.poll() is not None,
+                 240, "node1 back in the run after the kill", every=0.5)
+        assert proc.poll() is None, proc.communicate()
+        cut = time.time()
+        rules = [["INPUT", "-j", "DROP"], ["OUTPUT", "-j", "DROP"]]
+        try:
+            for r in rules:
+                victim.netns(["iptables", "-I", *r])
+            wait_for(lambda: _text(log0).count(LEFT) >= 3 or proc.poll() is not None, 60,
+                     "node0's rank to go on without the cut-off node1", every=0.5)
+            time.sleep(max(0.0, cut + LINK_DOWN_S - time.time()))
+            cut_off = _text(log0).split(LEFT)[-1]
+        finally:
+            for r in rules:
+                victim.netns(["iptables", "-D", *r], check=False)
     finally:
         out, err = _finish(proc, tmp_path / "runs" / "dl-sleep")
     assert proc.returncode == 0, (out + err)[-4000:]
     assert "training.elastic.min_nodes=1 (the default under training.sync=diloco)" in out + err, (out + err)[-3000:]
     events = json.loads(status.read_text())["members"]
-    assert [e["event"] for e in events] == ["left", "joined"] * 2, events
+    assert [e["event"] for e in events] == ["left", "joined"] * 3, events
     assert events[0]["t"] - asleep < 30 and "it is asleep or frozen" in events[0]["why"], events
+    assert events[4]["t"] - cut < 30 and events[5]["t"] > cut + LINK_DOWN_S, events[4:]
     assert "without a restart" in out + err, (out + err)[-3000:]
     # node0's rank went on in the same launch while node1 slept: its steps came after the leave, before any relaunch
     assert "# hrmctl launch" not in alone.split("[rank0]:step")[0], alone[-2000:]
     assert re.search(r"\[rank0\]:step \d+/", alone), "node0 stepped while node1 slept: " + alone[-2000:]
     # the kill: node0's rank found node1 gone in the launch it was in (the one after the first join), not restarted
     assert before_kill_left.count("# hrmctl launch") == 2, before_kill_left[-3000:]
-    assert _text(log0).count("# hrmctl launch") == 3, "one launch, and one more each time node1 came back"
+    # the link cut: node0's rank went on in the launch it was in (after the kill's join), stepping while node1 was away
+    assert "# hrmctl launch" not in cut_off.split("[rank0]:step")[0], cut_off[-2000:]
+    assert re.search(r"\[rank0\]:step \d+/", cut_off), "node0 stepped while node1 was cut off: " + cut_off[-2000:]
+    assert _text(log0).count("# hrmctl launch") == 4, "one launch, and one more each time node1 came back"
     assert _records(home / "dl-sleep")[-1]["step"] == steps
     ref_loss, loss = _final_val_loss(home / "dl-ref"), _final_val_loss(home / "dl-sleep")
-    print(f"final val_loss: uninterrupted {ref_loss:.4f}, node1 asleep {ASLEEP_S}s {loss:.4f} "
+    print(f"final val_loss: uninterrupted {ref_loss:.4f}, node1 asleep, killed and cut off {loss:.4f} "
           f"({(loss / ref_loss - 1) * 100:+.2f}%)")
-    assert abs(loss / ref_loss - 1) <= 0.04, (ref_loss, loss)
+    assert abs(loss / ref_loss - 1) <= 0.06, (ref_loss, loss)
     _nothing_left(lab3.nodes[:2], "dl-sleep")
 
 

@@ -1,0 +1,75 @@
+"""DiLoCo's ranks go on without a node that leaves, on this machine: two torchrun agents (127.0.0.1, node ranks 0 and
+1, gloo, one process each) run the trainer as hrmctl's launch does for a DiLoCo run (cli/launch/node_torchrun.py
+--exit-barrier 10), and node1's processes are stopped (SIGSTOP: a laptop asleep) once step 20 is logged. node0's
+rank finds rank 1 silent at the round's all-reduce, goes on in the same process and takes over rank 1's rows: its
+data position at the end is the whole world's (each rank's batches read from the position they would have had),
+not twice its own; node1's rank, woken, finds itself counted out and ends (exit 75). The same on real lab nodes,
+with hrmctl's launcher and the rejoin: tests/cluster/test_elastic.py; the loss against an uninterrupted run over
+several seeds: bench/diloco_leave.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.polling import wait_for
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = 60
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_rank_present_goes_on_in_place_and_takes_over_the_rows_of_the_one_that_left(sudoku_data, tmp_path):
+    out, port = tmp_path / "run", _port()
+    args = ["model=tiny", f"training.max_steps={STEPS}", "training.batch_size=8", "training.log_interval=10",
+            "training.checkpoint_interval=0", "training.eval_interval=0", "training.eval_batches=1",
+            "training.sync=diloco", "training.diloco.inner_steps=10", f"data_dir={sudoku_data()}", f"out_dir={out}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HRMCTL_BACKEND": "gloo", "PYTHONUNBUFFERED": "1"}
+    logs = [tmp_path / f"node{r}.log" for r in (0, 1)]
+    procs = [subprocess.Popen([sys.executable, "-m", "cli.launch.node_torchrun", "--exit-barrier", "10", "--",
+                               "--nnodes=2", f"--node-rank={r}", "--nproc-per-node=1", "--rdzv-backend=static",
+                               "--master-addr=127.0.0.1", f"--master-port={port}", "--max-restarts=0",
+                               "-m", "auralm.training.train", *args],
+                              cwd=ROOT, env=env, stdout=logs[r].open("w"), stderr=subprocess.STDOUT,
+                              start_new_session=True) for r in (0, 1)]
+    text = lambda r: logs[r].read_text()  # noqa: E731
+    try:
+        wait_for(lambda: "step 20/" in text(0) or procs[0].poll() is not None, 180, "step 20", every=0.2)
+        node1 = [psutil.Process(procs[1].pid), *psutil.Process(procs[1].pid).children(recursive=True)]
+        for p in node1:
+            p.send_signal(signal.SIGSTOP)
+        try:
+            wait_for(lambda: "rank(s) 1 left the run" in text(0) or procs[0].poll() is not None, 60,
+                     "node0's rank to go on without rank 1", every=0.5)
+        finally:
+            for p in node1:
+                p.send_signal(signal.SIGCONT)
+        assert procs[0].wait(timeout=300) == 0, text(0)[-3000:]
+        assert procs[1].wait(timeout=60) != 0, text(1)[-3000:]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    assert "rank 0 takes rank(s) 1's rows beside its own (2 micro-batches a local step)" in text(0), text(0)[-3000:]
+    assert "counted out of the run" in text(1), text(1)[-3000:]
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps[-1] == STEPS
+    state = json.loads((out / f"checkpoint-{STEPS}" / "state.json").read_text())
+    # one batch of each rank a step, whoever took it: the position of a run that every rank saw to its end
+    assert state["data_position"] == STEPS and state["data_positions"] == [STEPS], state
