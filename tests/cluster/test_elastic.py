@@ -50,7 +50,7 @@ def _asleep(victim, log0, proc, launches: int) -> tuple[float, str]:
         victim.freeze(False)
 
 
-def _finish(proc, run_dir, timeout: float = 600) -> tuple[str, str]:
+def _finish(proc, run_dir, timeout: float = 900) -> tuple[str, str]:
     """The run's output once it has ended; past the timeout it is stopped (Ctrl-C, then kill) and the test fails
     with the tail of its output and of each node's log, so that a run that hung says where."""
     try:
