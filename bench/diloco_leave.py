@@ -3,7 +3,7 @@
 run left alone, over several seeds, in the same run of this script (issue 36 asks within 1% at equal tokens).
 
 Two torchrun agents on this machine (127.0.0.1, static rendezvous, node ranks 0 and 1, one process each, gloo) run
-the trainer as hrmctl's launch does for a DiLoCo run (cli/launch/node_torchrun.py --exit-barrier 10): node0's rank
+the trainer as hrmctl's launch does for a DiLoCo run (lab/local.py): node0's rank
 finds node1's silent at its round's all-reduce (15 s), finishes the round alone and goes on, taking rank 1's rows
 beside its own (two micro-batches a local step); node1, woken, finds itself counted out and ends. No launcher starts
 it again here, so node0 is alone for the rest of the run: a harder case than the lab test's, where node1 rejoins.
@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,34 +30,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import psutil
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from lab.local import process_tree, signal_tree, start_agents  # noqa: E402
+
 RUN = ["model=tiny", "training.batch_size=8", "training.log_interval=10", "training.checkpoint_interval=0",
        "training.eval_interval=0", "training.eval_batches=8", "training.sync=diloco", "training.diloco.inner_steps=10"]
-ENV = {"OMP_NUM_THREADS": "1", "HRMCTL_BACKEND": "gloo", "PYTHONUNBUFFERED": "1"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def agents(args: list[str], out: Path, nodes: int) -> list[subprocess.Popen]:
-    """One torchrun agent per node (each one process), in a process group of its own."""
-    port = free_port()
-    procs = []
-    for rank in range(nodes):
-        cmd = [sys.executable, "-m", "cli.launch.node_torchrun", "--exit-barrier", "10", "--", f"--nnodes={nodes}",
-               f"--node-rank={rank}", "--nproc-per-node=1", "--rdzv-backend=static", "--master-addr=127.0.0.1",
-               f"--master-port={port}", "--max-restarts=0", "-m", "auralm.training.train", *args, f"out_dir={out}"]
-        log = open(out.parent / f"{out.name}-node{rank}.log", "w")
-        procs.append(subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **ENV}, stdout=log, stderr=subprocess.STDOUT,
-                                      start_new_session=True))
-    return procs
 
 
 def logged_step(out: Path) -> int:
@@ -69,20 +47,15 @@ def logged_step(out: Path) -> int:
 
 def freeze(proc: subprocess.Popen, seconds: float) -> None:
     """Every process of a node (its agent and the trainer under it) stopped for ``seconds``, then continued."""
-    tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    for p in tree:
-        p.send_signal(signal.SIGSTOP)
+    tree = process_tree(proc.pid)
+    signal_tree(tree, signal.SIGSTOP)
     time.sleep(seconds)
-    for p in tree:
-        try:
-            p.send_signal(signal.SIGCONT)
-        except psutil.NoSuchProcess:
-            pass
+    signal_tree(tree, signal.SIGCONT)
 
 
 def run(args: list[str], out: Path, nodes: int = 2, at: int = 0, seconds: float = 0.0) -> float:
     """The run's final validation loss; with ``at``, node1 frozen once step ``at`` is logged."""
-    procs = agents(args, out, nodes)
+    procs = start_agents([*args, f"out_dir={out}"], [out.parent / f"{out.name}-node{r}.log" for r in range(nodes)])
     try:
         if at:
             while logged_step(out) < at and procs[0].poll() is None:

@@ -5,5 +5,6 @@ standard library only, never cli/, netcheck/ or auralm/.
 
 nodes.py       Lab and LabNode: making, faulting and removing nodes (its docstring says how)
 nfq_delay.py   the NFQUEUE delayer that shape_link uses where the kernel has no netem
+local.py       nodes as processes here (torchrun agents on 127.0.0.1) and a node's process tree, for a SIGSTOP
 __main__.py    `python -m lab up N` / `python -m lab down TOKEN`
 """

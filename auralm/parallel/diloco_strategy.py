@@ -104,11 +104,10 @@ class DiLoCoRounds(Single):
         t.grad_accum = self.base_accum * self.sources
         self.outer.weight = self.p.shares.sample_weight(d.rank) * self.sources  # the rows it sees, of a whole round's
         self.samples_factor = self.p.shares.global_factor(d.rank) / self.sources
-        if taken or d.rank == m.present[0]:
-            print(f"diloco: {len(m.present)} of {d.world} ranks present: rank {d.rank} takes " +
-                  (f"rank(s) {', '.join(map(str, taken))}'s rows beside its own ({t.grad_accum} micro-batches a "
-                   f"local step), so that a round sees the rows it would have" if taken else "its own rows"),
-                  file=sys.stderr, flush=True)
+        if taken:  # the first rank present always takes one
+            print(f"diloco: {len(m.present)} of {d.world} ranks present: rank {d.rank} takes rank(s) "
+                  f"{', '.join(map(str, taken))}'s rows beside its own ({t.grad_accum} micro-batches a local step), "
+                  f"so that a round sees the rows it would have", file=sys.stderr, flush=True)
 
     def step(self) -> tuple[int, float, torch.Tensor]:
         """H local steps on each rank (its share of them), then the outer step on the averaged change; with

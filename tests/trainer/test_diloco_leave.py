@@ -1,64 +1,45 @@
 """DiLoCo's ranks go on without a node that leaves, on this machine: two torchrun agents (127.0.0.1, node ranks 0 and
-1, gloo, one process each) run the trainer as hrmctl's launch does for a DiLoCo run (cli/launch/node_torchrun.py
---exit-barrier 10), and node1's processes are stopped (SIGSTOP: a laptop asleep) once step 20 is logged. node0's
-rank finds rank 1 silent at the round's all-reduce, goes on in the same process and takes over rank 1's rows: its
-data position at the end is the whole world's (each rank's batches read from the position they would have had),
-not twice its own; node1's rank, woken, finds itself counted out and ends (exit 75). The same on real lab nodes,
-with hrmctl's launcher and the rejoin: tests/cluster/test_elastic.py; the loss against an uninterrupted run over
-several seeds: bench/diloco_leave.py."""
+1, gloo, one process each: lab/local.py) run the trainer as hrmctl's launch does for a DiLoCo run, and node1's
+processes are stopped (SIGSTOP: a laptop asleep) once step 20 is logged. node0's rank finds rank 1 silent at the
+round's all-reduce, goes on in the same process and takes over rank 1's rows: its data position at the end is the
+whole world's (each rank's batches read from the position they would have had), not twice its own; node1's rank,
+woken, finds itself counted out and ends (exit 75). The same on real lab nodes, with hrmctl's launcher and the
+rejoin: tests/cluster/test_elastic.py; the loss against an uninterrupted run over several seeds:
+bench/diloco_leave.py."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
-import socket
-import subprocess
-import sys
-from pathlib import Path
 
-import psutil
 import pytest
 
+from lab.local import process_tree, signal_tree, start_agents
 from tests.polling import wait_for
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 STEPS = 60
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_the_rank_present_goes_on_in_place_and_takes_over_the_rows_of_the_one_that_left(sudoku_data, tmp_path):
-    out, port = tmp_path / "run", _port()
+    out = tmp_path / "run"
     args = ["model=tiny", f"training.max_steps={STEPS}", "training.batch_size=8", "training.log_interval=10",
             "training.checkpoint_interval=0", "training.eval_interval=0", "training.eval_batches=1",
             "training.sync=diloco", "training.diloco.inner_steps=10", f"data_dir={sudoku_data()}", f"out_dir={out}"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HRMCTL_BACKEND": "gloo", "PYTHONUNBUFFERED": "1"}
     logs = [tmp_path / f"node{r}.log" for r in (0, 1)]
-    procs = [subprocess.Popen([sys.executable, "-m", "cli.launch.node_torchrun", "--exit-barrier", "10", "--",
-                               "--nnodes=2", f"--node-rank={r}", "--nproc-per-node=1", "--rdzv-backend=static",
-                               "--master-addr=127.0.0.1", f"--master-port={port}", "--max-restarts=0",
-                               "-m", "auralm.training.train", *args],
-                              cwd=ROOT, env=env, stdout=logs[r].open("w"), stderr=subprocess.STDOUT,
-                              start_new_session=True) for r in (0, 1)]
+    procs = start_agents(args, logs)
     text = lambda r: logs[r].read_text()  # noqa: E731
     try:
         wait_for(lambda: "step 20/" in text(0) or procs[0].poll() is not None, 180, "step 20", every=0.2)
-        node1 = [psutil.Process(procs[1].pid), *psutil.Process(procs[1].pid).children(recursive=True)]
-        for p in node1:
-            p.send_signal(signal.SIGSTOP)
+        node1 = process_tree(procs[1].pid)
+        signal_tree(node1, signal.SIGSTOP)
         try:
             wait_for(lambda: "rank(s) 1 left the run" in text(0) or procs[0].poll() is not None, 60,
                      "node0's rank to go on without rank 1", every=0.5)
         finally:
-            for p in node1:
-                p.send_signal(signal.SIGCONT)
+            signal_tree(node1, signal.SIGCONT)
         assert procs[0].wait(timeout=300) == 0, text(0)[-3000:]
         assert procs[1].wait(timeout=60) != 0, text(1)[-3000:]
     finally:
