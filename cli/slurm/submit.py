@@ -1,7 +1,8 @@
 """`hrmctl train --slurm`: the run as a Slurm batch job. The script is written into the run directory
 (runs/<run-id>/slurm.sbatch, so the run can be submitted again by hand) and given to sbatch; the job id is printed
 and recorded in runs/<run-id>/slurm.json (what `hrmctl runs`, `logs` and `stop` read). The script runs
-`hrmctl train` itself inside the allocation, with the same run id and overrides: the launch there is the one of
+hrmctl's launch itself inside the allocation (`python -m cli.slurm.job`: `hrmctl train`'s launch without the typer
+command line, whose start costs about 0.5 s), with the same run id and overrides: the launch there is the one of
 cli/launch/, its nodes the allocation's (cli/slurm/allocation.py), so a submitted run and one typed inside `salloc`
 start training the same way.
 
@@ -79,7 +80,8 @@ def node_count(nodes: str | None) -> int | None:
 
 
 def train_args(opts) -> list[str]:
-    """The job's own `hrmctl train` arguments: what the user asked for (a LaunchOptions), the overrides last."""
+    """The job's own launch arguments (what cli/slurm/job.py reads): what the user asked for (a LaunchOptions), then
+    `--` and the overrides."""
     args = [] if opts.backend == "auto" else ["--backend", opts.backend]
     for flag, value in (("--nproc", opts.nproc), ("--master-port", opts.master_port),
                         ("--max-restarts", opts.max_restarts or None)):
@@ -89,7 +91,7 @@ def train_args(opts) -> list[str]:
         args += ["--module", opts.module]
     for key, value in opts.env.items():
         args += ["--env", f"{key}={value}"]
-    return args + list(opts.args)
+    return [*args, "--", *opts.args]
 
 
 def inventory_table(inventory: str | None) -> dict:
@@ -104,10 +106,11 @@ def inventory_table(inventory: str | None) -> dict:
 
 
 def batch_script(run_id: str, run_dir: Path, request: SlurmOptions, train_args: list[str]) -> str:
-    """The batch script: Slurm's directives, then `hrmctl train` (this Python, this checkout) inside the allocation."""
-    hrmctl = [sys.executable, "-m", "cli", "train", "--run-id", run_id, *train_args]
+    """The batch script: Slurm's directives, then hrmctl's launch (this Python, this checkout: cli/slurm/job.py)
+    inside the allocation."""
+    hrmctl = [sys.executable, "-m", "cli.slurm.job", "--run-id", run_id, *train_args]
     lines = ["#!/bin/bash",
-             f"# hrmctl train --slurm, run {run_id}: hrmctl train inside the allocation, on its nodes (srun)",
+             f"# hrmctl train --slurm, run {run_id}: hrmctl train's launch inside the allocation, on its nodes (srun)",
              f"#SBATCH --job-name=hrmctl-{run_id}", "#SBATCH --ntasks-per-node=1", *request.directives(),
              f"#SBATCH --chdir={os.getcwd()}", f"#SBATCH --output={run_dir.resolve()}/slurm-%j.out",
              "#SBATCH --open-mode=append", f"#SBATCH --signal=B:USR1@{SIGNAL_S}", "#SBATCH --requeue", "",

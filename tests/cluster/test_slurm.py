@@ -92,7 +92,7 @@ def test_submitted_run_trains_saves_on_signals_requeues_resumes_and_is_listed(ru
     code, out, err = run_hrmctl(*args, "--dry-run")
     assert code == 0, err
     assert "#SBATCH --nodes=2" in out and "#SBATCH --signal=B:USR1@" in out and "#SBATCH --requeue" in out, out
-    assert " -m cli train --run-id sub1 " in out and not (tmp_path / "runs" / "sub1").exists()
+    assert " -m cli.slurm.job --run-id sub1 " in out and not (tmp_path / "runs" / "sub1").exists()
 
     code, out, err = run_hrmctl(*args)
     assert code == 0 and "as Slurm job" in out, out + err
