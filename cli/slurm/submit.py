@@ -134,12 +134,24 @@ def submit(run_id: str, runs_dir: Path, request: SlurmOptions, train_args: list[
     path.write_text(script)
     res = slurm(["sbatch", "--parsable", str(path)], timeout=60)
     if res.returncode != 0:
-        raise HrmctlError(f"sbatch refused the job: {refusal(res.stderr or res.stdout)}", exit_code=REFUSED_EXIT)
+        reason = refusal(res.stderr or res.stdout)
+        raise HrmctlError(f"sbatch refused the job: {reason}{gpu_hint(reason, request)}", exit_code=REFUSED_EXIT)
     job_id = res.stdout.strip().split(";")[0]
     doc = {"run_id": run_id, "job_id": job_id, "script": str(path), "submitted": round(time.time(), 3),
            "options": {k: v for k, v in asdict(request).items() if v is not None}}
     (run_dir / JOB_FILE).write_text(json.dumps(doc, indent=2) + "\n")
     return doc
+
+
+def gpu_hint(reason: str, request: SlurmOptions) -> str:
+    """What to do when Slurm refused the GPUs asked for: its words (no such GPU resource, or no node with that many)
+    do not say that --gpus-per-node was the cause."""
+    words = reason.lower()
+    if request.gpus_per_node is None or not any(w in words for w in ("gres", "generic resource",
+                                                                      "node configuration is not available")):
+        return ""
+    return (f" (--gpus-per-node {request.gpus_per_node}: more GPUs per node than the partition's nodes have? "
+            "`sinfo -o '%P %G'` lists each partition's GPUs; ask for fewer, or another --partition)")
 
 
 def refusal(text: str) -> str:

@@ -177,5 +177,8 @@ def test_bad_input_is_one_line(run_hrmctl, tmp_path):
     code, out, err = run_hrmctl("train", "--slurm", "--nodes", "2", "--partition", "nosuch", *TINY)
     assert code == 2 and err.startswith("error: sbatch refused the job: ") and len(err.strip().splitlines()) == 1, err
     assert "partition" in err.lower()
+    code, out, err = run_hrmctl("train", "--slurm", "--nodes", "2", "--gpus-per-node", "4", *TINY)
+    assert code == 2 and err.startswith("error: sbatch refused the job: ") and len(err.strip().splitlines()) == 1, err
+    assert "--gpus-per-node 4: more GPUs per node than the partition's nodes have" in err, err
     code, out, err = run_hrmctl("train", "--slurm", "--nodes", "2", *TINY, env={**os.environ, "PATH": "/nonexistent"})
     assert code == 2 and err.startswith("error: sbatch not found") and len(err.strip().splitlines()) == 1, err

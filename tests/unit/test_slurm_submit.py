@@ -9,7 +9,7 @@ from cli.errors import HrmctlError
 from cli.launch.options import LaunchOptions
 from cli.nodes.inventory import local_node
 from cli.slurm import job
-from cli.slurm.submit import SlurmOptions, batch_script, node_count, refusal, train_args
+from cli.slurm.submit import SlurmOptions, batch_script, gpu_hint, node_count, refusal, train_args
 
 
 def test_script_asks_for_the_signal_and_requeue_and_runs_hrmctl_inside(tmp_path):
@@ -56,3 +56,8 @@ def test_refusal_is_slurms_reason():
     text = "sbatch: error: invalid partition specified: nosuch\nsbatch: error: Batch job submission failed: " \
            "Invalid partition name specified\n"
     assert refusal(text) == "Invalid partition name specified"
+    gres = refusal("sbatch: error: Batch job submission failed: Invalid generic resource (gres) specification\n")
+    assert "--gpus-per-node 8: more GPUs per node" in gpu_hint(gres, SlurmOptions(gpus_per_node=8))
+    assert gpu_hint("Requested node configuration is not available", SlurmOptions(gpus_per_node=8))
+    assert gpu_hint(gres, SlurmOptions()) == ""  # the GPUs were not asked for here: no guess
+    assert gpu_hint("Invalid partition name specified", SlurmOptions(gpus_per_node=8)) == ""
