@@ -10,6 +10,7 @@ A launch flows one way, each stage given the one object the previous stage made 
              memory.py      the model's memory estimate (auralm.planning.sizing, as a process) against each node's
                             memory
              links.py       test-ddp's figures for these nodes, and train's warning about the link
+             warm.py        on a Slurm allocation's nodes, torchrun started (held) while the preflight runs
              plan.py        each node's exact torchrun line and environment (the LaunchPlan, NodeLaunch); pure
   run      run.py         the plan run on every node: jobs started, watched, stopped everywhere (psutil on the
                           node); restarts from the last checkpoint; a failed rank named -> a RunResult
@@ -20,8 +21,8 @@ A launch flows one way, each stage given the one object the previous stage made 
                           own; returns at the first step (before the stages: the supervisor runs them)
   report   report.py      --dry-run's plan, the run's last line or --json document; ddp_report.py: test-ddp's table
 
-On the node: node_torchrun.py (checks a first launch's guessed facts, then torchrun in-process) and nolibuv/ (put on
-PYTHONPATH where torch's TCPStore has no libuv).
+On the node: node_torchrun.py (checks a first launch's guessed facts, or waits held for its arguments, then torchrun
+in-process) and nolibuv/ (put on PYTHONPATH where torch's TCPStore has no libuv).
 
 A stage imports the ones before it (for their types) and never a later one. May import: cli.nodes, cli.sync
 (train --sync-data), cli.runs.catalog (detach.py: status.json read), cli.errors, netcheck, and of auralm only what

@@ -112,7 +112,7 @@ def plan_then_run(opts: LaunchOptions, console: Console, before_run=None) -> tup
     The run may ask for the plan again, once, when a first launch's guessed facts were wrong on a node.
     ``before_run()`` is called between the two (train's warning about the link). What the nodes reported of their
     torch is cached for the next launch."""
-    prep = prepare(opts)
+    prep = prepare(opts, hold=True)
     if before_run:
         before_run()
 

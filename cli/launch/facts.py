@@ -39,6 +39,11 @@ def _key(node: Node, torch_version: str | None) -> str:
     return f"{node.name}|{node.host}|{node.port}|{node.user}|{node.python}|{torch_version or ''}"
 
 
+def known(node: Node, cache: dict) -> bool:
+    """Whether the cache holds this node's torch facts (for some torch version)."""
+    return any(k.startswith(_key(node, "")) for k in cache)
+
+
 def _torch_version(probe: NodeProbe) -> str | None:
     return ((probe.raw.get("project") or {}).get("versions") or {}).get("torch")
 
@@ -124,8 +129,8 @@ def gather(sessions: dict[str, Session], nodes: list[Node], master_addr: str, *,
 
     def probe_one(session: Session) -> tuple[NodeProbe, dict]:
         node = session.node
-        known = any(k.startswith(_key(node, "")) for k in cache)
-        probe = run_probe(session, route_to=master_addr, timeout=PROBE_TIMEOUT_S, with_torch=not (known or guess))
+        probe = run_probe(session, route_to=master_addr, timeout=PROBE_TIMEOUT_S,
+                          with_torch=not (known(node, cache) or guess))
         _check(node, probe)
         if probe.raw.get("torch") is None:  # probed without torch
             hit = cache.get(_key(node, _torch_version(probe)))

@@ -11,6 +11,11 @@ FACTS_DIFFER before anything else starts, and the launcher plans again from the 
 
     python -m cli.launch.node_torchrun --expect '{"gpus": 0, "nccl": false, "libuv_ok": true}' -- <torchrun args>
 
+With ``--held stdin`` (a Slurm allocation's nodes: cli/launch/warm.py), it is started before the launch is
+planned: it imports torchrun while the launcher's preflight runs, then reads torchrun's arguments and the node's
+environment as one JSON line on its standard input ({"argv": [...], "env": {...}}), or ends at once if the input
+ends first (the preflight failed: nothing started).
+
 With ``--exit-barrier S`` (a run that nodes may leave without the others restarting: DiLoCo under
 training.elastic) torchrun's agent waits at most S seconds at its end for the other nodes' agents (torchrun waits
 300 and has no option for it): a node that left the run never arrives. ``--expect`` is then optional.
@@ -22,6 +27,7 @@ dependencies).
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 FACTS_TAG = "hrmctl-node-facts: "
@@ -49,7 +55,7 @@ def options(argv: list[str]) -> tuple[dict, list[str]] | None:
     if "--" not in argv:
         return None
     own, rest = argv[:argv.index("--")], argv[argv.index("--") + 1:]
-    if len(own) % 2 or any(k not in ("--expect", "--exit-barrier") for k in own[::2]) or not own:
+    if len(own) % 2 or any(k not in ("--expect", "--exit-barrier", "--held") for k in own[::2]) or not own:
         return None
     return dict(zip(own[::2], own[1::2])), rest
 
@@ -79,13 +85,32 @@ def shorter_exit_barrier(seconds: float) -> None:
     logging.getLogger(api.__name__).addFilter(OneLine())
 
 
+def held_arguments() -> list[str] | None:
+    """torchrun imported (the seconds the launcher's preflight runs meanwhile), then its arguments from the launcher,
+    its environment applied (its workers inherit it); None when the launcher ended the input instead."""
+    import importlib
+
+    importlib.import_module("torch.distributed.run")  # what torchrun's start costs, paid while the launcher checks
+
+    line = sys.stdin.readline()
+    if not line.strip():
+        return None
+    given = json.loads(line)
+    os.environ.update(given["env"])
+    return list(given["argv"])
+
+
 def main(argv: list[str]) -> int:
     parsed = options(argv)
     if parsed is None:
-        print("usage: python -m cli.launch.node_torchrun [--expect JSON] [--exit-barrier S] -- <torchrun args>",
-              file=sys.stderr)
+        print("usage: python -m cli.launch.node_torchrun [--expect JSON] [--exit-barrier S] [--held stdin] -- "
+              "<torchrun args>", file=sys.stderr)
         return 2
     own, rest = parsed
+    if "--held" in own:
+        rest = held_arguments()
+        if rest is None:
+            return 0
     if "--expect" in own:
         expect = json.loads(own["--expect"])
         found = found_facts()

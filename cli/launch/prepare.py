@@ -5,7 +5,8 @@ starts anywhere when something is wrong. It reads the LaunchOptions (cli/launch/
      `python -m auralm.training.config --check ...`, here), every node probed (netcheck's probe; torch facts cached,
      facts.py), each node's directories (data and run directory writable, with room, the data prepared for the
      task: storage.py), the master port (free on the master, reachable from every worker: netcheck), and the
-     model's memory estimate (auralm.planning.sizing, memory.py);
+     model's memory estimate (auralm.planning.sizing, memory.py); on a Slurm allocation's nodes, torchrun itself
+     starts meanwhile and waits for its arguments (warm.py);
   3. the plan (plan.py: each node's torchrun line and environment), each rank's planned memory against its
      node's (memory.py) -> a LaunchPlan, printed by --dry-run (report.py) or run on every node (run.py).
 """
@@ -30,6 +31,7 @@ from cli.launch.facts import CACHE_DIR, gather, load_cache, remember, save_cache
 from cli.launch.options import TRAINER, LaunchOptions
 from cli.launch.plan import LaunchPlan, NodeFacts, build_plan, choose_backend, nproc_for
 from cli.launch.storage import DEFAULT_DATA_ENV, check_local, check_nodes, trainer_dirs
+from cli.launch.warm import hold_torchrun
 from cli.nodes.remote import Session, connect_all
 
 TRAINER_CHECK = "auralm.training.config"  # the trainer's --check without `import torch`: same parser, a tenth of the time
@@ -119,7 +121,9 @@ def _run_trainer_check(args: list[str]) -> None:
 
 
 def _master_port(session: Session, nodes: list[Node], master_addr: str, wanted: int | None) -> int:
-    candidates = [wanted] if wanted is not None else list(DEFAULT_PORTS)
+    """--master-port, else torchrun's default or a neighbour (a port other nodes must be let through to), else, on one
+    node alone, any free port: two runs on one machine at once do not race for 29500."""
+    candidates = [wanted] if wanted is not None else [] if len(nodes) == 1 else list(DEFAULT_PORTS)
     res = session.run_python(FREE_PORT_SNIPPET, [str(p) for p in candidates], timeout=30)
     port = int(res.stdout.split()[0]) if res.ok and res.stdout.split() else None
     if wanted is not None and port != wanted:
@@ -143,9 +147,10 @@ def _check_port_reachable(sessions: dict[str, Session], nodes: list[Node], addr:
         raise HrmctlError(f"refusing to launch, it would hang: {pc.failures()[0]}", exit_code=3)
 
 
-def prepare(opts: LaunchOptions, reported: dict[str, dict] | None = None) -> LaunchPlan:
+def prepare(opts: LaunchOptions, reported: dict[str, dict] | None = None, hold: bool = False) -> LaunchPlan:
     """The plan for ``opts`` (checked by the command: LaunchOptions.check). ``reported``: what nodes said of their
-    torch in a first launch (cli.launch.node_torchrun), cached first so that the plan is made from it."""
+    torch in a first launch (cli.launch.node_torchrun), cached first so that the plan is made from it. ``hold``: on
+    a Slurm allocation's nodes, torchrun starts while the preflight runs (cli/launch/warm.py)."""
     nodes = opts.nodes
     if reported:
         remember(reported, nodes)
@@ -168,6 +173,8 @@ def prepare(opts: LaunchOptions, reported: dict[str, dict] | None = None) -> Lau
     sessions = connect_all(nodes, opts.accept_new_host_keys)
     keep = False
     try:
+        if hold and opts.use_cache and not opts.dry_run:
+            hold_torchrun(sessions, nodes, run_id)
         with ThreadPoolExecutor(max_workers=5) as pool:
             check = pool.submit(check_trainer_args, opts.module, opts.args)
             size_f = pool.submit(memory.model_size, opts, 1)

@@ -82,6 +82,39 @@ def test_the_node_check_refuses_a_wrong_guess_before_torchrun_starts():
     assert "Traceback" not in res.stderr
 
 
+def test_a_held_torchrun_runs_with_the_arguments_and_environment_sent_later_or_ends_with_nothing_started(tmp_path):
+    """cli/launch/warm.py on a Slurm allocation (without Slurm: the held process here, as srun's task would be):
+    torchrun imported first, then its arguments and environment on stdin; a start it cannot serve is refused; a
+    cancelled one ends before anything ran. The allocation itself: tests/cluster/test_slurm.py."""
+    from cli.launch.warm import HELD, takes
+    from cli.nodes.srun import Held
+    from lab.local import free_port
+
+    n = Node(name="a", host="10.0.0.1", user="u", python=sys.executable, workdir=str(ROOT))
+    plain = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1"]
+    assert takes(n, plain, {"HRMCTL_JOB": "r/a"}, str(ROOT)) == {"argv": plain[3:], "env": {"HRMCTL_JOB": "r/a"}}
+    assert takes(n, plain, {"PYTHONPATH": "cli/launch/nolibuv"}, str(ROOT)) is None  # read as Python starts
+    assert takes(n, plain, {}, "/elsewhere") is None
+    assert takes(n, [sys.executable, "-m", "cli.launch.node_torchrun", "--expect", "{}", "--"], {}, str(ROOT)) is None
+
+    def held() -> Held:
+        return Held(subprocess.Popen([sys.executable, *HELD], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, start_new_session=True), lambda *a: None)
+
+    script = tmp_path / "show.py"
+    script.write_text("import os, sys\nprint('worker', os.environ.get('HELD_SEEN'), sys.argv[1:], flush=True)\n")
+    lines: list[str] = []
+    port = free_port()  # not torchrun's default 29500, which a launch in another test may have just chosen
+    argv = ["--nnodes=1", "--nproc-per-node=1", "--rdzv-backend=static", "--master-addr=127.0.0.1",
+            f"--master-port={port}", "--max-restarts=0", str(script), "x=1"]
+    job = held().go({"argv": argv, "env": {"HELD_SEEN": "yes"}}, lambda stream, line: lines.append(line))
+    assert job.wait(120) == 0, lines
+    assert any("worker yes ['x=1']" in ln for ln in lines), lines
+    cancelled = held()
+    cancelled.cancel()
+    assert cancelled.proc.poll() is not None
+
+
 def test_secrets_are_left_out_of_what_is_shown_but_not_of_what_runs():
     a, _ = plan()
     assert "s3cret" not in a.shell_line(redact=True) and "WANDB_API_KEY=***" in a.shell_line(redact=True)
