@@ -112,8 +112,8 @@ LaunchNodes = Annotated[Optional[str], typer.Option(
     "--nodes", "-n", rich_help_panel=NODES,
     help="Comma-separated node names, the master first. Default: this machine alone.")]
 Port = Annotated[Optional[int], typer.Option(
-    "--master-port", rich_help_panel=LAUNCH, help="Rendezvous port on the master (default: 29500, or the next free one; a run on this machine "
-         "alone: any free port).")]
+    "--master-port", rich_help_panel=LAUNCH,
+    help="Rendezvous port on the master (default: 29500, or the next free one; a run on one node alone: any free port).")]
 Nproc = Annotated[Optional[int], typer.Option(
     "--nproc", rich_help_panel=LAUNCH, help="Processes per node (default: the inventory's nproc; auto = one per GPU, else 1).")]
 Backend = Annotated[str, typer.Option(
