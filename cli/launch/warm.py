@@ -1,7 +1,7 @@
 """torchrun started on each node of a Slurm allocation while the launch's preflight runs.
 
 torchrun's own start (Python and `import torch`: seconds) does not depend on the plan, and the plan waits for the
-preflight (probes, directories, master port: 0.7-1.4 s over srun on the 2-core lab, bench/slurm.py). So on an
+preflight (probes, directories, master port: 0.65-1.4 s over srun on the 2-core lab, bench/slurm.py). So on an
 allocation's nodes the launch first starts `python -m cli.launch.node_torchrun --held stdin --` on every node
 (cli/nodes/srun.py `hold`), and the run's start hands each its torchrun arguments and environment instead of
 starting a new step (cli/launch/run.py is unchanged: SrunSession.start passes them on).
@@ -27,18 +27,14 @@ HELD = ["-m", "cli.launch.node_torchrun", "--held", "stdin", "--"]
 READ_AT_START = ("PYTHON", "LD_")  # prefixes of what the interpreter reads before its arguments arrive
 
 
-def hold_torchrun(sessions: dict[str, Session], nodes: list[Node], run_id: str) -> list[str]:
-    """Hold torchrun on every node of an allocation whose facts are cached; the names of those held."""
-    cache = load_cache(CACHE)
-    held = []
-    for node in nodes:
-        session = sessions[node.name]
-        if not hasattr(session, "hold") or not known(node, cache):
-            continue
-        env = {"HRMCTL_RUN_ID": run_id, "HRMCTL_JOB": f"{run_id}/{node.name}", "PYTHONUNBUFFERED": "1"}
-        session.hold([node.python, *HELD], partial(takes, node), env=env, cwd=node.workdir)
-        held.append(node.name)
-    return held
+def hold_torchrun(sessions: dict[str, Session], nodes: list[Node], run_id: str) -> None:
+    """Hold torchrun on every node of an allocation whose facts are cached (SSH and local nodes: nothing read)."""
+    allocation = [n for n in nodes if hasattr(sessions[n.name], "hold")]
+    cache = load_cache(CACHE) if allocation else {}
+    for node in allocation:
+        if known(node, cache):
+            env = {"HRMCTL_RUN_ID": run_id, "HRMCTL_JOB": f"{run_id}/{node.name}", "PYTHONUNBUFFERED": "1"}
+            sessions[node.name].hold([node.python, *HELD], partial(takes, node), env=env, cwd=node.workdir)
 
 
 def takes(node: Node, argv: Sequence[str], env: dict, cwd: str | None) -> dict | None:
