@@ -14,20 +14,21 @@ what was measured on the CPU), to tell a model that fits from one that does not.
 from __future__ import annotations
 
 import sys
-
-import torch
+from typing import TYPE_CHECKING
 
 from auralm import models
 from auralm.training import config
 from auralm.errors import UserError
 from auralm.models import registry
-from auralm.models.layers import swiglu_width
 from auralm.parallel import strategy
+
+if TYPE_CHECKING:
+    import torch
 
 
 def meta_model(task: str, arch: dict, vocab: int | None) -> torch.nn.Module:
-    """The model built on the meta device: shapes, no memory."""
-    with torch.device("meta"):
+    """The model built on the meta device: shapes, no memory, no initialisation (registry.on_meta)."""
+    with registry.on_meta():
         return models.build(task, arch, vocab)
 
 
@@ -46,29 +47,43 @@ def blocks_in_graph(task: str, arch: dict) -> int:
     return registry.of(task, arch).blocks_in_graph(arch)
 
 
+def inputs(cfg: config.Config, vocab: int | None = None) -> dict:
+    """All that estimate() and summary() read of a config: what the launcher keys its cache of estimates by (cli/launch/memory.py),
+    so that overrides which change nothing here (steps, intervals, paths, rates) reuse an estimate. Cheap: no torch."""
+    t = cfg.training
+    return {"task": cfg.task, "name": cfg.model.name, "arch": config.resolved_model(cfg.model), "vocab": vocab,
+            "batch_size": t.batch_size, "grad_checkpoint": bool(t.grad_checkpoint), "ema": bool(t.ema),
+            "grad_accum": t.grad_accum, "global_batch_size": t.global_batch_size, "parallel": t.parallel,
+            "sync": t.sync}
+
+
 def estimate(cfg: config.Config, vocab: int | None = None) -> dict:
-    """Parameters and per-rank bytes: {"parameters", "states_bytes", "activation_bytes", "total_bytes"}."""
-    arch = config.resolved_model(cfg.model)
-    vocab = vocab or (32000 if cfg.task == "lm" else None)
-    n = count_parameters(cfg.task, arch, vocab)
+    """Parameters and per-rank bytes: {"parameters", "states_bytes", "activation_bytes", "total_bytes"}, from
+    inputs(cfg, vocab) alone."""
+    from auralm.models.layers import swiglu_width
+
+    given = inputs(cfg, vocab)
+    task, arch, batch_size = given["task"], given["arch"], given["batch_size"]
+    vocab = given["vocab"] or (32000 if task == "lm" else None)
+    n = count_parameters(task, arch, vocab)
     d, heads = arch["n_embd"], arch["n_head"]
-    T = 81 + (-(-(arch.get("puzzle_emb_ndim") or 0) // d)) if cfg.task == "sudoku" else arch["block_size"]
+    T = 81 + (-(-(arch.get("puzzle_emb_ndim") or 0) // d)) if task == "sudoku" else arch["block_size"]
     width = arch.get("ffn_dim") or swiglu_width(d, arch.get("expansion", 4 * 1.5))
-    out_classes = 9 if cfg.task == "sudoku" else vocab
+    out_classes = 9 if task == "sudoku" else vocab
 
     def activations(batch: int) -> int:
         tokens = batch * T
         per_block = (10 * d + 3 * width) * tokens + heads * T * T * batch
         if arch.get("mhc_enabled"):  # two connections a block: the n streams in, mixed and out, normalised
             per_block += 2 * 4 * arch["mhc_flows"] * d * tokens
-        if cfg.training.grad_checkpoint:
-            return 4 * (blocks_in_graph(cfg.task, arch) * d * tokens + per_block + 2 * tokens * out_classes)
-        return 4 * (blocks_in_graph(cfg.task, arch) * per_block + 2 * tokens * out_classes)
+        if given["grad_checkpoint"]:
+            return 4 * (blocks_in_graph(task, arch) * d * tokens + per_block + 2 * tokens * out_classes)
+        return 4 * (blocks_in_graph(task, arch) * per_block + 2 * tokens * out_classes)
 
-    auto = cfg.training.batch_size == config.AUTO
-    act = 0 if auto else activations(cfg.training.batch_size)
-    states = n * (16 + (4 if cfg.training.ema else 0))
-    return {"name": cfg.model.name, "parameters": n, "batch_size": "auto" if auto else cfg.training.batch_size,
+    auto = batch_size == config.AUTO
+    act = 0 if auto else activations(batch_size)
+    states = n * (16 + (4 if given["ema"] else 0))
+    return {"name": given["name"], "parameters": n, "batch_size": "auto" if auto else batch_size,
             "states_bytes": states, "activation_bytes": act, "total_bytes": states + act,
             "activation_bytes_per_row": activations(1)}
 
@@ -92,6 +107,24 @@ def per_rank(cfg: config.Config, world: int) -> None:
         t.batch_size = max(1, t.global_batch_size // (t.grad_accum * world))
 
 
+def summary(cfg: config.Config, world: int = 1, vocab: int | None = None) -> dict:
+    """``--json``'s document: the estimate for one rank of a world of ``world``, with what the launcher's memory
+    check needs beside it; from inputs(cfg, vocab) and ``world`` alone."""
+    from auralm.planning.autobatch import MARGIN  # the share of memory batch_size=auto plans with, for the dry run
+
+    per_rank(cfg, world)
+    given = inputs(cfg, vocab or given_vocab(cfg))
+    vocab = given["vocab"] or (32000 if given["task"] == "lm" else None)
+    return dict(estimate(cfg, given["vocab"]), grad_accum=given["grad_accum"],
+                global_batch_size=given["global_batch_size"], memory_margin=MARGIN, parallel=given["parallel"],
+                vocab=vocab, shards_states=strategy.strategy_class(given["sync"], given["parallel"]).shards_states)
+
+
+def given_vocab(cfg: config.Config) -> int | None:
+    """The model's own vocabulary, when its config names one."""
+    return config.resolved_model(cfg.model).get("vocab_size")
+
+
 if __name__ == "__main__":
     # python -m auralm.planning.sizing [--json] [--world N] [--vocab N] key=value ...  (--vocab: the data's vocabulary)
     try:
@@ -102,20 +135,13 @@ if __name__ == "__main__":
                 opts[flag] = int(args[i + 1])
                 del args[i: i + 2]
         cfg, _ = config.parse_command_line([a for a in args if a != "--json"])
-        per_rank(cfg, opts["--world"])
-        vocab = opts["--vocab"] or config.resolved_model(cfg.model).get("vocab_size")
         if "--json" in sys.argv:
             import json
 
-            from auralm.planning.autobatch import MARGIN  # the share of memory batch_size=auto plans with, for the dry run
-
-            print(json.dumps(dict(estimate(cfg, vocab), grad_accum=cfg.training.grad_accum,
-                                  global_batch_size=cfg.training.global_batch_size, memory_margin=MARGIN,
-                                  parallel=cfg.training.parallel, vocab=vocab or (32000 if cfg.task == "lm" else None),
-                                  shards_states=strategy.strategy_class(cfg.training.sync, cfg.training.parallel)
-                                  .shards_states)))  # the sync strategy splits the states over the ranks (FSDP)
+            print(json.dumps(summary(cfg, opts["--world"], opts["--vocab"])))
         else:
-            print(describe(cfg, vocab))
+            per_rank(cfg, opts["--world"])
+            print(describe(cfg, opts["--vocab"] or given_vocab(cfg)))
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

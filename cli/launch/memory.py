@@ -43,9 +43,9 @@ def model_size(opts, world: int, vocab: int | None = None) -> dict | None:
 
     cache = CACHE_DIR / SIZING_CACHE_NAME
     argv = ["--json", "--world", str(world), *(["--vocab", str(vocab)] if vocab else []), *opts.args]
-    key = _sizing_key(argv)
+    key = _sizing_key(opts.args, world, vocab)
     known = load_cache(cache).get(key) if key else None
-    if known is not None:  # the same trainer source, Python and arguments: the same estimate
+    if known is not None:  # the same trainer source, Python and what the estimate reads: the same estimate
         return known
     res = subprocess.run([sys.executable, "-m", "auralm.planning.sizing", *argv], capture_output=True, text=True,
                          timeout=SIZING_TIMEOUT_S)
@@ -60,17 +60,27 @@ def model_size(opts, world: int, vocab: int | None = None) -> dict | None:
     return size
 
 
-def _sizing_key(argv: list[str]) -> str | None:
-    """This Python, these arguments, and the trainer's source (every file's name, size and mtime): a key that changes
-    whenever the estimate could."""
+def _sizing_key(args: list[str], world: int, vocab: int | None) -> str | None:
+    """This Python, what the estimate reads of the trainer's config (auralm.planning.sizing.inputs: not the steps,
+    intervals, paths or rates, so a run that changes only those reuses it), the world, and the trainer's source
+    (every file's name, size and mtime): a key that changes whenever the estimate could. None when the overrides do
+    not parse (the estimate's own process then says why)."""
     import hashlib
     import importlib.util
     from pathlib import Path
 
+    from auralm.errors import UserError
+    from auralm.planning.sizing import inputs
+    from auralm.training.config import parse_command_line
+
     spec = importlib.util.find_spec("auralm")
     if spec is None or not spec.submodule_search_locations:
         return None
-    h = hashlib.sha256(json.dumps([sys.executable, argv]).encode())
+    try:
+        read = inputs(parse_command_line(args)[0], vocab)
+    except (UserError, ValueError, TypeError, KeyError):
+        return None
+    h = hashlib.sha256(json.dumps([sys.executable, world, read], sort_keys=True, default=str).encode())
     root = Path(list(spec.submodule_search_locations)[0])
     for path in sorted(root.rglob("*.py")):
         st = path.stat()

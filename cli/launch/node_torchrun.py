@@ -13,8 +13,9 @@ FACTS_DIFFER before anything else starts, and the launcher plans again from the 
 
 With ``--held stdin`` (a Slurm allocation's nodes: cli/launch/warm.py), it is started before the launch is
 planned: it imports torchrun while the launcher's preflight runs, then reads torchrun's arguments and the node's
-environment as one JSON line on its standard input ({"argv": [...], "env": {...}}), or ends at once if the input
-ends first (the preflight failed: nothing started).
+environment as one JSON line on its standard input ({"argv": [...], "env": {...}}, and "own": this module's other
+options, such as --expect, when the plan gave some), or ends at once if the input ends first (the preflight
+failed: nothing started).
 
 With ``--exit-barrier S`` (a run that nodes may leave without the others restarting: DiLoCo under
 training.elastic) torchrun's agent waits at most S seconds at its end for the other nodes' agents (torchrun waits
@@ -85,9 +86,10 @@ def shorter_exit_barrier(seconds: float) -> None:
     logging.getLogger(api.__name__).addFilter(OneLine())
 
 
-def held_arguments() -> list[str] | None:
-    """torchrun imported (the seconds the launcher's preflight runs meanwhile), then its arguments from the launcher,
-    its environment applied (its workers inherit it); None when the launcher ended the input instead."""
+def held_arguments() -> tuple[dict, list[str]] | None:
+    """torchrun imported (the seconds the launcher's preflight runs meanwhile), then this module's options and
+    torchrun's arguments from the launcher, its environment applied (its workers inherit it); None when the launcher
+    ended the input instead."""
     import importlib
 
     importlib.import_module("torch.distributed.run")  # what torchrun's start costs, paid while the launcher checks
@@ -97,7 +99,7 @@ def held_arguments() -> list[str] | None:
         return None
     given = json.loads(line)
     os.environ.update(given["env"])
-    return list(given["argv"])
+    return dict(given.get("own") or {}), list(given["argv"])
 
 
 def main(argv: list[str]) -> int:
@@ -108,9 +110,10 @@ def main(argv: list[str]) -> int:
         return 2
     own, rest = parsed
     if "--held" in own:
-        rest = held_arguments()
-        if rest is None:
+        given = held_arguments()
+        if given is None:
             return 0
+        own, rest = given
     if "--expect" in own:
         expect = json.loads(own["--expect"])
         found = found_facts()

@@ -6,11 +6,13 @@ allocation's nodes the launch first starts `python -m cli.launch.node_torchrun -
 (cli/nodes/srun.py `hold`), and the run's start hands each its torchrun arguments and environment instead of
 starting a new step (cli/launch/run.py is unchanged: SrunSession.start passes them on).
 
-A node is held only when its torch facts are cached (a first launch there confirms guessed facts before torchrun:
-node_torchrun --expect), and a held process takes only a plain torchrun start in the same directory whose
-environment sets nothing that Python reads as it starts (PYTHONPATH for the libuv stand-in, PYTHONHOME, LD_*...);
-otherwise it ends and the start is a new step, as without it. A preflight that fails ends every held process with
-its session (`close`), before anything trained.
+A first launch on a node (its torch facts not cached: each new allocation's nodes on a large cluster) is held too:
+its start is node_torchrun's, and the held process is sent node_torchrun's own options with torchrun's arguments,
+so it confirms the guessed facts (--expect) with the torch it has imported before torchrun runs, as a new step
+would. A held process takes only a start in the same directory whose environment sets nothing that Python reads
+as it starts (PYTHONPATH for the libuv stand-in, PYTHONHOME, LD_*...); otherwise it ends and the start is a new
+step, as without it. A preflight that fails ends every held process with its session (`close`), before anything
+trained.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from __future__ import annotations
 from functools import partial
 from typing import Sequence
 
-from cli.launch.facts import CACHE, known, load_cache
-from cli.launch.plan import TORCHRUN
+from cli.launch.node_torchrun import options
+from cli.launch.plan import CHECKED_TORCHRUN, TORCHRUN
 from cli.nodes.inventory import Node
 from cli.nodes.remote import Session
 
@@ -28,19 +30,23 @@ READ_AT_START = ("PYTHON", "LD_")  # prefixes of what the interpreter reads befo
 
 
 def hold_torchrun(sessions: dict[str, Session], nodes: list[Node], run_id: str) -> None:
-    """Hold torchrun on every node of an allocation whose facts are cached (SSH and local nodes: nothing read)."""
-    allocation = [n for n in nodes if hasattr(sessions[n.name], "hold")]
-    cache = load_cache(CACHE) if allocation else {}
-    for node in allocation:
-        if known(node, cache):
+    """Hold torchrun on every node of an allocation (SSH and local nodes: nothing)."""
+    for node in nodes:
+        if hasattr(sessions[node.name], "hold"):
             env = {"HRMCTL_RUN_ID": run_id, "HRMCTL_JOB": f"{run_id}/{node.name}", "PYTHONUNBUFFERED": "1"}
             sessions[node.name].hold([node.python, *HELD], partial(takes, node), env=env, cwd=node.workdir)
 
 
 def takes(node: Node, argv: Sequence[str], env: dict, cwd: str | None) -> dict | None:
-    """What a held torchrun is sent for this start ({"argv", "env"}), or None when it cannot serve it."""
-    if list(argv[:3]) != [node.python, *TORCHRUN] or cwd != node.workdir:
+    """What a held torchrun is sent for this start ({"argv", "env"}, and node_torchrun's own options as "own"), or
+    None when it cannot serve it."""
+    if list(argv[:1]) != [node.python] or cwd != node.workdir:
         return None
     if any(k.startswith(READ_AT_START) and k != "PYTHONUNBUFFERED" for k in env):
         return None
-    return {"argv": list(argv[3:]), "env": dict(env)}
+    if list(argv[1:3]) == TORCHRUN:
+        return {"argv": list(argv[3:]), "env": dict(env)}
+    parsed = options(list(argv[3:])) if list(argv[1:3]) == CHECKED_TORCHRUN else None
+    if parsed is None or "--held" in parsed[0]:
+        return None
+    return {"argv": parsed[1], "env": dict(env), "own": parsed[0]}

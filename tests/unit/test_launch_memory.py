@@ -105,3 +105,23 @@ def test_a_refusal_is_judged_again_at_the_datas_vocabulary(size):
     shares = memory.shares([("n", 1)], {"n": NodeFacts(mem_available_gb=room)})
     assert memory.verdict(size, 1, shares) is not None
     assert memory.check(TRAINER_OPTS, size, 512, 1, shares, print) == at_512
+
+
+def test_an_estimate_is_reused_across_overrides_it_does_not_read_and_made_again_for_those_it_does():
+    """The cache of estimates is keyed by what auralm.planning.sizing reads (its ``inputs``), not by the whole
+    command line: a first launch with another max_steps or data_dir skipped a 4-6 s estimate (bench/slurm.py)."""
+    key = memory._sizing_key
+    base = key(["model=tiny", "training.batch_size=8"], 2, None)
+    assert base is not None
+    assert key(["model=tiny", "training.batch_size=8", "training.max_steps=7", "data_dir=/elsewhere",
+                "training.log_interval=1", "training.lr=1e-3"], 2, None) == base
+    for args, world, vocab in ((["model=tiny", "training.batch_size=16"], 2, None),
+                               (["model=small", "training.batch_size=8"], 2, None),
+                               (["model=tiny", "training.batch_size=8", "training.ema=true"], 2, None),
+                               (["model=tiny", "training.batch_size=8", "training.sync=diloco"], 2, None),
+                               (["model=tiny", "training.batch_size=8", "model.n_layer=3"], 2, None),
+                               (["model=tiny", "training.batch_size=8"], 1, None),
+                               (["model=tiny", "training.batch_size=8"], 2, 512)):
+        other = key(args, world, vocab)
+        assert other is not None and other != base, args
+    assert key(["model=no-such-model"], 1, None) is None  # the estimate's own process says what is wrong

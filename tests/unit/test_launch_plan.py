@@ -95,7 +95,9 @@ def test_a_held_torchrun_runs_with_the_arguments_and_environment_sent_later_or_e
     assert takes(n, plain, {"HRMCTL_JOB": "r/a"}, str(ROOT)) == {"argv": plain[3:], "env": {"HRMCTL_JOB": "r/a"}}
     assert takes(n, plain, {"PYTHONPATH": "cli/launch/nolibuv"}, str(ROOT)) is None  # read as Python starts
     assert takes(n, plain, {}, "/elsewhere") is None
-    assert takes(n, [sys.executable, "-m", "cli.launch.node_torchrun", "--expect", "{}", "--"], {}, str(ROOT)) is None
+    checked = [sys.executable, "-m", "cli.launch.node_torchrun", "--expect", "{}", "--", *plain[3:]]
+    assert takes(n, checked, {}, str(ROOT)) == {"argv": plain[3:], "env": {}, "own": {"--expect": "{}"}}
+    assert takes(n, [sys.executable, *HELD, *plain[3:]], {}, str(ROOT)) is None
 
     def held() -> Held:
         return Held(subprocess.Popen([sys.executable, *HELD], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -113,6 +115,12 @@ def test_a_held_torchrun_runs_with_the_arguments_and_environment_sent_later_or_e
     cancelled = held()
     cancelled.cancel()
     assert cancelled.proc.poll() is not None
+    # a first launch on the node: the guessed facts checked by the held process, with the torch it imported
+    lines.clear()
+    guess = json.dumps({"gpus": 3, "nccl": True, "libuv_ok": True})
+    job = held().go({"argv": argv, "env": {}, "own": {"--expect": guess}}, lambda stream, line: lines.append(line))
+    assert job.wait(120) == node_torchrun.FACTS_DIFFER, lines
+    assert any(ln.startswith("hrmctl-node-facts: ") for ln in lines) and not any("worker" in ln for ln in lines)
 
 
 def test_secrets_are_left_out_of_what_is_shown_but_not_of_what_runs():
