@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import signal
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
@@ -14,13 +15,16 @@ from rich.markup import escape
 from auralm.models import guide_spellings
 from auralm.training.config import split_global_batch
 from cli.errors import HrmctlError
-from cli.launch import guide_options, links, report
-from cli.launch.facts import remember
-from cli.launch.memory import model_size
+from cli.launch import guide_options, links
 from cli.launch.options import TRAINER, LaunchOptions
-from cli.launch.plan import LaunchPlan
-from cli.launch.prepare import check_trainer_args, expand_config_files, prepare
-from cli.launch.run import RunResult, run
+from cli.launch.overrides import check_trainer_args, expand_config_files
+
+if TYPE_CHECKING:
+    from cli.launch.plan import LaunchPlan
+    from cli.launch.run import RunResult
+
+# The stages (prepare, run, report) are imported where they are called: a run sent to Slurm (_submit) needs none
+# of them, and loading them cost its submission 0.1 s before sbatch (bench/slurm.py).
 
 DDP_CHECK = "auralm.planning.ddp_check"
 RESULT_TAG = "HRMCTL_RESULT "
@@ -100,6 +104,10 @@ def _sync_data(opts: LaunchOptions, console: Console) -> None:
 
 def _dry_run(opts: LaunchOptions, as_json: bool, console: Console, err: Console | None = None,
              advice: links.Advice | None = None, choice: str = "") -> int:
+    from cli.launch import report
+    from cli.launch.memory import model_size
+    from cli.launch.prepare import prepare
+
     prep = prepare(opts)
     # the plan's estimate is for one rank (made beside the probes): for a world of one it is the run's own
     size = prep.size if prep.size and prep.world == 1 else model_size(opts, prep.world)
@@ -112,6 +120,10 @@ def plan_then_run(opts: LaunchOptions, console: Console, before_run=None) -> tup
     The run may ask for the plan again, once, when a first launch's guessed facts were wrong on a node.
     ``before_run()`` is called between the two (train's warning about the link). What the nodes reported of their
     torch is cached for the next launch."""
+    from cli.launch.facts import remember
+    from cli.launch.prepare import prepare
+    from cli.launch.run import run
+
     prep = prepare(opts, hold=True)
     if before_run:
         before_run()
@@ -156,6 +168,8 @@ def train(opts: LaunchOptions, *, sync_data: bool, as_json: bool, console: Conso
     def before_run() -> None:
         link[0] = links.warn(advice, err)
 
+    from cli.launch import report
+
     prep, result = plan_then_run(opts, console, before_run)
     code = report.finish(result, prep, as_json, console, err, extra={"link": link[0]})
     if result.interrupted and result.code == 128 + signal.SIGUSR1 and opts.nodes[0].slurm_job:
@@ -195,6 +209,8 @@ def test_ddp(opts: LaunchOptions, *, overrides: list[str] | None = None, as_json
             results.append(json.loads(payload))
         except ValueError:
             pass
+
+    from cli.launch import report
 
     opts.result_tag, opts.on_result, opts.quiet, opts.json_output = RESULT_TAG, on_result, as_json, as_json
     prep, result = plan_then_run(opts, console)

@@ -3,7 +3,7 @@
 `import torch` costs seconds on a small machine, and a launch pays it again on every node when
 torchrun starts. So the probe runs without torch (route to the master, interfaces, hostname,
 python, project, the driver's GPU count: a fraction of a second), and torch's answers (GPUs,
-NCCL, libuv) are taken from ~/.cache/hrmctl/torch-facts.json when the same node, Python and torch
+NCCL, libuv) are taken from torch-facts.json in hrmctl's cache (cli/cache.py) when the same node, Python and torch
 version were seen in the last day. A node not seen yet is launched on a guess (`guessed` facts:
 the driver's GPUs, NCCL with them, libuv on) through cli.launch.node_torchrun, which checks the guess
 with torchrun's own import of torch and reports the real answers (`remember` caches them); a
@@ -14,21 +14,19 @@ at start, so a stale GPU count costs a fallback to gloo, never a hang.
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 from netcheck import NodeProbe, ProbeError, run_probe
 
+from cli.cache import cache_dir, load as load_cache, save as save_cache
 from cli.errors import HrmctlError, RemoteError
 from cli.nodes.inventory import Node
 from cli.launch.plan import NodeFacts
 from cli.nodes.remote import Session
 
-CACHE_DIR = Path(os.environ.get("HRMCTL_CACHE", "~/.cache/hrmctl")).expanduser()
+CACHE_DIR = cache_dir()
 CACHE = CACHE_DIR / "torch-facts.json"
 CACHE_TTL_S = 24 * 3600
 PROBE_TIMEOUT_S = 60
@@ -48,21 +46,6 @@ def _torch_version(probe: NodeProbe) -> str | None:
     return ((probe.raw.get("project") or {}).get("versions") or {}).get("torch")
 
 
-def load_cache(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def save_cache(path: Path, entries: dict) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(entries, indent=1))
-        tmp.replace(path)
-    except OSError:
-        pass  # a cache we cannot write only costs time
 
 
 def _check(node: Node, probe: NodeProbe) -> None:

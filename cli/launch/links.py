@@ -15,12 +15,13 @@ a reason not to run: anything missing or failing here is silence.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from cli import cache
+from cli.cache import cache_dir
 from cli.nodes.inventory import Node
 from cli.launch.options import TRAINER
 
@@ -28,13 +29,7 @@ ADVICE_TIMEOUT_S = 20
 
 
 def cache_path() -> Path:
-    if os.environ.get("HRMCTL_CACHE"):
-        base = Path(os.environ["HRMCTL_CACHE"]).expanduser()
-    elif os.environ.get("XDG_CACHE_HOME"):
-        base = Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "hrmctl"
-    else:
-        base = Path("~/.cache/hrmctl").expanduser()
-    return base / "links.json"
+    return cache_dir() / "links.json"
 
 
 def key(names: list[str]) -> str:
@@ -42,11 +37,7 @@ def key(names: list[str]) -> str:
 
 
 def load_all() -> dict:
-    try:
-        data = json.loads(cache_path().read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
+    return cache.load(cache_path())
 
 
 def load(names: list[str]) -> dict | None:
@@ -76,10 +67,8 @@ def save(entry: dict) -> Path:
     path = cache_path()
     data = load_all()
     data[key(entry["nodes"])] = entry
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    if not cache.save(path, data):
+        raise OSError(f"cannot write {path}")
     return path
 
 

@@ -30,7 +30,7 @@ from cli.launch.plan import NodeFacts
 GIB = 1 << 30
 SKIP_ENV = "HRMCTL_MEMORY_CHECK"  # "0": no refusal (the estimate is a rough one)
 SIZING_TIMEOUT_S = 120
-SIZING_CACHE_NAME = "model-sizes.json"  # in hrmctl's cache directory (cli/launch/facts.py's CACHE_DIR)
+SIZING_CACHE_NAME = "model-sizes.json"  # in hrmctl's cache directory (cli/cache.py)
 
 
 def model_size(opts, world: int, vocab: int | None = None) -> dict | None:
@@ -39,9 +39,9 @@ def model_size(opts, world: int, vocab: int | None = None) -> dict | None:
     32000 for text); cached by _sizing_key. None for another module, or when it cannot say."""
     if opts.module != TRAINER:
         return None
-    from cli.launch.facts import CACHE_DIR, load_cache, save_cache
+    from cli.cache import cache_dir, load as load_cache, save as save_cache
 
-    cache = CACHE_DIR / SIZING_CACHE_NAME
+    cache = cache_dir() / SIZING_CACHE_NAME
     argv = ["--json", "--world", str(world), *(["--vocab", str(vocab)] if vocab else []), *opts.args]
     key = _sizing_key(opts.args, world, vocab)
     known = load_cache(cache).get(key) if key else None

@@ -13,13 +13,10 @@ starts anywhere when something is wrong. It reads the LaunchOptions (cli/launch/
 
 from __future__ import annotations
 
-import json
 import secrets
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 from netcheck import MasterAddressError, check_master_port, master_address
 
@@ -27,16 +24,15 @@ from cli.errors import HrmctlError, InventoryError
 from cli.nodes.inventory import Node
 from cli.launch import memory
 from cli.launch.elastic import EXIT_BARRIER_S, in_place
-from cli.launch.facts import CACHE_DIR, gather, load_cache, remember, save_cache
+from cli.launch.facts import gather, remember
 from cli.launch.options import TRAINER, LaunchOptions
+from cli.launch.overrides import check_trainer_args
 from cli.launch.plan import LaunchPlan, NodeFacts, build_plan, choose_backend, nproc_for
 from cli.launch.storage import DEFAULT_DATA_ENV, check_local, check_nodes, trainer_dirs
 from cli.launch.warm import hold_torchrun
 from cli.nodes.remote import Session, connect_all
 
-TRAINER_CHECK = "auralm.training.config"  # the trainer's --check without `import torch`: same parser, a tenth of the time
-DEFAULT_PORTS = range(29500, 29510)
-TRAINER_CHECKS = CACHE_DIR / "trainer-checks.json"  # torchrun's default first, then its neighbours
+DEFAULT_PORTS = range(29500, 29510)  # torchrun's default first, then its neighbours
 
 # Sent to the master's Python: the first port of argv that can be bound (as the TCPStore binds it).
 FREE_PORT_SNIPPET = r"""
@@ -57,67 +53,6 @@ for p in [int(a) for a in sys.argv[1:]] + [0]:
 
 def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
-
-
-def _trainer_check_key(args: list[str]) -> str | None:
-    """Same Python, same overrides, same trainer source (names, sizes, mtimes): same verdict."""
-    import hashlib
-    import importlib.util
-
-    spec = importlib.util.find_spec("auralm")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    h = hashlib.sha256(json.dumps([sys.executable, args]).encode())
-    for path in sorted(Path(list(spec.submodule_search_locations)[0]).glob("*.py")):
-        st = path.stat()
-        h.update(f"{path.name}:{st.st_size}:{st.st_mtime_ns}".encode())
-    return h.hexdigest()
-
-
-def check_trainer_args(module: str, args: list[str]) -> None:
-    """The trainer's parser validates its overrides here, before anything starts on any node. A
-    verdict "valid" is remembered; a rejection is never cached."""
-    if module != TRAINER:
-        return
-    key = _trainer_check_key(args)
-    if key and key in load_cache(TRAINER_CHECKS):
-        return
-    _run_trainer_check(args)
-    if key:
-        passed = load_cache(TRAINER_CHECKS)
-        passed[key] = time.time()
-        save_cache(TRAINER_CHECKS, dict(sorted(passed.items(), key=lambda kv: kv[1])[-200:]))
-
-
-def expand_config_files(module: str, args: list[str]) -> list[str]:
-    """``config=FILE.yaml`` spelled out into its key=value settings by the trainer's own reader (run here, as a
-    process: `python -m auralm.training.config --expand`), so the file need only exist on this machine."""
-    if module != TRAINER or not any(a.partition("=")[0].strip().lstrip("+") == "config" for a in args):
-        return args
-    try:
-        res = subprocess.run([sys.executable, "-m", TRAINER_CHECK, "--expand", *args], capture_output=True,
-                             text=True, timeout=120)
-    except subprocess.TimeoutExpired:
-        raise HrmctlError(f"`python -m {TRAINER_CHECK} --expand` did not answer in 120 s; run it by hand to see why")
-    if res.returncode != 0:
-        lines = (res.stderr.strip() or f"exit code {res.returncode}").splitlines()
-        raise HrmctlError(f"trainer overrides rejected: {lines[-1].removeprefix('error: ')}")
-    return json.loads(res.stdout.strip().splitlines()[-1])
-
-
-def _run_trainer_check(args: list[str]) -> None:
-    try:
-        res = subprocess.run([sys.executable, "-m", TRAINER_CHECK, "--check", *args], capture_output=True,
-                             text=True, timeout=120)
-    except subprocess.TimeoutExpired:
-        raise HrmctlError(f"`python -m {TRAINER_CHECK} --check` did not answer in 120 s; run it by hand to see why")
-    if res.returncode == 0:
-        return
-    lines = (res.stderr.strip() or res.stdout.strip() or f"exit code {res.returncode}").splitlines()
-    msg = lines[-1].removeprefix("error: ")
-    if "No module named" in msg and "auralm" in msg:
-        msg = f"the trainer {TRAINER} is not installed here; install the project (scripts/install.sh)"
-    raise HrmctlError(f"trainer overrides rejected: {msg}")
 
 
 def _master_port(session: Session, nodes: list[Node], master_addr: str, wanted: int | None) -> int:

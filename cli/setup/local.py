@@ -20,6 +20,7 @@ import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cli.cache import cache_dir
 from cli.errors import HrmctlError
 from cli.setup.torch_build import TorchBuild
 
@@ -33,14 +34,6 @@ class SetupError(HrmctlError):
     """A setup step on this machine failed (exit code 1 unless said otherwise)."""
 
     exit_code = 1
-
-
-def cache_dir() -> Path:
-    if os.environ.get("HRMCTL_CACHE"):
-        return Path(os.environ["HRMCTL_CACHE"]).expanduser()
-    if os.environ.get("XDG_CACHE_HOME"):
-        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "hrmctl"
-    return Path("~/.cache/hrmctl").expanduser()
 
 
 def _git(*args: str) -> str:

@@ -426,7 +426,7 @@ def test_the_stop_finds_the_jobs_processes_by_their_tag_and_leaves_the_rest(tmp_
 def test_a_config_file_is_spelled_out_here_and_data_train_path_leaves_the_data_directory_to_the_trainer(tmp_path):
     from cli.errors import HrmctlError
     from cli.launch.options import TRAINER
-    from cli.launch.prepare import expand_config_files
+    from cli.launch.overrides import expand_config_files
 
     cfg = tmp_path / "rlm.yaml"
     cfg.write_text("model: {name: rlm-tiny, mhc_flows: 2}\ntraining: {optimizer: {lr: 3.0e-4}}\n"
