@@ -61,31 +61,19 @@ def model_size(opts, world: int, vocab: int | None = None) -> dict | None:
 
 
 def _sizing_key(args: list[str], world: int, vocab: int | None) -> str | None:
-    """This Python, what the estimate reads of the trainer's config (auralm.planning.sizing.inputs: not the steps,
-    intervals, paths or rates, so a run that changes only those reuses it), the world, and the trainer's source
-    (every file's name, size and mtime): a key that changes whenever the estimate could. None when the overrides do
-    not parse (the estimate's own process then says why)."""
-    import hashlib
-    import importlib.util
-    from pathlib import Path
-
+    """What the estimate reads of the trainer's config (auralm.planning.sizing.inputs: not the steps, intervals,
+    paths or rates, so a run that changes only those reuses it) and the world, under the trainer's source
+    (overrides.trainer_key). None when the overrides do not parse (the estimate's own process then says why)."""
     from auralm.errors import UserError
     from auralm.planning.sizing import inputs
     from auralm.training.config import parse_command_line
+    from cli.launch.overrides import trainer_key
 
-    spec = importlib.util.find_spec("auralm")
-    if spec is None or not spec.submodule_search_locations:
-        return None
     try:
         read = inputs(parse_command_line(args)[0], vocab)
     except (UserError, ValueError, TypeError, KeyError):
         return None
-    h = hashlib.sha256(json.dumps([sys.executable, world, read], sort_keys=True, default=str).encode())
-    root = Path(list(spec.submodule_search_locations)[0])
-    for path in sorted(root.rglob("*.py")):
-        st = path.stat()
-        h.update(f"{path.relative_to(root)}:{st.st_size}:{st.st_mtime_ns}".encode())
-    return h.hexdigest()
+    return trainer_key("model size", world, read)
 
 
 @dataclass
