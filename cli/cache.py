@@ -30,11 +30,12 @@ def load(path: Path) -> dict:
 
 
 def save(path: Path, entries: dict) -> bool:
-    """Write ``entries`` to ``path``; False when it could not be written."""
+    """Write ``entries`` to ``path`` in their order (a cache trimmed to its newest entries keeps the last ones
+    inserted); False when it could not be written."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        tmp.write_text(json.dumps(entries, indent=1, sort_keys=True) + "\n")
+        tmp.write_text(json.dumps(entries, indent=1) + "\n")
         os.replace(tmp, path)
         return True
     except OSError:

@@ -125,3 +125,15 @@ def test_an_estimate_is_reused_across_overrides_it_does_not_read_and_made_again_
         other = key(args, world, vocab)
         assert other is not None and other != base, args
     assert key(["model=no-such-model"], 1, None) is None  # the estimate's own process says what is wrong
+
+
+def test_the_cache_of_estimates_keeps_its_newest_entries(tmp_path):
+    """memory.model_size trims its cache to the last 100 entries inserted: the cache file keeps their order (written
+    sorted by key, a new estimate could be the one trimmed away at the next launch, and be made again each time)."""
+    from cli import cache
+
+    path = tmp_path / "sizes.json"
+    entries = {f"{k:02d}": k for k in range(100, 0, -1)}  # inserted newest last, keys in the opposite order
+    assert cache.save(path, entries)
+    kept = dict(list(cache.load(path).items())[-10:])
+    assert list(kept.values()) == list(range(10, 0, -1))
