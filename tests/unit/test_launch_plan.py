@@ -182,7 +182,7 @@ def run_cli(*args, cwd, inventory=None):
     (["train", "--nodes", "node0", "--env", "NOEQUALS"], "KEY=VALUE"),
     (["train", "--nodes", "node0", "--bogus-flag"], "unknown option --bogus-flag"),
     (["train", "--nodes", "node0", "--backend", "mpi"], "choose auto, gloo or nccl"),
-    (["train", "--nodes", "node0", "--max-restarts", "-1"], "Invalid value for '--max-restarts': Input should be greater than or equal to 0"),
+    (["train", "--nodes", "node0", "--max-restarts", "-1"], "Invalid value for '--max-restarts'"),
 ])
 def test_bad_input_is_one_line_and_nothing_starts(tmp_path, args, expect):
     inv = tmp_path / "hrmctl.toml"
