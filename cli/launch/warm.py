@@ -12,7 +12,8 @@ so it confirms the guessed facts (--expect) with the torch it has imported befor
 would. A held process takes only a start in the same directory whose environment sets nothing that Python reads
 as it starts (PYTHONPATH for the libuv stand-in, PYTHONHOME, LD_*...); otherwise it ends and the start is a new
 step, as without it. A preflight that fails ends every held process with its session (`close`), before anything
-trained.
+trained. A batch job holds torchrun first of all (`hold_ahead`, cli/slurm/job.py: before its imports and the
+command's checks), and the launch's sessions take those over.
 """
 
 from __future__ import annotations
@@ -30,11 +31,23 @@ READ_AT_START = ("PYTHON", "LD_")  # prefixes of what the interpreter reads befo
 
 
 def hold_torchrun(sessions: dict[str, Session], nodes: list[Node], run_id: str) -> None:
-    """Hold torchrun on every node of an allocation (SSH and local nodes: nothing)."""
+    """Hold torchrun on every node of an allocation (SSH and local nodes: nothing; a node held ahead: kept)."""
     for node in nodes:
-        if hasattr(sessions[node.name], "hold"):
-            env = {"HRMCTL_RUN_ID": run_id, "HRMCTL_JOB": f"{run_id}/{node.name}", "PYTHONUNBUFFERED": "1"}
-            sessions[node.name].hold([node.python, *HELD], partial(takes, node), env=env, cwd=node.workdir)
+        session = sessions[node.name]
+        if hasattr(session, "hold") and session.held is None:
+            session.hold([node.python, *HELD], partial(takes, node), env=_env(node, run_id), cwd=node.workdir)
+
+
+def hold_ahead(nodes: list[Node], run_id: str) -> None:
+    """Hold torchrun on every node of the allocation before the launch's sessions exist (they take it over)."""
+    from cli.nodes.srun import hold_ahead as hold_on
+
+    for node in nodes:
+        hold_on(node, [node.python, *HELD], partial(takes, node), env=_env(node, run_id), cwd=node.workdir)
+
+
+def _env(node: Node, run_id: str) -> dict[str, str]:
+    return {"HRMCTL_RUN_ID": run_id, "HRMCTL_JOB": f"{run_id}/{node.name}", "PYTHONUNBUFFERED": "1"}
 
 
 def takes(node: Node, argv: Sequence[str], env: dict, cwd: str | None) -> dict | None:

@@ -17,7 +17,8 @@ signals and accounts for it as for the other nodes'.
 A command may also be started ahead of its arguments (`hold`): a step whose process reads them as one JSON line on
 its standard input once they are known, or ends at its end (cli/launch/warm.py holds torchrun that way while the
 preflight runs). The next `start` that the holder accepts is given to it instead of a new step; `close` ends one
-never given.
+never given. `hold_ahead` starts one before the node's session exists (the batch job's first act,
+cli/slurm/job.py): the session made for that node later takes it over.
 """
 
 from __future__ import annotations
@@ -81,13 +82,23 @@ class Held:
             self.proc.kill()
 
 
+_AHEAD: dict[str, Held] = {}  # hold_ahead's, by node name, until that node's session takes it
+
+
+def hold_ahead(node: Node, argv: Sequence[str], accepts: Accepts, *, env=None, cwd=None) -> None:
+    """Hold argv on `node` before its session exists: the first SrunSession made for the node takes it over."""
+    session = SrunSession(node)
+    session.hold(argv, accepts, env=env, cwd=cwd)
+    _AHEAD[node.name] = session.held
+
+
 class SrunSession(LocalSession):
     """Commands on one node of the allocation, each through srun (short ones in place on this process's node)."""
 
     def __init__(self, node: Node):
         super().__init__(node)
         self.here = node.name == os.environ.get("SLURMD_NODENAME")
-        self.held: Held | None = None
+        self.held: Held | None = _AHEAD.pop(node.name, None)
 
     def hold(self, argv: Sequence[str], accepts: Accepts, *, env=None, cwd=None) -> None:
         """Start argv now as a step whose standard input will carry its arguments (see Held)."""

@@ -5,6 +5,7 @@ node is the master, its address Slurm's NodeAddr."""
 
 from __future__ import annotations
 
+import functools
 import getpass
 import os
 import shutil
@@ -53,16 +54,23 @@ def allocation_nodes(job_id: str) -> list[Node]:
     if not nodelist:
         raise HrmctlError(f"SLURM_JOB_ID={job_id} is set but SLURM_JOB_NODELIST is not: start hrmctl inside the "
                           "allocation (salloc, or the batch script), or give --nodes to use the inventory")
-    res = slurm(["scontrol", "show", "hostnames", nodelist])
-    names = res.stdout.split()
-    if res.returncode != 0 or not names:
-        raise HrmctlError(f"scontrol show hostnames {nodelist}: {_last_line(res)}")
-    addrs = node_addresses(names)
+    names, addrs = _names_and_addresses(nodelist)
     src = f"Slurm allocation {job_id}"
     return [Node(name=n, host=addrs.get(n, n), user=getpass.getuser(), port=SLURMD_PORT, python=sys.executable,
                  workdir=os.getcwd(), data_dir="data", nproc="auto", slurm_job=job_id,
                  sources={k: src for k in ("host", "user", "python", "workdir", "data_dir", "nproc")})
             for n in names]
+
+
+@functools.lru_cache(maxsize=4)
+def _names_and_addresses(nodelist: str) -> tuple[list[str], dict[str, str]]:
+    """The node names of a Slurm node list and their addresses, asked once per process (a batch job's hrmctl asks
+    first to hold torchrun, cli/slurm/job.py, then for the launch's options)."""
+    res = slurm(["scontrol", "show", "hostnames", nodelist])
+    names = res.stdout.split()
+    if res.returncode != 0 or not names:
+        raise HrmctlError(f"scontrol show hostnames {nodelist}: {_last_line(res)}")
+    return names, node_addresses(names)
 
 
 def node_addresses(names: list[str]) -> dict[str, str]:

@@ -34,11 +34,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = parse(sys.argv[1:] if argv is None else argv)
     from rich.console import Console
 
-    args = parse(sys.argv[1:] if argv is None else argv)
     err = Console(stderr=True)
     try:
+        hold_first(args.run_id)
         from cli.launch.command import train
         from cli.launch.options import launch_options
 
@@ -52,6 +53,17 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         err.print("interrupted")
         return 130
+
+
+def hold_first(run_id: str) -> None:
+    """torchrun held on every node of the allocation before anything else runs here (cli/launch/warm.py): its
+    `import torch` starts as early as a hand-written script's srun would start it."""
+    from cli.launch.warm import hold_ahead
+    from cli.slurm.allocation import allocation_id, allocation_nodes
+
+    job = allocation_id()
+    if job:
+        hold_ahead(allocation_nodes(job), run_id)
 
 
 if __name__ == "__main__":

@@ -123,6 +123,32 @@ def test_a_held_torchrun_runs_with_the_arguments_and_environment_sent_later_or_e
     assert any(ln.startswith("hrmctl-node-facts: ") for ln in lines) and not any("worker" in ln for ln in lines)
 
 
+def test_torchrun_held_ahead_by_the_batch_job_is_taken_over_by_the_launchs_session(tmp_path, monkeypatch):
+    """cli/slurm/job.py holds torchrun before the launch's sessions exist (warm.hold_ahead); the session made for
+    that node takes it over and the launch's hold_torchrun starts no second one. Without Slurm: `srun` here is a
+    stand-in that runs its command in place (a real allocation: tests/cluster/test_slurm.py)."""
+    from cli.launch import warm
+    from cli.nodes import srun
+
+    fake = tmp_path / "bin" / "srun"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\nwhile [ "${1#--}" != "$1" ]; do shift; done\nexec "$@"\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(srun, "_AHEAD", {})
+    n = Node(name="n1", host="10.0.0.1", user="u", python=sys.executable, workdir=str(ROOT), slurm_job="7")
+    warm.hold_ahead([n], "r1")
+    held = srun._AHEAD["n1"]
+    session = srun.SrunSession(n)
+    assert session.held is held and not srun._AHEAD
+    warm.hold_torchrun({"n1": session}, [n], "r1")
+    assert session.held is held  # kept, not held again
+    assert srun.SrunSession(n).held is None  # taken once
+    assert held.proc.poll() is None
+    session.close()  # a preflight that failed: the held torchrun ends, nothing started
+    assert held.proc.poll() is not None and session.held is None
+
+
 def test_secrets_are_left_out_of_what_is_shown_but_not_of_what_runs():
     a, _ = plan()
     assert "s3cret" not in a.shell_line(redact=True) and "WANDB_API_KEY=***" in a.shell_line(redact=True)
