@@ -67,14 +67,17 @@ def linear(d_in: int, d_out: int, bias: bool = False) -> nn.Linear:
 
 class Rotary(nn.Module):
     """Rotary position embedding tables for ``length`` positions (kept as plain tensors, not buffers:
-    DDP would broadcast buffers every step)."""
+    DDP would broadcast buffers every step). Made on the CPU, also when the model is built under another device's
+    context (the size estimate's meta device: computing them there runs torch's Python reference kernels, whose
+    first use imports torch._dynamo, 1.4 s); ``forward`` moves them where the activations are."""
 
     def __init__(self, head_dim: int, length: int, base: float = 10000.0):
         super().__init__()
-        inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-        freqs = torch.outer(torch.arange(length, dtype=torch.float32), inv)
+        cpu = torch.device("cpu")
+        inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=cpu) / head_dim))
+        freqs = torch.outer(torch.arange(length, dtype=torch.float32, device=cpu), inv)
         emb = torch.cat([freqs, freqs], dim=-1)
-        self.tables = {torch.device("cpu"): (emb.cos(), emb.sin())}
+        self.tables = {cpu: (emb.cos(), emb.sin())}
 
     def forward(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         if device not in self.tables:
@@ -160,12 +163,13 @@ SUDOKU_RELATIONS = 6  # self, same row, same column, same box (not row or column
 
 
 def sudoku_relations(n_prefix: int = 0) -> torch.Tensor:
-    """(81 + n_prefix)^2 relation ids between positions: which constraint, if any, joins two cells."""
-    i = torch.arange(81)
+    """(81 + n_prefix)^2 relation ids between positions: which constraint, if any, joins two cells. On the CPU, also
+    under another device's context (as Rotary's tables: the callers keep it as the CPU's, moved where needed)."""
+    i = torch.arange(81, device="cpu")
     r, c = i // 9, i % 9
     b = 3 * (r // 3) + c // 3
     same_r, same_c, same_b = r[:, None] == r, c[:, None] == c, b[:, None] == b
-    rel = torch.full((81, 81), 4)
+    rel = torch.full((81, 81), 4, device="cpu")
     rel[same_b] = 3
     rel[same_c] = 2
     rel[same_r] = 1

@@ -95,7 +95,7 @@ class HyperConnection(nn.Module):
         self.gate = nn.Parameter(torch.full((3,), GATE_INIT))  # pre, post, res
         self.pre_bias = nn.Parameter(torch.full((n,), _logit(1.0 / n)))
         self.post_bias = nn.Parameter(torch.zeros(n))  # 2 sigmoid(0) = 1
-        self.res_bias = nn.Parameter(RES_DIAGONAL * torch.eye(n))
+        self.res_bias = nn.Parameter(torch.eye(n).mul_(RES_DIAGONAL))  # in place: skipped on meta (on_meta)
         self.last_res: torch.Tensor | None = None  # H_res of every token of the last forward, (tokens, n, n)
 
     def coefficients(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -137,3 +137,31 @@ def test_the_cache_of_estimates_keeps_its_newest_entries(tmp_path):
     assert cache.save(path, entries)
     kept = dict(list(cache.load(path).items())[-10:])
     assert list(kept.values()) == list(range(10, 0, -1))
+
+
+def test_every_named_size_is_built_on_meta_without_torchs_python_reference_kernels():
+    """auralm.models.registry.on_meta: the size estimate builds each model with shapes only. An op that runs torch's
+    Python reference kernel on a meta tensor (an initialiser's fill, torch.randn / eye under torch.device's mode,
+    arithmetic such as 2.0 * meta) imports torch._dynamo on its first use: about 1 s of each launch's estimate.
+    Every named size of every built-in family is built here in one process, which must not have imported it."""
+    code = (
+        "import sys\n"
+        "from auralm.errors import UserError\n"
+        "from auralm.models import registry\n"
+        "from auralm.planning.sizing import meta_model\n"
+        "from auralm.training.config import SIZES, parse_command_line, resolved_model\n"
+        "built = 0\n"
+        "for name in SIZES:\n"
+        "    for task in sorted(registry.size_tasks(name)):\n"
+        "        try:\n"
+        "            cfg = parse_command_line([f'model={name}', f'task={task}'])[0]\n"
+        "        except UserError:  # a pair the config refuses (trm-5m-mlp's MLP mixer on text)\n"
+        "            continue\n"
+        "        model = meta_model(cfg.task, resolved_model(cfg.model), 512)\n"
+        "        assert all(p.is_meta for p in model.parameters()), (name, task)\n"
+        "        assert 'torch._dynamo' not in sys.modules, (name, task)\n"
+        "        built += 1\n"
+        "print(built)\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert int(res.stdout.split()[-1]) >= 20
