@@ -46,19 +46,24 @@ if [ $fast = 1 ]; then
 elif [ $chosen = 1 ]; then
   pytest ${args[@]+"${args[@]}"}
 else
-  # The elastic tests (tests/cluster/test_elastic.py: about 12 of their 13 minutes wait for a node's 60 s faults and
-  # for paced steps) run beside the first phase, on a lab of their own, and are reported after it.
-  elastic_log=$(mktemp)
-  pytest -m cluster -p no:cacheprovider ${args[@]+"${args[@]}"} tests/cluster/test_elastic.py >"$elastic_log" 2>&1 &
-  elastic=$!
+  # The elastic tests (tests/cluster/test_elastic*.py: most of their minutes wait for a node's 60 s faults and for
+  # paced steps) run beside the first phase, each file in a process and on a lab of its own, and are reported after it.
+  elastic_files=(tests/cluster/test_elastic.py tests/cluster/test_elastic_diloco.py) elastic_logs=() elastic_pids=()
+  for file in "${elastic_files[@]}"; do
+    log=$(mktemp)
+    pytest -m cluster -p no:cacheprovider ${args[@]+"${args[@]}"} "$file" >"$log" 2>&1 &
+    elastic_pids+=($!) elastic_logs+=("$log")
+  done
   pytest -m "not cluster" --ignore=tests/cluster "${parallel[@]}" ${args[@]+"${args[@]}"}
   rc=$?
-  wait $elastic  # before the cluster tier: its CPU and link figures must not share the cores with a training run
-  rc3=$?
-  echo "--- tests/cluster/test_elastic.py (run beside the first phase):"
-  cat "$elastic_log"
-  rm -f "$elastic_log"
-  pytest -m cluster ${args[@]+"${args[@]}"} --ignore=tests/cluster/test_elastic.py tests/cluster  # its own files
+  rc3=0
+  for i in "${!elastic_pids[@]}"; do  # before the cluster tier: its CPU and link figures must not share the cores
+    wait "${elastic_pids[$i]}" || rc3=$?
+    echo "--- ${elastic_files[$i]} (run beside the first phase):"
+    cat "${elastic_logs[$i]}"
+    rm -f "${elastic_logs[$i]}"
+  done
+  pytest -m cluster ${args[@]+"${args[@]}"} "${elastic_files[@]/#/--ignore=}" tests/cluster  # its own files
   rc2=$?
   exit $(( rc != 0 ? rc : rc2 != 0 ? rc2 : rc3 ))
 fi
