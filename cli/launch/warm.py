@@ -35,19 +35,18 @@ def hold_torchrun(sessions: dict[str, Session], nodes: list[Node], run_id: str) 
     for node in nodes:
         session = sessions[node.name]
         if hasattr(session, "hold") and session.held is None:
-            session.hold([node.python, *HELD], partial(takes, node), env=_env(node, run_id), cwd=node.workdir)
+            env = {"HRMCTL_RUN_ID": run_id, "HRMCTL_JOB": f"{run_id}/{node.name}", "PYTHONUNBUFFERED": "1"}
+            session.hold([node.python, *HELD], partial(takes, node), env=env, cwd=node.workdir)
 
 
 def hold_ahead(nodes: list[Node], run_id: str) -> None:
     """Hold torchrun on every node of the allocation before the launch's sessions exist (they take it over)."""
-    from cli.nodes.srun import hold_ahead as hold_on
+    from cli.nodes.srun import SrunSession, hand_over
 
-    for node in nodes:
-        hold_on(node, [node.python, *HELD], partial(takes, node), env=_env(node, run_id), cwd=node.workdir)
-
-
-def _env(node: Node, run_id: str) -> dict[str, str]:
-    return {"HRMCTL_RUN_ID": run_id, "HRMCTL_JOB": f"{run_id}/{node.name}", "PYTHONUNBUFFERED": "1"}
+    sessions = {node.name: SrunSession(node) for node in nodes}
+    hold_torchrun(sessions, nodes, run_id)
+    for session in sessions.values():
+        hand_over(session)
 
 
 def takes(node: Node, argv: Sequence[str], env: dict, cwd: str | None) -> dict | None:

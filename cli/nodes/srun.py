@@ -17,8 +17,8 @@ signals and accounts for it as for the other nodes'.
 A command may also be started ahead of its arguments (`hold`): a step whose process reads them as one JSON line on
 its standard input once they are known, or ends at its end (cli/launch/warm.py holds torchrun that way while the
 preflight runs). The next `start` that the holder accepts is given to it instead of a new step; `close` ends one
-never given. `hold_ahead` starts one before the node's session exists (the batch job's first act,
-cli/slurm/job.py): the session made for that node later takes it over.
+never given. A session made before the launch's (the batch job's first act, cli/slurm/job.py) can `hand_over` what
+it holds: the session made for that node later takes it over.
 """
 
 from __future__ import annotations
@@ -82,14 +82,13 @@ class Held:
             self.proc.kill()
 
 
-_AHEAD: dict[str, Held] = {}  # hold_ahead's, by node name, until that node's session takes it
+_AHEAD: dict[str, Held] = {}  # handed over, by node name, until that node's next session takes it
 
 
-def hold_ahead(node: Node, argv: Sequence[str], accepts: Accepts, *, env=None, cwd=None) -> None:
-    """Hold argv on `node` before its session exists: the first SrunSession made for the node takes it over."""
-    session = SrunSession(node)
-    session.hold(argv, accepts, env=env, cwd=cwd)
-    _AHEAD[node.name] = session.held
+def hand_over(session: "SrunSession") -> None:
+    """What `session` holds goes to the next SrunSession made for its node (the launch's, made later)."""
+    if session.held is not None:
+        _AHEAD[session.node.name], session.held = session.held, None
 
 
 class SrunSession(LocalSession):
