@@ -4,8 +4,8 @@ LINK_DOWN_S, then restored; every process of its user killed (SIGKILL); the whol
 to every process of its namespace, sshd too), then woken. Each time node1 is named (link and sleep: within 30 s),
 node0 goes on alone from the last checkpoint (step lines keep coming), node1 rejoins once it answers (node0's rank
 saves at an agreed step; both resume from it, node1 taking the weights from rank 0), and the run ends at max_steps
-with exit 0, every leave and join in `hrmctl runs`, nothing left anywhere. And a three-node DDP run that goes on
-as two while its middle node is away. The same faults under DiLoCo (not restarted): test_elastic_diloco.py."""
+with exit 0, every leave and join in `hrmctl runs`, nothing left anywhere. And a three-node DDP run with the same
+three faults, going on as two and as one. The same faults under DiLoCo (not restarted): test_elastic_diloco.py."""
 
 from __future__ import annotations
 
@@ -49,6 +49,12 @@ def _asleep(victim, log0, proc, launches: int) -> tuple[float, str]:
         return asleep, _text(log0).split("# hrmctl launch")[-1]
     finally:
         victim.freeze(False)
+
+
+def cut_off(node, on: bool) -> None:
+    """Every packet in and out of ``node`` dropped (its link down), or let through again (a no-op when it is)."""
+    for rule in (["INPUT", "-j", "DROP"], ["OUTPUT", "-j", "DROP"]):
+        node.netns(["iptables", "-I" if on else "-D", *rule], check=on)
 
 
 def _finish(proc, run_dir, timeout: float = 900) -> tuple[str, str]:
@@ -143,32 +149,67 @@ def test_a_node_cut_off_leaves_the_run_and_rejoins_it(lab3, tmp_path):
     _nothing_left(lab3.nodes[:2], "el1")
 
 
-def test_three_nodes_go_on_as_two_and_take_the_middle_one_back(lab3, tmp_path):
-    """A three-node DDP run with training.elastic.min_nodes=2: every process of node1 (node rank 1) killed. node0 and
-    node2 go on as a world of two (node2 now node rank 1; the global batch of 3 ranks does not split over 2 by
-    accumulation, which the log says), node1 rejoins as node rank 1 (node2 back to 2), the run ends at max_steps
-    with exit 0 and nothing left on any node."""
-    steps = 150
-    args = ["model=tiny", f"training.max_steps={steps}", "training.batch_size=8", "training.log_interval=10",
+def test_three_nodes_go_on_as_two_and_as_one_and_take_the_others_back(lab3, tmp_path):
+    """A three-node DDP run with training.elastic.min_nodes=1 and issue 36's three faults: every process of node1
+    (node rank 1) killed: node0 and node2 go on as a world of two (node2 now node rank 1; the global batch of 3
+    ranks does not split over 2 by accumulation, which the log says), node1 rejoins as node rank 1 (node2 back to 2).
+    Then node1's link cut for LINK_DOWN_S, and once node0 and node2 step as two, node2 asleep for ASLEEP_S: node0
+    goes on alone; node1 rejoins once its link is back, node2 once it wakes. Each named (link and sleep: within
+    30 s); the run ends at max_steps with exit 0 and nothing left on any node."""
+    args = ["model=tiny", f"training.max_steps={STEPS}", "training.batch_size=8", "training.log_interval=10",
             "training.checkpoint_interval=20", "training.eval_interval=0", "training.eval_batches=1",
-            "training.elastic.min_nodes=2"]
+            "training.elastic.min_nodes=1", f"fault.step_sleep={PACE}"]
     proc = start_hrmctl(["train", "--nodes", "node0,node1,node2", "--run-id", "el3", *args], lab3.inventory, tmp_path)
-    logs = {n: tmp_path / "runs" / "el3" / f"{n}.log" for n in ("node0", "node1", "node2")}
+    run = tmp_path / "runs" / "el3"
+    logs = {n: run / f"{n}.log" for n in ("node0", "node1", "node2")}
+    node1, node2 = lab3.nodes[1], lab3.nodes[2]
+
+    def stepping(launches: int, what: str) -> None:  # node0 launched ``launches`` times, and stepping in the last
+        wait_for(lambda: _text(logs["node0"]).count("# hrmctl launch") >= launches and
+                 re.search(r"\[rank0\]:step \d+/", _text(logs["node0"]).split("# hrmctl launch")[-1])
+                 or proc.poll() is not None, 240, what, every=0.5)
+        assert proc.poll() is None, proc.communicate()
+
     try:
         wait_for(lambda: "saved runs/el3/checkpoint-20" in _text(logs["node0"]) or proc.poll() is not None, 240,
                  "the first checkpoint", every=0.5)
         assert proc.poll() is None, proc.communicate()
-        sh(["pkill", "-KILL", "-u", lab3.nodes[1].user])
+        sh(["pkill", "-KILL", "-u", node1.user])
+        stepping(3, "node1 back after the kill")
+        cut = time.time()
+        cut_off(node1, True)
+        try:
+            stepping(4, "node0 and node2 stepping as two while node1 is cut off")
+            as_two = _text(logs["node0"]).split("# hrmctl launch")[-1]
+            asleep = time.time()
+            node2.freeze(True)
+            try:
+                stepping(5, "node0 stepping alone while node1 is cut off and node2 asleep")
+                alone = _text(logs["node0"]).split("# hrmctl launch")[-1]
+                time.sleep(max(0.0, cut + LINK_DOWN_S - time.time()))
+                cut_off(node1, False)  # node1 back first, node2 still asleep
+                time.sleep(max(0.0, asleep + ASLEEP_S - time.time()))
+            finally:
+                node2.freeze(False)
+        finally:
+            cut_off(node1, False)
     finally:
-        out, err = _finish(proc, tmp_path / "runs" / "el3")
+        out, err = _finish(proc, run)
     assert proc.returncode == 0, (out + err)[-4000:]
     assert "the global batch changes: 3 ranks' worth of training.grad_accum=1 does not split over 2 ranks" in out + err
-    events = json.loads((tmp_path / "runs" / "el3" / "status.json").read_text())["members"]
-    assert [(e["node"], e["event"]) for e in events] == [("node1", "left"), ("node1", "joined")], events
-    heads = re.findall(r"# hrmctl launch, attempt 1(?: \(after (node1 \w+)\))?, node node2 \(node rank (\d)",
+    events = json.loads((run / "status.json").read_text())["members"]
+    assert [(e["node"], e["event"]) for e in events] == [("node1", "left"), ("node1", "joined"), ("node1", "left"),
+                                                         ("node2", "left"), ("node1", "joined"), ("node2", "joined")]
+    assert events[4]["t"] > cut + LINK_DOWN_S and events[5]["t"] > asleep + ASLEEP_S, events
+    assert events[2]["t"] - cut < 30 and "its link is down" in events[2]["why"], events
+    assert events[3]["t"] - asleep < 30 and "it is asleep or frozen" in events[3]["why"], events
+    assert re.search(r"\[rank0\]:step \d+/", as_two) and re.search(r"\[rank0\]:step \d+/", alone), (as_two, alone)
+    heads = re.findall(r"# hrmctl launch, attempt 1(?: \(after (node\d \w+)\))?, node node2 \(node rank (\d)",
                        _text(logs["node2"]))
-    assert heads == [("", "2"), ("node1 left", "1"), ("node1 joined", "2")], heads
+    assert heads == [("", "2"), ("node1 left", "1"), ("node1 joined", "2"), ("node1 left", "1"),
+                     ("node2 joined", "2")], heads
     launches = _text(logs["node0"]).split("# command: ")[1:]
-    assert [int(re.search(r"HRMCTL_WORLD_SIZE=(\d)", c).group(1)) for c in launches] == [3, 2, 3]
-    assert _records(lab3.node("node0").home / "hrmctl" / "runs" / "el3")[-1]["step"] == steps
+    worlds = [int(re.search(r"HRMCTL_WORLD_SIZE=(\d)", c).group(1)) for c in launches]
+    assert worlds == [3, 2, 3, 2, 1, 2, 3], worlds
+    assert _records(lab3.node("node0").home / "hrmctl" / "runs" / "el3")[-1]["step"] == STEPS
     _nothing_left(lab3.nodes, "el3")

@@ -1,7 +1,7 @@
 """A node that sleeps, is killed or is cut off during a real DiLoCo run (training.sync=diloco, whose default
 training.elastic.min_nodes is 1: cli/launch/elastic.py, auralm/training/members.py): the ranks present find it
 silent at the round's all-reduce and go on in the launch they are in, not restarted; it rejoins once it answers.
-Two nodes with each of issue 36's faults in turn, and three nodes with the middle one asleep. The same faults under
+Each of issue 36's faults in turn, on two nodes and on three. The same faults under
 DDP: tests/cluster/test_elastic.py (its own lab; scripts/test.sh runs both files beside the first phase)."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import time
 import pytest
 
 from lab.nodes import sh
-from tests.cluster.test_elastic import ASLEEP_S, LINK_DOWN_S, PACE, STEPS, _finish, _nothing_left, _records, _text
+from tests.cluster.test_elastic import (ASLEEP_S, LINK_DOWN_S, PACE, STEPS, _finish, _nothing_left, _records, _text,
+                                        cut_off)
 from tests.cluster.test_launch import start_hrmctl
 from tests.polling import wait_for
 
@@ -123,26 +124,33 @@ def test_diloco_goes_on_while_a_node_sleeps_is_killed_or_cut_off_and_ends_near_a
     _nothing_left(lab3.nodes[:2], "dl-sleep")
 
 
-def test_diloco_three_nodes_go_on_as_two_in_place_while_the_middle_one_sleeps(lab3, tmp_path):
-    """training.sync=diloco on three nodes (its default training.elastic.min_nodes=1): node1 (node rank 1) asleep
-    for ASLEEP_S (every process of its namespace stopped) right after the first checkpoint. It is named within 30 s;
-    node0's and node2's ranks find rank 1 silent at the round's all-reduce and go on as two in the launch they are
-    in (not restarted), one of them taking rank 1's rows beside its own; step lines keep coming while node1 sleeps;
-    node1 rejoins when it wakes (every node resumes from a checkpoint saved at an agreed step, node1 taking rank 0's
-    weights); the run ends at max_steps with exit 0 and nothing left on any node."""
+def _members(run) -> list[tuple[str, str]]:
+    doc = json.loads((run / "status.json").read_text()) if (run / "status.json").exists() else {}
+    return [(e["node"], e["event"]) for e in doc.get("members", [])]
+
+
+def test_diloco_three_nodes_go_on_in_place_while_nodes_sleep_are_cut_off_and_killed(lab3, tmp_path):
+    """training.sync=diloco on three nodes (its default training.elastic.min_nodes=1), issue 36's three faults:
+    node1 (node rank 1) asleep for ASLEEP_S (every process of its namespace stopped) right after the first
+    checkpoint: named within 30 s, node0's and node2's ranks find rank 1 silent at the round's all-reduce and go on
+    as two in the launch they are in (not restarted), one of them taking rank 1's rows; node1 rejoins when it wakes
+    (every node resumes from a checkpoint saved at an agreed step, node1 taking rank 0's weights). Then node1's link
+    is cut for LINK_DOWN_S and, once it is named, every process of node2's user is killed: node0's rank goes on
+    alone, not restarted; node2, answering at once, rejoins while node1 is still away (a world of node0 and node2),
+    and node1 once its link is back. The run ends at max_steps with exit 0 and nothing left on any node."""
     args = ["model=tiny", f"training.max_steps={STEPS}", "training.batch_size=8", "training.log_interval=10",
             "training.checkpoint_interval=20", "training.eval_interval=0", "training.eval_batches=1",
             "training.sync=diloco", "training.diloco.inner_steps=10", f"fault.step_sleep={PACE}"]
     proc = start_hrmctl(["train", "--nodes", "node0,node1,node2", "--run-id", "dl3", *args], lab3.inventory, tmp_path)
     run = tmp_path / "runs" / "dl3"
     logs = {n: run / f"{n}.log" for n in ("node0", "node1", "node2")}
-    victim = lab3.nodes[1]
+    node1, node2 = lab3.nodes[1], lab3.nodes[2]
     try:
         wait_for(lambda: "saved runs/dl3/checkpoint-20" in _text(logs["node0"]) or proc.poll() is not None, 240,
                  "the first checkpoint", every=0.5)
         assert proc.poll() is None, proc.communicate()
         asleep = time.time()
-        victim.freeze(True)
+        node1.freeze(True)
         try:
             wait_for(lambda: _left_event(run / "status.json") or proc.poll() is not None, 60,
                      "node1 to be named as left", every=0.5)
@@ -152,22 +160,47 @@ def test_diloco_three_nodes_go_on_as_two_in_place_while_the_middle_one_sleeps(la
             time.sleep(max(0.0, asleep + ASLEEP_S - time.time()))
             as_two = _text(logs["node0"]).split(LEFT)[-1]
         finally:
-            victim.freeze(False)
+            node1.freeze(False)
+        wait_for(lambda: _members(run)[-1:] == [("node1", "joined")] and
+                 re.search(r"\[rank0\]:step \d+/", _text(logs["node0"]).split("resuming from")[-1])
+                 or proc.poll() is not None, 240, "node1 back in the run", every=0.5)
+        assert proc.poll() is None, proc.communicate()
+        cut = time.time()
+        cut_off(node1, True)
+        try:
+            wait_for(lambda: len(_members(run)) >= 3 or proc.poll() is not None, 60, "the cut-off node1 named",
+                     every=0.5)
+            sh(["pkill", "-KILL", "-u", node2.user])
+            wait_for(lambda: "rank(s) 2 left the run" in _text(logs["node0"]) or proc.poll() is not None, 90,
+                     "node0's rank to go on without the killed node2", every=0.5)
+            alone = _text(logs["node0"]).split("rank(s) 2 left the run")[-1]
+            wait_for(lambda: ("node2", "joined") in _members(run) or proc.poll() is not None, 90,
+                     "node2 back while node1 is cut off", every=0.5)
+            time.sleep(max(0.0, cut + LINK_DOWN_S - time.time()))
+        finally:
+            cut_off(node1, False)
     finally:
         out, err = _finish(proc, run)
     assert proc.returncode == 0, (out + err)[-4000:]
     assert "the round goes on with ranks 0, 2, not restarted" in _text(logs["node0"]), _text(logs["node0"])[-3000:]
+    assert alone.startswith(" (silent for 15s); the round goes on with ranks 0, not restarted"), alone[:500]
     assert "without a restart" in out + err, (out + err)[-3000:]
     events = json.loads((run / "status.json").read_text())["members"]
-    assert [(e["node"], e["event"]) for e in events] == [("node1", "left"), ("node1", "joined")], events
+    assert [(e["node"], e["event"]) for e in events] == [
+        ("node1", "left"), ("node1", "joined"), ("node1", "left"), ("node2", "left"), ("node2", "joined"),
+        ("node1", "joined")], events
     assert events[0]["t"] - asleep < 30 and "it is asleep or frozen" in events[0]["why"], events
-    # node0's rank stepped while node1 slept, in the launch it was in; node2 was launched again only at the join
+    assert events[2]["t"] - cut < 30 and "its link is down" in events[2]["why"], events
+    assert events[5]["t"] > cut + LINK_DOWN_S, events
+    # node0's rank stepped while node1 slept, in the launch it was in; node2 was launched again only at the joins
     assert "# hrmctl launch" not in as_two.split("[rank0]:step")[0], as_two[-2000:]
     assert len(re.findall(r"\[rank0\]:step \d+/", as_two.split("# hrmctl launch")[0])) >= 3, as_two[-2000:]
-    heads = re.findall(r"# hrmctl launch, attempt 1(?: \(after (node1 \w+)\))?, node node2 \(node rank (\d)",
+    # and alone, in the launch it was in, while node1 was cut off and node2 killed
+    assert "# hrmctl launch" not in alone.split("[rank0]:step")[0], alone[-2000:]
+    heads = re.findall(r"# hrmctl launch, attempt 1(?: \(after (node\d \w+)\))?, node node2 \(node rank (\d)",
                        _text(logs["node2"]))
-    assert heads == [("", "2"), ("node1 joined", "2")], heads
+    assert heads == [("", "2"), ("node1 joined", "2"), ("node2 joined", "1"), ("node1 joined", "2")], heads
     launches = _text(logs["node0"]).split("# command: ")[1:]
-    assert [int(re.search(r"HRMCTL_WORLD_SIZE=(\d)", c).group(1)) for c in launches] == [3, 3]
+    assert [int(re.search(r"HRMCTL_WORLD_SIZE=(\d)", c).group(1)) for c in launches] == [3, 3, 2, 3]
     assert _records(lab3.node("node0").home / "hrmctl" / "runs" / "dl3")[-1]["step"] == STEPS
     _nothing_left(lab3.nodes, "dl3")
