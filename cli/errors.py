@@ -19,7 +19,8 @@ class InventoryError(HrmctlError):
 
 
 class RemoteError(HrmctlError):
-    """A node could not be reached or a command on it could not be run."""
+    """A node could not be reached or a command on it could not be run. The message begins with the node's name
+    and a colon (cli/launch/elastic.py reads which node it was from there)."""
 
     exit_code = 3
 

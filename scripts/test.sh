@@ -4,10 +4,13 @@
 # and a C compiler for the fused mHC loops (auralm/kernels).
 #   bash scripts/test.sh [--fast] [PYTEST ARGS...]
 # --fast: only what needs no lab and no real training run (pytest -m "not cluster and not slow").
-# The suite without a selection of yours (no test path, -m, -k): everything but the cluster tier on two pytest
-# processes (pytest-xdist, a file's tests together so its fixtures are made once), then the cluster tier alone,
-# its lab made once (its timings must not share the cores with other tests), except its elastic tests, which mostly
-# wait and run beside the first phase on a lab of their own (the cluster tier starts when both have ended).
+# The suite without a selection of yours (no test path, -m, -k), in three phases on two pytest processes each
+# (pytest-xdist, a file's tests together so that its fixtures are made once):
+#   1. everything but the cluster tier;
+#   2. the cluster tier, each process on a lab of its own, but its tests marked `alone`;
+#   3. the tests marked `alone` (they compare CPU shares, link rates and delays), one at a time with nothing beside.
+# The elastic tests (tests/cluster/test_elastic*.py) mostly wait, for a node's 60 s faults and for paced steps: each
+# file runs from the start beside phases 1 and 2, in a process and on a lab of its own, and phase 3 waits for them.
 # With a selection: one pytest, as given.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -46,8 +49,6 @@ if [ $fast = 1 ]; then
 elif [ $chosen = 1 ]; then
   pytest ${args[@]+"${args[@]}"}
 else
-  # The elastic tests (tests/cluster/test_elastic*.py: most of their minutes wait for a node's 60 s faults and for
-  # paced steps) run beside the first phase, each file in a process and on a lab of its own, and are reported after it.
   elastic_files=(tests/cluster/test_elastic.py tests/cluster/test_elastic_diloco.py) elastic_logs=() elastic_pids=()
   for file in "${elastic_files[@]}"; do
     log=$(mktemp)
@@ -56,14 +57,17 @@ else
   done
   pytest -m "not cluster" --ignore=tests/cluster "${parallel[@]}" ${args[@]+"${args[@]}"}
   rc=$?
+  pytest -m "cluster and not alone" "${parallel[@]}" ${args[@]+"${args[@]}"} "${elastic_files[@]/#/--ignore=}" tests/cluster
+  rc2=$?
   rc3=0
-  for i in "${!elastic_pids[@]}"; do  # before the cluster tier: its CPU and link figures must not share the cores
+  for i in "${!elastic_pids[@]}"; do
     wait "${elastic_pids[$i]}" || rc3=$?
-    echo "--- ${elastic_files[$i]} (run beside the first phase):"
+    echo "--- ${elastic_files[$i]} (run beside the first two phases):"
     cat "${elastic_logs[$i]}"
     rm -f "${elastic_logs[$i]}"
   done
-  pytest -m cluster ${args[@]+"${args[@]}"} "${elastic_files[@]/#/--ignore=}" tests/cluster  # its own files
-  rc2=$?
-  exit $(( rc != 0 ? rc : rc2 != 0 ? rc2 : rc3 ))
+  pytest -m "cluster and alone" ${args[@]+"${args[@]}"} tests/cluster  # with nothing beside it
+  rc4=$?
+  for r in $rc $rc2 $rc3 $rc4; do [ "$r" = 0 ] || exit "$r"; done
+  exit 0
 fi

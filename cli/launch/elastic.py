@@ -23,7 +23,7 @@ others, and takes the node back as above. Work lost there: the lost node's round
 most EXIT_BARRIER_S at their end for one another (cli/launch/node_torchrun.py), since a node that left never comes.
 Default K: 1 under training.sync=diloco, every node otherwise (a lost node stops the run, as before).
 
-Imports cli.nodes and auralm.training.config (no torch).
+Imports cli.nodes, cli.errors and auralm.training.config (no torch).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from cli.errors import RemoteTimeout, UnreachableError
 from cli.nodes.inventory import Node
 from cli.nodes.remote import connect
 
@@ -164,6 +165,22 @@ class Members:
         self.events.append({"t": round(t, 3), "node": name, "event": "joined"})
         log.note(f"{name} joined at {_clock(t)}: the run goes on with {', '.join(self.present)} from the checkpoint "
                  f"just saved")
+
+    def plan_present(self, plan: Callable, args: list[str], ranks: dict[str, int], log, record: Callable):
+        """``plan(nodes, overrides)`` for the nodes present. A node that stops answering while it is made (its link
+        cut again during a rejoin's preflight: no answer, or a command that did not finish; their message begins
+        with the node's name) leaves again, when min_nodes allows, and the plan is made without it. A refused host
+        key or login is not a leave: it stops the run. ``record()`` writes the leave down."""
+        while True:
+            now = self.now()
+            try:
+                return plan(now, self.args(args, sum(ranks.values()), sum(ranks[n.name] for n in now), log))
+            except (UnreachableError, RemoteTimeout) as exc:
+                name = str(exc).partition(":")[0]
+                if not self.can_go_on_without(name):
+                    raise
+                self.leave(name, f"it stopped answering while the run was planned again ({exc})", log)
+                record()
 
     def close(self) -> None:
         for w in self.watchers.values():

@@ -522,9 +522,7 @@ def _regroup(members: Members | None, result: RunResult, opts, ranks: dict[str, 
     else:
         return None
     record()
-    now = members.now()
-    args = members.args(opts.args, sum(ranks.values()), sum(ranks[n.name] for n in now), log)
-    return replan(result.node_facts, now, args)
+    return members.plan_present(lambda now, args: replan(result.node_facts, now, args), opts.args, ranks, log, record)
 
 
 def _members(run_dir: Path, status: dict, members: Members) -> None:

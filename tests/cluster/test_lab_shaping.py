@@ -10,6 +10,8 @@ import shlex
 import subprocess
 import sys
 
+import pytest
+
 from lab.nodes import CGROUP_ROOT, STATE_DIR, Lab, _cpu_list, lab_cgroups, remove_stale
 
 RATE_MBIT = 50.0
@@ -117,6 +119,7 @@ def qdiscs(node) -> tuple[str, str]:
     return egress, ingress
 
 
+@pytest.mark.alone  # measures rates, delays or CPU shares: nothing else on the cores
 def test_rate_shaping_in_both_directions(lab3):
     a, b = lab3.nodes[0], lab3.nodes[1]
     free_out, free_in = tcp_mbit(b, a), tcp_mbit(a, b)
@@ -143,6 +146,7 @@ def test_rate_shaping_in_both_directions(lab3):
     assert tcp_mbit(a, b, seconds=1.0) > 4 * RATE_MBIT
 
 
+@pytest.mark.alone  # measures rates, delays or CPU shares: nothing else on the cores
 def test_delay_adds_its_value_to_the_round_trip_and_replaces(lab3):
     a, b, c = lab3.nodes
     base_ab, base_ba = ping_ms(a, b), ping_ms(b, a)
@@ -167,6 +171,7 @@ def test_delay_adds_its_value_to_the_round_trip_and_replaces(lab3):
     assert after < base_ab + 2, (base_ab, after)
 
 
+@pytest.mark.alone  # measures rates, delays or CPU shares: nothing else on the cores
 def test_cpu_limit_reaches_every_ssh_session(lab3):
     node = lab3.nodes[1]
     try:

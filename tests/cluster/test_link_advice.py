@@ -11,6 +11,8 @@ import pytest
 
 from auralm.planning import link_budget as lb
 
+pytestmark = pytest.mark.alone  # times the model and the link: with no other test on the cores (scripts/test.sh)
+
 MODEL = ["model=tiny", "task=lm"]
 
 

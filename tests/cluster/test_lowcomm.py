@@ -41,6 +41,7 @@ def test_diloco_trains_two_nodes_over_a_slow_link_and_ends_with_equal_weights(la
     assert checksum["equal"] and len(checksum["checksums"]) == 2
 
 
+@pytest.mark.alone  # one node at half a core against a whole one: nothing else may share those cores
 def test_auto_shares_give_the_node_at_half_a_core_a_smaller_part_of_the_batch(lab3, hrmctl, text_on_nodes):
     lab3.node("node0").limit_cpu(cpus="0")
     lab3.node("node1").limit_cpu(cpus="1", quota=0.5)

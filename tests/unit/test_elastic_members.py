@@ -47,3 +47,40 @@ def test_a_restart_with_fewer_ranks_keeps_the_global_batch():
     assert "the global batch changes" in log.lines[-1]
     # a global batch the trainer splits over any world itself: the user's accumulation stays
     assert m.args(["training.global_batch_size=64"], 4, 2, log)[-2:] == ["training.grad_accum=1", "resume=latest"]
+
+
+def test_a_node_lost_again_while_the_run_is_planned_again_leaves_and_the_plan_is_made_without_it():
+    """A rejoin's preflight that finds the node gone again (its link cut once more) is a leave, not the run's end;
+    the master, or a node that min_nodes needs, still stops the run, and so does a refused host key."""
+    import pytest
+
+    from cli.errors import HostKeyError, RemoteTimeout, UnreachableError
+
+    log, m, recorded = _Log(), _members(1), []
+    asked = []
+
+    def plan(nodes, args):
+        asked.append([n.name for n in nodes])
+        if "node1" in asked[-1]:
+            raise RemoteTimeout("node1: `python - --no-torch` did not finish in 60s; it was stopped")
+        return ("plan", [n.name for n in nodes], args)
+
+    try:
+        got = m.plan_present(plan, ["training.batch_size=8"], {"node0": 1, "node1": 1, "node2": 1}, log,
+                             lambda: recorded.append(len(m.events)))
+        assert asked == [["node0", "node1", "node2"], ["node0", "node2"]]
+        assert got[1] == ["node0", "node2"] and got[2][-1] == "resume=latest"
+        assert [(e["node"], e["event"]) for e in m.events] == [("node1", "left")] and recorded == [1]
+        assert "did not finish in 60s" in m.events[0]["why"] and any("node1 left at" in line for line in log.lines)
+
+        def master_gone(nodes, args):
+            raise UnreachableError("node0: no answer from 10.0.0.1:22 within 4s")
+        with pytest.raises(UnreachableError):
+            m.plan_present(master_gone, [], {"node0": 1, "node1": 1, "node2": 1}, log, lambda: None)
+
+        def changed_key(nodes, args):
+            raise HostKeyError("node2: HOST KEY CHANGED for 10.0.0.3:22")
+        with pytest.raises(HostKeyError):
+            m.plan_present(changed_key, [], {"node0": 1, "node1": 1, "node2": 1}, log, lambda: None)
+    finally:
+        m.close()
