@@ -7,7 +7,8 @@ every BEAT_S, over a connection of its own. A rank that waits for a collective (
 waits in ``wait(works, epoch)``: while the works are not done it reads the other present ranks' counters, and one
 that has not moved for LOST_S (its rank frozen, its link cut, its process gone) is a leave. The first rank to see
 it writes the next membership into the store (compare_set: every rank then reads the same one), every present
-rank makes a new process group of it (``dist.new_group(..., use_local_synchronization=True)``: the ranks that
+rank says in the store that it is ready (a member silent before all have: the next membership, without it), then
+makes a new process group of it (``dist.new_group(..., use_local_synchronization=True)``: the ranks that
 left take no part), and ``wait`` returns False: the caller sends its collective again on the new group. The
 master's ranks never leave (the store and the checkpoints are there); the launcher (cli/launch/elastic.py) starts
 a node that left again when it answers, and the whole run then resumes together.
@@ -68,10 +69,10 @@ class Membership:
             if self._halt.wait(BEAT_S):
                 return
 
-    def silent(self) -> list[int]:
-        """The present ranks (not this one) whose counter has not moved for ``lost_s``."""
+    def silent(self, among: list[int] | None = None) -> list[int]:
+        """The present ranks (or those ``among``; not this one) whose counter has not moved for ``lost_s``."""
         now, gone = time.monotonic(), []
-        for r in self.present:
+        for r in self.present if among is None else among:
             if r == self.rank:
                 continue
             count = self.store.add(f"{PREFIX}beat/{r}", 0)
@@ -120,14 +121,35 @@ class Membership:
                 raise error
             time.sleep(0.05)
 
+    def _ready(self, present: list[int]) -> list[int] | None:
+        """Whether every rank of ``present`` (the membership of ``self.epoch``) is alive to make its group: None
+        once each has said so in the store; else the next membership, when one of them fell silent first (killed
+        while the others noticed another leave) and a rank wrote it. A group is made only of ranks that all said
+        ready: making it waits for every member, and one that died before would hold the others there for good."""
+        key = f"{PREFIX}ready/{self.epoch}/"
+        self.store.set(key + str(self.rank), "1")
+        while not self.store.check([key + str(r) for r in present]):
+            written = self._written()
+            if written is None:
+                gone = self.silent(present)
+                if gone:
+                    written = self._propose([r for r in present if r not in gone])
+            if written is not None:
+                return written
+            time.sleep(LOOK_S)
+        return None
+
     def _regroup(self, present: list[int]) -> None:
-        gone = [r for r in self.present if r not in present]
-        if self.rank not in present:
-            print(f"rank {self.rank}: counted out of the run while it did not answer (ranks present: {present}); "
-                  f"ending: hrmctl starts it again and it rejoins", file=sys.stderr, flush=True)
-            from auralm.training.distributed import exit_process
-            exit_process(LEFT_OUT_EXIT)
-        self.present, self.epoch = sorted(present), self.epoch + 1
+        before = self.present
+        while present is not None:
+            if self.rank not in present:
+                print(f"rank {self.rank}: counted out of the run while it did not answer (ranks present: {present}); "
+                      f"ending: hrmctl starts it again and it rejoins", file=sys.stderr, flush=True)
+                from auralm.training.distributed import exit_process
+                exit_process(LEFT_OUT_EXIT)
+            self.present, self.epoch = sorted(present), self.epoch + 1
+            present = self._ready(self.present)
+        gone = [r for r in before if r not in self.present]
         self.group = dist.new_group(ranks=self.present, backend="gloo", use_local_synchronization=True)
         if self.nccl_group is not None:
             self.nccl_group = dist.new_group(ranks=self.present, backend="nccl", use_local_synchronization=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 
 import pytest
 
@@ -54,3 +55,37 @@ def test_the_rank_present_goes_on_in_place_and_takes_over_the_rows_of_the_one_th
     state = json.loads((out / f"checkpoint-{STEPS}" / "state.json").read_text())
     # one batch of each rank a step, whoever took it: the position of a run that every rank saw to its end
     assert state["data_position"] == STEPS and state["data_positions"] == [STEPS], state
+
+
+def test_a_rank_killed_while_the_others_regroup_is_left_out_too_and_the_run_goes_on(sudoku_data, tmp_path):
+    """Three nodes: node1's processes stopped at step 20, and node2's killed 8 s later, before rank 1's silence is
+    a leave. node0's rank writes the membership of ranks 0 and 2, but rank 2 never says it is ready for that group
+    (making a group waits for every member: with a dead one, for good); once rank 2 is silent too, the next
+    membership is rank 0 alone, which finishes the run in the same process, taking both ranks' rows."""
+    out = tmp_path / "run"
+    args = ["model=tiny", f"training.max_steps={STEPS}", "training.batch_size=8", "training.log_interval=10",
+            "training.checkpoint_interval=0", "training.eval_interval=0", "training.eval_batches=1",
+            "training.sync=diloco", "training.diloco.inner_steps=10", f"data_dir={sudoku_data()}", f"out_dir={out}"]
+    logs = [tmp_path / f"node{r}.log" for r in (0, 1, 2)]
+    procs = start_agents(args, logs)
+    text = lambda r: logs[r].read_text()  # noqa: E731
+    try:
+        wait_for(lambda: "step 20/" in text(0) or procs[0].poll() is not None, 180, "step 20", every=0.2)
+        node1 = process_tree(procs[1].pid)
+        signal_tree(node1, signal.SIGSTOP)
+        try:
+            time.sleep(8)
+            signal_tree(process_tree(procs[2].pid), signal.SIGKILL)
+            wait_for(lambda: "the round goes on with ranks 0, not restarted" in text(0) or procs[0].poll() is not None,
+                     90, "node0's rank to go on alone", every=0.5)
+        finally:
+            signal_tree(node1, signal.SIGCONT)
+        assert procs[0].wait(timeout=300) == 0, text(0)[-3000:]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    assert "rank 0 takes rank(s) 1, 2's rows beside its own (3 micro-batches a local step)" in text(0), text(0)[-3000:]
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps[-1] == STEPS
