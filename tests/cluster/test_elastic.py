@@ -25,8 +25,12 @@ from tests.polling import wait_for
 pytestmark = pytest.mark.timeout(1500)
 
 LINK_DOWN_S = ASLEEP_S = 60  # issue 36's faults: 60 s each
-STEPS, EVERY, PACE = 600, 25, 0.2  # PACE: seconds each step sleeps (fault.step_sleep), so that node0 alone
-# (about 5 steps a second then) does not reach STEPS while node1 sleeps
+# The lab's nodes share this machine's two cores, and each sees both: the launcher gives each rank two threads
+# (OMP_NUM_THREADS = the node's CPUs / its ranks), which then spin against the other nodes' for the cores. One thread
+# a rank: a two-node run of 200 paced steps took 15.6 s of CPU in all instead of 65 s (and 49 s instead of 74 s).
+ONE_THREAD = ["--env", "OMP_NUM_THREADS=1"]
+STEPS, EVERY, PACE = 600, 25, 0.3  # PACE: seconds each step sleeps (fault.step_sleep), so that node0 alone
+# (at most 3.3 steps a second then) does not reach STEPS while node1 is away
 
 
 def _text(path):
@@ -84,7 +88,7 @@ def test_a_node_cut_off_leaves_the_run_and_rejoins_it(lab3, tmp_path):
     args = ["model=tiny", f"training.max_steps={STEPS}", "training.batch_size=8", "training.log_interval=10",
             f"training.checkpoint_interval={EVERY}", "training.eval_interval=0", "training.eval_batches=1",
             "training.elastic.min_nodes=1", f"fault.step_sleep={PACE}"]
-    proc = start_hrmctl(["train", "--nodes", "node0,node1", "--run-id", "el1", *args], lab3.inventory, tmp_path)
+    proc = start_hrmctl(["train", *ONE_THREAD, "--nodes", "node0,node1", "--run-id", "el1", *args], lab3.inventory, tmp_path)
     log0, log1 = tmp_path / "runs" / "el1" / "node0.log", tmp_path / "runs" / "el1" / "node1.log"
     rules = [["INPUT", "-j", "DROP"], ["OUTPUT", "-j", "DROP"]]
     try:
@@ -156,11 +160,12 @@ def test_three_nodes_go_on_as_two_and_as_one_and_take_the_others_back(lab3, tmp_
     Then node1's link cut for LINK_DOWN_S, and once node0 and node2 step as two, node2 asleep for ASLEEP_S: node0
     goes on alone; node1 rejoins once its link is back, node2 once it wakes. Each named (link and sleep: within
     30 s); the run ends at max_steps with exit 0 and nothing left on any node."""
-    steps = 320  # the faults are over by about step 180 (2-core machine, 2026-11-27): 140 steps, at least 28 s, to spare
+    steps = 450  # at PACE, at least 135 s of steps: the faults take about 130 s, restarts included, and ended by step
+    # 176 of 600 in a run with two threads a rank (2-core machine, 2026-11-27)
     args = ["model=tiny", f"training.max_steps={steps}", "training.batch_size=8", "training.log_interval=10",
             "training.checkpoint_interval=20", "training.eval_interval=0", "training.eval_batches=1",
             "training.elastic.min_nodes=1", f"fault.step_sleep={PACE}"]
-    proc = start_hrmctl(["train", "--nodes", "node0,node1,node2", "--run-id", "el3", *args], lab3.inventory, tmp_path)
+    proc = start_hrmctl(["train", *ONE_THREAD, "--nodes", "node0,node1,node2", "--run-id", "el3", *args], lab3.inventory, tmp_path)
     run = tmp_path / "runs" / "el3"
     logs = {n: run / f"{n}.log" for n in ("node0", "node1", "node2")}
     node1, node2 = lab3.nodes[1], lab3.nodes[2]
