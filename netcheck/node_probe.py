@@ -320,12 +320,44 @@ def _gb(n: float | None) -> float | None:
 def resource_facts() -> dict:
     """CPU count (logical and physical cores), memory (total and available) and the load average; with
     ``mem_cgroup_limit_gb`` and ``mem_cgroup_available_gb`` when the probe's memory cgroup has a limit (a
-    container, a capped node), which the machine's own figures do not show."""
+    container, a capped node), which the machine's own figures do not show; ``cpu_usable``: the CPUs this process
+    may use (cpu_usable())."""
     out = _machine_resources()
+    out["cpu_usable"] = cpu_usable()
     limit, free = cgroup_memory()
     if limit is not None:
         out["mem_cgroup_limit_gb"], out["mem_cgroup_available_gb"] = _gb(limit), _gb(free)
     return out
+
+
+def cpu_usable(root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/self/cgroup") -> int | None:
+    """The CPUs this process may use: its affinity (taskset, a Slurm step's --cpus-per-task, a cpuset), and no more
+    than its CPU cgroup's quota or the tightest of its ancestors' (v1 cpu.cfs_quota_us / cfs_period_us, v2 cpu.max),
+    rounded up; None when nothing is readable. The machine's count overstates it in a container or a shared job,
+    and a launch that gives each rank that many threads then makes them spin against each other."""
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        usable = os.cpu_count()
+    for line in read(proc_cgroup).splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        v1 = "cpu" in parts[1].split(",")
+        if not v1 and parts[1] != "":
+            continue
+        base = os.path.join(root, "cpu") if v1 else root
+        chain = [c for c in parts[2].strip().split("/") if c]
+        for depth in range(len(chain), -1, -1):
+            group = os.path.join(base, *chain[:depth])
+            if v1:
+                quota, period = (read(os.path.join(group, f"cpu.cfs_{k}_us")).strip() for k in ("quota", "period"))
+            else:
+                quota, _, period = read(os.path.join(group, "cpu.max")).strip().partition(" ")
+            if quota.isdigit() and period.isdigit() and int(period) > 0:
+                cap = max(1, -(-int(quota) // int(period)))
+                usable = cap if usable is None else min(usable, cap)
+    return usable
 
 
 def cgroup_memory(root: str = "/sys/fs/cgroup",

@@ -61,6 +61,7 @@ class NodeProbe:
     hostname_loopback: bool
     gpus: list[dict] = field(default_factory=list)
     cpu_count: int | None = None
+    cpu_usable: int | None = None            # of those, what the probe's process may use (affinity, CPU quota)
     ram_gb: float | None = None
     mem_available_gb: float | None = None
     load_avg: list[float] | None = None       # 1, 5 and 15 minutes
@@ -104,7 +105,7 @@ def parse_probe(name: str, stdout: str) -> NodeProbe:
             gloo=bool(torch.get("gloo")), libuv_ok=torch.get("libuv_ok"),
             route_ifname=route.get("ifname"), route_src=route.get("src"), route_error=route.get("error"),
             hostname_loopback=bool(doc.get("hostname_loopback")), gpus=list(torch.get("gpus") or []),
-            cpu_count=res.get("cpu_count"), ram_gb=res.get("mem_total_gb"),
+            cpu_count=res.get("cpu_count"), cpu_usable=res.get("cpu_usable"), ram_gb=res.get("mem_total_gb"),
             mem_available_gb=res.get("mem_available_gb"), load_avg=res.get("load_avg"), raw=doc,
         )
     except (TypeError, ValueError, AttributeError) as exc:

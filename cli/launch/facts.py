@@ -145,7 +145,7 @@ def gather(sessions: dict[str, Session], nodes: list[Node], master_addr: str, *,
                               f"install torch in that Python (pip install torch) or set python for {node.name}")
         if probe.route_error and len(nodes) > 1:
             raise HrmctlError(f"{node.name}: {probe.route_error}; the node cannot reach the master {master_addr}")
-        facts[node.name] = NodeFacts(cpus=probe.cpu_count or 1, gpus=tf["gpus"], nccl=tf["nccl"],
+        facts[node.name] = NodeFacts(cpus=probe.cpu_usable or probe.cpu_count or 1, gpus=tf["gpus"], nccl=tf["nccl"],
                                      libuv_ok=tf["libuv_ok"], ifname=probe.route_ifname, torch=tf["torch"],
                                      slow_dns=_slow_dns(probe), guessed=bool(tf.get("guessed")),
                                      mem_available_gb=_memory_gb(probe),

@@ -63,3 +63,33 @@ def test_the_doctor_row_shows_load_and_available_memory(tmp_path):
     detail = resources_check(p).detail
     assert f"{p.cpu_count} CPU, load {p.load_avg[0]:g}, {p.ram_gb} GB RAM ({p.mem_available_gb:g} available)" in detail
     assert "GB free for data" in detail
+
+
+def test_usable_cpus_follow_the_affinity_and_the_tightest_cpu_quota(tmp_path):
+    """cpu_usable: the process's affinity (a real one: taskset), capped by its CPU cgroup's quota or an ancestor's
+    (cgroup v1 and v2 files laid out as the kernel does), rounded up; the launch gives each rank that many
+    threads over its ranks (cli/launch/plan.py), not the machine's count."""
+    machine = len(__import__("os").sched_getaffinity(0))
+    assert probe.cpu_usable(str(tmp_path), str(tmp_path / "none")) == machine  # no cgroup readable: the affinity
+    pinned = subprocess.run(["taskset", "-c", "0", sys.executable, "-c",
+                             "from netcheck.node_probe import cpu_usable; print(cpu_usable('/nonexistent'))"],
+                            capture_output=True, text=True, check=True)
+    assert pinned.stdout.strip() == "1"
+    v1 = tmp_path / "v1"
+    (v1 / "cpu" / "job" / "step").mkdir(parents=True)
+    (v1 / "cpu" / "job" / "cpu.cfs_quota_us").write_text("150000\n")  # 1.5 CPUs on the parent: 2
+    (v1 / "cpu" / "job" / "cpu.cfs_period_us").write_text("100000\n")
+    (v1 / "cpu" / "job" / "step" / "cpu.cfs_quota_us").write_text("-1\n")  # none on the step itself
+    (v1 / "cpu" / "job" / "step" / "cpu.cfs_period_us").write_text("100000\n")
+    proc = tmp_path / "cgroup1"
+    proc.write_text("5:cpu,cpuacct:/job/step\n4:memory:/job\n")
+    assert probe.cpu_usable(str(v1), str(proc)) == min(machine, 2)
+    (v1 / "cpu" / "job" / "cpu.cfs_quota_us").write_text("50000\n")  # half a CPU: one thread
+    assert probe.cpu_usable(str(v1), str(proc)) == 1
+    v2 = tmp_path / "v2"
+    (v2 / "node").mkdir(parents=True)
+    (v2 / "node" / "cpu.max").write_text("max 100000\n")
+    proc.write_text("0::/node\n")
+    assert probe.cpu_usable(str(v2), str(proc)) == machine
+    (v2 / "cpu.max").write_text("30000 10000\n")  # three CPUs at the root of the chain
+    assert probe.cpu_usable(str(v2), str(proc)) == min(machine, 3)
