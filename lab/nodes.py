@@ -378,6 +378,7 @@ class Lab:
     n: int
     python: str | None = None
     bare: bool = False  # nodes with an empty home: no project, no venv (what `hrmctl setup` starts from)
+    threads: int | None = None  # the inventory's `threads` for every node (None: the launcher's own choice)
     token: str = field(default_factory=lambda: secrets.token_hex(2))
     nodes: list[LabNode] = field(default_factory=list)
 
@@ -478,7 +479,8 @@ class Lab:
     def write_inventory(self, extra_defaults: str = "") -> Path:
         self.known_hosts.write_text("".join(n.host_key_line + "\n" for n in self.nodes))
         text = (f'known_hosts = "{self.known_hosts}"\n\n[defaults]\nidentity_file = "{self.key}"\n'
-                f'python = "{self.python}"\nworkdir = "~/hrmctl"\ndata_dir = "~/hrmctl/data"\n{extra_defaults}\n')
+                f'python = "{self.python}"\nworkdir = "~/hrmctl"\ndata_dir = "~/hrmctl/data"\n{extra_defaults}\n'
+                + (f"threads = {self.threads}\n" if self.threads else ""))
         for n in self.nodes:
             text += f'[nodes.{n.name}]\nhost = "{n.ip}"\nuser = "{n.user}"\n\n'
         self.inventory.write_text(text)

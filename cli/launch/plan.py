@@ -139,7 +139,7 @@ def build_plan(nodes: list[Node], facts: dict[str, NodeFacts], *, master_addr: s
             "HRMCTL_JOB": f"{run_id}/{node.name}",  # every process of the job inherits it: how stop finds them
             "HRMCTL_BACKEND": backend,
             "HRMCTL_WORLD_SIZE": str(world),
-            "OMP_NUM_THREADS": str(max(1, f.cpus // count)),
+            "OMP_NUM_THREADS": str(node.threads or max(1, f.cpus // count)),
             "PYTHONUNBUFFERED": "1",
             "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": RANK_PREFIX,
         }

@@ -49,6 +49,7 @@ class Node:
     workdir: str = "~/hrmctl"
     data_dir: str = "data"
     nproc: str | int = "auto"
+    threads: int | None = None  # OMP_NUM_THREADS of each of its processes (None: its usable CPUs / its processes)
     ifname: str | None = None
     known_hosts: list[str] = field(default_factory=list)
     proxy_command: str | None = None
@@ -79,7 +80,8 @@ class Node:
         return {
             "name": self.name, "host": self.host, "user": self.user, "port": self.port,
             "identity_file": self.identity_file, "python": self.python, "workdir": self.workdir,
-            "data_dir": self.data_dir, "nproc": self.nproc, "ifname": self.ifname,
+            "data_dir": self.data_dir, "nproc": self.nproc, "threads": self.threads,
+            "ifname": self.ifname,
             "known_hosts": self.known_hosts, "local": self.is_local, "sources": self.sources,
         }
 
@@ -217,7 +219,7 @@ def _build_node(name: str, own: dict, defaults: dict, cfg: paramiko.SSHConfig | 
         name=name, host=str(values["host"]), user=str(values["user"]),
         port=port, identity_file=ident,
         python=str(values["python"]), workdir=str(values["workdir"]),
-        data_dir=str(values["data_dir"]), nproc=values["nproc"],
+        data_dir=str(values["data_dir"]), nproc=values["nproc"], threads=values.get("threads"),
         ifname=values.get("ifname"), known_hosts=known,
         proxy_command=values.get("proxy_command"), sources=sources,
     )

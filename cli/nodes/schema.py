@@ -1,7 +1,7 @@
 """The schema of `hrmctl.toml`, checked by msgspec: which keys a table may hold and what each holds.
 
 NodeTable   `[defaults]` and every `[nodes.NAME]`: host, user, port, identity_file, python, workdir,
-            data_dir, nproc, ifname, known_hosts; a key left out is UNSET (the next layer decides)
+            data_dir, nproc, threads, ifname, known_hosts; a key left out is UNSET (the next layer decides)
 TopTable    the top level: master, known_hosts, [defaults], [nodes]
 NodeName    what a node may be called: ASCII letters, digits, '-', '_' and '.'
 check(...)  a table -> its Struct, or one InventoryError line naming the file, the table, the key,
@@ -52,6 +52,7 @@ Command = Annotated[str, Meta(pattern=rf"\A[^{_NO_CTRL}]+\Z",
                               description="a command or path (non-empty text without control characters)")]
 Nproc = Annotated[Union[Literal["auto"], Annotated[int, Meta(ge=1)]], Meta(
     description='"auto" or an integer >= 1')]
+Threads = Annotated[int, Meta(ge=1, description="an integer >= 1")]
 Ifname = Annotated[str, Meta(
     pattern=r"\A[A-Za-z0-9][A-Za-z0-9_.:\-]{0,14}\Z",
     description="a network interface name like \"eth0\" (1-15 ASCII letters, digits, '_', '.', ':', '-')")]
@@ -72,6 +73,7 @@ class NodeTable(Struct, forbid_unknown_fields=True):
     workdir: Union[PathText, UnsetType] = UNSET
     data_dir: Union[PathText, UnsetType] = UNSET
     nproc: Union[Nproc, UnsetType] = UNSET
+    threads: Union[Threads, UnsetType] = UNSET
     ifname: Union[Ifname, UnsetType] = UNSET
     known_hosts: Union[Paths, UnsetType] = UNSET
 

@@ -11,7 +11,7 @@ from rich.table import Table
 from cli.nodes.inventory import Inventory, Node
 from cli.nodes.remote import Session, for_each
 
-SHOWN = ("host", "user", "port", "python", "workdir", "data_dir", "nproc", "ifname", "identity_file", "known_hosts")
+SHOWN = ("host", "user", "port", "python", "workdir", "data_dir", "nproc", "threads", "ifname", "identity_file", "known_hosts")
 
 # Run on each node by --check: who and where we are, and the node's Python.
 CHECK_ARGV = ["sh", "-c", 'echo "$(uname -n) $(uname -s)"']

@@ -25,10 +25,6 @@ from tests.polling import wait_for
 pytestmark = pytest.mark.timeout(1500)
 
 LINK_DOWN_S = ASLEEP_S = 60  # issue 36's faults: 60 s each
-# The lab's nodes share this machine's two cores, and each sees both: the launcher gives each rank two threads
-# (OMP_NUM_THREADS = the node's CPUs / its ranks), which then spin against the other nodes' for the cores. One thread
-# a rank: a two-node run of 200 paced steps took 15.6 s of CPU in all instead of 65 s (and 49 s instead of 74 s).
-ONE_THREAD = ["--env", "OMP_NUM_THREADS=1"]
 STEPS, EVERY, PACE = 600, 25, 0.3  # PACE: seconds each step sleeps (fault.step_sleep), so that node0 alone
 # (at most 3.3 steps a second then) does not reach STEPS while node1 is away
 
@@ -88,7 +84,7 @@ def test_a_node_cut_off_leaves_the_run_and_rejoins_it(lab3, tmp_path):
     args = ["model=tiny", f"training.max_steps={STEPS}", "training.batch_size=8", "training.log_interval=10",
             f"training.checkpoint_interval={EVERY}", "training.eval_interval=0", "training.eval_batches=1",
             "training.elastic.min_nodes=1", f"fault.step_sleep={PACE}"]
-    proc = start_hrmctl(["train", *ONE_THREAD, "--nodes", "node0,node1", "--run-id", "el1", *args], lab3.inventory, tmp_path)
+    proc = start_hrmctl(["train", "--nodes", "node0,node1", "--run-id", "el1", *args], lab3.inventory, tmp_path)
     log0, log1 = tmp_path / "runs" / "el1" / "node0.log", tmp_path / "runs" / "el1" / "node1.log"
     rules = [["INPUT", "-j", "DROP"], ["OUTPUT", "-j", "DROP"]]
     try:
@@ -165,7 +161,7 @@ def test_three_nodes_go_on_as_two_and_as_one_and_take_the_others_back(lab3, tmp_
     args = ["model=tiny", f"training.max_steps={steps}", "training.batch_size=8", "training.log_interval=10",
             "training.checkpoint_interval=20", "training.eval_interval=0", "training.eval_batches=1",
             "training.elastic.min_nodes=1", f"fault.step_sleep={PACE}"]
-    proc = start_hrmctl(["train", *ONE_THREAD, "--nodes", "node0,node1,node2", "--run-id", "el3", *args], lab3.inventory, tmp_path)
+    proc = start_hrmctl(["train", "--nodes", "node0,node1,node2", "--run-id", "el3", *args], lab3.inventory, tmp_path)
     run = tmp_path / "runs" / "el3"
     logs = {n: run / f"{n}.log" for n in ("node0", "node1", "node2")}
     node1, node2 = lab3.nodes[1], lab3.nodes[2]

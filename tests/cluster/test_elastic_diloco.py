@@ -13,8 +13,8 @@ import time
 import pytest
 
 from lab.nodes import sh
-from tests.cluster.test_elastic import (ASLEEP_S, LINK_DOWN_S, ONE_THREAD, PACE, STEPS, _finish, _nothing_left, _records,
-                                        _text, cut_off)
+from tests.cluster.test_elastic import (ASLEEP_S, LINK_DOWN_S, PACE, STEPS, _finish, _nothing_left, _records, _text,
+                                        cut_off)
 from tests.cluster.test_launch import start_hrmctl
 from tests.polling import wait_for
 
@@ -55,12 +55,12 @@ def test_diloco_goes_on_while_a_node_sleeps_is_killed_or_cut_off_and_ends_near_a
     home = lab3.node("node0").home / "hrmctl" / "runs"
     unpaced = [a for a in args if not a.startswith("fault.step_sleep=")]  # the reference waits for no fault: the
     # pace changes the steps' times, not what they compute
-    ref = start_hrmctl(["train", *ONE_THREAD, "--nodes", "node0,node1", "--run-id", "dl-ref", *unpaced], lab3.inventory, tmp_path)
+    ref = start_hrmctl(["train", "--nodes", "node0,node1", "--run-id", "dl-ref", *unpaced], lab3.inventory, tmp_path)
     out, err = ref.communicate(timeout=600)
     assert ref.returncode == 0, (out + err)[-3000:]
 
     victim = lab3.nodes[1]
-    proc = start_hrmctl(["train", *ONE_THREAD, "--nodes", "node0,node1", "--run-id", "dl-sleep", *args], lab3.inventory, tmp_path)
+    proc = start_hrmctl(["train", "--nodes", "node0,node1", "--run-id", "dl-sleep", *args], lab3.inventory, tmp_path)
     log0, status = tmp_path / "runs" / "dl-sleep" / "node0.log", tmp_path / "runs" / "dl-sleep" / "status.json"
     try:
         wait_for(lambda: f"saved runs/dl-sleep/checkpoint-{every}" in _text(log0) or proc.poll() is not None, 240,
@@ -143,7 +143,7 @@ def test_diloco_three_nodes_go_on_in_place_while_nodes_sleep_are_cut_off_and_kil
     args = ["model=tiny", f"training.max_steps={STEPS}", "training.batch_size=8", "training.log_interval=10",
             "training.checkpoint_interval=20", "training.eval_interval=0", "training.eval_batches=1",
             "training.sync=diloco", "training.diloco.inner_steps=10", f"fault.step_sleep={PACE}"]
-    proc = start_hrmctl(["train", *ONE_THREAD, "--nodes", "node0,node1,node2", "--run-id", "dl3", *args], lab3.inventory, tmp_path)
+    proc = start_hrmctl(["train", "--nodes", "node0,node1,node2", "--run-id", "dl3", *args], lab3.inventory, tmp_path)
     run = tmp_path / "runs" / "dl3"
     logs = {n: run / f"{n}.log" for n in ("node0", "node1", "node2")}
     node1, node2 = lab3.nodes[1], lab3.nodes[2]

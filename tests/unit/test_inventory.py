@@ -64,6 +64,15 @@ def test_layers_and_sources(home, tmp_path):
     assert [n.name for n in inv.select(None)] == ["desk", "laptop1"]
 
 
+def test_threads_from_defaults_a_nodes_own_or_none(home, tmp_path):
+    write(tmp_path, '[defaults]\nthreads = 2\n[nodes.a]\nhost = "x"\nthreads = 1\n[nodes.b]\nhost = "y"\n'
+                    '[nodes.c]\nhost = "z"\n')
+    nodes = load_inventory().nodes
+    assert (nodes["a"].threads, nodes["b"].threads) == (1, 2) and nodes["a"].sources["threads"] == "inventory"
+    write(tmp_path, '[nodes.a]\nhost = "x"\n')
+    assert load_inventory().nodes["a"].threads is None  # the launcher's own choice
+
+
 def test_env_and_explicit_paths(home, tmp_path, monkeypatch):
     p = write(tmp_path, GOOD, "elsewhere.toml")
     monkeypatch.setenv("HRMCTL_INVENTORY", str(p))
@@ -115,6 +124,8 @@ IFNAME = "a network interface name like \"eth0\" (1-15 ASCII letters, digits, '_
      "[nodes.a] workdir must be a non-empty path without control characters, not a table"),
     ("[nodes.a]\nhost = \"x\"\nnproc = -3\n", "[nodes.a] nproc must be \"auto\" or an integer >= 1, not -3"),
     ("[nodes.a]\nhost = \"x\"\nnproc = 0\n", "[nodes.a] nproc must be \"auto\" or an integer >= 1, not 0"),
+    ("[nodes.a]\nhost = \"x\"\nthreads = 0\n", "[nodes.a] threads must be an integer >= 1, not 0"),
+    ("[defaults]\nthreads = \"2\"\n[nodes.a]\nhost = \"x\"\n", "[defaults] threads must be an integer >= 1, not '2'"),
     ("[nodes.a]\nhost = \"x\"\nnproc = \"Auto\"\n", "[nodes.a] nproc must be \"auto\" or an integer >= 1, not 'Auto'"),
     ("[nodes.a]\nhost = \"x\"\nport = 70000\n", "[nodes.a] port must be an integer from 1 to 65535, not 70000"),
     ("[nodes.a]\nhost = \"x\"\nport = \"ssh\"\n", "[nodes.a] port must be an integer from 1 to 65535, not 'ssh'"),
