@@ -4,12 +4,13 @@
 # and a C compiler for the fused mHC loops (auralm/kernels).
 #   bash scripts/test.sh [--fast] [PYTEST ARGS...]
 # --fast: only what needs no lab and no real training run (pytest -m "not cluster and not slow").
-# The suite without a selection of yours (no test path, -m, -k), in two phases:
-#   1. every test but those marked `alone`, on two pytest processes (pytest-xdist, a file's tests together so that
-#      its fixtures are made once; each process makes lab nodes of its own when a cluster test first needs them);
-#   2. the tests marked `alone` (they compare CPU shares, link rates and delays), one at a time with nothing beside.
+# The suite without a selection of yours (no test path, -m, -k), in three phases on two pytest processes each
+# (pytest-xdist, a file's tests together so that its fixtures are made once):
+#   1. everything but the cluster tier;
+#   2. the cluster tier, each process on a lab of its own, but its tests marked `alone`;
+#   3. the tests marked `alone` (they compare CPU shares, link rates and delays), one at a time with nothing beside.
 # The elastic tests (tests/cluster/test_elastic*.py) mostly wait, for a node's 60 s faults and for paced steps: each
-# file runs from the start beside phase 1, in a process and on a lab of its own, and phase 2 waits for them.
+# file runs from the start beside phases 1 and 2, in a process and on a lab of its own, and phase 3 waits for them.
 # With a selection: one pytest, as given.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -57,17 +58,19 @@ else
     pytest -m cluster -p no:cacheprovider ${args[@]+"${args[@]}"} "$file" >"$log" 2>&1 &
     elastic_pids+=($!) elastic_logs+=("$log")
   done
-  pytest -m "not alone" "${parallel[@]}" ${args[@]+"${args[@]}"} "${elastic_files[@]/#/--ignore=}" tests
+  pytest -m "not cluster" --ignore=tests/cluster "${parallel[@]}" ${args[@]+"${args[@]}"}
   rc=$?
-  rc2=0
+  pytest -m "cluster and not alone" "${parallel[@]}" ${args[@]+"${args[@]}"} "${elastic_files[@]/#/--ignore=}" tests/cluster
+  rc2=$?
+  rc3=0
   for i in "${!elastic_pids[@]}"; do
-    wait "${elastic_pids[$i]}" || rc2=$?
-    echo "--- ${elastic_files[$i]} (run beside the first phase):"
+    wait "${elastic_pids[$i]}" || rc3=$?
+    echo "--- ${elastic_files[$i]} (run beside the first two phases):"
     cat "${elastic_logs[$i]}"
     rm -f "${elastic_logs[$i]}"
   done
   pytest -m "cluster and alone" ${args[@]+"${args[@]}"} tests/cluster  # with nothing beside it
-  rc3=$?
-  for r in $rc $rc2 $rc3; do [ "$r" = 0 ] || exit "$r"; done
+  rc4=$?
+  for r in $rc $rc2 $rc3 $rc4; do [ "$r" = 0 ] || exit "$r"; done
   exit 0
 fi
