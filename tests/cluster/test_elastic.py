@@ -86,21 +86,18 @@ def test_a_node_cut_off_leaves_the_run_and_rejoins_it(lab3, tmp_path):
             "training.elastic.min_nodes=1", f"fault.step_sleep={PACE}"]
     proc = start_hrmctl(["train", "--nodes", "node0,node1", "--run-id", "el1", *args], lab3.inventory, tmp_path)
     log0, log1 = tmp_path / "runs" / "el1" / "node0.log", tmp_path / "runs" / "el1" / "node1.log"
-    rules = [["INPUT", "-j", "DROP"], ["OUTPUT", "-j", "DROP"]]
     try:
         wait_for(lambda: f"saved runs/el1/checkpoint-{EVERY}" in _text(log0) or proc.poll() is not None, 240,
                  "the first checkpoint", every=0.5)
         assert proc.poll() is None, proc.communicate()
         fault = time.time()
-        for r in rules:
-            victim.netns(["iptables", "-I", *r])
+        cut_off(victim, True)
         wait_for(lambda: "# hrmctl launch, attempt 1" in _text(log0) and _text(log0).count("# hrmctl launch") >= 2
                  or proc.poll() is not None, 90, "node0 to start again without node1", every=0.5)
         time.sleep(max(0.0, fault + LINK_DOWN_S - time.time()))
         alone = _text(log0).split("# hrmctl launch")[-1]
     finally:
-        for r in rules:
-            victim.netns(["iptables", "-D", *r], check=False)
+        cut_off(victim, False)
     def back(resumes: int) -> None:  # node1 in the run again: node0's rank resumed with it, then stepped
         wait_for(lambda: _text(log0).count("resuming from") >= resumes and
                  re.search(r"\[rank0\]:step \d+/", _text(log0).split("resuming from")[-1]) or proc.poll() is not None,

@@ -31,9 +31,10 @@ ALONE = re.compile(r"rank\(s\) (?:1, )?2 left the run")  # node0's rank, once ra
 LEFT = "rank(s) 1 left the run"  # node0's rank, when it finds node1's rank gone (auralm/training/members.py)
 
 
-def _left_event(status_path) -> dict | None:
-    doc = json.loads(status_path.read_text()) if status_path.exists() else {}
-    return next((e for e in doc.get("members", []) if e["event"] == "left"), None)
+def _events(run) -> list[tuple[str, str]]:
+    """The run's leaves and joins so far (status.json's members): (node, event)."""
+    doc = json.loads((run / "status.json").read_text()) if (run / "status.json").exists() else {}
+    return [(e["node"], e["event"]) for e in doc.get("members", [])]
 
 
 def test_diloco_goes_on_while_a_node_sleeps_is_killed_or_cut_off_and_ends_near_an_uninterrupted_run(lab3, tmp_path):
@@ -69,8 +70,8 @@ def test_diloco_goes_on_while_a_node_sleeps_is_killed_or_cut_off_and_ends_near_a
         asleep = time.time()
         victim.freeze(True)
         try:
-            wait_for(lambda: _left_event(status) or proc.poll() is not None, 60, "node1 to be named as left",
-                     every=0.5)
+            wait_for(lambda: ("node1", "left") in _events(status.parent) or proc.poll() is not None, 60,
+                     "node1 to be named as left", every=0.5)
             wait_for(lambda: LEFT in _text(log0) or proc.poll() is not None, 60,
                      "node0's rank to go on without node1", every=0.5)
             time.sleep(max(0.0, asleep + ASLEEP_S - time.time()))
@@ -89,17 +90,14 @@ def test_diloco_goes_on_while_a_node_sleeps_is_killed_or_cut_off_and_ends_near_a
                  240, "node1 back in the run after the kill", every=0.5)
         assert proc.poll() is None, proc.communicate()
         cut = time.time()
-        rules = [["INPUT", "-j", "DROP"], ["OUTPUT", "-j", "DROP"]]
         try:
-            for r in rules:
-                victim.netns(["iptables", "-I", *r])
+            cut_off(victim, True)
             wait_for(lambda: _text(log0).count(LEFT) >= 3 or proc.poll() is not None, 60,
                      "node0's rank to go on without the cut-off node1", every=0.5)
             time.sleep(max(0.0, cut + LINK_DOWN_S - time.time()))
-            cut_off = _text(log0).split(LEFT)[-1]
+            while_cut = _text(log0).split(LEFT)[-1]
         finally:
-            for r in rules:
-                victim.netns(["iptables", "-D", *r], check=False)
+            cut_off(victim, False)
     finally:
         out, err = _finish(proc, tmp_path / "runs" / "dl-sleep")
     assert proc.returncode == 0, (out + err)[-4000:]
@@ -115,8 +113,8 @@ def test_diloco_goes_on_while_a_node_sleeps_is_killed_or_cut_off_and_ends_near_a
     # the kill: node0's rank found node1 gone in the launch it was in (the one after the first join), not restarted
     assert before_kill_left.count("# hrmctl launch") == 2, before_kill_left[-3000:]
     # the link cut: node0's rank went on in the launch it was in (after the kill's join), stepping while node1 was away
-    assert "# hrmctl launch" not in cut_off.split("[rank0]:step")[0], cut_off[-2000:]
-    assert re.search(r"\[rank0\]:step \d+/", cut_off), "node0 stepped while node1 was cut off: " + cut_off[-2000:]
+    assert "# hrmctl launch" not in while_cut.split("[rank0]:step")[0], while_cut[-2000:]
+    assert re.search(r"\[rank0\]:step \d+/", while_cut), "node0 stepped while node1 was cut off: " + while_cut[-2000:]
     assert _text(log0).count("# hrmctl launch") == 4, "one launch, and one more each time node1 came back"
     assert _records(home / "dl-sleep")[-1]["step"] == steps
     ref_loss, loss = _final_val_loss(home / "dl-ref"), _final_val_loss(home / "dl-sleep")
@@ -124,11 +122,6 @@ def test_diloco_goes_on_while_a_node_sleeps_is_killed_or_cut_off_and_ends_near_a
           f"({(loss / ref_loss - 1) * 100:+.2f}%)")
     assert abs(loss / ref_loss - 1) <= 0.06, (ref_loss, loss)
     _nothing_left(lab3.nodes[:2], "dl-sleep")
-
-
-def _members(run) -> list[tuple[str, str]]:
-    doc = json.loads((run / "status.json").read_text()) if (run / "status.json").exists() else {}
-    return [(e["node"], e["event"]) for e in doc.get("members", [])]
 
 
 def test_diloco_three_nodes_go_on_in_place_while_nodes_sleep_are_cut_off_and_killed(lab3, tmp_path):
@@ -154,7 +147,7 @@ def test_diloco_three_nodes_go_on_in_place_while_nodes_sleep_are_cut_off_and_kil
         asleep = time.time()
         node1.freeze(True)
         try:
-            wait_for(lambda: _left_event(run / "status.json") or proc.poll() is not None, 60,
+            wait_for(lambda: _events(run) or proc.poll() is not None, 60,
                      "node1 to be named as left", every=0.5)
             wait_for(lambda: re.search(r"\[rank0\]:step \d+/", _text(logs["node0"]).split(LEFT)[-1]) and
                      LEFT in _text(logs["node0"]) or proc.poll() is not None, 90,
@@ -170,13 +163,13 @@ def test_diloco_three_nodes_go_on_in_place_while_nodes_sleep_are_cut_off_and_kil
         cut = time.time()
         cut_off(node1, True)
         try:
-            wait_for(lambda: len(_members(run)) >= 3 or proc.poll() is not None, 60, "the cut-off node1 named",
+            wait_for(lambda: len(_events(run)) >= 3 or proc.poll() is not None, 60, "the cut-off node1 named",
                      every=0.5)
             sh(["pkill", "-KILL", "-u", node2.user])
             wait_for(lambda: ALONE.search(_text(logs["node0"])) or proc.poll() is not None, 90,
                      "node0's rank to go on without the cut-off node1 and the killed node2", every=0.5)
             alone = ALONE.split(_text(logs["node0"]))[-1]
-            wait_for(lambda: ("node2", "joined") in _members(run) or proc.poll() is not None, 90,
+            wait_for(lambda: ("node2", "joined") in _events(run) or proc.poll() is not None, 90,
                      "node2 back while node1 is cut off", every=0.5)
             time.sleep(max(0.0, cut + LINK_DOWN_S - time.time()))
         finally:

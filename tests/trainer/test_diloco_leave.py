@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import time
+from contextlib import contextmanager
 
 import pytest
 
@@ -24,16 +25,29 @@ pytestmark = pytest.mark.slow
 STEPS = 60
 
 
-def test_the_rank_present_goes_on_in_place_and_takes_over_the_rows_of_the_one_that_left(sudoku_data, tmp_path):
+@contextmanager
+def _agents_at_step_20(sudoku_data, tmp_path, nodes: int):
+    """A DiLoCo run of ``nodes`` local torchrun agents, once node0's rank has logged step 20: (its out_dir, the
+    agents, node i's log text); whatever is left of them is killed at the end."""
     out = tmp_path / "run"
     args = ["model=tiny", f"training.max_steps={STEPS}", "training.batch_size=8", "training.log_interval=10",
             "training.checkpoint_interval=0", "training.eval_interval=0", "training.eval_batches=1",
             "training.sync=diloco", "training.diloco.inner_steps=10", f"data_dir={sudoku_data()}", f"out_dir={out}"]
-    logs = [tmp_path / f"node{r}.log" for r in (0, 1)]
+    logs = [tmp_path / f"node{r}.log" for r in range(nodes)]
     procs = start_agents(args, logs)
     text = lambda r: logs[r].read_text()  # noqa: E731
     try:
         wait_for(lambda: "step 20/" in text(0) or procs[0].poll() is not None, 180, "step 20", every=0.2)
+        yield out, procs, text
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+def test_the_rank_present_goes_on_in_place_and_takes_over_the_rows_of_the_one_that_left(sudoku_data, tmp_path):
+    with _agents_at_step_20(sudoku_data, tmp_path, 2) as (out, procs, text):
         node1 = process_tree(procs[1].pid)
         signal_tree(node1, signal.SIGSTOP)
         try:
@@ -43,11 +57,6 @@ def test_the_rank_present_goes_on_in_place_and_takes_over_the_rows_of_the_one_th
             signal_tree(node1, signal.SIGCONT)
         assert procs[0].wait(timeout=300) == 0, text(0)[-3000:]
         assert procs[1].wait(timeout=60) != 0, text(1)[-3000:]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
     assert "rank 0 takes rank(s) 1's rows beside its own (2 micro-batches a local step)" in text(0), text(0)[-3000:]
     assert "counted out of the run" in text(1), text(1)[-3000:]
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -62,15 +71,7 @@ def test_a_rank_killed_while_the_others_regroup_is_left_out_too_and_the_run_goes
     a leave. node0's rank writes the membership of ranks 0 and 2, but rank 2 never says it is ready for that group
     (making a group waits for every member: with a dead one, for good); once rank 2 is silent too, the next
     membership is rank 0 alone, which finishes the run in the same process, taking both ranks' rows."""
-    out = tmp_path / "run"
-    args = ["model=tiny", f"training.max_steps={STEPS}", "training.batch_size=8", "training.log_interval=10",
-            "training.checkpoint_interval=0", "training.eval_interval=0", "training.eval_batches=1",
-            "training.sync=diloco", "training.diloco.inner_steps=10", f"data_dir={sudoku_data()}", f"out_dir={out}"]
-    logs = [tmp_path / f"node{r}.log" for r in (0, 1, 2)]
-    procs = start_agents(args, logs)
-    text = lambda r: logs[r].read_text()  # noqa: E731
-    try:
-        wait_for(lambda: "step 20/" in text(0) or procs[0].poll() is not None, 180, "step 20", every=0.2)
+    with _agents_at_step_20(sudoku_data, tmp_path, 3) as (out, procs, text):
         node1 = process_tree(procs[1].pid)
         signal_tree(node1, signal.SIGSTOP)
         try:
@@ -81,11 +82,6 @@ def test_a_rank_killed_while_the_others_regroup_is_left_out_too_and_the_run_goes
         finally:
             signal_tree(node1, signal.SIGCONT)
         assert procs[0].wait(timeout=300) == 0, text(0)[-3000:]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
     assert "rank 0 takes rank(s) 1, 2's rows beside its own (3 micro-batches a local step)" in text(0), text(0)[-3000:]
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps[-1] == STEPS
