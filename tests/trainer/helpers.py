@@ -1,6 +1,6 @@
 """Helpers for the trainer's tests: small data, the run's records, and real multi-process runs.
 
-``run_ranks`` starts ``world`` separate processes (spawned, as separate nodes would be) that join
+``run_ranks`` starts ``world`` separate processes (as separate nodes would be) that join
 one gloo process group through MASTER_ADDR/MASTER_PORT and run ``auralm.training.train.run``; each rank
 writes what the test needs to see (its final weights, the inputs its model saw, how many
 optimizer steps it took) into the test's directory.
@@ -53,6 +53,11 @@ def tiny_args(data_dir: Path, out_dir: Path, *extra: str) -> list[str]:
 
 
 def _rank_main(rank: int, world: int, port: int, args: list[str], result_dir: str, opts: dict) -> None:
+    os.environ.clear()  # the test's environment now (the fork server's is the one it started with)
+    os.environ.update(opts["parent_env"])
+    for fd, name in ((1, "out"), (2, "err")):  # the fork server's own stdout is not the test's: run_ranks passes it on
+        with open(Path(result_dir) / f"rank{rank}.{name}", "wb") as f:
+            os.dup2(f.fileno(), fd)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     os.environ.update(opts.get("env", [{}] * world)[rank])
@@ -123,8 +128,9 @@ def run_ranks(world: int, args: list[str], result_dir: Path, timeout: float = 30
     """
     result_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_rank_main, args=(r, world, port, args, str(result_dir), opts)) for r in range(world)]
+    opts = dict(opts, parent_env=dict(os.environ))
+    procs = [_forked().Process(target=_rank_main, args=(r, world, port, args, str(result_dir), opts))
+             for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:
@@ -134,10 +140,23 @@ def run_ranks(world: int, args: list[str], result_dir: Path, timeout: float = 30
             p.kill()
     results = []
     for r in range(world):
+        for fd, name in ((1, "out"), (2, "err")):  # what the rank printed, where a spawned rank's would have gone
+            printed = result_dir / f"rank{r}.{name}"
+            if printed.exists():
+                os.write(fd, printed.read_bytes())
         path = result_dir / f"rank{r}.pt"
         assert path.exists(), f"rank {r} wrote no result (exit code {procs[r].exitcode})"
         results.append(torch.load(path, weights_only=False))
     return results
+
+
+def _forked():
+    """Ranks forked from multiprocessing's fork server, which imports torch and the trainer once per test process:
+    each rank is still a fresh process of its own (nothing of the test's state), as spawning would give, without
+    paying `import torch` again (1.5 s of CPU a rank; the trainer tier starts about a hundred ranks)."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "auralm.training.train", __name__])
+    return ctx
 
 
 def python_env(**extra: str) -> dict:
