@@ -330,10 +330,11 @@ def resource_facts() -> dict:
     return out
 
 
-def cpu_usable(root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/self/cgroup") -> int | None:
+def cpu_usable(root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/self/cgroup",
+               environ=os.environ) -> int | None:
     """The CPUs this process may use: its affinity (taskset, a Slurm step's --cpus-per-task, a cpuset), and no more
     than its CPU cgroup's quota or the tightest of its ancestors' (v1 cpu.cfs_quota_us / cfs_period_us, v2 cpu.max),
-    rounded up; None when nothing is readable. The machine's count overstates it in a container or a shared job,
+    rounded up, or a Slurm job's SLURM_CPUS_PER_TASK; None when nothing is readable. The machine's count overstates it in a container or a shared job,
     and a launch that gives each rank that many threads then makes them spin against each other."""
     try:
         usable = len(os.sched_getaffinity(0))
@@ -357,6 +358,9 @@ def cpu_usable(root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/self/cgro
             if quota.isdigit() and period.isdigit() and int(period) > 0:
                 cap = max(1, -(-int(quota) // int(period)))
                 usable = cap if usable is None else min(usable, cap)
+    share = environ.get("SLURM_CPUS_PER_TASK", "")  # the job's --cpus-per-task, which a cluster whose TaskPlugin
+    if share.isdigit() and int(share) > 0:  # binds nothing (task/none) leaves to the job to keep to
+        usable = int(share) if usable is None else min(usable, int(share))
     return usable
 
 

@@ -85,13 +85,16 @@ def test_submitted_run_trains_saves_on_signals_requeues_resumes_and_is_listed(ru
     import subprocess
 
     steps = 150
-    args = ["train", "--slurm", "--nodes", "2", "--time", "00:10:00", "--run-id", "sub1", *TINY[:1],
-            f"training.max_steps={steps}", "training.batch_size=8", "training.log_interval=1",
+    # one CPU a node, as the lab's nodes share this machine's two: the lab's Slurm binds nothing (TaskPlugin=task/none),
+    # so the ranks' threads follow the job's SLURM_CPUS_PER_TASK (two a rank spun against each other: 4x the CPU)
+    args = ["train", "--slurm", "--nodes", "2", "--cpus-per-task", "1", "--time", "00:10:00", "--run-id", "sub1",
+            *TINY[:1], f"training.max_steps={steps}", "training.batch_size=8", "training.log_interval=1",
             "training.checkpoint_interval=0", "training.eval_interval=0", "training.eval_batches=1",
             f"data_dir={sudoku_data()}"]
     code, out, err = run_hrmctl(*args, "--dry-run")
     assert code == 0, err
-    assert "#SBATCH --nodes=2" in out and "#SBATCH --signal=B:USR1@" in out and "#SBATCH --requeue" in out, out
+    assert "#SBATCH --nodes=2" in out and "#SBATCH --cpus-per-task=1" in out, out
+    assert "#SBATCH --signal=B:USR1@" in out and "#SBATCH --requeue" in out, out
     assert " -m cli.slurm.job --run-id sub1 " in out and not (tmp_path / "runs" / "sub1").exists()
 
     code, out, err = run_hrmctl(*args)
@@ -114,6 +117,7 @@ def test_submitted_run_trains_saves_on_signals_requeues_resumes_and_is_listed(ru
     assert f"requeueing job {job}" in text and "stopped by SIGUSR1" in text, text[-3000:]
     saved = [int(line.split("stopped at step ")[1].split("/")[0]) for line in log.splitlines()
              if "stopped at step " in line]
+    assert "# env: OMP_NUM_THREADS=1" in log, log[:3000]
     assert len(saved) == 2 and "on SIGUSR1: checkpoint" in log and "on SIGTERM: checkpoint" in log, log[-3000:]
     assert [f"checkpoint-{s} (step {s})" in log for s in saved] == [True, True], saved  # resumed from each
     assert _steps(run_dir) == list(range(1, steps + 1)), "every step trained exactly once"

@@ -93,3 +93,6 @@ def test_usable_cpus_follow_the_affinity_and_the_tightest_cpu_quota(tmp_path):
     assert probe.cpu_usable(str(v2), str(proc)) == machine
     (v2 / "cpu.max").write_text("30000 10000\n")  # three CPUs at the root of the chain
     assert probe.cpu_usable(str(v2), str(proc)) == min(machine, 3)
+    # a Slurm job's --cpus-per-task, kept to even where Slurm binds nothing (TaskPlugin=task/none, as on the lab)
+    assert probe.cpu_usable(str(v2), str(proc), {"SLURM_CPUS_PER_TASK": "1"}) == 1
+    assert probe.cpu_usable(str(v2), str(proc), {"SLURM_CPUS_PER_TASK": "64"}) == min(machine, 3)
