@@ -330,34 +330,41 @@ def resource_facts() -> dict:
     return out
 
 
-def cpu_usable(root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/self/cgroup",
-               environ=os.environ) -> int | None:
-    """The CPUs this process may use: its affinity (taskset, a Slurm step's --cpus-per-task, a cpuset), and no more
-    than its CPU cgroup's quota or the tightest of its ancestors' (v1 cpu.cfs_quota_us / cfs_period_us, v2 cpu.max),
-    rounded up, or a Slurm job's SLURM_CPUS_PER_TASK; None when nothing is readable. The machine's count overstates it in a container or a shared job,
-    and a launch that gives each rank that many threads then makes them spin against each other."""
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        usable = os.cpu_count()
+def _cgroup_dirs(controller: str, root: str, proc_cgroup: str):
+    """(directory, is v1) of this process's cgroup for ``controller`` and each of its ancestors, innermost first:
+    /proc/self/cgroup's v1 line naming the controller (under root/controller) or its v2 line (under root)."""
     for line in read(proc_cgroup).splitlines():
         parts = line.split(":", 2)
         if len(parts) != 3:
             continue
-        v1 = "cpu" in parts[1].split(",")
+        v1 = controller in parts[1].split(",")
         if not v1 and parts[1] != "":
             continue
-        base = os.path.join(root, "cpu") if v1 else root
+        base = os.path.join(root, controller) if v1 else root
         chain = [c for c in parts[2].strip().split("/") if c]
         for depth in range(len(chain), -1, -1):
-            group = os.path.join(base, *chain[:depth])
-            if v1:
-                quota, period = (read(os.path.join(group, f"cpu.cfs_{k}_us")).strip() for k in ("quota", "period"))
-            else:
-                quota, _, period = read(os.path.join(group, "cpu.max")).strip().partition(" ")
-            if quota.isdigit() and period.isdigit() and int(period) > 0:
-                cap = max(1, -(-int(quota) // int(period)))
-                usable = cap if usable is None else min(usable, cap)
+            yield os.path.join(base, *chain[:depth]), v1
+
+
+def cpu_usable(root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/self/cgroup",
+               environ=os.environ) -> int | None:
+    """The CPUs this process may use: its affinity (taskset, a Slurm step's --cpus-per-task, a cpuset), and no more
+    than its CPU cgroup's quota or the tightest of its ancestors' (v1 cpu.cfs_quota_us / cfs_period_us, v2
+    cpu.max), rounded up, or a Slurm job's SLURM_CPUS_PER_TASK; None when nothing is readable. The machine's count
+    overstates it in a container or a shared job, and a launch that gives each rank that many threads then makes
+    them spin against each other."""
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        usable = os.cpu_count()
+    for group, v1 in _cgroup_dirs("cpu", root, proc_cgroup):
+        if v1:
+            quota, period = (read(os.path.join(group, f"cpu.cfs_{k}_us")).strip() for k in ("quota", "period"))
+        else:
+            quota, _, period = read(os.path.join(group, "cpu.max")).strip().partition(" ")
+        if quota.isdigit() and period.isdigit() and int(period) > 0:
+            cap = max(1, -(-int(quota) // int(period)))
+            usable = cap if usable is None else min(usable, cap)
     share = environ.get("SLURM_CPUS_PER_TASK", "")  # the job's --cpus-per-task, which a cluster whose TaskPlugin
     if share.isdigit() and int(share) > 0:  # binds nothing (task/none) leaves to the job to keep to
         usable = int(share) if usable is None else min(usable, int(share))
@@ -371,31 +378,20 @@ def cgroup_memory(root: str = "/sys/fs/cgroup",
     with no limit or nothing readable (e.g. /sys/fs/cgroup not mounted where this runs). Standard library only:
     the node probe reports it, and the trainer's batch_size=auto (auralm.planning.autobatch) plans with it."""
     best: tuple[int | None, int | None] = (None, None)
-    for line in read(proc_cgroup).splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
+    for group, v1 in _cgroup_dirs("memory", root, proc_cgroup):
+        names = (("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file") if v1 else
+                 ("memory.max", "memory.current", "inactive_file"))
+        limit, usage = read(os.path.join(group, names[0])).strip(), read(os.path.join(group, names[1])).strip()
+        if not (limit.isdigit() and usage.isdigit()) or int(limit) >= 1 << 60:
             continue
-        if "memory" in parts[1].split(","):
-            base, names = os.path.join(root, "memory"), ("memory.limit_in_bytes", "memory.usage_in_bytes",
-                                                          "total_inactive_file")
-        elif parts[1] == "":
-            base, names = root, ("memory.max", "memory.current", "inactive_file")
-        else:
-            continue
-        chain = [c for c in parts[2].strip().split("/") if c]
-        for depth in range(len(chain), -1, -1):
-            group = os.path.join(base, *chain[:depth])
-            limit, usage = read(os.path.join(group, names[0])).strip(), read(os.path.join(group, names[1])).strip()
-            if not (limit.isdigit() and usage.isdigit()) or int(limit) >= 1 << 60:
-                continue
-            inactive = 0
-            for stat in read(os.path.join(group, "memory.stat")).splitlines():
-                k, _, v = stat.partition(" ")
-                if k == names[2] and v.strip().isdigit():
-                    inactive = int(v)
-            free = max(0, int(limit) - max(0, int(usage) - inactive))
-            if best[1] is None or free < best[1]:
-                best = (int(limit), free)
+        inactive = 0
+        for stat in read(os.path.join(group, "memory.stat")).splitlines():
+            k, _, v = stat.partition(" ")
+            if k == names[2] and v.strip().isdigit():
+                inactive = int(v)
+        free = max(0, int(limit) - max(0, int(usage) - inactive))
+        if best[1] is None or free < best[1]:
+            best = (int(limit), free)
     return best
 
 

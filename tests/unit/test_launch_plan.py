@@ -48,7 +48,6 @@ def test_each_node_gets_its_rank_nproc_and_interface():
     assert a.env["HRMCTL_JOB"] != b.env["HRMCTL_JOB"]
 
 
-
 def test_the_inventorys_threads_win_over_the_usable_cpus_per_process():
     a, b = plan(nodes=[node("a", "10.0.0.1", threads=3), node("b", "10.0.0.2")])
     assert a.env["OMP_NUM_THREADS"] == "3" and b.env["OMP_NUM_THREADS"] == "2"  # b: 4 usable CPUs, 2 processes

@@ -4,6 +4,7 @@ standard-library fallback, with the same keys (the probe runs on nodes before an
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -69,7 +70,7 @@ def test_usable_cpus_follow_the_affinity_and_the_tightest_cpu_quota(tmp_path):
     """cpu_usable: the process's affinity (a real one: taskset), capped by its CPU cgroup's quota or an ancestor's
     (cgroup v1 and v2 files laid out as the kernel does), rounded up; the launch gives each rank that many
     threads over its ranks (cli/launch/plan.py), not the machine's count."""
-    machine = len(__import__("os").sched_getaffinity(0))
+    machine = len(os.sched_getaffinity(0))
     assert probe.cpu_usable(str(tmp_path), str(tmp_path / "none")) == machine  # no cgroup readable: the affinity
     pinned = subprocess.run(["taskset", "-c", "0", sys.executable, "-c",
                              "from netcheck.node_probe import cpu_usable; print(cpu_usable('/nonexistent'))"],
