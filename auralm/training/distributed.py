@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pickle
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
@@ -174,9 +175,30 @@ def gather_object(d: Dist, obj) -> list:
     """Every present rank's ``obj``, in rank order, on every rank (over gloo)."""
     if d.world == 1:
         return [obj]
+    if d.members is not None:
+        return _gather_present(d, obj)
     out = [None] * d.present_count
     dist.all_gather_object(out, obj, group=d.objects_group)
     return out
+
+
+def _gather_present(d: Dist, obj) -> list:
+    """``gather_object`` in a run whose ranks may leave (a checkpoint's gathers, say, while a node is cut off):
+    all_gather_object's two steps, the sizes and then the padded bytes, as collectives that ``d.wait`` gives up
+    when a rank falls silent, then sent again among the ranks present."""
+    data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+    while True:
+        epoch, n = d.epoch, d.present_count
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(n)]
+        mine = torch.tensor([data.numel()], dtype=torch.int64)
+        if not d.wait([dist.all_gather(sizes, mine, group=d.objects_group, async_op=True)], epoch):
+            continue
+        padded = torch.zeros(int(max(s.item() for s in sizes)), dtype=torch.uint8)
+        padded[:data.numel()] = data
+        parts = [torch.empty_like(padded) for _ in range(n)]
+        if not d.wait([dist.all_gather(parts, padded, group=d.objects_group, async_op=True)], epoch):
+            continue
+        return [pickle.loads(p[:int(s.item())].numpy().tobytes()) for p, s in zip(parts, sizes)]
 
 
 def broadcast_object(d: Dist, obj):

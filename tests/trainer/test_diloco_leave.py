@@ -85,3 +85,45 @@ def test_a_rank_killed_while_the_others_regroup_is_left_out_too_and_the_run_goes
     assert "rank 0 takes rank(s) 1, 2's rows beside its own (3 micro-batches a local step)" in text(0), text(0)[-3000:]
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps[-1] == STEPS
+
+
+def _gather_with_rank_1_asleep(rank: int, port: int, out: str) -> None:
+    """Rank ``rank`` of two: both gather once, then rank 1 stops itself (a laptop asleep) and rank 0 gathers
+    again, as a checkpoint's gathers do (auralm.training.train.save)."""
+    import torch.distributed as dist
+
+    from auralm.training.distributed import Dist, gather_object
+    from auralm.training.members import Membership
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    store = dist.TCPStore("127.0.0.1", port, 2, is_master=rank == 0, wait_for_workers=False)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+    d = Dist(rank=rank, world=2, backend="gloo", members=Membership(rank, 2, lost_s=3))
+    both = gather_object(d, {"rank": rank})
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    alone = gather_object(d, ["after", rank])
+    with open(out, "w") as f:
+        json.dump({"both": both, "alone": alone, "present": d.members.present}, f)
+    os._exit(0)
+
+
+def test_an_object_gather_goes_on_among_the_ranks_present_when_one_falls_asleep_during_it(tmp_path):
+    """A node cut off just after a round, while the checkpoint gathers every rank's random state and data position:
+    the gather is given up once its rank is silent and made again among those present, instead of waiting for
+    it for good (seen once on the lab: node0's rank stuck before saving, until node1's link came back)."""
+    from tests.trainer.helpers import _forked, free_port
+
+    port, out = free_port(), tmp_path / "rank0.json"
+    procs = [_forked().Process(target=_gather_with_rank_1_asleep, args=(r, port, str(out))) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    try:
+        procs[0].join(60)
+        assert procs[0].exitcode == 0, "rank 0 did not finish its gather without the sleeping rank 1"
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+    got = json.loads(out.read_text())
+    assert got == {"both": [{"rank": 0}, {"rank": 1}], "alone": [["after", 0]], "present": [0]}, got
