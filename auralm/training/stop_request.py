@@ -55,9 +55,12 @@ class StopRequest:
             return self.asked
         seen = 0
         if self.work is not None:  # the flags every rank sent one step ago
-            if not self.d.wait([self.work], self.epoch):  # a rank left meanwhile: the flag again, among those present
+            done = self.d.wait([self.work], self.epoch)
+            while not done:  # a rank left meanwhile: the flag again, among those present (until none leaves during it)
+                epoch = self.d.epoch
                 self.flag = torch.tensor([self.asked], dtype=torch.int64)  # ``asked`` never goes back to 0
-                dist.all_reduce(self.flag, op=dist.ReduceOp.MAX, group=self.d.objects_group)
+                work = dist.all_reduce(self.flag, op=dist.ReduceOp.MAX, group=self.d.objects_group, async_op=True)
+                done = self.d.wait([work], epoch)
             seen = int(self.flag.item())
         self.epoch = self.d.epoch
         self.flag = torch.tensor([self.asked], dtype=torch.int64)  # a CPU tensor: the gloo group
