@@ -135,9 +135,10 @@ class DiLoCo:
         d = self.d
         delta = torch.cat([(s - p).reshape(-1) for s, p in zip(self.shared, self.params)])
         finite = bool(torch.isfinite(delta).all())
-        flags = torch.zeros(2 * d.world + 3, dtype=torch.float64)
+        flags = torch.zeros(2 * d.world + 4, dtype=torch.float64)
         flags[d.rank] = bad_steps
         flags[d.world + d.rank] = 0.0 if finite else 1.0
+        flags[-4] = end  # summed: every rank present must have sent the same round (checked in finish)
         flags[-3] = self.weight  # the weights of the ranks present: 1 until one leaves
         if losses:
             flags[-2], flags[-1] = self.weight * loss_sum / losses, self.weight
@@ -167,6 +168,12 @@ class DiLoCo:
         self.in_flight = None
         self._wait(sent)
         flags = sent.flags
+        if d.world > 1 and flags[-4] != sent.end * d.present_count:
+            raise RuntimeError(
+                f"rank {d.rank}: the ranks present sent different rounds (this one ends at step {sent.end}; their "
+                f"steps sum to {flags[-4]:g} over {d.present_count} ranks): a rank left during the last moments of a "
+                "collective, and averaging them would be wrong; the run stops here (resume=latest goes on from the "
+                "last checkpoint)")
         counts = [int(v) for v in flags[:d.world].tolist()]
         broken = [r for r in range(d.world) if flags[d.world + r] > 0]
         loss = float(flags[-2] / flags[-1]) if flags[-1] > 0 else float("nan")

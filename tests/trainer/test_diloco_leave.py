@@ -14,6 +14,7 @@ import os
 import signal
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -127,3 +128,50 @@ def test_an_object_gather_goes_on_among_the_ranks_present_when_one_falls_asleep_
                 p.kill()
     got = json.loads(out.read_text())
     assert got == {"both": [{"rank": 0}, {"rank": 1}], "alone": [["after", 0]], "present": [0]}, got
+
+
+def _rounds_apart(rank: int, port: int, out: str) -> None:
+    """Rank ``rank`` of two sends a DiLoCo round ending at step 10 (rank 0) or 20 (rank 1), as two ranks would
+    after one of them finished a collective the other was still in when a third left."""
+    import torch
+    import torch.distributed as dist
+
+    from auralm.parallel.diloco import DiLoCo
+    from auralm.training.config import DilocoConfig
+    from auralm.training.distributed import Dist
+
+    store = dist.TCPStore("127.0.0.1", port, 2, is_master=rank == 0, wait_for_workers=False)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    outer = DiLoCo(model, DilocoConfig(outer_lr=0.7, outer_momentum=0.9), Dist(rank=rank, world=2, backend="gloo"),
+                   0.5)
+    before = [p.detach().clone() for p in outer.shared]
+    outer.start(0, 1.0, 1, carry=False, end=10 * (rank + 1))
+    try:
+        outer.finish()
+        error = ""
+    except RuntimeError as exc:
+        error = str(exc)
+    unchanged = all(torch.equal(a, b) for a, b in zip(before, outer.shared))
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump({"error": error, "unchanged": unchanged}, f)
+    os._exit(0)
+
+
+def test_ranks_that_sent_different_rounds_stop_instead_of_averaging_them(tmp_path):
+    from tests.trainer.helpers import _forked, free_port
+
+    port, out = free_port(), tmp_path / "rank"
+    procs = [_forked().Process(target=_rounds_apart, args=(r, port, str(out))) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        if p.is_alive():
+            p.kill()
+    for r in (0, 1):
+        got = json.loads(Path(f"{out}.{r}").read_text())
+        assert got["unchanged"] and got["error"].startswith(
+            f"rank {r}: the ranks present sent different rounds (this one ends at step {10 * (r + 1)}; their steps "
+            "sum to 30 over 2 ranks)"), got
