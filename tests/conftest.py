@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,6 +15,8 @@ import pytest
 from lab.nodes import Lab, missing_capability, remove_stale
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
+REPO = Path(__file__).resolve().parents[1]
+DATA_CACHE = Path(tempfile.gettempdir()) / "hrmctl-test-data"
 
 
 LAB_MISSING = missing_capability()  # no root, or no ip/sshd/iptables on this machine: the reason, else None
@@ -48,13 +54,32 @@ def own_cache(tmp_path_factory):
     os.environ.setdefault("HRMCTL_CACHE", str(tmp_path_factory.mktemp("hrmctl-cache")))
 
 
+def made_once(name: str, args: tuple, make) -> Path:
+    """``<dir>/<name>``, which ``make(path)`` fills: made once for every test process on this machine (the phases
+    of scripts/test.sh and the elastic files beside them each start their own) and kept, in a directory named by
+    ``args`` and the source of auralm/data (a change to the making makes it anew). Read it; never write into it."""
+    key = hashlib.sha256(repr(args).encode())
+    for source in sorted((REPO / "auralm" / "data").glob("*.py")):
+        key.update(source.read_bytes())
+    home = DATA_CACHE / f"{name}-{key.hexdigest()[:16]}"
+    done = home / ".complete"
+    if not done.exists():
+        DATA_CACHE.mkdir(parents=True, exist_ok=True)
+        with open(f"{home}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # another test process making it: wait for it
+            if not done.exists():
+                shutil.rmtree(home, ignore_errors=True)
+                make(home / name)
+                done.touch()
+    return home / name
+
+
 @pytest.fixture(scope="session")
-def quijote_data(tmp_path_factory):
+def quijote_data():
     """quijote_data(vocab_size, max_tokens): Don Quijote (../shared/data/quijote) prepared as `hrmctl prepare-data`
-    prepares a corpus (auralm.data.datadir.main: a byte-level BPE tokenizer trained here, uint16 shards), made once per
-    test
-    session for each size and shared by every test that asks for that size. Read it; never write into it (copy it
-    first). Tests of the preparing itself (tests/unit/test_trainer_data.py) make their own."""
+    prepares a corpus (auralm.data.datadir.main: a byte-level BPE tokenizer trained here, uint16 shards), made once
+    for each size (``made_once``) and shared by every test that asks for that size. Read it; never write into it (copy
+    it first). Tests of the preparing itself (tests/unit/test_trainer_data.py) make their own."""
     from auralm.data import datadir
     from tests.trainer.helpers import QUIJOTE
 
@@ -62,26 +87,32 @@ def quijote_data(tmp_path_factory):
 
     def get(vocab_size: int = 512, max_tokens: int = 40000) -> Path:
         if (vocab_size, max_tokens) not in made:
-            out = tmp_path_factory.mktemp(f"quijote-{vocab_size}-{max_tokens}") / "quijote"
-            assert datadir.main([str(QUIJOTE), "--out", str(out), "--vocab-size", str(vocab_size),
-                              "--max-tokens", str(max_tokens)]) == 0
-            made[vocab_size, max_tokens] = out
+            def make(out: Path) -> None:
+                assert datadir.main([str(QUIJOTE), "--out", str(out), "--vocab-size", str(vocab_size),
+                                     "--max-tokens", str(max_tokens)]) == 0
+
+            text = QUIJOTE.stat()
+            made[vocab_size, max_tokens] = made_once("quijote", (vocab_size, max_tokens, text.st_size, text.st_mtime),
+                                                     make)
         return made[vocab_size, max_tokens]
 
     return get
 
 
 @pytest.fixture(scope="session")
-def sudoku_data(tmp_path_factory):
+def sudoku_data():
     """sudoku_data(count): tests.trainer.helpers.small_sudoku's puzzles (seed 1, 50-60 givens) in a directory named
-    sudoku, made once per test session for each count and shared. Read it; never write into it (copy it first)."""
+    sudoku, made once for each count (``made_once``) and shared. Read it; never write into it (copy it first)."""
+    import inspect
+
     from tests.trainer.helpers import small_sudoku
 
     made: dict[int, Path] = {}
 
     def get(count: int = 1200) -> Path:
         if count not in made:
-            made[count] = small_sudoku(tmp_path_factory.mktemp(f"sudoku-{count}") / "sudoku", count)
+            made[count] = made_once("sudoku", (count, inspect.getsource(small_sudoku)),
+                                    lambda out: small_sudoku(out, count))
         return made[count]
 
     return get
@@ -113,19 +144,19 @@ def make_lab():
 
 
 @pytest.fixture(scope="session")
-def lab3(make_lab, tmp_path_factory) -> Lab:
+def lab3(make_lab) -> Lab:
     """Three healthy nodes shared by the tests that leave them healthy (undo your faults). Each node's default
-    sudoku data (~/hrmctl/data/sudoku, what the trainer makes there at its first run) is made once here, by the
-    same generator with the same seed and the default's train split, and copied to every node; its held-out split
+    sudoku data (~/hrmctl/data/sudoku, what the trainer makes there at its first run) is made once (``made_once``),
+    by the same generator with the same seed and the default's train split, and copied to every node; its held-out split
     is 200 puzzles, not the default's 1000, since every sudoku run that reaches its last step evaluates all of them
     (17.5 s of HRM-tiny on a quiet 2-core machine, minutes on a busy one). Tests of that making use other
     directories (tests/cluster/test_launch.py)."""
     from auralm.data.datadir import SUDOKU_DEFAULTS, prepare_sudoku
 
     lab = make_lab(3)
-    made = tmp_path_factory.mktemp("default-data") / "sudoku"
-    prepare_sudoku(made, **dict(SUDOKU_DEFAULTS, test=200))
-    lab.give_data(made, "sudoku")
+    options = dict(SUDOKU_DEFAULTS, test=200)
+    lab.give_data(made_once("sudoku", tuple(sorted(options.items())), lambda out: prepare_sudoku(out, **options)),
+                  "sudoku")
     return lab
 
 
