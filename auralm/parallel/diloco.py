@@ -168,7 +168,7 @@ class DiLoCo:
         self.in_flight = None
         self._wait(sent)
         flags = sent.flags
-        if d.world > 1 and flags[-4] != sent.end * d.present_count:
+        if flags[-4] != sent.end * d.present_count:  # a world of one: its own round, unsent
             raise RuntimeError(
                 f"rank {d.rank}: the ranks present sent different rounds (this one ends at step {sent.end}; their "
                 f"steps sum to {flags[-4]:g} over {d.present_count} ranks): a rank left during the last moments of a "

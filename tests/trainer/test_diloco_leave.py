@@ -88,23 +88,47 @@ def test_a_rank_killed_while_the_others_regroup_is_left_out_too_and_the_run_goes
     assert steps[-1] == STEPS
 
 
-def _gather_with_rank_1_asleep(rank: int, port: int, out: str) -> None:
-    """Rank ``rank`` of two: both gather once, then rank 1 stops itself (a laptop asleep) and rank 0 gathers
-    again, as a checkpoint's gathers do (auralm.training.train.save)."""
+def _gloo_pair(rank: int, port: int) -> None:
+    """Rank ``rank`` of a gloo world of two on 127.0.0.1:``port`` (rank 0 holds the store)."""
     import torch.distributed as dist
-
-    from auralm.training.distributed import Dist, gather_object
-    from auralm.training.members import Membership
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     store = dist.TCPStore("127.0.0.1", port, 2, is_master=rank == 0, wait_for_workers=False)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+
+
+def _run_pair(target, tmp_path, wait_for: tuple[int, ...]) -> list[dict]:
+    """``target(rank, port, out)`` in two processes forked from the trainer tier's fork server; waits (60 s) for
+    the ranks in ``wait_for``, kills what is left, and returns what each rank wrote to ``out.<rank>`` (None: nothing)."""
+    from tests.trainer.helpers import _forked, free_port
+
+    port, out = free_port(), tmp_path / "rank"
+    procs = [_forked().Process(target=target, args=(r, port, str(out))) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    try:
+        for r in wait_for:
+            procs[r].join(60)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+    return [json.loads(Path(f"{out}.{r}").read_text()) if Path(f"{out}.{r}").exists() else None for r in (0, 1)]
+
+
+def _gather_with_rank_1_asleep(rank: int, port: int, out: str) -> None:
+    """Both ranks gather once, then rank 1 stops itself (a laptop asleep) and rank 0 gathers again, as a
+    checkpoint's gathers do (auralm.training.train.save)."""
+    from auralm.training.distributed import Dist, gather_object
+    from auralm.training.members import Membership
+
+    _gloo_pair(rank, port)
     d = Dist(rank=rank, world=2, backend="gloo", members=Membership(rank, 2, lost_s=3))
     both = gather_object(d, {"rank": rank})
     if rank == 1:
         os.kill(os.getpid(), signal.SIGSTOP)
     alone = gather_object(d, ["after", rank])
-    with open(out, "w") as f:
+    with open(f"{out}.{rank}", "w") as f:
         json.dump({"both": both, "alone": alone, "present": d.members.present}, f)
     os._exit(0)
 
@@ -113,20 +137,8 @@ def test_an_object_gather_goes_on_among_the_ranks_present_when_one_falls_asleep_
     """A node cut off just after a round, while the checkpoint gathers every rank's random state and data position:
     the gather is given up once its rank is silent and made again among those present, instead of waiting for
     it for good (seen once on the lab: node0's rank stuck before saving, until node1's link came back)."""
-    from tests.trainer.helpers import _forked, free_port
-
-    port, out = free_port(), tmp_path / "rank0.json"
-    procs = [_forked().Process(target=_gather_with_rank_1_asleep, args=(r, port, str(out))) for r in (0, 1)]
-    for p in procs:
-        p.start()
-    try:
-        procs[0].join(60)
-        assert procs[0].exitcode == 0, "rank 0 did not finish its gather without the sleeping rank 1"
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-    got = json.loads(out.read_text())
+    got, _ = _run_pair(_gather_with_rank_1_asleep, tmp_path, wait_for=(0,))
+    assert got is not None, "rank 0 did not finish its gather without the sleeping rank 1"
     assert got == {"both": [{"rank": 0}, {"rank": 1}], "alone": [["after", 0]], "present": [0]}, got
 
 
@@ -134,14 +146,12 @@ def _rounds_apart(rank: int, port: int, out: str) -> None:
     """Rank ``rank`` of two sends a DiLoCo round ending at step 10 (rank 0) or 20 (rank 1), as two ranks would
     after one of them finished a collective the other was still in when a third left."""
     import torch
-    import torch.distributed as dist
 
     from auralm.parallel.diloco import DiLoCo
     from auralm.training.config import DilocoConfig
     from auralm.training.distributed import Dist
 
-    store = dist.TCPStore("127.0.0.1", port, 2, is_master=rank == 0, wait_for_workers=False)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+    _gloo_pair(rank, port)
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)
     outer = DiLoCo(model, DilocoConfig(outer_lr=0.7, outer_momentum=0.9), Dist(rank=rank, world=2, backend="gloo"),
@@ -160,18 +170,7 @@ def _rounds_apart(rank: int, port: int, out: str) -> None:
 
 
 def test_ranks_that_sent_different_rounds_stop_instead_of_averaging_them(tmp_path):
-    from tests.trainer.helpers import _forked, free_port
-
-    port, out = free_port(), tmp_path / "rank"
-    procs = [_forked().Process(target=_rounds_apart, args=(r, port, str(out))) for r in (0, 1)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(60)
-        if p.is_alive():
-            p.kill()
-    for r in (0, 1):
-        got = json.loads(Path(f"{out}.{r}").read_text())
+    for r, got in enumerate(_run_pair(_rounds_apart, tmp_path, wait_for=(0, 1))):
         assert got["unchanged"] and got["error"].startswith(
             f"rank {r}: the ranks present sent different rounds (this one ends at step {10 * (r + 1)}; their steps "
             "sum to 30 over 2 ranks)"), got
