@@ -205,9 +205,41 @@ def broadcast_object(d: Dist, obj):
     """Rank 0's ``obj`` on every rank."""
     if d.world == 1:
         return obj
+    if d.members is not None:
+        return _broadcast_present(d, obj)
     box = [obj]
     dist.broadcast_object_list(box, src=0, group=d.objects_group)
     return box[0]
+
+
+def _broadcast_present(d: Dist, obj):
+    """``broadcast_object`` in a run whose ranks may leave (a resume while a node is cut off, say): the size of rank
+    0's pickled bytes, then the bytes, as collectives that ``d.wait`` gives up when a rank falls silent, then sent
+    again among the ranks present."""
+    data = pickle.dumps(obj) if d.rank == 0 else b""
+    while True:
+        epoch = d.epoch
+        size = torch.tensor([len(data)], dtype=torch.int64)
+        if not d.wait([dist.broadcast(size, src=0, group=d.objects_group, async_op=True)], epoch):
+            continue
+        buf = (torch.frombuffer(bytearray(data), dtype=torch.uint8) if d.rank == 0
+               else torch.empty(int(size.item()), dtype=torch.uint8))
+        if not d.wait([dist.broadcast(buf, src=0, group=d.objects_group, async_op=True)], epoch):
+            continue
+        return obj if d.rank == 0 else pickle.loads(buf.numpy().tobytes())
+
+
+def _broadcast_tensors(d: Dist, tensors: list[torch.Tensor]) -> None:
+    """Rank 0's values of ``tensors`` on every rank, in place; in a run whose ranks may leave, sent again among the
+    ranks present when one falls silent meanwhile (as ``_broadcast_present``)."""
+    if d.members is None:
+        for t in tensors:
+            dist.broadcast(t, src=0, group=d.group_for(t))
+        return
+    while True:
+        epoch = d.epoch
+        if d.wait([dist.broadcast(t, src=0, group=d.group_for(t), async_op=True) for t in tensors], epoch):
+            return
 
 
 def all_reduce_(d: Dist, t: torch.Tensor) -> torch.Tensor:
@@ -227,20 +259,16 @@ def broadcast_state(d: Dist, model: torch.nn.Module, optimizer: torch.optim.Opti
     """Give every rank rank 0's parameters, buffers and optimizer state, bit for bit."""
     if d.world == 1:
         return
-    for t in model.state_dict().values():
-        dist.broadcast(t, src=0, group=d.group_for(t))
     sd = optimizer.state_dict()
     layout = {i: {k: (tuple(v.shape), v.dtype) for k, v in s.items()} for i, s in sd["state"].items()}
     layout, groups = broadcast_object(d, (layout, sd["param_groups"]) if d.rank == 0 else None)
     if d.rank != 0:  # same structure as rank 0 (load_state_dict puts it on the parameters' devices) ...
         state = {i: {k: torch.empty(shape, dtype=dtype) for k, (shape, dtype) in s.items()} for i, s in layout.items()}
         optimizer.load_state_dict({"state": state, "param_groups": groups})
-    # ... then rank 0's values
-    for g in optimizer.param_groups:
-        for p in g["params"]:
-            for k in sorted(optimizer.state.get(p, {})):
-                t = optimizer.state[p][k]
-                dist.broadcast(t, src=0, group=d.group_for(t))
+    # ... then rank 0's values, with its parameters and buffers
+    _broadcast_tensors(d, [*model.state_dict().values(),
+                           *(optimizer.state[p][k] for g in optimizer.param_groups for p in g["params"]
+                             for k in sorted(optimizer.state.get(p, {})))])
 
 
 def compare_checksums(d: Dist, model: torch.nn.Module) -> tuple[str, list[str], bool]:
@@ -265,6 +293,8 @@ def scatter_object(d: Dist, objs: list | None):
     """Rank 0's ``objs[r]`` on rank r."""
     if d.world == 1:
         return objs[0]
+    if d.members is not None:  # every rank's part to all, so that a rank's silence can be waited out (_broadcast_present)
+        return _broadcast_present(d, objs)[d.rank]
     box = [None]
     dist.scatter_object_list(box, objs, src=0, group=d.objects_group)
     return box[0]
