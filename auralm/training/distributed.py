@@ -231,15 +231,21 @@ def _broadcast_present(d: Dist, obj):
 
 def _broadcast_tensors(d: Dist, tensors: list[torch.Tensor]) -> None:
     """Rank 0's values of ``tensors`` on every rank, in place; in a run whose ranks may leave, sent again among the
-    ranks present when one falls silent meanwhile (as ``_broadcast_present``)."""
+    ranks present when one falls silent meanwhile (as ``_broadcast_present``), each time into new buffers, copied
+    into ``tensors`` once all arrived: a try given up cannot write into them later."""
     if d.members is None:
         for t in tensors:
             dist.broadcast(t, src=0, group=d.group_for(t))
         return
     while True:
         epoch = d.epoch
-        if d.wait([dist.broadcast(t, src=0, group=d.group_for(t), async_op=True) for t in tensors], epoch):
-            return
+        bufs = tensors if d.rank == 0 else [torch.empty_like(t) for t in tensors]
+        if d.wait([dist.broadcast(b, src=0, group=d.group_for(b), async_op=True) for b in bufs], epoch):
+            break
+    if d.rank != 0:
+        with torch.no_grad():
+            for t, b in zip(tensors, bufs):
+                t.copy_(b)
 
 
 def all_reduce_(d: Dist, t: torch.Tensor) -> torch.Tensor:

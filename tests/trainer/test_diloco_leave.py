@@ -143,38 +143,47 @@ def test_an_object_gather_goes_on_among_the_ranks_present_when_one_falls_asleep_
 
 
 def _resume_with_rank_1_asleep(rank: int, port: int, out: str) -> None:
-    """Both ranks take one object from rank 0, then rank 1 stops itself (a laptop asleep) and rank 0 sends what a
-    resume sends (train.py's resume: an object, every rank's part, the weights and optimizer state), each more than
-    a socket's buffers hold, so that a send to the sleeping rank cannot complete by itself."""
+    """Both ranks take rank 0's weights and optimizer state (each rank's own differ) and write their checksums; then
+    rank 1 stops itself (a laptop asleep) and rank 0 sends what a resume sends (train.py's resume: an object, every
+    rank's part, the weights and optimizer state), each more than a socket's buffers hold, so that a send to the
+    sleeping rank cannot complete by itself."""
     import torch
 
-    from auralm.training.distributed import Dist, broadcast_object, broadcast_state, scatter_object
+    from auralm.training.distributed import Dist, broadcast_object, broadcast_state, checksum, scatter_object
     from auralm.training.members import Membership
 
     _gloo_pair(rank, port)
     d = Dist(rank=rank, world=2, backend="gloo", members=Membership(rank, 2, lost_s=3))
-    both = broadcast_object(d, {"from": rank})
-    if rank == 1:
-        os.kill(os.getpid(), signal.SIGSTOP)
     torch.manual_seed(rank)
     model = torch.nn.Linear(1024, 1024)
     optimizer = torch.optim.AdamW(model.parameters())
     model(torch.randn(2, 1024)).sum().backward()
     optimizer.step()
+    mine = checksum(model)
+    broadcast_state(d, model, optimizer)
+    both = {"own": mine, "taken": checksum(model), "exp_avg": float(optimizer.state[model.weight]["exp_avg"].sum())}
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump({"both": both}, f)
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)
     big = broadcast_object(d, bytes(8 << 20))
-    mine = scatter_object(d, [bytes(4 << 20), bytes(4 << 20)])
+    part = scatter_object(d, [bytes(4 << 20), bytes(4 << 20)])
     broadcast_state(d, model, optimizer)
     with open(f"{out}.{rank}", "w") as f:
-        json.dump({"both": both, "big": len(big), "mine": len(mine), "present": d.members.present}, f)
+        json.dump({"both": both, "big": len(big), "part": len(part), "present": d.members.present}, f)
     os._exit(0)
 
 
 def test_a_resume_goes_on_among_the_ranks_present_when_one_falls_asleep_during_it(tmp_path):
     """A node cut off while the run resumes (a rejoin's restart): rank 0's objects, weights and optimizer state are
-    sent again among the ranks present once the silent rank is counted out, instead of waiting for it for good."""
-    got, _ = _run_pair(_resume_with_rank_1_asleep, tmp_path, wait_for=(0,))
-    assert got is not None, "rank 0 did not finish its resume without the sleeping rank 1"
-    assert got["both"] == {"from": 0} and (got["big"], got["mine"], got["present"]) == (8 << 20, 4 << 20, [0]), got
+    sent again among the ranks present once the silent rank is counted out, instead of waiting for it for good.
+    Before that, with both present, rank 1 takes rank 0's weights and optimizer state in place of its own."""
+    got, asleep = _run_pair(_resume_with_rank_1_asleep, tmp_path, wait_for=(0,))
+    assert got is not None and "big" in got, "rank 0 did not finish its resume without the sleeping rank 1"
+    assert (got["big"], got["part"], got["present"]) == (8 << 20, 4 << 20, [0]), got
+    assert asleep["both"]["own"] != got["both"]["own"], (asleep, got)  # the ranks began with different weights
+    assert asleep["both"]["taken"] == got["both"]["taken"] == got["both"]["own"], (asleep, got)
+    assert asleep["both"]["exp_avg"] == got["both"]["exp_avg"], (asleep, got)
 
 
 def _rounds_apart(rank: int, port: int, out: str) -> None:
