@@ -144,19 +144,24 @@ def make_lab():
 
 
 @pytest.fixture(scope="session")
-def lab3(make_lab) -> Lab:
-    """Three healthy nodes shared by the tests that leave them healthy (undo your faults). Each node's default
-    sudoku data (~/hrmctl/data/sudoku, what the trainer makes there at its first run) is made once (``made_once``),
-    by the same generator with the same seed and the default's train split, and copied to every node; its held-out split
-    is 200 puzzles, not the default's 1000, since every sudoku run that reaches its last step evaluates all of them
-    (17.5 s of HRM-tiny on a quiet 2-core machine, minutes on a busy one). Tests of that making use other
-    directories (tests/cluster/test_launch.py)."""
+def nodes_sudoku() -> Path:
+    """What a lab node holds as its default sudoku data (~/hrmctl/data/sudoku, what the trainer makes there at its
+    first run), made once (``made_once``) by the same generator with the same seed and the default's train split;
+    its held-out split is 200 puzzles, not the default's 1000, since every sudoku run that reaches its last step
+    evaluates all of them (17.5 s of HRM-tiny on a quiet 2-core machine, minutes on a busy one). The making on a
+    node itself is tested where it is the point (tests/cluster/test_launch.py)."""
     from auralm.data.datadir import SUDOKU_DEFAULTS, prepare_sudoku
 
-    lab = make_lab(3)
     options = dict(SUDOKU_DEFAULTS, test=200)
-    lab.give_data(made_once("sudoku", tuple(sorted(options.items())), lambda out: prepare_sudoku(out, **options)),
-                  "sudoku")
+    return made_once("sudoku", tuple(sorted(options.items())), lambda out: prepare_sudoku(out, **options))
+
+
+@pytest.fixture(scope="session")
+def lab3(make_lab, nodes_sudoku) -> Lab:
+    """Three healthy nodes shared by the tests that leave them healthy (undo your faults), each with
+    ``nodes_sudoku`` as its default data."""
+    lab = make_lab(3)
+    lab.give_data(nodes_sudoku, "sudoku")
     return lab
 
 

@@ -114,7 +114,7 @@ def test_gpu_node_gets_the_cuda_build_its_driver_runs(bare, tmp_path):
     assert "RTX 4090" in torch["why"] and "CUDA 12.8" in torch["why"]
 
 
-def test_setup_then_doctor_then_train(bare, ready, tmp_path):
+def test_setup_then_doctor_then_train(bare, ready, nodes_sudoku, tmp_path):
     proc, seconds, heads = ready
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = json.loads(proc.stdout)
@@ -128,6 +128,10 @@ def test_setup_then_doctor_then_train(bare, ready, tmp_path):
         assert (node.home / "hrmctl" / ".venv").is_symlink()
     code = _hrmctl(["doctor"], bare.inventory, tmp_path, timeout=300)
     assert code.returncode == 0, code.stdout + code.stderr
+    # the default data given, as `hrmctl sync-data` would: the trainer making it on each node (two workers a node
+    # for ~15 s, then 1000 held-out puzzles evaluated) cost this test about 40 of its 90 CPU-s, and is tested where it
+    # is the point (tests/cluster/test_launch.py: test_the_trainer_uses_each_nodes_data_dir_from_the_inventory)
+    bare.give_data(nodes_sudoku, "sudoku")
     run = _hrmctl(["train", "--nodes", "node0,node1", "--run-id", "setup1", *TINY], bare.inventory, tmp_path,
                   timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
