@@ -26,6 +26,7 @@ import time
 from datetime import timedelta
 
 import torch.distributed as dist
+from torch.distributed import distributed_c10d
 
 BEAT_S = 2.0
 LOST_S = 15.0  # silent this long: left (the launcher's SSH keep-alive names it within about the same time)
@@ -39,6 +40,17 @@ def _client(timeout_s: float) -> "dist.TCPStore":
     """A connection of our own to the run's store (torchrun's, at MASTER_ADDR:MASTER_PORT)."""
     return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
                          timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+
+
+def _abort(group, rank: int) -> None:
+    """End the NCCL group of the ranks present before: its collective with the rank that fell silent never finishes,
+    holds the GPU's NCCL stream, and NCCL's watchdog ends the process at the group's timeout. (Written for GPUs; tested
+    here with a gloo group standing in for NCCL's: tests/trainer/test_diloco_leave.py.)"""
+    try:
+        distributed_c10d._abort_process_group(group)
+    except Exception as exc:  # an NCCL too old to abort: the new group is made all the same
+        print(f"rank {rank}: could not abort the NCCL group of the ranks before ({exc}); NCCL's watchdog may end "
+              f"this process at that group's timeout", file=sys.stderr, flush=True)
 
 
 class Membership:
@@ -152,7 +164,9 @@ class Membership:
         gone = [r for r in before if r not in self.present]
         self.group = dist.new_group(ranks=self.present, backend="gloo", use_local_synchronization=True)
         if self.nccl_group is not None:
+            before_nccl = self.nccl_group
             self.nccl_group = dist.new_group(ranks=self.present, backend="nccl", use_local_synchronization=True)
+            _abort(before_nccl, self.rank)  # after: a group's name counts the groups there are (torch's new_group)
         if self.rank == self.present[0]:
             print(f"rank(s) {', '.join(map(str, gone))} left the run (silent for {self.lost_s:g}s); the round goes on "
                   f"with ranks {', '.join(map(str, self.present))}, not restarted", file=sys.stderr, flush=True)

@@ -186,6 +186,68 @@ def test_a_resume_goes_on_among_the_ranks_present_when_one_falls_asleep_during_i
     assert asleep["both"]["exp_avg"] == got["both"]["exp_avg"], (asleep, got)
 
 
+def _device_round_with_rank_1_asleep(rank: int, port: int, out: str) -> None:
+    """A round's all-reduce on the device group of a run whose collectives use NCCL, with a gloo group standing in for
+    NCCL's (this machine has no GPU and no NCCL: only the backend is a stand-in; the membership, the store and the
+    groups' making are real). Both ranks all-reduce on it; rank 1 stops itself (a laptop asleep); rank 0's next
+    all-reduce on it cannot finish, rank 1 is counted out, and rank 0 goes on with a group of the ranks present."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d
+
+    from auralm.training.distributed import Dist
+    from auralm.training.members import Membership
+
+    _gloo_pair(rank, port)
+    made, aborted = [], []
+    real_new_group, real_abort = dist.new_group, distributed_c10d._abort_process_group
+
+    def new_group(*args, backend=None, **kw):
+        made.append({"ranks": kw.get("ranks"), "backend": backend, "local": kw.get("use_local_synchronization")})
+        return real_new_group(*args, backend="gloo", **kw)
+
+    def abort(group=None):
+        aborted.append(group)
+        real_abort(group)
+
+    dist.new_group, distributed_c10d._abort_process_group = new_group, abort
+    world_nccl = dist.new_group(backend="nccl")  # as distributed.setup makes it once every rank can use NCCL
+    d = Dist(rank=rank, world=2, backend="nccl", group=world_nccl, members=Membership(rank, 2, lost_s=3))
+    d.members.nccl_group = d.group  # as the DiLoCo strategy sets it
+    both = torch.ones(4)
+    dist.all_reduce(both, group=world_nccl)
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    work = dist.all_reduce(torch.ones(4), group=world_nccl, async_op=True)
+    done = d.wait([work], d.epoch)
+
+    class OnTheGpu:  # what group_for reads of a tensor
+        is_cuda = True
+
+    present = d.group_for(OnTheGpu())
+    alone = torch.ones(4)
+    dist.all_reduce(alone, group=present)
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump({"both": both.tolist(), "done": done, "aborted_world": [g is world_nccl for g in aborted],
+                   "made": made[1:], "new_device_group": present is d.members.nccl_group and present is not world_nccl,
+                   "alone": alone.tolist(), "present": d.members.present}, f)
+    os._exit(0)
+
+
+def test_the_nccl_group_of_the_ranks_before_is_aborted_and_one_of_those_present_made(tmp_path):
+    """Under NCCL a collective with a silent rank never finishes: it holds the GPU's NCCL stream, and NCCL's watchdog
+    ends the process at the group's timeout. So when a rank leaves, the NCCL group of the ranks before is aborted
+    (auralm/training/members.py ``_abort``) and the device collectives go on over an NCCL group of those present.
+    Only NCCL is a stand-in here (a gloo group in its place): what a GPU would do with it is not tested."""
+    got, _ = _run_pair(_device_round_with_rank_1_asleep, tmp_path, wait_for=(0,))
+    assert got is not None, "rank 0 did not go on without the sleeping rank 1"
+    assert got["both"] == [2.0] * 4 and got["done"] is False, got  # the round with rank 1 asleep was given up
+    assert got["aborted_world"] == [True], got  # the NCCL group of both ranks, and only it
+    assert got["made"] == [{"ranks": [0], "backend": "gloo", "local": True},
+                           {"ranks": [0], "backend": "nccl", "local": True}], got
+    assert got["new_device_group"] and got["alone"] == [1.0] * 4 and got["present"] == [0], got
+
+
 def _rounds_apart(rank: int, port: int, out: str) -> None:
     """Rank ``rank`` of two sends a DiLoCo round ending at step 10 (rank 0) or 20 (rank 1), as two ranks would
     after one of them finished a collective the other was still in when a third left."""
