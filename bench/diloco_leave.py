@@ -14,7 +14,7 @@ each seed also runs the uninterrupted run on one process (the same seed and data
 alone): how far apart two runs land that differ only in how the rows are shared out. The figure to read is the median
 over seeds, beside that spread.
 
-Usage: python bench/diloco_leave.py [--seeds 6] [--steps 400] [--at 100] [--freeze 20]   (about 2 minutes a seed)
+Usage: python bench/diloco_leave.py [--seeds 6] [--first-seed 1337] [--steps 400] [--at 100] [--freeze 20]   (about 2 minutes a seed)
 """
 
 from __future__ import annotations
@@ -78,7 +78,9 @@ def main() -> int:
     from auralm.data.datadir import SUDOKU_DEFAULTS, prepare_sudoku
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", type=int, default=6, help="runs of each kind, training.seed 1337 on (default 6)")
+    ap.add_argument("--seeds", type=int, default=6, help="runs of each kind, training.seed --first-seed on (default 6)")
+    ap.add_argument("--first-seed", type=int, default=1337, help="the first training.seed (default 1337): more seeds "
+                    "in another run of this script")
     ap.add_argument("--steps", type=int, default=400, help="training.max_steps (default 400)")
     ap.add_argument("--at", type=int, default=100, help="node1 frozen once this step is logged (default 100)")
     ap.add_argument("--freeze", type=float, default=20.0, help="seconds node1 stays frozen (default 20; 15 to leave)")
@@ -91,7 +93,7 @@ def main() -> int:
         print(f"{'seed':>5} {'uninterrupted':>13} {'node1 left':>10} {'gap':>7} | {'one process':>11} {'gap':>7}",
               flush=True)
         gaps, spread = [], []
-        for seed in range(1337, 1337 + a.seeds):
+        for seed in range(a.first_seed, a.first_seed + a.seeds):
             args = [*RUN, f"training.max_steps={a.steps}", f"training.seed={seed}", f"data_dir={data}"]
             ref = run(args, Path(tmp) / f"ref-{seed}")
             left = run(args, Path(tmp) / f"left-{seed}", at=a.at, seconds=a.freeze)
