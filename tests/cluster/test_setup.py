@@ -128,8 +128,8 @@ def test_setup_then_doctor_then_train(bare, ready, nodes_sudoku, tmp_path):
     code = _hrmctl(["doctor"], bare.inventory, tmp_path, timeout=300)
     assert code.returncode == 0, code.stdout + code.stderr
     # the default data given, as `hrmctl sync-data` would: the trainer making it on each node (two workers a node
-    # for ~15 s, then 1000 held-out puzzles evaluated) cost this test about 40 of its 90 CPU-s, and is tested where it
-    # is the point (tests/cluster/test_launch.py: test_the_trainer_uses_each_nodes_data_dir_from_the_inventory)
+    # for ~15 s, then 1000 held-out puzzles evaluated) cost this test about 25 of its 71 user CPU-s (accton), and is
+    # tested where it is the point (test_launch.py's test_the_trainer_uses_each_nodes_data_dir_from_the_inventory)
     bare.give_data(nodes_sudoku, "sudoku")
     run = _hrmctl(["train", "--nodes", "node0,node1", "--run-id", "setup1", *TINY], bare.inventory, tmp_path,
                   timeout=600)
