@@ -7,13 +7,13 @@ import json
 import sys
 from pathlib import Path
 
-from lab.nodes import STATE_DIR, Lab, _remove
+from lab.nodes import STATE_DIR, Lab, _remove, write_state
 
 
 def main(argv: list[str]) -> int:
     if len(argv) >= 3 and argv[1] == "up":
         lab = Lab(int(argv[2])).up()
-        STATE_DIR.joinpath(f"{lab.token}.json").write_text(json.dumps({"pid": 1, "n": lab.n}))  # keep it
+        write_state(lab.token, {"pid": 1, "n": lab.n})  # keep it
         print(json.dumps({"token": lab.token, "inventory": str(lab.inventory),
                           "nodes": {n.name: n.ip for n in lab.nodes}}))
     elif len(argv) >= 3 and argv[1] == "down":

@@ -392,8 +392,7 @@ class Lab:
 
     # ------------------------------------------------------------ setup
     def up(self) -> "Lab":
-        STATE_DIR.mkdir(parents=True, exist_ok=True)
-        (STATE_DIR / f"{self.token}.json").write_text(json.dumps({"pid": os.getpid(), "n": self.n}))
+        write_state(self.token, {"pid": os.getpid(), "n": self.n})
         self.dir.mkdir(mode=0o700)
         python = self.python or (BARE_PYTHON if self.bare else str(ensure_node_venv()))
         self.python = python
@@ -590,17 +589,39 @@ def _remove_cgroups(token: str) -> None:
             raise RuntimeError(f"could not remove {group}: tasks {_cgroup_pids(group)}")
 
 
+def write_state(token: str, info: dict) -> None:
+    """The lab's state file (its owner's pid, its node count), written whole or not at all: another test process's
+    remove_stale may read it at any moment (an empty file would read as a dead owner)."""
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    part = STATE_DIR / f".{token}.json.part"
+    part.write_text(json.dumps(info))
+    os.replace(part, STATE_DIR / f"{token}.json")
+
+
+def _owner_alive(info) -> bool:
+    try:
+        os.kill(info["pid"], 0)
+        return True
+    except (OSError, KeyError, TypeError):
+        return False
+
+
 def remove_stale() -> None:
-    """Remove labs whose owning process is gone (a test run that was killed)."""
+    """Remove labs whose owning process is gone (a test run that was killed). Other test processes make and remove
+    labs meanwhile: a state file that is gone by the time it is read is a lab its owner removed."""
     for state in STATE_DIR.glob("*.json") if STATE_DIR.is_dir() else []:
         token = state.stem
         try:
-            info = json.loads(state.read_text())
-            os.kill(info["pid"], 0)
-            continue  # owner alive
-        except (OSError, ValueError, KeyError):
-            pass
-        n = int(json.loads(state.read_text() or "{}").get("n", 16)) if state.stat().st_size else 16
+            text = state.read_text()
+        except FileNotFoundError:
+            continue
+        try:
+            info = json.loads(text)
+        except ValueError:
+            info = {}
+        if _owner_alive(info):
+            continue
+        n = int(info.get("n", 16)) if isinstance(info, dict) else 16
         _remove(token, [f"hrm{token}n{i}" for i in range(n)], [f"hrm{token}n{i}" for i in range(n)],
                 f"hrb{token}", Path(f"/tmp/hrmlab-{token}"))
     # cgroups of a lab whose state file is gone altogether (a lab writes it before anything else)

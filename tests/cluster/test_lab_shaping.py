@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from lab.nodes import CGROUP_ROOT, STATE_DIR, Lab, _cpu_list, lab_cgroups, remove_stale
+from lab.nodes import CGROUP_ROOT, STATE_DIR, Lab, _cpu_list, lab_cgroups, remove_stale, write_state
 
 RATE_MBIT = 50.0
 
@@ -211,7 +211,7 @@ def test_pin_cores_pins_node_i_to_core_i(lab3):
 def _state_of_a_dead_owner(lab: Lab) -> None:
     dead = subprocess.Popen(["true"])
     dead.wait()
-    (STATE_DIR / f"{lab.token}.json").write_text(json.dumps({"pid": dead.pid, "n": lab.n}))
+    write_state(lab.token, {"pid": dead.pid, "n": lab.n})
 
 
 def test_down_and_remove_stale_leave_no_cgroups(make_lab, lab3):

@@ -1,0 +1,49 @@
+"""The lab's state files (lab/nodes.py): every test process's remove_stale reads them while other processes make and
+remove labs. A file gone between the listing and the read is a lab its owner removed (a CI run failed on that,
+2026-11-28: FileNotFoundError in remove_stale), and a state file is never seen half-written."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+from lab import nodes
+
+
+def _no_cgroups(monkeypatch, removed: list) -> None:
+    monkeypatch.setattr(nodes, "_remove", lambda token, users, namespaces, bridge, lab_dir: removed.append(
+        (token, users)))
+    monkeypatch.setattr(nodes, "lab_cgroups", lambda *token: [])
+
+
+def test_a_state_file_removed_after_the_listing_is_left_alone(tmp_path, monkeypatch):
+    class ListedBeforeItsLabWentDown:  # the state directory as the listing saw it: that file has been removed since
+        def is_dir(self) -> bool:
+            return True
+
+        def glob(self, pattern: str):
+            return [tmp_path / "6ea7.json"]
+
+        def __truediv__(self, name: str):
+            return tmp_path / name
+
+    removed: list = []
+    monkeypatch.setattr(nodes, "STATE_DIR", ListedBeforeItsLabWentDown())
+    _no_cgroups(monkeypatch, removed)
+    nodes.remove_stale()
+    assert removed == []
+
+
+def test_a_dead_owners_lab_is_removed_and_a_live_owners_kept(tmp_path, monkeypatch):
+    removed: list = []
+    monkeypatch.setattr(nodes, "STATE_DIR", tmp_path / "state")
+    _no_cgroups(monkeypatch, removed)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    nodes.write_state("dead", {"pid": dead.pid, "n": 2})
+    nodes.write_state("live", {"pid": os.getpid(), "n": 1})
+    assert sorted(p.name for p in (tmp_path / "state").iterdir()) == ["dead.json", "live.json"]  # nothing half-made
+    assert json.loads((tmp_path / "state" / "live.json").read_text()) == {"pid": os.getpid(), "n": 1}
+    nodes.remove_stale()
+    assert removed == [("dead", ["hrmdeadn0", "hrmdeadn1"])]
