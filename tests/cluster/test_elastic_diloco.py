@@ -37,7 +37,8 @@ def _events(run) -> list[tuple[str, str]]:
     return [(e["node"], e["event"]) for e in doc.get("members", [])]
 
 
-def test_diloco_goes_on_while_a_node_sleeps_is_killed_or_cut_off_and_ends_near_an_uninterrupted_run(lab3, tmp_path):
+def test_diloco_goes_on_while_a_node_sleeps_is_killed_or_cut_off_and_ends_near_an_uninterrupted_run(lab3, tmp_path,
+                                                                                                  book_on_nodes):
     """training.sync=diloco, whose default lets the run go on with one node: node1 asleep for ASLEEP_S (every process
     of its namespace stopped) right after a checkpoint. It is named within 30 s; node0's rank finds it silent at the
     round's all-reduce and finishes the round alone, not restarted (its launch goes on: no new launch, step lines
@@ -45,13 +46,14 @@ def test_diloco_goes_on_while_a_node_sleeps_is_killed_or_cut_off_and_ends_near_a
     process of node1's user is killed: left again, node0's rank finishes its round without it in the same launch,
     and node1, which answers at once, is back after that round. Then node1's link is cut for LINK_DOWN_S: named
     within 30 s, node0's rank goes on in the same launch, node1 is back once its link is. The run ends at max_steps
-    with exit 0, nothing left. Its final validation loss is near the same run's left alone, at equal tokens (node0
-    alone takes two micro-batches a step): issue 36 asks within 1%, which one pair of short runs cannot show (two
-    runs that differ only in how the same data is shared out land up to 4% apart at this length; bench/
-    diloco_leave.py measures the median over seeds); the test prints it and holds 6%."""
+    with exit 0, nothing left. Its final validation loss is within 1% of the same run's left alone, at equal tokens
+    (node0 alone takes two micro-batches a step), as issue 36 asks. The task is GPT tiny on Don Quijote, whose loss
+    falls smoothly: the tiny sudoku model learns in sudden drops, and two runs of it that differ only in how the
+    rows are shared out land up to 50% apart (bench/diloco_leave.py --task sudoku, docs/elastic.md)."""
     steps, every = 600, 20
-    args = ["model=tiny", f"training.max_steps={steps}", "training.batch_size=8", "training.log_interval=10",
-            f"training.checkpoint_interval={every}", "training.eval_interval=0", "training.eval_batches=8",
+    args = ["task=lm", f"data_dir={book_on_nodes}", "model=tiny", f"training.max_steps={steps}",
+            "training.batch_size=8", "training.log_interval=10", f"training.checkpoint_interval={every}",
+            "training.eval_interval=0", "training.eval_batches=32",
             "training.sync=diloco", "training.diloco.inner_steps=10", f"fault.step_sleep={PACE}"]
     home = lab3.node("node0").home / "hrmctl" / "runs"
     unpaced = [a for a in args if not a.startswith("fault.step_sleep=")]  # the reference waits for no fault: the
@@ -120,7 +122,7 @@ def test_diloco_goes_on_while_a_node_sleeps_is_killed_or_cut_off_and_ends_near_a
     ref_loss, loss = _final_val_loss(home / "dl-ref"), _final_val_loss(home / "dl-sleep")
     print(f"final val_loss: uninterrupted {ref_loss:.4f}, node1 asleep, killed and cut off {loss:.4f} "
           f"({(loss / ref_loss - 1) * 100:+.2f}%)")
-    assert abs(loss / ref_loss - 1) <= 0.06, (ref_loss, loss)
+    assert loss <= ref_loss * 1.01, (ref_loss, loss)  # no worse by more than 1%: lower is no loss of quality
     _nothing_left(lab3.nodes[:2], "dl-sleep")
 
 
