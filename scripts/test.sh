@@ -11,6 +11,7 @@
 #   3. the tests marked `alone` (they compare CPU shares, link rates and delays), one at a time with nothing beside.
 # The elastic tests (tests/cluster/test_elastic*.py) mostly wait, for a node's 60 s faults and for paced steps: each
 # file runs from the start beside phases 1 and 2, in a process and on a lab of its own, and phase 3 waits for them.
+# The lab nodes' venv is made (once a machine) beside the install of .venv, before any phase.
 # With a selection: one pytest, as given.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -35,6 +36,15 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq && apt-get install -y -qq "${need[@]}" >/dev/null || { echo "apt-get install ${need[*]} failed"; exit 1; }
   fi
+fi
+node_venv_pid=""
+if [ $fast = 0 ] && [ $chosen = 0 ] && [ "$(id -u)" = 0 ] && [ -x /usr/bin/python3 ]; then
+  # the lab nodes' venv (torch and the rest: lab/nodes.py ensure_node_venv), made beside the install below, on the
+  # core that install leaves idle, rather than by the first lab while the tests keep both cores busy; a test that
+  # needs it meanwhile waits on its lock. Made once a machine (a fresh machine's CI makes it here)
+  node_venv_log=$(mktemp)
+  /usr/bin/python3 -c "from lab.nodes import ensure_node_venv; ensure_node_venv()" >"$node_venv_log" 2>&1 &
+  node_venv_pid=$!
 fi
 bash scripts/install.sh test || exit 1  # with the test extras (training installs none)
 # bytecode for our own modules once, here: the suite starts about two thousand Python processes, which with
@@ -71,6 +81,11 @@ else
   done
   pytest -m "cluster and alone" ${args[@]+"${args[@]}"} tests/cluster  # with nothing beside it
   rc4=$?
+  if [ -n "$node_venv_pid" ]; then
+    wait "$node_venv_pid" || { echo "--- the lab nodes' venv could not be made beside the install (each lab tried" \
+                                    "again):"; cat "$node_venv_log"; }
+    rm -f "$node_venv_log"
+  fi
   for r in $rc $rc2 $rc3 $rc4; do [ "$r" = 0 ] || exit "$r"; done
   exit 0
 fi
