@@ -17,7 +17,7 @@ import torch
 
 from auralm.data import datadir
 from auralm.training import distributed
-from auralm.training.members import Membership
+from auralm.training.members import BROKEN_LOST_S, Membership
 from auralm.parallel.diloco import DiLoCo, choose_outer_step, few_rounds_note
 from auralm.parallel.single import Single
 from auralm.parallel.strategy import Parts
@@ -58,8 +58,9 @@ class DiLoCoRounds(Single):
                 (f"; each round's all-reduce overlaps the next round's first {t.diloco.overlap_steps} local "
                  f"steps" if t.diloco.overlap_steps else ""))
         if self.d.members is not None:
-            log.say(f"diloco: a rank silent for {self.d.members.lost_s:g}s leaves the run at its round's all-reduce; "
-                    f"the others go on without it, not restarted (training.elastic.min_nodes)")
+            log.say(f"diloco: a rank silent for {self.d.members.lost_s:g}s ({BROKEN_LOST_S:g}s once its connection "
+                    f"broke) leaves the run at its round's all-reduce; the others go on without it, not restarted "
+                    f"(training.elastic.min_nodes)")
         note = few_rounds_note(t.diloco, t.max_steps)
         if note:
             log.event(step, "diloco_few_rounds", note, rounds=t.max_steps // t.diloco.inner_steps)

@@ -31,6 +31,8 @@ from torch.distributed import distributed_c10d
 BEAT_S = 2.0
 LOST_S = 15.0  # silent this long: left (the launcher's SSH keep-alive names it within about the same time)
 FAILED_WAIT_S = 3 * LOST_S  # a collective that failed (a peer's connection reset) waits this long for a silence
+BROKEN_LOST_S = 3 * BEAT_S  # once a collective failed (a peer's connection reset: its process killed), silent this
+# long is enough: three beats missed by a rank whose connection just broke, not a slow one's pause
 LOOK_S = 0.5  # how often a waiting rank reads the store (the counters, a membership written by another rank)
 LEFT_OUT_EXIT = 75  # this rank was counted out while it was away (asleep): it ends, and the launcher starts it again
 PREFIX = "hrmctl/members/"
@@ -62,6 +64,7 @@ class Membership:
         self.nccl_group = None  # and the NCCL one, when the run's device collectives use NCCL
         self.store = _client(30)
         self._seen: dict[int, tuple[int, float]] = {}  # rank -> (its count, when this rank saw it change)
+        self.why = ""  # how the last leave this rank found was seen (said by the first rank present)
         self._halt = threading.Event()
         self._beat_store = _client(10)
         self._thread = threading.Thread(target=self._beats, name="hrmctl-beat", daemon=True)
@@ -81,9 +84,10 @@ class Membership:
             if self._halt.wait(BEAT_S):
                 return
 
-    def silent(self, among: list[int] | None = None) -> list[int]:
-        """The present ranks (or those ``among``; not this one) whose counter has not moved for ``lost_s``."""
-        now, gone = time.monotonic(), []
+    def silent(self, among: list[int] | None = None, lost_s: float | None = None) -> list[int]:
+        """The present ranks (or those ``among``; not this one) whose counter has not moved for ``lost_s`` (by
+        default the membership's)."""
+        now, gone, lost_s = time.monotonic(), [], self.lost_s if lost_s is None else lost_s
         for r in self.present if among is None else among:
             if r == self.rank:
                 continue
@@ -91,7 +95,7 @@ class Membership:
             last = self._seen.get(r)
             if last is None or last[0] != count:
                 self._seen[r] = (count, now)
-            elif now - last[1] > self.lost_s:
+            elif now - last[1] > lost_s:
                 gone.append(r)
         return gone
 
@@ -123,8 +127,10 @@ class Membership:
                 look = time.monotonic() + LOOK_S
                 written = self._written()
                 if written is None:
-                    gone = self.silent()
+                    window = self.lost_s if failed_at is None else min(self.lost_s, BROKEN_LOST_S)
+                    gone = self.silent(lost_s=window)
                     if gone:
+                        self.why = f"silent for {window:g}s" + (" after its connection broke" if failed_at else "")
                         written = self._propose([r for r in self.present if r not in gone])
                 if written is not None:
                     self._regroup(written)
@@ -168,8 +174,10 @@ class Membership:
             self.nccl_group = dist.new_group(ranks=self.present, backend="nccl", use_local_synchronization=True)
             _abort(before_nccl, self.rank)  # after: a group's name counts the groups there are (torch's new_group)
         if self.rank == self.present[0]:
-            print(f"rank(s) {', '.join(map(str, gone))} left the run (silent for {self.lost_s:g}s); the round goes on "
-                  f"with ranks {', '.join(map(str, self.present))}, not restarted", file=sys.stderr, flush=True)
+            how = self.why or f"silent for {self.lost_s:g}s"  # another rank found it: the usual silence
+            print(f"rank(s) {', '.join(map(str, gone))} left the run ({how}); the round goes on with ranks "
+                  f"{', '.join(map(str, self.present))}, not restarted", file=sys.stderr, flush=True)
+        self.why = ""
 
     def close(self) -> None:
         self._halt.set()

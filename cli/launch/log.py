@@ -35,6 +35,8 @@ from cli.launch.node_torchrun import FACTS_TAG
 COLOURS = ["cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan", "bright_magenta"]
 RANK_RE = re.compile(r"^\[rank(\d+)\]:")
 STEP_RE = re.compile(r"^step (\d+)/(\d+)")
+# rank 0's line once the checkpoint a SIGUSR1 asked for is written (auralm/training/stop_request.py stop_line)
+SAVED_ON_REQUEST_RE = re.compile(r"^stopped at step \d+/\d+ on SIGUSR1: checkpoint .+ saved;")
 ROOT_CAUSE_RANK_RE = re.compile(r"^\s*rank\s*:\s*(\d+)")
 EXITCODE_RE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 ROOT_CAUSE = "Root Cause (first observed failure)"  # torchrun's report: other failures come before it
@@ -136,6 +138,7 @@ class MergedLog:
         self.first_step_at: float | None = None
         self.on_first_step: Callable[[], None] | None = None  # told once, at rank 0's first step line
         self.stepped = False
+        self.saved_on_request = False  # rank 0 said the checkpoint a SIGUSR1 asked for is written (this attempt)
         self.progress: Progress | None = None
         self.task = None
         self.gone: str | None = None  # why the output has no reader any more (then nothing more is shown)
@@ -155,6 +158,7 @@ class MergedLog:
             fh.write("\n".join(header_lines(p, attempt, after)) + "\n")
             fh.flush()
         self.stepped = False  # rank 0 logged a step in this attempt
+        self.saved_on_request = False
         self.failed_rank.clear()
         self.exitcode.clear()
         self.in_root_cause.clear()
@@ -200,9 +204,12 @@ class MergedLog:
             return
         if self.stops and rank is None:  # the trainer said why: torchrun's own lines (its failure report, its
             return  # ChildFailedError traceback) go to the node's file only; hrmctl's last line is the trainer's
-        step = STEP_RE.match(body) if rank in (0, None) else None
-        if step and (rank == 0 or held.default_rank == 0):
-            self._step(int(step.group(1)), int(step.group(2)))
+        if rank == 0 or (rank is None and held.default_rank == 0):
+            step = STEP_RE.match(body)
+            if step:
+                self._step(int(step.group(1)), int(step.group(2)))
+            elif SAVED_ON_REQUEST_RE.match(body):
+                self.saved_on_request = True
         if self.quiet or self.hushed:
             return
         who = f"{node:<{self.width}}" + (f" r{rank}" if rank is not None else "   ")

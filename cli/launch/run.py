@@ -251,7 +251,8 @@ def run_once(plans: list[NodeLaunch], log: MergedLog, signals: _Signals, *, atte
             if result.interrupted and saves_first(signals.got, plans):  # Slurm's time limit, requeue: save first
                 save_then_wait(signals.got, plans, jobs, log, accept_new_host_keys)
             elif result.code == JOIN_CODE:  # a node is back: a checkpoint of this step, which every rank resumes
-                save_then_wait(signal.SIGUSR1, plans, jobs, log, accept_new_host_keys)
+                save_then_wait(signal.SIGUSR1, plans, jobs, log, accept_new_host_keys,
+                               saved=lambda: log.saved_on_request)
     finally:
         for b in beats.values():
             b.halt.set()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import signal
 import time
+from typing import Callable
 
 from cli.nodes.remote import for_each
 
@@ -46,8 +47,12 @@ def saves_first(signum: int | None, plans) -> bool:
     return signum == signal.SIGUSR1 or (signum == signal.SIGTERM and in_slurm)
 
 
-def save_then_wait(signum: int, plans, jobs: dict, log, accept_new_host_keys: bool) -> bool:
-    """Ask every rank for a checkpoint and wait for every node's job to end; whether all ended in time."""
+def save_then_wait(signum: int, plans, jobs: dict, log, accept_new_host_keys: bool,
+                   saved: Callable[[], bool] | None = None) -> bool:
+    """Ask every rank for a checkpoint and wait for every node's job to end; whether all ended in time. With
+    ``saved`` (rank 0 said the checkpoint is written), the wait ends there too, and what is left of each job's end
+    is not waited for (the caller stops it): torchrun's exit barrier, say, which waits 10 s for the agent of a node
+    that left a DiLoCo run."""
     grace = SAVE_GRACE_S if signum == signal.SIGUSR1 else SLURM_TERM_GRACE_S
     name = signal.Signals(signum).name
     log.note(f"{name}: every rank saves a checkpoint at a step they agree on, then stops (up to {grace:.0f}s)")
@@ -65,7 +70,7 @@ def save_then_wait(signum: int, plans, jobs: dict, log, accept_new_host_keys: bo
             return False
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
-        if all(job.wait(0) is not None for job in jobs.values()):
+        if all(job.wait(0) is not None for job in jobs.values()) or (saved is not None and saved()):
             return True
         time.sleep(POLL_S)
     log.note(f"{name}: the ranks did not end within {grace:.0f}s of the request; stopping them")

@@ -58,6 +58,7 @@ def test_the_rank_present_goes_on_in_place_and_takes_over_the_rows_of_the_one_th
             signal_tree(node1, signal.SIGCONT)
         assert procs[0].wait(timeout=300) == 0, text(0)[-3000:]
         assert procs[1].wait(timeout=60) != 0, text(1)[-3000:]
+    assert "rank(s) 1 left the run (silent for 15s)" in text(0), text(0)[-3000:]  # asleep: its connections stay open
     assert "rank 0 takes rank(s) 1's rows beside its own (2 micro-batches a local step)" in text(0), text(0)[-3000:]
     assert "counted out of the run" in text(1), text(1)[-3000:]
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -65,6 +66,21 @@ def test_the_rank_present_goes_on_in_place_and_takes_over_the_rows_of_the_one_th
     state = json.loads((out / f"checkpoint-{STEPS}" / "state.json").read_text())
     # one batch of each rank a step, whoever took it: the position of a run that every rank saw to its end
     assert state["data_position"] == STEPS and state["data_positions"] == [STEPS], state
+
+
+def test_a_killed_rank_is_left_out_after_three_missed_beats_since_its_connection_broke(sudoku_data, tmp_path):
+    """node1's processes killed at step 20 (SIGKILL: the kernel closes their connections): node0's rank's all-reduce
+    with rank 1 fails, and a rank silent for three beats since (members.BROKEN_LOST_S, 6 s) is counted out, not after
+    the 15 s a silent rank gets (asleep or cut off: no connection of its breaks, and a slow beat is not a leave)."""
+    with _agents_at_step_20(sudoku_data, tmp_path, 2) as (out, procs, text):
+        signal_tree(process_tree(procs[1].pid), signal.SIGKILL)
+        wait_for(lambda: "rank(s) 1 left the run" in text(0) or procs[0].poll() is not None, 60,
+                 "node0's rank to go on without rank 1", every=0.5)
+        assert procs[0].wait(timeout=300) == 0, text(0)[-3000:]
+    assert ("rank(s) 1 left the run (silent for 6s after its connection broke); the round goes on with ranks 0, not "
+            "restarted") in text(0), text(0)[-3000:]
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps[-1] == STEPS
 
 
 def test_a_rank_killed_while_the_others_regroup_is_left_out_too_and_the_run_goes_on(sudoku_data, tmp_path):

@@ -84,3 +84,27 @@ def test_a_reader_gone_stops_the_screen_not_the_file(tmp_path):
 def test_a_file_or_devnull_always_has_a_reader(tmp_path):
     with open(os.devnull, "w") as null, open(tmp_path / "f", "w") as f:
         assert not reader_gone(null) and not reader_gone(f) and not reader_gone(None)
+
+
+def test_rank_0s_line_that_the_checkpoint_asked_for_by_sigusr1_is_written_is_seen_and_no_other(tmp_path):
+    """A rejoin's agreed save (cli/launch/run.py) waits until rank 0 says its checkpoint is written, not for each
+    node's torchrun to end (whose exit barrier waits 10 s for the agent of a node that left): the line MergedLog
+    knows is the one the trainer prints (auralm.training.stop_request.stop_line)."""
+    import signal
+
+    from auralm.training.stop_request import stop_line
+
+    plans = plan(nodes=[node("a", "10.0.0.1"), node("b", "10.0.0.2")], facts={"a": NodeFacts(cpus=2),
+                                                                               "b": NodeFacts(cpus=2)})
+    log = MergedLog(Console(file=open(os.devnull, "w")), tmp_path, plans)
+    log.start(plans, 1)
+    saved = stop_line(signal.SIGUSR1, 192, 700, tmp_path / "a run" / "checkpoint-192")
+    log.line("b", 1, saved)  # node b's one rank, rank 1, says it too: not rank 0's
+    log.line("a", 0, stop_line(signal.SIGTERM, 192, 700, "runs/x/checkpoint-192"))  # Slurm's SIGTERM: not asked here
+    log.line("a", 0, "stopped at step 192/700 on SIGUSR1: checkpoint")  # cut short
+    assert not log.saved_on_request
+    log.line("a", 0, saved)
+    assert log.saved_on_request
+    log.start(plans, 2)  # the next attempt starts without it
+    assert not log.saved_on_request
+    log.close()
