@@ -35,9 +35,21 @@ from cli.nodes.remote import Session, connect_all
 DEFAULT_PORTS = range(29500, 29510)  # torchrun's default first, then its neighbours
 
 # Sent to the master's Python: the first port of argv that can be bound (as the TCPStore binds it).
+# Run on the master node: the first of argv's ports it can bind, else (no ports given) one of 20 picked at random
+# below its ephemeral range, else any. Not an ephemeral one first: between this choice and torchrun's listen, an
+# outgoing connection of any process may take it as its own port (EADDRINUSE at the rendezvous, seen in CI).
 FREE_PORT_SNIPPET = r"""
-import socket, sys
-for p in [int(a) for a in sys.argv[1:]] + [0]:
+import random, socket, sys
+ports = [int(a) for a in sys.argv[1:]]
+if not ports:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = map(int, f.read().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    pool = [p for p in range(20000, 32768) if not low <= p <= high and not 29500 <= p < 29510]
+    ports = random.sample(pool, min(20, len(pool)))
+for p in ports + [0]:
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -57,7 +69,8 @@ def new_run_id() -> str:
 
 def _master_port(session: Session, nodes: list[Node], master_addr: str, wanted: int | None) -> int:
     """--master-port, else torchrun's default or a neighbour (a port other nodes must be let through to), else, on one
-    node alone, any free port: two runs on one machine at once do not race for 29500."""
+    node alone, a free port picked at random below its ephemeral range (FREE_PORT_SNIPPET): two runs on one machine
+    at once do not race for 29500."""
     candidates = [wanted] if wanted is not None else [] if len(nodes) == 1 else list(DEFAULT_PORTS)
     res = session.run_python(FREE_PORT_SNIPPET, [str(p) for p in candidates], timeout=30)
     port = int(res.stdout.split()[0]) if res.ok and res.stdout.split() else None

@@ -472,3 +472,28 @@ def test_a_config_file_is_spelled_out_here_and_data_train_path_leaves_the_data_d
     assert storage._spec(node, dirs, master=True)["dirs"] == [{"kind": "run", "path": "runs/r1"}]
     with pytest.raises(HrmctlError, match="nope.yaml: no such file"):
         expand_config_files(TRAINER, [f"config={tmp_path / 'nope.yaml'}"])
+
+
+def test_the_port_of_a_run_on_one_node_is_free_and_not_an_ephemeral_one():
+    """A run on one node alone gets a free port below the node's ephemeral range: an ephemeral port can be taken by
+    any process's outgoing connection between the choice and torchrun's listen (EADDRINUSE at the rendezvous, seen
+    in CI); ports asked for are tried first, a busy one skipped."""
+    import socket
+    import subprocess
+    import sys
+
+    from cli.launch.prepare import FREE_PORT_SNIPPET
+
+    def pick(*ports: int) -> int:
+        res = subprocess.run([sys.executable, "-c", FREE_PORT_SNIPPET, *map(str, ports)], capture_output=True,
+                             text=True, timeout=30, check=True)
+        return int(res.stdout)
+
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    got = {pick() for _ in range(3)}
+    assert all(20000 <= p < min(low, 32768) and not 29500 <= p < 29510 for p in got), (got, low)
+    with socket.socket() as busy:
+        busy.bind(("0.0.0.0", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        assert pick(taken) != taken
