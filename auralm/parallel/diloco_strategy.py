@@ -58,8 +58,8 @@ class DiLoCoRounds(Single):
                 (f"; each round's all-reduce overlaps the next round's first {t.diloco.overlap_steps} local "
                  f"steps" if t.diloco.overlap_steps else ""))
         if self.d.members is not None:
-            log.say(f"diloco: a rank silent for {self.d.members.lost_s:g}s ({BROKEN_LOST_S:g}s once its connection "
-                    f"broke) leaves the run at its round's all-reduce; the others go on without it, not restarted "
+            log.say(f"diloco: a rank silent for {self.d.members.lost_s:g}s ({BROKEN_LOST_S:g}s once a collective with it "
+                    f"failed) leaves the run at its round's all-reduce; the others go on without it, not restarted "
                     f"(training.elastic.min_nodes)")
         note = few_rounds_note(t.diloco, t.max_steps)
         if note:

@@ -64,7 +64,7 @@ class Membership:
         self.nccl_group = None  # and the NCCL one, when the run's device collectives use NCCL
         self.store = _client(30)
         self._seen: dict[int, tuple[int, float]] = {}  # rank -> (its count, when this rank saw it change)
-        self.why = ""  # how the last leave this rank found was seen (said by the first rank present)
+        self.why = ""  # how this rank found the last leave it proposed (said by the first rank present)
         self._halt = threading.Event()
         self._beat_store = _client(10)
         self._thread = threading.Thread(target=self._beats, name="hrmctl-beat", daemon=True)
@@ -130,7 +130,7 @@ class Membership:
                     window = self.lost_s if failed_at is None else min(self.lost_s, BROKEN_LOST_S)
                     gone = self.silent(lost_s=window)
                     if gone:
-                        self.why = f"silent for {window:g}s" + (" after its connection broke" if failed_at else "")
+                        self.why = f"silent for {window:g}s" + (" once a collective failed" if failed_at else "")
                         written = self._propose([r for r in self.present if r not in gone])
                 if written is not None:
                     self._regroup(written)
@@ -151,6 +151,7 @@ class Membership:
             if written is None:
                 gone = self.silent(present)
                 if gone:
+                    self.why = f"silent for {self.lost_s:g}s"
                     written = self._propose([r for r in present if r not in gone])
             if written is not None:
                 return written
@@ -174,7 +175,7 @@ class Membership:
             self.nccl_group = dist.new_group(ranks=self.present, backend="nccl", use_local_synchronization=True)
             _abort(before_nccl, self.rank)  # after: a group's name counts the groups there are (torch's new_group)
         if self.rank == self.present[0]:
-            how = self.why or f"silent for {self.lost_s:g}s"  # another rank found it: the usual silence
+            how = self.why or "found silent by another rank"
             print(f"rank(s) {', '.join(map(str, gone))} left the run ({how}); the round goes on with ranks "
                   f"{', '.join(map(str, self.present))}, not restarted", file=sys.stderr, flush=True)
         self.why = ""
