@@ -34,10 +34,9 @@ from cli.nodes.remote import Session, connect_all
 
 DEFAULT_PORTS = range(29500, 29510)  # torchrun's default first, then its neighbours
 
-# Sent to the master's Python: the first port of argv that can be bound (as the TCPStore binds it).
-# Run on the master node: the first of argv's ports it can bind, else (no ports given) one of 20 picked at random
-# below its ephemeral range, else any. Not an ephemeral one first: between this choice and torchrun's listen, an
-# outgoing connection of any process may take it as its own port (EADDRINUSE at the rendezvous, seen in CI).
+# Sent to the master's Python: the first of argv's ports it can bind (as the TCPStore binds it), else (no ports given)
+# one of 20 picked at random below its ephemeral range, else any. Not an ephemeral one first: between this choice and
+# torchrun's listen, an outgoing connection of any process may take it as its own port (EADDRINUSE, seen in CI).
 FREE_PORT_SNIPPET = r"""
 import random, socket, sys
 ports = [int(a) for a in sys.argv[1:]]
