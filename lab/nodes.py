@@ -75,7 +75,10 @@ MOUNT_MEMORY_CGROUP = ("{ mount -t tmpfs -o mode=755 cgroup /sys/fs/cgroup && mk
                        "mount -t cgroup -o ro,memory cgroup /sys/fs/cgroup/memory; } 2>/dev/null; ")
 DELAY_QUEUE = 4711  # NFQUEUE number of shape_link's delayer (lab/nfq_delay.py's own default is 7)
 NFQ_DELAY = Path(__file__).with_name("nfq_delay.py")
-_IGNORE_ANYWHERE = shutil.ignore_patterns("__pycache__", "*.egg-info", ".pytest_cache")
+# Caches other test processes write while a lab copies the checkout: a file they remove mid-copy failed a CI run
+# (2026-11-28, hypothesis's .hypothesis/constants/.tmp-*).
+_IGNORE_ANYWHERE = shutil.ignore_patterns("__pycache__", "*.egg-info", ".pytest_cache", ".hypothesis", ".mypy_cache",
+                                          ".ruff_cache")
 _IGNORE_AT_TOP = {"runs", "data", ".venv", "build"}  # the checkout's own outputs; cli/runs/ is code
 
 

@@ -47,3 +47,9 @@ def test_a_dead_owners_lab_is_removed_and_a_live_owners_kept(tmp_path, monkeypat
     assert json.loads((tmp_path / "state" / "live.json").read_text()) == {"pid": os.getpid(), "n": 1}
     nodes.remove_stale()
     assert removed == [("dead", ["hrmdeadn0", "hrmdeadn1"])]
+
+
+def test_the_copy_onto_a_node_leaves_out_the_caches_other_test_processes_write(tmp_path):
+    names = [".git", ".hypothesis", ".pytest_cache", "__pycache__", "cli", "runs", "README.md"]
+    assert nodes.COPY_IGNORE(str(nodes.ROOT), names) == {".hypothesis", ".pytest_cache", "__pycache__", "runs"}
+    assert nodes.COPY_IGNORE(str(nodes.ROOT / "tests"), names) == {".hypothesis", ".pytest_cache", "__pycache__"}
