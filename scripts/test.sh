@@ -53,7 +53,8 @@ bash scripts/install.sh test || exit 1  # with the test extras (training install
 # torch's OpenMP threads wait for work without spinning: with two test processes on two cores, libgomp's default
 # spin (300,000 turns after each parallel region) burns the core the other process needs. Phase 1 on this machine,
 # 2026-11-28: 408, 405 and 419 s (730-762 CPU-s) by default, 380 and 393 s (684-708 CPU-s) with PASSIVE.
-# Only this script's own processes and the local runs they start: a lab node's ranks get the launcher's environment
+# It reaches this script's processes and what they start here (local runs, srun's steps); an SSH lab node's ranks get
+# the launcher's environment only (one thread each there)
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 pytest() {  # exit code 5 (no test collected) is a failure
   .venv/bin/python -m pytest "$@"
