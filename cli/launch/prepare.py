@@ -46,7 +46,7 @@ if not ports:
             low, high = map(int, f.read().split())
     except (OSError, ValueError):
         low, high = 32768, 60999
-    pool = [p for p in range(20000, 32768) if not low <= p <= high and not 29500 <= p < 29510]
+    pool = [p for p in range(20000, 32768) if not low <= p <= high and p not in DEFAULT_PORTS]
     ports = random.sample(pool, min(20, len(pool)))
 for p in ports + [0]:
     s = socket.socket()
@@ -59,7 +59,7 @@ for p in ports + [0]:
         pass
     finally:
         s.close()
-"""
+""".replace("DEFAULT_PORTS", repr(DEFAULT_PORTS))  # torchrun's ports are left to runs across nodes
 
 
 def new_run_id() -> str:
