@@ -129,6 +129,7 @@ def main(argv: list[str]) -> int:
     if "--exit-barrier" in own:
         shorter_exit_barrier(float(own["--exit-barrier"]))
     from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
     try:
@@ -136,6 +137,16 @@ def main(argv: list[str]) -> int:
     except SignalException as exc:  # stopped by a signal (the launcher's stop): torchrun stopped its workers
         print(f"torchrun stopped by {exc.sigval.name}", file=sys.stderr, flush=True)
         return 128 + int(exc.sigval)
+    except ChildFailedError as exc:
+        from auralm.training.members import LEFT_OUT_EXIT  # torch and the standard library only
+
+        if {f.exitcode for f in exc.failures.values()} != {LEFT_OUT_EXIT}:
+            raise  # torchrun's report: the launcher reads the rank that failed first from it
+        # the ranks here were counted out of a run that went on without this node (asleep, cut off): they said so
+        # in their own line; this is not a failure to report with a traceback
+        print(f"torchrun ends: its rank(s) {', '.join(map(str, sorted(exc.failures)))} were counted out of the run "
+              f"(exit {LEFT_OUT_EXIT}); hrmctl starts this node again when it answers", file=sys.stderr, flush=True)
+        return 1  # what the exception's exit was: the launcher's reading of this node's end stays as it was
     return 0
 
 

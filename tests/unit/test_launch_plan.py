@@ -87,6 +87,27 @@ def test_the_node_check_refuses_a_wrong_guess_before_torchrun_starts():
     assert "Traceback" not in res.stderr
 
 
+@pytest.mark.parametrize("code", [75, 3])
+def test_ranks_counted_out_end_their_torchrun_in_one_line_and_other_failures_keep_torchruns_report(tmp_path, code):
+    """A node's ranks counted out of a DiLoCo run that went on without it (asleep, cut off) end with exit 75
+    (auralm.training.members.LEFT_OUT_EXIT): its torchrun ends with one line, not torchrun's ChildFailedError
+    traceback, on the screen at every such rejoin. Any other failure keeps torchrun's report: the launcher reads the
+    rank that failed first from its "Root Cause"."""
+    worker = tmp_path / "worker.py"
+    worker.write_text(f"import sys\nsys.exit({code})\n")
+    res = subprocess.run([sys.executable, "-m", "cli.launch.node_torchrun", "--exit-barrier", "1", "--",
+                          "--standalone", "--nproc-per-node=1", str(worker)],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert res.returncode == 1, res.stdout + res.stderr
+    if code == 75:
+        assert "Traceback" not in res.stderr and "Root Cause" not in res.stderr, res.stderr
+        assert res.stderr.strip().splitlines()[-1] == (
+            "torchrun ends: its rank(s) 0 were counted out of the run (exit 75); hrmctl starts this node again when "
+            "it answers"), res.stderr
+    else:
+        assert "Root Cause (first observed failure)" in res.stderr and "exitcode  : 3" in res.stderr, res.stderr
+
+
 def test_a_held_torchrun_runs_with_the_arguments_and_environment_sent_later_or_ends_with_nothing_started(tmp_path):
     """cli/launch/warm.py on a Slurm allocation (without Slurm: the held process here, as srun's task would be):
     torchrun imported first, then its arguments and environment on stdin; a start it cannot serve is refused; a
