@@ -9,7 +9,10 @@ that has not moved for LOST_S (its rank frozen, its link cut, its process gone) 
 it writes the next membership into the store (compare_set: every rank then reads the same one), every present
 rank says in the store that it is ready (a member silent before all have: the next membership, without it), then
 makes a new process group of it (``dist.new_group(..., use_local_synchronization=True)``: the ranks that
-left take no part), and ``wait`` returns False: the caller sends its collective again on the new group. The
+left take no part), and ``wait`` returns False: the caller sends its collective again on the new group. A
+collective whose works are done on this rank counts as done only once every rank present has said so in the store:
+a rank that leaves in its last moments can leave it done on one rank and not on another, and the first must not go on
+while the second sends it again (whichever is written first, "done" or "again", holds for every rank). The
 master's ranks never leave (the store and the checkpoints are there); the launcher (cli/launch/elastic.py) starts
 a node that left again when it answers, and the whole run then resumes together.
 
@@ -60,6 +63,7 @@ class Membership:
         self.rank, self.lost_s = rank, lost_s
         self.present = list(range(world))
         self.epoch = 0  # how many times the membership changed
+        self.seq = 0  # how many collectives were waited for to the end (the same on every rank present)
         self.group = None  # the gloo group of the ranks present (None: the world)
         self.nccl_group = None  # and the NCCL one, when the run's device collectives use NCCL
         self.store = _client(30)
@@ -109,20 +113,31 @@ class Membership:
         return json.loads(self.store.compare_set(key, "", json.dumps(present)))
 
     def wait(self, works: list, epoch: int) -> bool:
-        """Wait for ``works`` (sent when the membership was ``epoch``): True when they are done; False when the
-        membership changed meanwhile (a rank left: the group is made again here), and they must be sent again on
-        ``self.group``."""
-        failed_at, look = None, 0.0
+        """Wait for ``works`` (sent when the membership was ``epoch``): True when they are done on every rank present;
+        False when the membership changed meanwhile (a rank left: the group is made again here), and they must be sent
+        again on ``self.group``.
+
+        Done here is not done everywhere: a rank that leaves in the last moments of a collective can leave it finished
+        on one rank present and not on another, which would then send it again while the first went on. So a rank
+        whose works are done says so in the store, and the collective counts as done only once every rank present has
+        (``_outcome``: "done", or "again" when a rank is found silent first; whichever is written first holds for
+        every rank)."""
+        failed_at, look, said = None, 0.0, False
+        mine = f"{PREFIX}done/{self.epoch}/{self.seq}/"
         while True:
             if epoch != self.epoch:
                 return False
-            if failed_at is None and all(w.is_completed() for w in works):
+            if failed_at is None and not said and all(w.is_completed() for w in works):
                 try:
                     for w in works:
                         w.wait()
-                    return True
+                    self.store.set(mine + str(self.rank), "1")
+                    said = True
                 except Exception as exc:  # a peer's connection reset: a leave once its rank falls silent
                     failed_at, error = time.monotonic(), exc
+            if said and self.store.check([mine + str(r) for r in self.present]) and self._outcome("done") == "done":
+                self.seq += 1
+                return True
             if time.monotonic() >= look:  # the store, at most every LOOK_S (it is on the master, maybe over Wi-Fi)
                 look = time.monotonic() + LOOK_S
                 written = self._written()
@@ -130,14 +145,25 @@ class Membership:
                     window = self.lost_s if failed_at is None else min(self.lost_s, BROKEN_LOST_S)
                     gone = self.silent(lost_s=window)
                     if gone:
+                        if self._outcome("again") == "done":  # every rank present had it done: go on; the silent
+                            self.seq += 1  # rank is found at the next collective
+                            return True
                         self.why = f"silent for {window:g}s" + (" once a collective failed" if failed_at else "")
                         written = self._propose([r for r in self.present if r not in gone])
+                elif self._outcome("again") == "done":  # a rank went on and found a leave at its next collective
+                    self.seq += 1
+                    return True
                 if written is not None:
                     self._regroup(written)
                     return False
             if failed_at is not None and time.monotonic() - failed_at > FAILED_WAIT_S:
                 raise error
-            time.sleep(0.05)
+            time.sleep(0.01 if said else 0.05)
+
+    def _outcome(self, proposed: str) -> str:
+        """The outcome of the collective in wait (this membership's ``seq``-th): "done" (every rank present had it
+        done) or "again" (sent again among the ranks present after a leave); the first rank to write it decides."""
+        return self.store.compare_set(f"{PREFIX}outcome/{self.epoch}/{self.seq}", "", proposed).decode()
 
     def _ready(self, present: list[int]) -> list[int] | None:
         """Whether every rank of ``present`` (the membership of ``self.epoch``) is alive to make its group: None

@@ -113,13 +113,14 @@ def _gloo_pair(rank: int, port: int) -> None:
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
 
 
-def _run_pair(target, tmp_path, wait_for: tuple[int, ...]) -> list[dict]:
-    """``target(rank, port, out)`` in two processes forked from the trainer tier's fork server; waits (60 s) for
-    the ranks in ``wait_for``, kills what is left, and returns what each rank wrote to ``out.<rank>`` (None: nothing)."""
+def _run_pair(target, tmp_path, wait_for: tuple[int, ...], ranks: int = 2) -> list[dict]:
+    """``target(rank, port, out)`` in two processes (or ``ranks``) forked from the trainer tier's fork server; waits
+    (60 s) for the ranks in ``wait_for``, kills what is left, and returns what each rank wrote to ``out.<rank>``
+    (None: nothing)."""
     from tests.trainer.helpers import _forked, free_port
 
     port, out = free_port(), tmp_path / "rank"
-    procs = [_forked().Process(target=target, args=(r, port, str(out))) for r in (0, 1)]
+    procs = [_forked().Process(target=target, args=(r, port, str(out))) for r in range(ranks)]
     for p in procs:
         p.start()
     try:
@@ -129,7 +130,7 @@ def _run_pair(target, tmp_path, wait_for: tuple[int, ...]) -> list[dict]:
         for p in procs:
             if p.is_alive():
                 p.kill()
-    return [json.loads(Path(f"{out}.{r}").read_text()) if Path(f"{out}.{r}").exists() else None for r in (0, 1)]
+    return [json.loads(Path(f"{out}.{r}").read_text()) if Path(f"{out}.{r}").exists() else None for r in range(ranks)]
 
 
 def _gather_with_rank_1_asleep(rank: int, port: int, out: str) -> None:
@@ -296,3 +297,52 @@ def test_ranks_that_sent_different_rounds_stop_instead_of_averaging_them(tmp_pat
         assert got["unchanged"] and got["error"].startswith(
             f"rank {r}: the ranks present sent different rounds (this one ends at step {10 * (r + 1)}; their steps "
             "sum to 30 over 2 ranks)"), got
+
+
+class _Work:
+    """A collective's work as Membership.wait sees it, done or never done: which rank of three finishes the round's
+    all-reduce in its last moments is up to gloo, so the test decides it."""
+
+    def __init__(self, done: bool):
+        self.done = done
+
+    def is_completed(self) -> bool:
+        return self.done
+
+    def wait(self) -> None:
+        pass
+
+
+def _one_rank_done_when_a_third_leaves(rank: int, port: int, out: str) -> None:
+    """Three ranks wait for a collective. Rank 0's and rank 2's are done, rank 1's is not (it waits for rank 2's part,
+    which never comes); rank 2 says so and falls asleep a second later. Then ranks 0 and 1 wait for it sent again."""
+    import threading
+
+    import torch.distributed as dist
+
+    from auralm.training.members import Membership
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    store = dist.TCPStore("127.0.0.1", port, 3, is_master=rank == 0, wait_for_workers=False)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=3)
+    m = Membership(rank, 3, lost_s=3)
+    if rank == 2:
+        threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGSTOP)).start()
+    first = m.wait([_Work(rank != 1)], 0)
+    got = {"first": first, "present": m.present, "epoch": m.epoch}
+    got["again"] = m.wait([_Work(True)], m.epoch)
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump(dict(got, seq=m.seq), f)
+    if rank == 0:  # the store is this process's: kept until rank 1 is through
+        wait_for(lambda: Path(f"{out}.1").exists(), 30, "rank 1's answer")
+    os._exit(0)
+
+
+def test_a_collective_done_on_one_rank_but_not_another_when_a_third_leaves_is_sent_again_by_both(tmp_path):
+    """On three nodes or more a rank can leave in the last moments of a collective, which then ends on one rank
+    present and not on another. If the first went on, the second would send it again among those present, alone:
+    the next collectives would pair with the wrong ones. A collective counts as done only once every rank present has
+    it done, so both send it again among themselves; on the code before, rank 0 went on at once."""
+    got = _run_pair(_one_rank_done_when_a_third_leaves, tmp_path, wait_for=(0, 1), ranks=3)
+    for r in (0, 1):
+        assert got[r] == {"first": False, "present": [0, 1], "epoch": 1, "again": True, "seq": 1}, (r, got)
