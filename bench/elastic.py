@@ -47,6 +47,9 @@ FAULTS = {"link": 30, "sleep": 60, "kill": 0}  # seconds until the node is back
 REJOIN_WAIT_S = 150  # after the node is back: how long a side may take to step with it again
 GAP_S = 20.0  # a step line this long after the one before, with no resume between: the run stalled and went on
 DIST_TIMEOUT_S = 60
+THREADS = 1  # a rank's threads, both sides: the lab's two nodes share this machine's 2 cores, and 2 threads a rank (4
+# on 2 cores) made the first round after a restart take 0.65-8.35 s over 8 runs of the sleep rejoin, both ranks alike;
+# 0.22-0.31 s with 1 (2026-11-28, docs/elastic.md)
 EVERY = 50
 TRAIN = ["model=tiny", "training.max_steps=100000", "training.batch_size=8", "training.log_interval=10",
          f"training.checkpoint_interval={EVERY}", "training.eval_interval=0", "training.eval_batches=1",
@@ -169,7 +172,7 @@ def torchrun_side(lab: Lab, kind: str, sync: list[str]) -> dict:
     ip0 = lab.nodes[0].ip
     procs, readers = [], []
     for i, node in enumerate(lab.nodes):  # is_host: the store on node0 (the lab's nodes share one hostname)
-        cmd = (f"cd {node.home}/hrmctl && exec env OMP_NUM_THREADS=2 PYTHONUNBUFFERED=1 GLOO_SOCKET_IFNAME=eth0 "
+        cmd = (f"cd {node.home}/hrmctl && exec env OMP_NUM_THREADS={THREADS} PYTHONUNBUFFERED=1 GLOO_SOCKET_IFNAME=eth0 "
                f"HRMCTL_BACKEND=gloo {lab.python} -m torch.distributed.run --nnodes=1:2 --nproc-per-node=1 "
                f"--rdzv-backend=c10d --rdzv-endpoint={ip0}:29500 --rdzv-conf=is_host={int(i == 0)} --local-addr={node.ip} "
                f"--rdzv-id=bench --max-restarts=5 "
@@ -215,7 +218,7 @@ def main() -> int:
     if any(k not in FAULTS for k in kinds):
         ap.error(f"--fault {args.fault}: each one of {', '.join(FAULTS)}")
     fmt = lambda v: "never" if v is None else f"{v:.1f} s"  # noqa: E731
-    with Lab(2) as lab, tempfile.TemporaryDirectory() as tmp:
+    with Lab(2, threads=THREADS) as lab, tempfile.TemporaryDirectory() as tmp:
         made = Path(tmp) / "sudoku"
         prepare_sudoku(made, **dict(SUDOKU_DEFAULTS, test=200))
         lab.give_data(made, "sudoku")
