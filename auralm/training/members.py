@@ -64,6 +64,7 @@ class Membership:
         self.present = list(range(world))
         self.epoch = 0  # how many times the membership changed
         self.seq = 0  # how many collectives were waited for to the end (the same on every rank present)
+        self._last: list[str] | None = None  # the store keys this rank wrote for the last one
         self.group = None  # the gloo group of the ranks present (None: the world)
         self.nccl_group = None  # and the NCCL one, when the run's device collectives use NCCL
         self.store = _client(30)
@@ -136,8 +137,7 @@ class Membership:
                 except Exception as exc:  # a peer's connection reset: a leave once its rank falls silent
                     failed_at, error = time.monotonic(), exc
             if said and self.store.check([mine + str(r) for r in self.present]) and self._outcome("done") == "done":
-                self.seq += 1
-                return True
+                return self._done(mine)
             if time.monotonic() >= look:  # the store, at most every LOOK_S (it is on the master, maybe over Wi-Fi)
                 look = time.monotonic() + LOOK_S
                 written = self._written()
@@ -146,19 +146,29 @@ class Membership:
                     gone = self.silent(lost_s=window)
                     if gone:
                         if self._outcome("again") == "done":  # every rank present had it done: go on; the silent
-                            self.seq += 1  # rank is found at the next collective
-                            return True
+                            return self._done(mine)  # rank is found at the next collective
                         self.why = f"silent for {window:g}s" + (" once a collective failed" if failed_at else "")
                         written = self._propose([r for r in self.present if r not in gone])
                 elif self._outcome("again") == "done":  # a rank went on and found a leave at its next collective
-                    self.seq += 1
-                    return True
+                    return self._done(mine)
                 if written is not None:
                     self._regroup(written)
                     return False
             if failed_at is not None and time.monotonic() - failed_at > FAILED_WAIT_S:
                 raise error
             time.sleep(0.01 if said else 0.05)
+
+    def _done(self, mine: str) -> bool:
+        """The collective is done on every rank present: the next one's keys from here. The last one's keys go from
+        the store (a long run would pile them up there): every rank present has said this one is done, so each has
+        left the wait for the last one and reads its keys no more."""
+        if self._last is not None:
+            for key in self._last:
+                self.store.delete_key(key)
+        outcome = f"{PREFIX}outcome/{self.epoch}/{self.seq}"
+        self._last = [mine + str(self.rank)] + ([outcome] if self.rank == self.present[0] else [])
+        self.seq += 1
+        return True
 
     def _outcome(self, proposed: str) -> str:
         """The outcome of the collective in wait (this membership's ``seq``-th): "done" (every rank present had it

@@ -346,3 +346,31 @@ def test_a_collective_done_on_one_rank_but_not_another_when_a_third_leaves_is_se
     got = _run_pair(_one_rank_done_when_a_third_leaves, tmp_path, wait_for=(0, 1), ranks=3)
     for r in (0, 1):
         assert got[r] == {"first": False, "present": [0, 1], "epoch": 1, "again": True, "seq": 1}, (r, got)
+
+
+def _many_waits(rank: int, port: int, out: str) -> None:
+    """Two ranks wait for 40 collectives; the number of keys in the run's store before and after."""
+    import torch.distributed as dist
+
+    from auralm.training.members import Membership
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    store = dist.TCPStore("127.0.0.1", port, 2, is_master=rank == 0, wait_for_workers=False)
+    m = Membership(rank, 2, lost_s=30)
+    m.wait([_Work(True)], 0)
+    before = store.num_keys()
+    done = [m.wait([_Work(True)], 0) for _ in range(40)]
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump({"done": all(done), "grew": store.num_keys() - before, "seq": m.seq}, f)
+    if rank == 0:  # the store is this process's: kept until rank 1 is through
+        wait_for(lambda: Path(f"{out}.1").exists(), 30, "rank 1's answer")
+    os._exit(0)
+
+
+def test_the_store_keeps_no_pile_of_keys_from_the_collectives_waited_for(tmp_path):
+    """Every collective waited for writes its ranks' word and its outcome into the store on the master; those of the
+    one before are taken out, or a long run would pile them up there (3 keys a collective for two ranks)."""
+    got = _run_pair(_many_waits, tmp_path, wait_for=(0, 1))
+    for r in (0, 1):
+        assert got[r]["done"] and got[r]["seq"] == 41, got
+        assert got[r]["grew"] <= 3, got
