@@ -21,6 +21,7 @@ Imports torch only.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import sys
@@ -64,7 +65,8 @@ class Membership:
         self.present = list(range(world))
         self.epoch = 0  # how many times the membership changed
         self.seq = 0  # how many collectives were waited for to the end (the same on every rank present)
-        self._last: list[str] | None = None  # the store keys this rank wrote for the last one
+        self._last: list[str] = []  # the store keys this rank wrote for the last one
+        self._stale: collections.deque[str] = collections.deque()  # keys no rank reads any more, for the beat thread
         self.group = None  # the gloo group of the ranks present (None: the world)
         self.nccl_group = None  # and the NCCL one, when the run's device collectives use NCCL
         self.store = _client(30)
@@ -80,10 +82,15 @@ class Membership:
         return self.epoch > 0
 
     def _beats(self) -> None:
+        """Beat every BEAT_S; and take the keys of collectives every rank is past out of the store (``_done``), here
+        rather than in the wait: each is a request to the master."""
         key = f"{PREFIX}beat/{self.rank}"
         while True:
             try:
                 self._beat_store.add(key, 1)
+                while self._stale:
+                    self._beat_store.delete_key(self._stale[0])
+                    self._stale.popleft()
             except Exception:  # the store out of reach (this node cut off): beat again when it is back
                 pass
             if self._halt.wait(BEAT_S):
@@ -161,11 +168,9 @@ class Membership:
 
     def _done(self, mine: str) -> bool:
         """The collective is done on every rank present: the next one's keys from here. The last one's keys go from
-        the store (a long run would pile them up there): every rank present has said this one is done, so each has
-        left the wait for the last one and reads its keys no more."""
-        if self._last is not None:
-            for key in self._last:
-                self.store.delete_key(key)
+        the store (a long run would pile them up there; the beat thread takes them out): every rank present has said
+        this one is done, so each has left the wait for the last one and reads its keys no more."""
+        self._stale.extend(self._last)
         outcome = f"{PREFIX}outcome/{self.epoch}/{self.seq}"
         self._last = [mine + str(self.rank)] + ([outcome] if self.rank == self.present[0] else [])
         self.seq += 1

@@ -113,7 +113,7 @@ def _gloo_pair(rank: int, port: int) -> None:
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
 
 
-def _run_pair(target, tmp_path, wait_for: tuple[int, ...], ranks: int = 2) -> list[dict]:
+def _run_ranks(target, tmp_path, wait_for: tuple[int, ...], ranks: int = 2) -> list[dict]:
     """``target(rank, port, out)`` in two processes (or ``ranks``) forked from the trainer tier's fork server; waits
     (60 s) for the ranks in ``wait_for``, kills what is left, and returns what each rank wrote to ``out.<rank>``
     (None: nothing)."""
@@ -154,7 +154,7 @@ def test_an_object_gather_goes_on_among_the_ranks_present_when_one_falls_asleep_
     """A node cut off just after a round, while the checkpoint gathers every rank's random state and data position:
     the gather is given up once its rank is silent and made again among those present, instead of waiting for
     it for good (seen once on the lab: node0's rank stuck before saving, until node1's link came back)."""
-    got, _ = _run_pair(_gather_with_rank_1_asleep, tmp_path, wait_for=(0,))
+    got, _ = _run_ranks(_gather_with_rank_1_asleep, tmp_path, wait_for=(0,))
     assert got is not None, "rank 0 did not finish its gather without the sleeping rank 1"
     assert got == {"both": [{"rank": 0}, {"rank": 1}], "alone": [["after", 0]], "present": [0]}, got
 
@@ -195,7 +195,7 @@ def test_a_resume_goes_on_among_the_ranks_present_when_one_falls_asleep_during_i
     """A node cut off while the run resumes (a rejoin's restart): rank 0's objects, weights and optimizer state are
     sent again among the ranks present once the silent rank is counted out, instead of waiting for it for good.
     Before that, with both present, rank 1 takes rank 0's weights and optimizer state in place of its own."""
-    got, asleep = _run_pair(_resume_with_rank_1_asleep, tmp_path, wait_for=(0,))
+    got, asleep = _run_ranks(_resume_with_rank_1_asleep, tmp_path, wait_for=(0,))
     assert got is not None and "big" in got, "rank 0 did not finish its resume without the sleeping rank 1"
     assert (got["big"], got["part"], got["present"]) == (8 << 20, 4 << 20, [0]), got
     assert asleep["both"]["own"] != got["both"]["own"], (asleep, got)  # the ranks began with different weights
@@ -256,7 +256,7 @@ def test_the_nccl_group_of_the_ranks_before_is_aborted_and_one_of_those_present_
     ends the process at the group's timeout. So when a rank leaves, the NCCL group of the ranks before is aborted
     (auralm/training/members.py ``_abort``) and the device collectives go on over an NCCL group of those present.
     Only NCCL is a stand-in here (a gloo group in its place): what a GPU would do with it is not tested."""
-    got, _ = _run_pair(_device_round_with_rank_1_asleep, tmp_path, wait_for=(0,))
+    got, _ = _run_ranks(_device_round_with_rank_1_asleep, tmp_path, wait_for=(0,))
     assert got is not None, "rank 0 did not go on without the sleeping rank 1"
     assert got["both"] == [2.0] * 4 and got["done"] is False, got  # the round with rank 1 asleep was given up
     assert got["aborted_world"] == [True], got  # the NCCL group of both ranks, and only it
@@ -293,7 +293,7 @@ def _rounds_apart(rank: int, port: int, out: str) -> None:
 
 
 def test_ranks_that_sent_different_rounds_stop_instead_of_averaging_them(tmp_path):
-    for r, got in enumerate(_run_pair(_rounds_apart, tmp_path, wait_for=(0, 1))):
+    for r, got in enumerate(_run_ranks(_rounds_apart, tmp_path, wait_for=(0, 1))):
         assert got["unchanged"] and got["error"].startswith(
             f"rank {r}: the ranks present sent different rounds (this one ends at step {10 * (r + 1)}; their steps "
             "sum to 30 over 2 ranks)"), got
@@ -343,7 +343,7 @@ def test_a_collective_done_on_one_rank_but_not_another_when_a_third_leaves_is_se
     present and not on another. If the first went on, the second would send it again among those present, alone:
     the next collectives would pair with the wrong ones. A collective counts as done only once every rank present has
     it done, so both send it again among themselves; on the code before, rank 0 went on at once."""
-    got = _run_pair(_one_rank_done_when_a_third_leaves, tmp_path, wait_for=(0, 1), ranks=3)
+    got = _run_ranks(_one_rank_done_when_a_third_leaves, tmp_path, wait_for=(0, 1), ranks=3)
     for r in (0, 1):
         assert got[r] == {"first": False, "present": [0, 1], "epoch": 1, "again": True, "seq": 1}, (r, got)
 
@@ -353,7 +353,7 @@ def _many_waits(rank: int, port: int, out: str) -> None:
     rank's word on the last collective and its outcome, the test's own two marks)."""
     import torch.distributed as dist
 
-    from auralm.training.members import Membership
+    from auralm.training.members import BEAT_S, Membership
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     store = dist.TCPStore("127.0.0.1", port, 2, is_master=rank == 0, wait_for_workers=False)
@@ -362,8 +362,9 @@ def _many_waits(rank: int, port: int, out: str) -> None:
     done = [m.wait([_Work(True)], 0) for _ in range(41)]
     store.set(f"test/end/{rank}", "1")
     got = {"done": all(done), "seq": m.seq}
+    store.wait(["test/end/0", "test/end/1"])  # both are through: the keys left are the last collective's, once
+    time.sleep(2 * BEAT_S)  # each rank's beat thread has taken out the ones before
     if rank == 0:
-        store.wait(["test/end/0", "test/end/1"])  # both are through: the keys left are the last collective's
         got["grew"] = store.num_keys() - base
     with open(f"{out}.{rank}", "w") as f:
         json.dump(got, f)
@@ -374,7 +375,8 @@ def _many_waits(rank: int, port: int, out: str) -> None:
 
 def test_the_store_keeps_no_pile_of_keys_from_the_collectives_waited_for(tmp_path):
     """Every collective waited for writes its ranks' word and its outcome into the store on the master; those of the
-    one before are taken out, or a long run would pile them up there (3 keys a collective for two ranks)."""
-    got = _run_pair(_many_waits, tmp_path, wait_for=(0, 1))
+    one before are taken out (by each rank's beat thread), or a long run would pile them up there (3 keys a collective
+    for two ranks)."""
+    got = _run_ranks(_many_waits, tmp_path, wait_for=(0, 1))
     assert got[0]["done"] and got[1]["done"] and got[0]["seq"] == got[1]["seq"] == 41, got
     assert got[0]["grew"] <= 7, got  # 2 beats, 2 words and 1 outcome of the last collective, the test's 2 marks
