@@ -32,7 +32,8 @@ fi
 PIP=(.venv/bin/pip install -q --disable-pip-version-check --no-compile)
 quiet() { grep -v "^WARNING: Location" || true; }
 SITE=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-compiled() { .venv/bin/python -m compileall -q -j "${2:-0}" "$1" >/dev/null 2>&1 || true; }  # a file that does not compile is the package's own (pip ignores it too)
+# bytecode for a directory, on $2 cores (0: all); a file that does not compile is the package's own (pip ignores it too)
+compiled() { .venv/bin/python -m compileall -q -j "${2:-0}" "$1" >/dev/null 2>&1 || true; }
 
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   mapfile -t choice < <(.venv/bin/python cli/setup/torch_build.py "$TORCH_VERSION")
