@@ -26,7 +26,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 # --no-compile: pip writes each package's bytecode on one core as it installs; here torch's is written on the other
-# core while pip installs the rest, and the rest's on every core at the end (compiled): 143 -> 90 and 99 s for a fresh
+# core while pip installs the rest, and the rest's on every core at the end (compiled): 143 -> 90-110 s for a fresh
 # `install.sh test` on this 2-core machine (2026-11-28). Without bytecode, every process would compile what it imports
 # again where PYTHONDONTWRITEBYTECODE is set, 10 s and more for `import torch`.
 PIP=(.venv/bin/pip install -q --disable-pip-version-check --no-compile)
@@ -35,6 +35,7 @@ SITE=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purel
 # bytecode for a directory, on $2 cores (0: all); a file that does not compile is the package's own (pip ignores it too)
 compiled() { .venv/bin/python -m compileall -q -j "${2:-0}" "$1" >/dev/null 2>&1 || true; }
 
+torch_new=""
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   mapfile -t choice < <(.venv/bin/python cli/setup/torch_build.py "$TORCH_VERSION")
   tag=${choice[0]} index=${choice[1]}
@@ -54,18 +55,15 @@ EOF
   # its files are there (imported once compiled, below): else the rest's install would pull torch from PyPI
   .venv/bin/python -c "import importlib.metadata as m; m.version('torch')" 2>/dev/null \
     || { echo "error: torch $TORCH_VERSION+$tag did not install; see above" >&2; exit 1; }
-fi
-torch_compiled=""
-if [ -d "$SITE/torch" ] && [ ! -e .venv/.torch-compiled ]; then
-  { compiled "$SITE/torch" 1 && touch .venv/.torch-compiled; } &
-  torch_compiled=$!
+  compiled "$SITE/torch" 1 &  # beside the rest's install
+  torch_new=$!
 fi
 if [ "$EXTRAS" = test ]; then
   "${PIP[@]}" -e '.[test]' 2>&1 | quiet
 else
   "${PIP[@]}" -e . 2>&1 | quiet
 fi
-[ -z "$torch_compiled" ] || wait "$torch_compiled"
+[ -z "$torch_new" ] || wait "$torch_new"
 compiled "$SITE"
 .venv/bin/python -W ignore -c "import cli, torch; print('hrmctl', cli.__version__, 'torch', torch.__version__)" \
   || { echo "error: hrmctl or torch $TORCH_VERSION does not import in .venv; see above" >&2; exit 1; }

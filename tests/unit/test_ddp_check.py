@@ -3,7 +3,8 @@ result on one rank is caught, named and makes every rank exit non-zero. The back
 the ranks as the trainer does it (auralm.training.distributed.setup); for a GPU rank beside a CPU rank only
 the device probe is faked (this machine has no GPU), in a wrapper that torchrun starts. The agreement itself (NCCL
 that cannot start on some rank, the launcher's HRMCTL_BACKEND as the first guess) is distributed.setup's, the same
-call the trainer makes: tests/trainer/test_backend.py runs those cases; here only what ddp_check reports of it."""
+call the trainer makes: tests/trainer/test_backend.py runs those cases; here only ddp_check's own --backend and what it
+reports of the agreement."""
 
 from __future__ import annotations
 
@@ -65,8 +66,9 @@ def test_correct_world_of_two_and_busbw_formula():
 
 
 def test_a_wrong_result_is_caught_and_exits_non_zero():
-    code, res, out = run("--no-bandwidth", "--corrupt-rank", "1")
+    code, res, out = run("--no-bandwidth", "--corrupt-rank", "1", "--backend", "gloo")
     assert code != 0
+    assert (res["backend"], res["requested"], res["reason"]) == ("gloo", "gloo", "gloo requested")  # its own option
     assert res is not None and not res["ok"] and res["checks"]["all_reduce"] == [1]
     assert res["checks"]["broadcast"] == []
 
