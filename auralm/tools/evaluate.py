@@ -11,6 +11,7 @@ and the exact accuracy after each number of segments (``exact_by_segments``).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -144,4 +145,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    gc.freeze()  # what the imports made is not scanned again, at exit either (sizing.py says why)
     sys.exit(main())

@@ -11,6 +11,7 @@ When the run kept EMA weights those are exported, unless ``--raw``.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 from pathlib import Path
@@ -51,4 +52,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    gc.freeze()  # what the imports made is not scanned again, at exit either (sizing.py says why)
     sys.exit(main())

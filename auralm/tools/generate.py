@@ -14,6 +14,7 @@ the run trained on (its data directory, or ``--data``).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -190,4 +191,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    gc.freeze()  # what the imports made is not scanned again, at exit either (sizing.py says why)
     sys.exit(main())

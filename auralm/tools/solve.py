@@ -10,6 +10,7 @@ not a sudoku model).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -97,4 +98,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    gc.freeze()  # what the imports made is not scanned again, at exit either (sizing.py says why)
     sys.exit(main())

@@ -15,6 +15,7 @@ Exit 0 when every check passes, 1 when one fails, 2 for bad keys or a model this
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -133,4 +134,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    gc.freeze()  # what the imports made is not scanned again, at exit either (sizing.py says why)
     sys.exit(main())

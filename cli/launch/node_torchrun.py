@@ -27,6 +27,7 @@ dependencies).
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -132,6 +133,7 @@ def main(argv: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
+    gc.freeze()  # torch's objects are not scanned again by the collector (0.4 s of CPU at exit: sizing.py)
     try:
         torchrun(rest)
     except SignalException as exc:  # stopped by a signal (the launcher's stop): torchrun stopped its workers

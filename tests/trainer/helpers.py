@@ -8,6 +8,7 @@ optimizer steps it took) into the test's directory.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import socket
@@ -169,3 +170,9 @@ def python_env(**extra: str) -> dict:
 
 
 PYTHON = sys.executable
+
+
+# torch's and the trainer's objects, imported above, are left out of the collector's passes: in the fork server
+# (which imports this module last, _forked) each rank inherits them frozen, so its collections neither scan them nor
+# touch (and so copy) the pages they lie on
+gc.freeze()
