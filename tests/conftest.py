@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import gc
 import hashlib
 import os
 import shutil
@@ -29,6 +30,13 @@ def pytest_collection_modifyitems(items):
         for item in items:
             if "make_lab" in item.fixturenames:
                 item.add_marker(pytest.mark.skipif(True, reason=LAB_MISSING))
+
+
+def pytest_collection_finish(session):
+    """What collecting imported (torch, the trainer, the CLI: most of a test process's objects) is left out of the
+    collector's passes for the rest of the session (gc.freeze): they are never garbage, and each full pass would scan
+    them again (auralm/planning/sizing.py measures the same at a process's exit)."""
+    gc.freeze()
 
 
 def _require_lab() -> None:
