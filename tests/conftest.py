@@ -35,7 +35,7 @@ def pytest_collection_modifyitems(items):
 def pytest_collection_finish(session):
     """What collecting imported (torch, the trainer, the CLI: most of a test process's objects) is left out of the
     collector's passes for the rest of the session (gc.freeze): they are never garbage, and each full pass would scan
-    them again (auralm/planning/sizing.py measures the same at a process's exit)."""
+    them again (auralm.errors.exit_frozen does the same at a tool's exit)."""
     gc.freeze()
 
 

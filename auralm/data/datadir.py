@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import fcntl
-import gc
 import hashlib
 import itertools
 import json
@@ -34,7 +33,7 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from auralm.data import sudoku
-from auralm.errors import UserError
+from auralm.errors import UserError, exit_frozen
 
 FORMAT = "auralm-data/1"
 EOS = "<|endoftext|>"
@@ -714,5 +713,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    gc.freeze()  # what the imports made is not scanned again, at exit either (sizing.py says why)
-    sys.exit(main())
+    exit_frozen(main())

@@ -34,7 +34,6 @@ strategy (auralm.parallel.strategy) what it sends each step (its ``link_cost``) 
 
 from __future__ import annotations
 
-import gc
 import json
 import math
 import sys
@@ -448,5 +447,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    gc.freeze()  # what the imports made is not scanned again, at exit either (sizing.py says why)
-    sys.exit(main(sys.argv[1:]))
+    from auralm.errors import exit_frozen
+
+    exit_frozen(main(sys.argv[1:]))

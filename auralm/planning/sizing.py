@@ -13,13 +13,12 @@ what was measured on the CPU), to tell a model that fits from one that does not.
 
 from __future__ import annotations
 
-import gc
 import sys
 from typing import TYPE_CHECKING
 
 from auralm import models
 from auralm.training import config
-from auralm.errors import UserError
+from auralm.errors import UserError, exit_frozen
 from auralm.models import registry
 from auralm.parallel import strategy
 
@@ -128,12 +127,6 @@ def given_vocab(cfg: config.Config) -> int | None:
 
 if __name__ == "__main__":
     # python -m auralm.planning.sizing [--json] [--world N] [--vocab N] key=value ...  (--vocab: the data's vocabulary)
-    # what the imports made (torch's modules: most of the process's objects) moves out of the collector's reach:
-    # its passes, the last at exit among them, no longer scan it. A process that imports torch and ends
-    # normally spends about 0.4 s of CPU less (1.6 -> 1.2 s for this estimate, measured 2026-11-28); the
-    # tools' __main__ (eval, solve, generate, export, validate-model, curves, the link budget, prepare-data)
-    # and cli/launch/node_torchrun.py do the same. A rank leaves with os._exit and needs none
-    gc.freeze()
     try:
         args, opts = sys.argv[1:], {"--world": 1, "--vocab": None}
         for flag in opts:
@@ -151,4 +144,5 @@ if __name__ == "__main__":
             print(describe(cfg, opts["--vocab"] or given_vocab(cfg)))
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        exit_frozen(2)
+    exit_frozen(0)

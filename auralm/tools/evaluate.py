@@ -11,7 +11,6 @@ and the exact accuracy after each number of segments (``exact_by_segments``).
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import math
 import os
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from auralm.errors import UserError
+from auralm.errors import UserError, exit_frozen
 from auralm.models.layers import IGNORE, per_token_loss
 from auralm.training.objective import full_targets
 
@@ -145,5 +144,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    gc.freeze()  # what the imports made is not scanned again, at exit either (sizing.py says why)
-    sys.exit(main())
+    exit_frozen(main())

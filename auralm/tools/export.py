@@ -11,12 +11,11 @@ When the run kept EMA weights those are exported, unless ``--raw``.
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import sys
 from pathlib import Path
 
-from auralm.errors import UserError
+from auralm.errors import UserError, exit_frozen
 
 
 class _Parser(argparse.ArgumentParser):
@@ -52,5 +51,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    gc.freeze()  # what the imports made is not scanned again, at exit either (sizing.py says why)
-    sys.exit(main())
+    exit_frozen(main())

@@ -14,7 +14,6 @@ the run trained on (its data directory, or ``--data``).
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import sys
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from auralm.errors import UserError
+from auralm.errors import UserError, exit_frozen
 
 
 def check_settings(temperature: float, top_k: int, top_p: float) -> None:
@@ -191,5 +190,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    gc.freeze()  # what the imports made is not scanned again, at exit either (sizing.py says why)
-    sys.exit(main())
+    exit_frozen(main())

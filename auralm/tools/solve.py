@@ -10,7 +10,6 @@ not a sudoku model).
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import sys
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from auralm.errors import UserError
+from auralm.errors import UserError, exit_frozen
 
 
 def parse_puzzles(lines, source: str) -> list[list[int]]:
@@ -98,5 +97,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    gc.freeze()  # what the imports made is not scanned again, at exit either (sizing.py says why)
-    sys.exit(main())
+    exit_frozen(main())

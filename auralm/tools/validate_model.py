@@ -15,7 +15,6 @@ Exit 0 when every check passes, 1 when one fails, 2 for bad keys or a model this
 
 from __future__ import annotations
 
-import gc
 import json
 import math
 import os
@@ -27,7 +26,7 @@ import torch
 from auralm import models
 from auralm.planning import sizing
 from auralm.training import config
-from auralm.errors import UserError
+from auralm.errors import UserError, exit_frozen
 from auralm.models import registry
 from auralm.models.registry import check_result as _check
 
@@ -134,5 +133,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    gc.freeze()  # what the imports made is not scanned again, at exit either (sizing.py says why)
-    sys.exit(main())
+    exit_frozen(main())

@@ -11,7 +11,6 @@ no global backend switched); no torch, nothing else of the trainer, so it is che
 
 from __future__ import annotations
 
-import gc
 import json
 import math
 import os
@@ -241,5 +240,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    gc.freeze()  # what the imports made is not scanned again, at exit either (sizing.py says why)
     sys.exit(main())
