@@ -8,6 +8,7 @@ single, comm_hooks and strategy, and the loop parts single.py imports.
 from __future__ import annotations
 
 import contextlib
+import inspect
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -37,9 +38,13 @@ class DataParallel(Single):
         """DDP around the model, its comm hook, and the hook's saved state (PowerSGD's) on a resume."""
         d, t, raw = self.d, self.t, self.p.model
         # gradient_as_bucket_view: the gradients are views into DDP's all-reduce buckets, which saves copying every
-        # gradient into its bucket and back each step (and that memory)
+        # gradient into its bucket and back each step (and that memory). Buffers go from rank 0 with the weights at
+        # the start, not again before each forward: forward_sync_buffers=False (torch 2.13; its deprecated
+        # broadcast_buffers=False printed a FutureWarning on every rank of every run)
+        no_buffer_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
+                          else {"broadcast_buffers": False})
         self.model = DDP(raw, device_ids=[d.device.index] if d.device.type == "cuda" else None, process_group=d.group,
-                         broadcast_buffers=False, gradient_as_bucket_view=True)
+                         gradient_as_bucket_view=True, **no_buffer_sync)
         self.hook = comm_hooks.register(self.model, t.ddp_comm_hook, d, rank=t.powersgd_rank,
                                         start_iter=t.warmup_steps, seed=t.seed)
         if self.hook is not None and extras.get("powersgd"):

@@ -71,3 +71,4 @@ def test_torchrun_two_ranks_progress_lines_from_rank_0_only(sudoku_dir, tmp_path
     progress = [re.match(r"^step (\d+)/(\d+) ", l).groups() for l in res.stdout.splitlines() if l.startswith("step ")]
     assert progress == [("2", "6"), ("4", "6"), ("6", "6")]
     assert "backend: gloo requested; using gloo on all 2 ranks, device cpu" in res.stdout
+    assert "FutureWarning" not in res.stderr, res.stderr[-2000:]  # e.g. torch's deprecations, on every rank
