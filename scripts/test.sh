@@ -4,10 +4,10 @@
 # and a C compiler for the fused mHC loops (auralm/kernels).
 #   bash scripts/test.sh [--fast] [PYTEST ARGS...]
 # --fast: only what needs no lab and no real training run (pytest -m "not cluster and not slow").
-# The suite without a selection of yours (no test path, -m, -k), in three phases, each on several pytest processes
+# The suite without a selection of yours (no test path, -m, -k), in three phases on two pytest processes each
 # (pytest-xdist, a file's tests together so that its fixtures are made once):
-#   1. everything but the cluster tier (two processes);
-#   2. the cluster tier on four pytest processes, each on a lab of its own, but its tests marked `alone`;
+#   1. everything but the cluster tier;
+#   2. the cluster tier, each process on a lab of its own, but its tests marked `alone`;
 #   3. the tests marked `alone` (they compare CPU shares, link rates and delays), one at a time with nothing beside.
 # The elastic tests (tests/cluster/test_elastic*.py) mostly wait, for a node's 60 s faults and for paced steps: each
 # file runs from the start beside phases 1 and 2, in a process and on a lab of its own, and phase 3 waits for them.
@@ -76,10 +76,7 @@ else
   done
   pytest -m "not cluster" --ignore=tests/cluster "${parallel[@]}" ${args[@]+"${args[@]}"}
   rc=$?
-  # four processes, each on a lab of its own: a cluster test waits on its nodes' links and processes about as much as
-  # it computes (this machine, 2026-11-28, nothing beside: 548 s in one process, 345 s in four, 97% of both cores busy)
-  pytest -m "cluster and not alone" -n 4 --dist loadfile ${args[@]+"${args[@]}"} "${elastic_files[@]/#/--ignore=}" \
-    tests/cluster
+  pytest -m "cluster and not alone" "${parallel[@]}" ${args[@]+"${args[@]}"} "${elastic_files[@]/#/--ignore=}" tests/cluster
   rc2=$?
   rc3=0
   for i in "${!elastic_pids[@]}"; do
