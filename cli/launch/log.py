@@ -46,6 +46,10 @@ CHAINED = ("During handling of the above exception, another exception occurred:"
            "The above exception was the direct cause of the following exception:")
 LOGGER_PREFIX_RE = re.compile(r"^[DIWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] ?")  # torch's log lines
 SIGNAL_NOTE_RE = re.compile(r"\bSignalException$")
+# torch's c10d at each of a run's connections whose peer address has no name (no reverse DNS on the LAN, as on most home
+# networks, or no DNS server): harmless, and on every node at every launch; the node's file keeps it, the screen not
+# (a DNS server that does not answer slows the start: the launch plan's note says so, docs/train.md)
+NO_REVERSE_DNS_RE = re.compile(r"\[c10d\] The hostname of the client socket cannot be retrieved")
 # torchrun's agent stopped by a signal: "...SignalException: Process 123 got signal: 15" ("Signals.SIGTERM" before
 # Python 3.11)
 SIGNAL_EXCEPTION_RE = re.compile(r"^\S*SignalException: Process \d+ got signal: (?:Signals\.)?(\w+)")
@@ -210,7 +214,7 @@ class MergedLog:
                 self._step(int(step.group(1)), int(step.group(2)))
             elif SAVED_ON_REQUEST_RE.match(body):
                 self.saved_on_request = True
-        if self.quiet or self.hushed:
+        if self.quiet or self.hushed or NO_REVERSE_DNS_RE.search(body):
             return
         who = f"{node:<{self.width}}" + (f" r{rank}" if rank is not None else "   ")
         self._show(f"[{self.colour[node]}]{escape(who)} │[/] {escape(body)}")

@@ -108,3 +108,20 @@ def test_rank_0s_line_that_the_checkpoint_asked_for_by_sigusr1_is_written_is_see
     log.start(plans, 2)  # the next attempt starts without it
     assert not log.saved_on_request
     log.close()
+
+
+def test_c10ds_warning_of_no_reverse_dns_is_in_the_nodes_file_not_on_the_screen(tmp_path):
+    """torch prints it at each connection of every launch whose peer address has no name (no reverse DNS, as on the
+    lab's and most home networks): harmless, so the screen leaves it out; any other warning of torch's is shown."""
+    warning = ("[W1128 22:16:29.441969074 socket.cpp:207] [c10d] The hostname of the client socket cannot be "
+               "retrieved. err=-3")
+    other = "[W1128 22:16:30.000000000 socket.cpp:469] [c10d] waitForInput: poll for socket returned 0"
+    screen = tmp_path / "screen.txt"
+    with open(screen, "w") as fh:
+        log = one_node_log(tmp_path, Console(file=fh, width=300, color_system=None))
+        for line in (warning, f"[rank0]:{warning}", other, "[rank0]:step 1/2 | loss 2.3"):
+            log.line("a", 0, line)
+        log.close()
+    shown, kept = screen.read_text(), (tmp_path / "a.log").read_text()
+    assert "hostname of the client socket" not in shown and kept.count("hostname of the client socket") == 2, kept
+    assert "waitForInput" in shown and "step 1/2 | loss 2.3" in shown, shown
