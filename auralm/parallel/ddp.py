@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 
-import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from auralm.training import objective
