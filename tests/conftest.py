@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import fcntl
-import gc
 import hashlib
 import os
 import shutil
@@ -30,13 +29,6 @@ def pytest_collection_modifyitems(items):
         for item in items:
             if "make_lab" in item.fixturenames:
                 item.add_marker(pytest.mark.skipif(True, reason=LAB_MISSING))
-
-
-def pytest_collection_finish(session):
-    """What collecting imported (torch, the trainer, the CLI: most of a test process's objects) is left out of the
-    collector's passes for the rest of the session (gc.freeze): they are never garbage, and each full pass would scan
-    them again (auralm.errors.exit_frozen does the same at a tool's exit)."""
-    gc.freeze()
 
 
 def _require_lab() -> None:

@@ -8,7 +8,6 @@ single, comm_hooks and strategy, and the loop parts single.py imports.
 from __future__ import annotations
 
 import contextlib
-import inspect
 
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -38,12 +37,10 @@ class DataParallel(Single):
         d, t, raw = self.d, self.t, self.p.model
         # gradient_as_bucket_view: the gradients are views into DDP's all-reduce buckets, which saves copying every
         # gradient into its bucket and back each step (and that memory). Buffers go from rank 0 with the weights at
-        # the start, not again before each forward: forward_sync_buffers=False (torch 2.13; its deprecated
-        # broadcast_buffers=False printed a FutureWarning on every rank of every run)
-        no_buffer_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
-                          else {"broadcast_buffers": False})
+        # the start, not again before each forward: forward_sync_buffers=False (torch 2.13, every node's: hrmctl setup
+        # installs this machine's version; its deprecated broadcast_buffers=False printed a FutureWarning on every rank)
         self.model = DDP(raw, device_ids=[d.device.index] if d.device.type == "cuda" else None, process_group=d.group,
-                         gradient_as_bucket_view=True, **no_buffer_sync)
+                         gradient_as_bucket_view=True, forward_sync_buffers=False)
         self.hook = comm_hooks.register(self.model, t.ddp_comm_hook, d, rank=t.powersgd_rank,
                                         start_iter=t.warmup_steps, seed=t.seed)
         if self.hook is not None and extras.get("powersgd"):
