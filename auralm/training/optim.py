@@ -6,7 +6,8 @@ puzzle embedding with its own ``puzzle_emb_lr`` and ``puzzle_emb_weight_decay``.
 
 AdamW (and DiLoCo's outer SGD) are torch's, stepped without torch.compile's marks (``uncompiled``): the trainer
 compiles nothing, and in torch 2.13 those marks import the compiler (torch._dynamo) at an optimizer's first use,
-1.1 s of CPU in every rank.
+1.1 s of CPU at the start of a rank that would not import it otherwise: one alone or under DiLoCo (DDP's and
+FSDP's constructors import it themselves).
 """
 
 from __future__ import annotations

@@ -155,8 +155,8 @@ def _forked():
     """Ranks forked from multiprocessing's fork server, which imports torch and the trainer once per test process:
     each rank is still a fresh process of its own (nothing of the test's state), as spawning would give, without
     paying `import torch` again (1.5 s of CPU a rank; the trainer tier starts about a hundred ranks). torch._dynamo
-    too: FSDP's ranks import it (1.0-1.3 s of CPU), though nothing is compiled (the trainer's optimizers do not:
-    auralm.training.optim.uncompiled)."""
+    too: DDP's and FSDP's constructors import it (1.0-1.3 s of CPU), though nothing is compiled (the trainer's
+    optimizers do not: auralm.training.optim.uncompiled)."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "torch._dynamo", "auralm.training.train", __name__])
     return ctx

@@ -1,5 +1,6 @@
 """The trainer's optimizers (auralm.training.optim.uncompiled): torch's AdamW and SGD, the same arithmetic, stepped
-without torch.compile's marks, so that a rank never imports the compiler (torch._dynamo, 1.1 s of CPU at its start)."""
+without torch.compile's marks, so that they do not import the compiler (torch._dynamo, 1.1 s of CPU at a rank's start;
+DDP's constructor imports it anyway, a single process or DiLoCo's ranks need not)."""
 
 from __future__ import annotations
 
