@@ -180,19 +180,6 @@ TINY = ["model=tiny", "training.max_steps=4", "training.batch_size=8", "training
         "training.checkpoint_interval=2", "training.eval_interval=0", "training.eval_batches=1"]
 
 
-def test_train_two_nodes_checkpoints_only_on_rank0_node(lab3, hrmctl, tmp_path):
-    code, out, err = hrmctl("train", "--nodes", "node1,node2", "--run-id", "tr2", *TINY, inventory=lab3.inventory,
-                            timeout=240)
-    assert code == 0, out + err
-    log = (tmp_path / "runs" / "tr2" / "node1.log").read_text()
-    assert "[rank0]:step 4/4" in log and "out_dir=runs/tr2" in log
-    assert "node1 r0 │ step 4/4" in out  # the merged log names node and rank
-    rank0 = lab3.node("node1").home / "hrmctl" / "runs" / "tr2"
-    assert sorted(p.name for p in rank0.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
-    other = lab3.node("node2").home / "hrmctl" / "runs"
-    assert not list(other.glob("*/checkpoint-*")), "only global rank 0 writes checkpoints"
-
-
 def test_nans_on_one_node_are_skipped_everywhere_then_recovered_from_rank_0_over_the_network(lab3, hrmctl, tmp_path):
     """The NaN guard across two machines: rank 1 (node2) has non-finite gradients at steps 3-5;
     every rank skips those updates, then rank 0 (node1) restores its snapshot of step 2 and
@@ -428,8 +415,9 @@ def test_unwritable_directories_are_refused_before_anything_starts(lab3, hrmctl,
 
 def test_the_trainer_uses_each_nodes_data_dir_from_the_inventory(lab3, hrmctl, tmp_path):
     """node1's data_dir is under its home (`~/`), node2's relative to its workdir; both hold the same small
-    dataset there, and nothing in the default place (`<workdir>/data/sudoku`) is looked at. Then a node
-    whose data_dir has no data yet gets the default sudoku data generated there."""
+    dataset there, and nothing in the default place (`<workdir>/data/sudoku`) is looked at; the run's
+    checkpoints are on node1 (global rank 0) alone, its merged log names node and rank. Then a node whose
+    data_dir has no data yet gets the default sudoku data generated there."""
     from tests.trainer.helpers import small_sudoku
 
     node0, node1, node2 = lab3.nodes
@@ -454,7 +442,11 @@ def test_the_trainer_uses_each_nodes_data_dir_from_the_inventory(lab3, hrmctl, t
         assert "data_dir=their-data/sudoku " in node2_log.split("# command: ")[1]  # relative: from the workdir
         assert "[rank0]:held-out exact accuracy" in node1_log and f"test puzzles of {places['node1']} " in node1_log
         assert "generating" not in node1_log + node2_log  # read where it was; rank 1 agreed on the same data
-        assert "[rank0]:step 4/4" in node1_log
+        assert "[rank0]:step 4/4" in node1_log and "out_dir=runs/dd1" in node1_log
+        assert "node1 r0 │ step 4/4" in out  # the merged log names node and rank
+        rank0 = node1.home / "hrmctl" / "runs" / "dd1"  # the default run directory, in the first node's workdir
+        assert sorted(p.name for p in rank0.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+        assert not list((node2.home / "hrmctl" / "runs").glob("dd1/checkpoint-*")), "only global rank 0 writes them"
 
         code, out, err = hrmctl("train", "--nodes", "node0", "--run-id", "dd2", *TINY, "training.max_steps=1",
                                 inventory=inv, timeout=300)
