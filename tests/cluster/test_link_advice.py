@@ -98,7 +98,7 @@ def test_slow_link_makes_train_warn_with_the_suggested_overrides(lab3, hrmctl, t
     node1 = lab3.node("node1")
     _shape(node1, 5)  # 5 Mbit/s: the tiny model's 2.5 MB of gradients take seconds, its compute a fraction
     try:
-        tr = _test_ddp(hrmctl, lab3, cache, "--max-size", "1MiB", "--seconds", "0.05")
+        tr = _test_ddp(hrmctl, lab3, cache, "--max-size", "256KiB", "--seconds", "0.05")
     finally:
         _shape(node1, None)
     _check_section(tr)
