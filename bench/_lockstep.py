@@ -4,8 +4,12 @@ step of its own, in a rotating order, so a slow spell of the machine falls on al
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from torch.optim.optimizer import register_optimizer_step_post_hook
+
+if TYPE_CHECKING:  # the peers' type only
+    from bench.train_throughput import BareLoop
 
 
 class LockStep:

@@ -114,8 +114,8 @@ def plan(logging) -> Plan:
     if w.project:
         p.wandb_mode, p.wandb_why = wandb_mode(w.mode)
         if p.wandb_mode == "online" and not logged_in(api_host()[0]):
-            raise UserError(f"logging.wandb.mode=online, but W&B has no API key on this machine: run `wandb login` "
-                            f"(or set WANDB_API_KEY), or use logging.wandb.mode=offline and `wandb sync` later")
+            raise UserError("logging.wandb.mode=online, but W&B has no API key on this machine: run `wandb login` "
+                            "(or set WANDB_API_KEY), or use logging.wandb.mode=offline and `wandb sync` later")
     return p
 
 

@@ -11,7 +11,6 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import pytest
 
 CAP = 600 * 2**20
 PLAN = re.compile(r"batch_size=auto: rank 0 fits (\d+) \((.*?)\), using (\d+) x accum (\d+) x 1 ranks = (\d+)")

@@ -142,9 +142,9 @@ def test_a_ddp_run_resumes_from_a_sharded_checkpoint(sudoku_dir, fsdp_run, tmp_p
 def test_resume_onto_one_rank_then_three_reshards_and_export_gathers_the_model(sudoku_dir, fsdp_run, tmp_path):
     run, results = fsdp_run
     # 2 -> 1: a whole model in one process, no process group; its checkpoints are still DCP
-    one = _ok(run_ranks(1, _args(sudoku_dir, tmp_path / "one", "training.parallel=fsdp",
-                                 "training.checkpoint_interval=2", f"resume={run / 'checkpoint-4'}"),
-                        tmp_path / "r1"))
+    _ok(run_ranks(1, _args(sudoku_dir, tmp_path / "one", "training.parallel=fsdp",
+                           "training.checkpoint_interval=2", f"resume={run / 'checkpoint-4'}"),
+                  tmp_path / "r1"))
     assert sorted(by_step(tmp_path / "one")) == [5, 6, 7, 8]
     assert checkpoint.is_sharded(tmp_path / "one" / "checkpoint-6")
     # 1 -> 3: loaded exactly as written (max_steps reached: nothing to train, the model as loaded)
@@ -218,7 +218,7 @@ def test_recurrent_families_train_evaluate_save_and_resume_exactly_under_torchru
               "training.eval_batches=1", "training.checkpoint_interval=2"]
     run, resumed = tmp_path / "run", tmp_path / "resumed"
     first = _torchrun(_args(sudoku_dir, run, *common, "training.max_steps=4"), tmp_path)
-    assert f"fsdp: the whole model as one unit sharded, fp32" in first.stdout
+    assert "fsdp: the whole model as one unit sharded, fp32" in first.stdout
     _torchrun(_args(sudoku_dir, resumed, *common, "training.max_steps=4", f"resume={run / 'checkpoint-2'}"),
               tmp_path)
     a, b = by_step(run), by_step(resumed)

@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-from types import SimpleNamespace
 
 from rich.console import Console
 

@@ -65,7 +65,6 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from auralm.data import datadir  # noqa: E402
-from auralm.errors import UserError  # noqa: E402
 
 # Arto Inkala's "hardest sudoku": 21 givens, needs search
 INKALA = [int(c) for c in "800000000003600000070090200050007000000045700000100030001000068008500010090000400"]
