@@ -46,7 +46,8 @@ def _resolved_to_itself(method) -> None:
     """torch wraps ``method`` in ``torch._disable_dynamo`` (keep the compiler from tracing it), whose first call
     imports torch._dynamo to make the disabled function and caches it on the function it wraps. Outside a compiled
     graph that function runs as it is, so the cache is filled with the function itself, before any call; a method of
-    another torch, without that wrapper, is left alone."""
+    another torch, without that wrapper, is left alone. It holds for every optimizer of a process that imports this
+    module: none of this project's compiles (a process that did would trace these methods instead of skipping them)."""
     fn, code = getattr(method, "__wrapped__", None), getattr(method, "__code__", None)
     if fn is not None and code is not None and (code.co_filename, code.co_name) == (_compile.__file__, "inner"):
         setattr(fn, "__dynamo_disable", fn)
@@ -70,8 +71,8 @@ def uncompiled(cls: type[torch.optim.Optimizer]) -> type[torch.optim.Optimizer]:
         with torch.no_grad():
             return body(self, closure)
 
-    return type(cls.__name__, (cls,), {"step": step, "__doc__": f"torch.optim.{cls.__name__}, {uncompiled.__name__}",
-                                       "__module__": __name__})
+    doc = f"torch.optim.{cls.__name__}, stepped without torch.compile's marks (auralm.training.optim.uncompiled)."
+    return type(cls.__name__, (cls,), {"step": step, "__doc__": doc, "__module__": __name__})
 
 
 AdamW = uncompiled(torch.optim.AdamW)
