@@ -16,6 +16,7 @@ A launch flows one way, each stage given the one object the previous stage made 
                           node); restarts from the last checkpoint; a failed rank named -> a RunResult
              log.py         the merged live log (and runs/<run-id>/<node>.log)
              lost.py        what a node that stopped answering shows: its link down, its processes frozen or gone
+             oom.py         whether the OOM killer took a rank that died of SIGKILL (the job's memory cgroup's count)
              save_stop.py   a stop that saves first (SIGUSR1, SIGTERM in a Slurm job): the ranks checkpoint, then end
            detach.py      train --detach: this launcher started again as the run's supervisor, in a session of its
                           own; returns at the first step (before the stages: the supervisor runs them)

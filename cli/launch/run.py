@@ -37,6 +37,7 @@ from auralm.errors import BAD_INPUT_EXIT
 from cli.launch.log import MergedLog, signal_name
 from cli.launch.lost import what_was_seen
 from cli.launch.node_torchrun import FACTS_DIFFER
+from cli.launch.oom import OomCounts
 from cli.launch.options import TRAINER
 from cli.launch.plan import LaunchPlan, NodeLaunch
 from cli.launch.elastic import JOIN_CODE, Members
@@ -246,7 +247,9 @@ def run_once(plans: list[NodeLaunch], log: MergedLog, signals: _Signals, *, atte
                     beats[p.node.name] = _Heartbeat(session)
             for b in beats.values():
                 b.start()
-            result = _watch(plans, log, signals, jobs, beats, OomCounts(sessions, plans),
+            ooms = OomCounts(sessions, [p.node.name for p in plans],
+                             machine={p.node.name for p in plans if p.node.reached_by == "srun"})
+            result = _watch(plans, log, signals, jobs, beats, ooms,
                             lambda plan: what_was_seen(plan, accept_new_host_keys), members)
             if result.interrupted and saves_first(signals.got, plans):  # Slurm's time limit, requeue: save first
                 save_then_wait(signals.got, plans, jobs, log, accept_new_host_keys)
@@ -334,40 +337,6 @@ def _lost(plans: list[NodeLaunch], log: MergedLog, name: str, how: str, seen: Ca
 
 def _plan(plans: list[NodeLaunch], name: str) -> NodeLaunch:
     return next(p for p in plans if p.node.name == name)
-
-
-def oom_kill_count(session: Session) -> int | None:
-    """The node's count of processes the kernel's OOM killer has killed (``oom_kill`` in /proc/vmstat, Linux
-    4.13 and later: the machine's OOM kills and its memory cgroups' alike); None when it cannot be read."""
-    try:
-        res = session.run(["cat", "/proc/vmstat"], timeout=10)
-    except Exception:  # a lost connection, a node without /proc: no answer
-        return None
-    for line in res.stdout.splitlines() if res.ok else []:
-        key, _, value = line.partition(" ")
-        if key == "oom_kill" and value.strip().isdigit():
-            return int(value)
-    return None
-
-
-class OomCounts:
-    """Every node's OOM-kill count at the start of an attempt, read in the background (the trainer takes
-    seconds to start, an OOM kill cannot come before); ``grew(node)`` reads it again after a SIGKILL."""
-
-    def __init__(self, sessions: dict[str, Session], plans: list[NodeLaunch]):
-        self.sessions, self.before = sessions, {}
-        self.thread = threading.Thread(target=self._read, args=([p.node.name for p in plans],), daemon=True)
-        self.thread.start()
-
-    def _read(self, names: list[str]) -> None:
-        for name in names:
-            self.before[name] = oom_kill_count(self.sessions[name])
-
-    def grew(self, name: str) -> bool:
-        self.thread.join(15)
-        before = self.before.get(name)
-        after = oom_kill_count(self.sessions[name]) if before is not None else None
-        return before is not None and after is not None and after > before
 
 
 def _failure(plans: list[NodeLaunch], log: MergedLog, jobs: dict[str, Job], ended: dict[str, int],

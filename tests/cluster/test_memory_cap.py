@@ -5,9 +5,13 @@ nodes under DDP trains there under FSDP."""
 
 from __future__ import annotations
 
+import os
 import pwd
 import re
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -126,3 +130,48 @@ def test_a_model_too_large_for_two_capped_nodes_under_ddp_trains_under_fsdp(lab3
         for node in nodes:
             node.limit_memory(None)
         shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_an_oom_kill_elsewhere_on_the_machine_is_not_counted_as_the_jobs():
+    """cli.launch.oom reads the OOM-kill count of the memory cgroup its command runs in (where the job runs), not the
+    machine's: a process OOM-killed in another group (its memory capped: the kernel's real OOM killer) raises
+    /proc/vmstat's count and that group's, and leaves the first group's as it was. Two cgroup v1 memory groups of
+    this machine; LocalSession runs the count as a job's node would, from inside each."""
+    from cli.launch.oom import oom_kill_count
+    from cli.nodes.inventory import Node
+    from cli.nodes.remote import LocalSession
+    from lab.nodes import CGROUP_ROOT, MEMORY_CONTROLLER
+
+    hierarchy = CGROUP_ROOT / MEMORY_CONTROLLER
+    groups = {name: hierarchy / f"hrmlab-oomtest-{os.getpid()}-{name}" for name in ("job", "other")}
+    wrapper = Path(tempfile.mkdtemp(prefix="hrmlab-oomtest-")) / "python"
+    try:
+        for group in groups.values():
+            group.mkdir()
+        (groups["other"] / "memory.limit_in_bytes").write_text(str(64 * 2**20))
+        # the node's interpreter, entered into a group first: every command of the session runs there
+        wrapper.write_text(f'#!/bin/sh\necho $$ > "$HRMLAB_GROUP/cgroup.procs" && exec {sys.executable} "$@"\n')
+        wrapper.chmod(0o755)
+
+        def count(name: str, machine: bool = False):
+            os.environ["HRMLAB_GROUP"] = str(groups[name])
+            with LocalSession(Node(name="localhost", host="localhost", user="root", python=str(wrapper))) as session:
+                return oom_kill_count(session, machine)
+
+        before = {name: count(name) for name in groups} | {"machine": count("job", machine=True)}
+        assert before["job"] == (str(groups["job"] / "memory.oom_control"), 0), before
+        assert before["machine"][0] == "/proc/vmstat", before
+        hog = subprocess.run(["sh", "-c", f'echo $$ > {groups["other"]}/cgroup.procs && exec {sys.executable} -c '
+                              '"b = bytearray(512 * 2**20)"'], capture_output=True, timeout=60)
+        assert hog.returncode == -signal.SIGKILL, hog  # the OOM killer's
+        after = {name: count(name) for name in groups} | {"machine": count("job", machine=True)}
+        assert after["job"] == before["job"], (before, after)  # not the job's
+        assert after["other"][1] == before["other"][1] + 1 and after["machine"][1] > before["machine"][1]
+    finally:
+        os.environ.pop("HRMLAB_GROUP", None)
+        shutil.rmtree(wrapper.parent, ignore_errors=True)
+        for group in groups.values():
+            if group.is_dir():
+                for pid in (group / "cgroup.procs").read_text().split():
+                    (hierarchy / "cgroup.procs").write_text(pid)
+                group.rmdir()

@@ -111,8 +111,8 @@ def test_a_reader_gone_before_the_run_is_exit_141_quietly(tmp_path):
 
 
 class OomKillerStruck:
-    """The node's OOM-kill count grew (cli.launch.run.OomCounts reads /proc/vmstat): a stand-in, since the kernel's
-    OOM killer cannot be set off safely on this shared machine."""
+    """The node's OOM-kill count grew (cli.launch.oom.OomCounts): a stand-in here; the real count, grown by the
+    kernel's OOM killer in a capped memory cgroup, is tests/cluster/test_memory_cap.py's."""
 
     def grew(self, name: str) -> bool:
         return True
