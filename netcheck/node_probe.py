@@ -18,6 +18,7 @@ Arguments:
                        process while the rest of the probe runs
   --samples N          how many connects for --tcp-rtt (default 5)
   --no-torch           skip torch (a cheap probe)
+  --oom-kills cgroup|machine   only the OOM killer's count: this process's memory cgroup's, or the machine's
 """
 
 from __future__ import annotations
@@ -395,6 +396,23 @@ def cgroup_memory(root: str = "/sys/fs/cgroup",
     return best
 
 
+def oom_kills(root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/self/cgroup",
+              vmstat: str = "/proc/vmstat", machine: bool = False) -> list | None:
+    """[where it was read, how many processes the kernel's OOM killer has killed there]: this process's memory
+    cgroup, or the nearest of its ancestors whose count is readable (cgroup v1 ``memory.oom_control`` counts its own
+    group's kills, v2 ``memory.events`` its group's and those below); else, or with ``machine``, the machine's
+    (``oom_kill`` in /proc/vmstat, Linux 4.13 and later); None when nothing is readable. A process of another
+    group (another user's session, another container) is not in the group's count (cli/launch/oom.py)."""
+    places = [] if machine else [os.path.join(group, "memory.oom_control" if v1 else "memory.events")
+                                 for group, v1 in _cgroup_dirs("memory", root, proc_cgroup)]
+    for path in places + [vmstat]:
+        for line in read(path).splitlines():
+            k, _, v = line.partition(" ")
+            if k == "oom_kill" and v.strip().isdigit():
+                return [path, int(v)]
+    return None
+
+
 def _machine_resources() -> dict:
     ps = _psutil()
     if ps is not None:
@@ -702,13 +720,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tcp-rtt")
     p.add_argument("--samples", type=int, default=5)
     p.add_argument("--no-torch", action="store_true")
+    p.add_argument("--oom-kills", choices=("cgroup", "machine"),
+                   help="only the OOM killer's count (oom_kills): {\"oom_kills\": [where, count] or null}")
     return p
 
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     try:
-        doc = collect(args)
+        doc = ({"oom_kills": oom_kills(machine=args.oom_kills == "machine")} if args.oom_kills else collect(args))
     except Exception as exc:  # a surprise still answers with JSON
         doc = {"probe_version": PROBE_VERSION, "fatal": f"{type(exc).__name__}: {exc}"}
     sys.stdout.write(json.dumps(doc) + "\n")

@@ -132,7 +132,7 @@ def test_a_model_too_large_for_two_capped_nodes_under_ddp_trains_under_fsdp(lab3
         shutil.rmtree(shared, ignore_errors=True)
 
 
-def test_an_oom_kill_elsewhere_on_the_machine_is_not_counted_as_the_jobs():
+def test_an_oom_kill_elsewhere_on_the_machine_is_not_counted_as_the_jobs(tmp_path):
     """cli.launch.oom reads the OOM-kill count of the memory cgroup its command runs in (where the job runs), not the
     machine's: a process OOM-killed in another group (its memory capped: the kernel's real OOM killer) raises
     /proc/vmstat's count and that group's, and leaves the first group's as it was. Two cgroup v1 memory groups of
@@ -144,34 +144,33 @@ def test_an_oom_kill_elsewhere_on_the_machine_is_not_counted_as_the_jobs():
 
     hierarchy = CGROUP_ROOT / MEMORY_CONTROLLER
     groups = {name: hierarchy / f"hrmlab-oomtest-{os.getpid()}-{name}" for name in ("job", "other")}
-    wrapper = Path(tempfile.mkdtemp(prefix="hrmlab-oomtest-")) / "python"
+    sessions = {}
     try:
-        for group in groups.values():
+        for name, group in groups.items():
             group.mkdir()
+            # the node's interpreter, entered into the group first: every command of the session runs there
+            wrapper = tmp_path / f"python-{name}"
+            wrapper.write_text(f'#!/bin/sh\necho $$ > {group}/cgroup.procs && exec {sys.executable} "$@"\n')
+            wrapper.chmod(0o755)
+            sessions[name] = LocalSession(Node(name="localhost", host="localhost", user="root", python=str(wrapper)))
         (groups["other"] / "memory.limit_in_bytes").write_text(str(64 * 2**20))
-        # the node's interpreter, entered into a group first: every command of the session runs there
-        wrapper.write_text(f'#!/bin/sh\necho $$ > "$HRMLAB_GROUP/cgroup.procs" && exec {sys.executable} "$@"\n')
-        wrapper.chmod(0o755)
 
-        def count(name: str, machine: bool = False):
-            os.environ["HRMLAB_GROUP"] = str(groups[name])
-            with LocalSession(Node(name="localhost", host="localhost", user="root", python=str(wrapper))) as session:
-                return oom_kill_count(session, machine)
+        def counts() -> dict:
+            return {name: oom_kill_count(s) for name, s in sessions.items()} | {
+                "machine": oom_kill_count(sessions["job"], machine=True)}
 
-        before = {name: count(name) for name in groups} | {"machine": count("job", machine=True)}
+        before = counts()
         assert before["job"] == (str(groups["job"] / "memory.oom_control"), 0), before
         assert before["machine"][0] == "/proc/vmstat", before
         hog = subprocess.run(["sh", "-c", f'echo $$ > {groups["other"]}/cgroup.procs && exec {sys.executable} -c '
                               '"b = bytearray(512 * 2**20)"'], capture_output=True, timeout=60)
         assert hog.returncode == -signal.SIGKILL, hog  # the OOM killer's
-        after = {name: count(name) for name in groups} | {"machine": count("job", machine=True)}
+        after = counts()
         assert after["job"] == before["job"], (before, after)  # not the job's
         assert after["other"][1] == before["other"][1] + 1 and after["machine"][1] > before["machine"][1]
     finally:
-        os.environ.pop("HRMLAB_GROUP", None)
-        shutil.rmtree(wrapper.parent, ignore_errors=True)
         for group in groups.values():
             if group.is_dir():
-                for pid in (group / "cgroup.procs").read_text().split():
+                for pid in (group / "cgroup.procs").read_text().split():  # none left by now, but never stranded
                     (hierarchy / "cgroup.procs").write_text(pid)
                 group.rmdir()

@@ -97,3 +97,26 @@ def test_usable_cpus_follow_the_affinity_and_the_tightest_cpu_quota(tmp_path):
     # a Slurm job's --cpus-per-task, kept to even where Slurm binds nothing (TaskPlugin=task/none, as on the lab)
     assert probe.cpu_usable(str(v2), str(proc), {"SLURM_CPUS_PER_TASK": "1"}) == 1
     assert probe.cpu_usable(str(v2), str(proc), {"SLURM_CPUS_PER_TASK": "64"}) == min(machine, 3)
+
+
+def test_oom_kills_are_counted_in_the_own_memory_cgroup_v1_or_v2_else_the_machines(tmp_path):
+    """netcheck.node_probe.oom_kills from faked /proc/self/cgroup and cgroup files (the real OOM killer's count in a
+    real cgroup: tests/cluster/test_memory_cap.py)."""
+    oom_kills = probe.oom_kills
+    vmstat, proc = tmp_path / "vmstat", tmp_path / "cgroup"
+    vmstat.write_text("pgfault 9\noom_kill 7\n")
+    v1 = tmp_path / "v1" / "memory" / "session"
+    v1.mkdir(parents=True)
+    (v1 / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
+    proc.write_text("5:cpu,cpuacct:/\n4:memory:/session\n0::/\n")
+    args = dict(proc_cgroup=str(proc), vmstat=str(vmstat))
+    assert oom_kills(str(tmp_path / "v1"), **args) == [str(v1 / "memory.oom_control"), 2]
+    assert oom_kills(str(tmp_path / "v1"), **args, machine=True) == [str(vmstat), 7]
+    v2 = tmp_path / "v2" / "user.slice" / "session-3.scope"
+    v2.mkdir(parents=True)
+    (v2 / "memory.events").write_text("low 0\nhigh 0\nmax 1\noom 1\noom_kill 1\n")
+    proc.write_text("0::/user.slice/session-3.scope\n")
+    assert oom_kills(str(tmp_path / "v2"), **args) == [str(v2 / "memory.events"), 1]
+    proc.write_text("0::/\n")  # v2's root group has no memory.events: the machine's
+    assert oom_kills(str(tmp_path / "v2"), **args) == [str(vmstat), 7]
+    assert oom_kills(str(tmp_path / "none"), proc_cgroup=str(proc), vmstat=str(tmp_path / "no-vmstat")) is None
