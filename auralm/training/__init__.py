@@ -5,7 +5,7 @@
 - ``config``: the run's keys, named sizes, aliases and checks (``python -m auralm.training.config`` prints them).
 - ``distributed``: the process group, backend choice and collectives every rank calls together.
 - ``checkpoint``, ``nan_guard``, ``ema``, ``optim``, ``precision``, ``objective``: what a step and a saved
-  run are made of.
+  run are made of; ``compiler``: what keeps torch's compiler, which no rank uses, from being imported.
 - ``heartbeat``, ``runlog``, ``tracking``, ``curves``: what a run says: its log, the trackers, the loss curves.
 
 The parts (all but ``train``) may import ``auralm.errors``, ``models``, ``data`` and ``parallel.strategy`` (the

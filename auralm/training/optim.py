@@ -6,8 +6,8 @@ puzzle embedding with its own ``puzzle_emb_lr`` and ``puzzle_emb_weight_decay``.
 
 AdamW (and DiLoCo's outer SGD) are torch's, stepped without torch.compile's marks (``uncompiled``): the trainer
 compiles nothing, and in torch 2.13 those marks import the compiler (torch._dynamo) at an optimizer's first use,
-1.1 s of CPU at the start of a rank that would not import it otherwise: one alone or under DiLoCo (DDP's and
-FSDP's constructors import it themselves).
+1.1 s of CPU at the start of a rank (auralm.training.compiler; DDP's constructor is kept from it there too, FSDP
+imports it anyway).
 """
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ import inspect
 import math
 
 import torch
-import torch._compile as _compile
 
-from auralm.training import config
+from auralm.training import compiler, config
 from auralm.errors import UserError
 
 
@@ -42,20 +41,9 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
         g["lr"] = lr * g.get("lr_scale", 1.0)
 
 
-def _resolved_to_itself(method) -> None:
-    """torch wraps ``method`` in ``torch._disable_dynamo`` (keep the compiler from tracing it), whose first call
-    imports torch._dynamo to make the disabled function and caches it on the function it wraps. Outside a compiled
-    graph that function runs as it is, so the cache is filled with the function itself, before any call; a method of
-    another torch, without that wrapper, is left alone. It holds for every optimizer of a process that imports this
-    module: none of this project's compiles (a process that did would trace these methods instead of skipping them)."""
-    fn, code = getattr(method, "__wrapped__", None), getattr(method, "__code__", None)
-    if fn is not None and code is not None and (code.co_filename, code.co_name) == (_compile.__file__, "inner"):
-        setattr(fn, "__dynamo_disable", fn)
-
-
 for _method in (torch.optim.Optimizer.add_param_group, torch.optim.Optimizer.zero_grad,
                 torch.optim.Optimizer.state_dict, torch.optim.Optimizer.load_state_dict):
-    _resolved_to_itself(_method)
+    compiler.resolved_to_itself(_method)
 
 
 def uncompiled(cls: type[torch.optim.Optimizer]) -> type[torch.optim.Optimizer]:

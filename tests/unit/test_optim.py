@@ -1,6 +1,6 @@
 """The trainer's optimizers (auralm.training.optim.uncompiled): torch's AdamW and SGD, the same arithmetic, stepped
-without torch.compile's marks, so that they do not import the compiler (torch._dynamo, 1.1 s of CPU at a rank's start;
-DDP's constructor imports it anyway, a single process or DiLoCo's ranks need not)."""
+without torch.compile's marks, so that they do not import the compiler (torch._dynamo, 1.1 s of CPU at a rank's
+start); nor does DDP's constructor (auralm.training.compiler.ddp_mode_read)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from auralm.training import optim
-from tests.trainer.helpers import python_env, tiny_args
+from tests.trainer.helpers import free_port, python_env, records, tiny_args
 
 CASES = [(optim.AdamW, torch.optim.AdamW, {"lr": 1e-2, "betas": (0.9, 0.95)}),
          (optim.SGD, torch.optim.SGD, {"lr": 0.7, "momentum": 0.9, "nesterov": True})]
@@ -60,9 +60,9 @@ def test_each_step_equals_torchs_bit_for_bit_and_runs_the_step_hooks(ours, their
     assert isinstance(mine, theirs) and type(mine).__name__ == theirs.__name__
 
 
-def test_a_training_run_and_an_outer_step_never_import_the_compiler(sudoku_data, tmp_path):
-    """The trainer itself (a tiny sudoku run: AdamW's steps, gradient clipping, a checkpoint with the optimizer's
-    state) and then DiLoCo's outer SGD, in a fresh process."""
+def test_a_ddp_run_and_an_outer_step_never_import_the_compiler(sudoku_data, tmp_path):
+    """The trainer on two ranks, each a fresh process as torchrun starts them (DDP's constructor and forwards,
+    AdamW's steps, gradient clipping, a checkpoint with the optimizer's state), then DiLoCo's outer SGD on each."""
     args = tiny_args(sudoku_data(200), tmp_path / "run", "training.max_steps=3", "training.checkpoint_interval=3")
     code = ("import sys, torch\n"
             "from auralm.training import train, optim\n"
@@ -71,7 +71,14 @@ def test_a_training_run_and_an_outer_step_never_import_the_compiler(sudoku_data,
             "outer = optim.SGD([p], lr=0.7, momentum=0.9, nesterov=True); outer.step(); outer.zero_grad()\n"
             "outer.load_state_dict(outer.state_dict())\n"
             "print('compiler imported:', 'torch._dynamo' in sys.modules)\n")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=python_env())
-    assert res.returncode == 0, res.stderr[-2000:]
+    world = dict(WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                 MASTER_PORT=str(free_port()))
+    ranks = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=python_env(RANK=str(r), **world)) for r in range(2)]
+    for rank in ranks:
+        out, err = rank.communicate(timeout=300)
+        assert rank.returncode == 0, err[-2000:]
+        assert out.splitlines()[-1] == "compiler imported: False", out[-1000:]
     assert [p.name for p in (tmp_path / "run").rglob("checkpoint-*")] == ["checkpoint-3"]
-    assert res.stdout.splitlines()[-1] == "compiler imported: False", res.stdout[-1000:]
+    checksums = [e for e in records(tmp_path / "run", "events.jsonl") if e["kind"] == "checksum"]
+    assert len(checksums[0]["checksums"]) == 2 and checksums[0]["equal"], checksums  # two ranks, in step
