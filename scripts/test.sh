@@ -4,13 +4,13 @@
 # and a C compiler for the fused mHC loops (auralm/kernels).
 #   bash scripts/test.sh [--fast] [PYTEST ARGS...]
 # --fast: only what needs no lab and no real training run (pytest -m "not cluster and not slow").
-# The suite without a selection of yours (no test path, -m, -k), in three phases on two pytest processes each
-# (pytest-xdist, a file's tests together so that its fixtures are made once):
-#   1. everything but the cluster tier;
-#   2. the cluster tier, each process on a lab of its own, but its tests marked `alone`;
-#   3. the tests marked `alone` (they compare CPU shares, link rates and delays), one at a time with nothing beside.
+# The suite without a selection of yours (no test path, -m, -k), in two phases:
+#   1. every test but those marked `alone`, on three pytest processes (pytest-xdist, a file's tests together so that
+#      its fixtures are made once; the cluster tier's each on a lab of its own): three on two cores, since many tests
+#      wait (for a lab's timeouts, a rank's missed beats, a node's answer) and a third keeps the cores busy meanwhile;
+#   2. the tests marked `alone` (they compare CPU shares, link rates and delays), one at a time with nothing beside.
 # The elastic tests (tests/cluster/test_elastic*.py) mostly wait, for a node's 60 s faults and for paced steps: each
-# file runs from the start beside phases 1 and 2, in a process and on a lab of its own, and phase 3 waits for them.
+# test runs from the start beside phase 1, in a process and on a lab of its own, and phase 2 waits for them.
 # The lab nodes' venv is made (once a machine) beside the install of .venv, before any phase.
 # With a selection: one pytest, as given.
 set -uo pipefail
@@ -62,36 +62,37 @@ pytest() {  # exit code 5 (no test collected) is a failure
   if [ $rc -eq 5 ]; then echo "pytest collected no tests: that is a failure"; return 1; fi
   return $rc
 }
-parallel=(-n 2 --dist loadfile)
 if [ $fast = 1 ]; then
-  pytest -m "not cluster and not slow" --ignore=tests/cluster "${parallel[@]}" ${args[@]+"${args[@]}"}
+  pytest -m "not cluster and not slow" --ignore=tests/cluster -n 2 --dist loadfile ${args[@]+"${args[@]}"}
 elif [ $chosen = 1 ]; then
   pytest ${args[@]+"${args[@]}"}
 else
-  elastic_files=(tests/cluster/test_elastic.py tests/cluster/test_elastic_diloco.py) elastic_logs=() elastic_pids=()
+  elastic_files=(tests/cluster/test_elastic.py tests/cluster/test_elastic_diloco.py) elastic_tests=() elastic_logs=()
+  elastic_pids=()
   for file in "${elastic_files[@]}"; do
+    for name in $(grep -o '^def test_[A-Za-z0-9_]*' "$file" | cut -c5-); do elastic_tests+=("$file::$name"); done
+  done
+  for test in "${elastic_tests[@]}"; do
     log=$(mktemp)
-    pytest -m cluster -p no:cacheprovider ${args[@]+"${args[@]}"} "$file" >"$log" 2>&1 &
+    pytest -m cluster -p no:cacheprovider ${args[@]+"${args[@]}"} "$test" >"$log" 2>&1 &
     elastic_pids+=($!) elastic_logs+=("$log")
   done
-  pytest -m "not cluster" --ignore=tests/cluster "${parallel[@]}" ${args[@]+"${args[@]}"}
+  pytest -m "not alone" -n 3 --dist loadfile ${args[@]+"${args[@]}"} "${elastic_files[@]/#/--ignore=}" tests
   rc=$?
-  pytest -m "cluster and not alone" "${parallel[@]}" ${args[@]+"${args[@]}"} "${elastic_files[@]/#/--ignore=}" tests/cluster
-  rc2=$?
-  rc3=0
+  rc_elastic=0
   for i in "${!elastic_pids[@]}"; do
-    wait "${elastic_pids[$i]}" || rc3=$?
-    echo "--- ${elastic_files[$i]} (run beside the first two phases):"
+    wait "${elastic_pids[$i]}" || rc_elastic=$?
+    echo "--- ${elastic_tests[$i]} (run beside the first phase):"
     cat "${elastic_logs[$i]}"
     rm -f "${elastic_logs[$i]}"
   done
   pytest -m "cluster and alone" ${args[@]+"${args[@]}"} tests/cluster  # with nothing beside it
-  rc4=$?
+  rc_alone=$?
   if [ -n "$node_venv_pid" ]; then
     wait "$node_venv_pid" || { echo "--- the lab nodes' venv could not be made beside the install (each lab tried" \
                                     "again):"; cat "$node_venv_log"; }
     rm -f "$node_venv_log"
   fi
-  for r in $rc $rc2 $rc3 $rc4; do [ "$r" = 0 ] || exit "$r"; done
+  for r in $rc $rc_elastic $rc_alone; do [ "$r" = 0 ] || exit "$r"; done
   exit 0
 fi
