@@ -169,6 +169,7 @@ class WandbConfig:
 class LoggingConfig:
     """Where rank 0's metrics go besides metrics.jsonl (auralm.training.tracking)."""
     tensorboard: bool = False  # event files in <run>/tensorboard/ (package tensorboard, on rank 0's node)
+    curves: bool = True  # <run>/curves.png at the end (matplotlib, on rank 0's node: 0.8 s of CPU); false: none
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
 

@@ -661,7 +661,8 @@ def train(cfg: Config, d: distributed.Dist, whole: bool = True) -> torch.nn.Modu
     if d.world > 1:
         phrase, sums, equal = distributed.compare_checksums(d, raw)
         log.event(p.step, "checksum", phrase, checksums=sums, equal=equal)
-    write_run_curves(out_dir, log.say)  # rank 0: curves.png (the others have no out_dir); never raises
+    if cfg.logging.curves:
+        write_run_curves(out_dir, log.say)  # rank 0: curves.png (the others have no out_dir); never raises
     return s.final_model(raw, whole, arch, vocab)
 
 

@@ -49,6 +49,7 @@ def free_port() -> int:
 def tiny_args(data_dir: Path, out_dir: Path, *extra: str) -> list[str]:
     """A tiny sudoku run with a record of every step."""
     return [f"data_dir={data_dir}", f"out_dir={out_dir}", "model=tiny", "training.batch_size=16",
+            "logging.curves=false",
             "training.log_interval=1", "training.eval_interval=0", "training.checkpoint_interval=0",
             "training.warmup_steps=5", *extra]
 

@@ -32,6 +32,7 @@ def _agents_at_step_20(sudoku_data, tmp_path, nodes: int):
     agents, node i's log text); whatever is left of them is killed at the end."""
     out = tmp_path / "run"
     args = ["model=tiny", f"training.max_steps={STEPS}", "training.batch_size=8", "training.log_interval=10",
+            "logging.curves=false",
             "training.checkpoint_interval=0", "training.eval_interval=0", "training.eval_batches=1",
             "training.sync=diloco", "training.diloco.inner_steps=10", f"data_dir={sudoku_data()}", f"out_dir={out}"]
     logs = [tmp_path / f"node{r}.log" for r in range(nodes)]

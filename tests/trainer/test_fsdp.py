@@ -78,6 +78,7 @@ def test_fsdp_losses_match_ddp_with_about_half_the_parameters_per_rank(sudoku_di
 def test_gpt_on_text_with_accumulation_matches_ddp(tmp_path, capfd, quijote_data):
     text = quijote_data(512, 20000)
     common = ["task=lm", f"data_dir={text}", "model=tiny", "training.batch_size=4", "training.grad_accum=2",
+              "logging.curves=false",
               "training.max_steps=4", "training.dtype=fp32", "training.log_interval=1", "training.eval_interval=0",
               "training.checkpoint_interval=0", "training.warmup_steps=2", "training.sample_tokens=6"]
     samples = {}  # rank 0's "sample: ..." lines (the ranks' stdout is this process's)

@@ -23,6 +23,7 @@ def sudoku_dir(sudoku_data):
 
 def hrm_args(data_dir, out_dir, *extra):
     return [f"data_dir={data_dir}", f"out_dir={out_dir}", "model=hrm-tiny", "model.n_embd=32", "model.n_head=2",
+            "logging.curves=false",
             "model.halt_max_steps=4", "model.halt_exploration_prob=0.5", "training.batch_size=8",
             "training.log_interval=1", "training.eval_interval=0", "training.checkpoint_interval=0",
             "training.warmup_steps=2", "training.dtype=fp32", *extra]

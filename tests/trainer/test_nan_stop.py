@@ -27,7 +27,7 @@ def sudoku_dir(sudoku_data):
 def args(data, out, *extra):
     """A small sudoku run with a record of every step; out None: no out_dir (hrmctl gives the run's own)."""
     return [f"data_dir={data}", *([f"out_dir={out}"] if out else []), "model=tiny", "model.n_embd=32", "model.n_head=2",
-            "training.batch_size=4", "training.log_interval=1", "training.eval_interval=0",
+            "logging.curves=false", "training.batch_size=4", "training.log_interval=1", "training.eval_interval=0",
             "training.checkpoint_interval=0", *extra]
 
 

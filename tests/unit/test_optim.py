@@ -70,7 +70,8 @@ def test_a_ddp_run_and_an_outer_step_never_import_the_compiler(sudoku_data, tmp_
             "p = torch.nn.Parameter(torch.ones(3)); p.grad = torch.ones(3)\n"
             "outer = optim.SGD([p], lr=0.7, momentum=0.9, nesterov=True); outer.step(); outer.zero_grad()\n"
             "outer.load_state_dict(outer.state_dict())\n"
-            "print('compiler imported:', 'torch._dynamo' in sys.modules)\n")
+            "print('compiler imported:', 'torch._dynamo' in sys.modules)\n"
+            "print('matplotlib imported:', 'matplotlib' in sys.modules)\n")
     world = dict(WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                  MASTER_PORT=str(free_port()))
     ranks = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -78,7 +79,8 @@ def test_a_ddp_run_and_an_outer_step_never_import_the_compiler(sudoku_data, tmp_
     for rank in ranks:
         out, err = rank.communicate(timeout=300)
         assert rank.returncode == 0, err[-2000:]
-        assert out.splitlines()[-1] == "compiler imported: False", out[-1000:]
+        assert out.splitlines()[-2:] == ["compiler imported: False", "matplotlib imported: False"], out[-1000:]
     assert [p.name for p in (tmp_path / "run").rglob("checkpoint-*")] == ["checkpoint-3"]
+    assert not (tmp_path / "run" / "curves.png").exists()  # logging.curves=false (tiny_args): no picture drawn
     checksums = [e for e in records(tmp_path / "run", "events.jsonl") if e["kind"] == "checksum"]
     assert len(checksums[0]["checksums"]) == 2 and checksums[0]["equal"], checksums  # two ranks, in step

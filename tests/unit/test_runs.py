@@ -45,7 +45,7 @@ def _train(data: Path, out: Path, *extra: str) -> None:
     from auralm.training import train
 
     assert train.main(tiny_args(data, out, "training.max_steps=12", "training.eval_interval=6",
-                                "training.log_interval=2", *extra)) == 0
+                                "training.log_interval=2", "logging.curves=true", *extra)) == 0  # the picture too
 
 
 def _hand_made(run: Path, cfg: dict, *, status: dict | None, steps: int, logs: dict[str, list[str]] | None = None,

@@ -18,7 +18,7 @@ from tests.trainer.helpers import python_env
 pytestmark = pytest.mark.slow
 
 ARGS = ["model=tiny", "training.batch_size=8", "training.log_interval=5", "training.checkpoint_interval=0",
-        "training.eval_interval=0", "training.eval_batches=1", "training.schedule=constant"]
+        "logging.curves=false", "training.eval_interval=0", "training.eval_batches=1", "training.schedule=constant"]
 
 
 def _steps(run_dir) -> list[int]:

@@ -47,6 +47,7 @@ def test_sudoku_loss_and_accuracy_improve(sudoku_dir, tmp_path, capsys):
 def test_lm_loss_decreases_on_the_spanish_text(tmp_path, capsys, quijote_data):
     lm = quijote_data(512, 40000)
     _run("task=lm", f"data_dir={lm}", f"out_dir={tmp_path / 'run'}", "model=tiny", "training.batch_size=16",
+         "logging.curves=false",
          "training.max_steps=40", "training.lr=1e-2", "training.warmup_steps=5", "training.log_interval=1",
          "training.eval_interval=40", "training.sample_prompt=En un lugar de la Mancha", "training.sample_tokens=8")
     m = by_step(tmp_path / "run")
@@ -75,7 +76,7 @@ def test_lm_resume_with_dropout_continues_exactly(tmp_path, capsys, quijote_data
     """auralm's own GPT (dropout in attention and residuals, the chunked loss) resumes bit for bit."""
     lm = quijote_data(300, 20000)
     common = ["task=lm", f"data_dir={lm}", "model=tiny", "model.dropout=0.1", "training.batch_size=8",
-              "training.max_steps=12", "training.log_interval=1", "training.eval_interval=0",
+              "logging.curves=false", "training.max_steps=12", "training.log_interval=1", "training.eval_interval=0",
               "training.sample_tokens=0"]
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
     _run(*common, f"out_dir={whole}", "training.checkpoint_interval=6")
