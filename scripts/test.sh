@@ -50,7 +50,7 @@ bash scripts/install.sh test || exit 1  # with the test extras (training install
 # bytecode for our own modules once, here: the suite starts about two thousand Python processes, which with
 # PYTHONDONTWRITEBYTECODE set would each compile what they import again (0.1 s of CPU apiece)
 .venv/bin/python -m compileall -q -j 2 auralm cli netcheck lab tests bench >/dev/null || true
-# torch's OpenMP threads wait for work without spinning: with two test processes on two cores, libgomp's default
+# torch's OpenMP threads wait for work without spinning: with several test processes on two cores, libgomp's default
 # spin (300,000 turns after each parallel region) burns the core the other process needs. Phase 1 on this machine,
 # 2026-11-28: 408, 405 and 419 s (730-762 CPU-s) by default, 380 and 393 s (684-708 CPU-s) with PASSIVE.
 # It reaches this script's processes and what they start here (local runs, srun's steps); an SSH lab node's ranks get

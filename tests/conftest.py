@@ -188,7 +188,7 @@ def pytest_terminal_summary(terminalreporter):
     for outcome in ("passed", "failed", "skipped", "error"):
         counts[outcome] = sum(1 for r in terminalreporter.stats.get(outcome, [])
                               if "tests/cluster/" in getattr(r, "nodeid", ""))
-    if not any(counts.values()):  # the tier was not selected (scripts/test.sh runs it on its own, after the rest)
+    if not any(counts.values()):  # the tier was not selected (e.g. the fast tier)
         return
     terminalreporter.write_line(
         f"cluster tier: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped, "
