@@ -7,6 +7,8 @@ import subprocess
 import time
 from contextlib import contextmanager
 
+import pytest
+
 from lab.nodes import ROOT, SYSTEM_PYTHON
 from lab.nfq_delay import delayed_inbound
 
@@ -65,6 +67,8 @@ def test_healthy_cluster_is_all_ok(lab3, hrmctl):
     assert doc["summary"]["fail"] == 0 and doc["exit_code"] == 0
 
 
+@pytest.mark.alone  # the healthy node's round trips must stay under 30 ms: with three test processes and the elastic
+# tests' runs on two cores, one of node1's went over once (ci55, 2026-11-29)
 def test_latency_and_loss_on_one_node_show_in_its_round_trips(lab3, hrmctl):
     node2 = lab3.node("node2")
     # 60 ms on every packet arriving at node2 (NFQUEUE delayer), and half its incoming pings dropped
