@@ -2,7 +2,8 @@
 (compressed with ``training.ddp_comm_hook``, auralm.parallel.comm_hooks), each rank's loss weighed by its share.
 
 A world of one takes the single-process strategy instead (``alone``). Imports torch, auralm.parallel's
-single, comm_hooks and strategy, and the loop parts single.py imports.
+single, comm_hooks and strategy, the loop parts single.py imports, and training.compiler (DDP without torch's
+compiler).
 """
 
 from __future__ import annotations
