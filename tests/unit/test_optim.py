@@ -76,10 +76,16 @@ def test_a_ddp_run_and_an_outer_step_never_import_the_compiler(sudoku_data, tmp_
                  MASTER_PORT=str(free_port()))
     ranks = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=python_env(RANK=str(r), **world)) for r in range(2)]
-    for rank in ranks:
-        out, err = rank.communicate(timeout=300)
-        assert rank.returncode == 0, err[-2000:]
-        assert out.splitlines()[-2:] == ["compiler imported: False", "matplotlib imported: False"], out[-1000:]
+    try:  # one rank failing leaves the other waiting for it: killed below, not left behind
+        for rank in ranks:
+            out, err = rank.communicate(timeout=300)
+            assert rank.returncode == 0, err[-2000:]
+            assert out.splitlines()[-2:] == ["compiler imported: False", "matplotlib imported: False"], out[-1000:]
+    finally:
+        for rank in ranks:
+            if rank.poll() is None:
+                rank.kill()
+                rank.communicate()
     assert [p.name for p in (tmp_path / "run").rglob("checkpoint-*")] == ["checkpoint-3"]
     assert not (tmp_path / "run" / "curves.png").exists()  # logging.curves=false (tiny_args): no picture drawn
     checksums = [e for e in records(tmp_path / "run", "events.jsonl") if e["kind"] == "checksum"]
