@@ -25,8 +25,15 @@ from tests.polling import wait_for
 pytestmark = pytest.mark.timeout(1500)
 
 LINK_DOWN_S = ASLEEP_S = 60  # issue 36's faults: 60 s each
-STEPS, EVERY, PACE = 600, 25, 0.3  # PACE: seconds each step sleeps (fault.step_sleep), so that node0 alone
-# (at most 3.3 steps a second then) does not reach STEPS while node1 is away
+STEPS, PACE = 600, 0.3  # PACE: seconds each step sleeps (fault.step_sleep), so that node0 alone (at most 3.3 steps
+# a second then) does not reach STEPS while node1 is away: test_elastic_diloco.py's runs
+# The DDP runs here test leaves and joins, not learning: half the steps at twice the pace (the same seconds of run,
+# the faults' windows in the same proportion to it), on micro-batches of 2 rows, with a step line every 5 steps (as
+# often in seconds as every 10 at PACE). The steps' CPU, beside the rest of the suite, is a quarter of what 600
+# steps of 8 rows took.
+DDP_STEPS, EVERY, DDP_PACE = 300, 12, 0.6
+DDP_ARGS = ["model=tiny", "training.batch_size=2", "training.log_interval=5", "training.eval_interval=0",
+            "training.eval_batches=1", "training.elastic.min_nodes=1", f"fault.step_sleep={DDP_PACE}"]
 
 
 def _text(path):
@@ -81,9 +88,7 @@ def _nothing_left(nodes, run_id: str) -> None:
 def test_a_node_cut_off_leaves_the_run_and_rejoins_it(lab3, tmp_path):
     victim = lab3.nodes[1]
     run_dir = lab3.node("node0").home / "hrmctl" / "runs" / "el1"
-    args = ["model=tiny", f"training.max_steps={STEPS}", "training.batch_size=8", "training.log_interval=10",
-            f"training.checkpoint_interval={EVERY}", "training.eval_interval=0", "training.eval_batches=1",
-            "training.elastic.min_nodes=1", f"fault.step_sleep={PACE}"]
+    args = [*DDP_ARGS, f"training.max_steps={DDP_STEPS}", f"training.checkpoint_interval={EVERY}"]
     proc = start_hrmctl(["train", "--nodes", "node0,node1", "--run-id", "el1", *args], lab3.inventory, tmp_path)
     log0, log1 = tmp_path / "runs" / "el1" / "node0.log", tmp_path / "runs" / "el1" / "node1.log"
     try:
@@ -142,7 +147,7 @@ def test_a_node_cut_off_leaves_the_run_and_rejoins_it(lab3, tmp_path):
     # node1 started again at each join, and the last launch was a world of both nodes again
     assert text1.count("# hrmctl launch, attempt") == 4, text1[-2000:]
     assert "HRMCTL_WORLD_SIZE=2 " in starts[-1].split("# command: ")[1].splitlines()[0]
-    assert _records(run_dir)[-1]["step"] == STEPS
+    assert _records(run_dir)[-1]["step"] == DDP_STEPS
     _nothing_left(lab3.nodes[:2], "el1")
 
 
@@ -153,11 +158,9 @@ def test_three_nodes_go_on_as_two_and_as_one_and_take_the_others_back(lab3, tmp_
     Then node1's link cut for LINK_DOWN_S, and once node0 and node2 step as two, node2 asleep for ASLEEP_S: node0
     goes on alone; node1 rejoins once its link is back, node2 once it wakes. Each named (link and sleep: within
     30 s); the run ends at max_steps with exit 0 and nothing left on any node."""
-    steps = 450  # at PACE, at least 135 s of steps: the faults take about 130 s, restarts included, and ended by step
-    # 176 of 600 in a run with two threads a rank (2-core machine, 2026-11-27)
-    args = ["model=tiny", f"training.max_steps={steps}", "training.batch_size=8", "training.log_interval=10",
-            "training.checkpoint_interval=20", "training.eval_interval=0", "training.eval_batches=1",
-            "training.elastic.min_nodes=1", f"fault.step_sleep={PACE}"]
+    steps = 225  # at DDP_PACE, at least 135 s of steps: the faults take about 130 s, restarts included, and ended by
+    # step 176 of 600 at PACE (88 at DDP_PACE) in a run with two threads a rank (2-core machine, 2026-11-27)
+    args = [*DDP_ARGS, f"training.max_steps={steps}", "training.checkpoint_interval=10"]
     proc = start_hrmctl(["train", "--nodes", "node0,node1,node2", "--run-id", "el3", *args], lab3.inventory, tmp_path)
     run = tmp_path / "runs" / "el3"
     logs = {n: run / f"{n}.log" for n in ("node0", "node1", "node2")}
@@ -170,7 +173,7 @@ def test_three_nodes_go_on_as_two_and_as_one_and_take_the_others_back(lab3, tmp_
         assert proc.poll() is None, proc.communicate()
 
     try:
-        wait_for(lambda: "saved runs/el3/checkpoint-20" in _text(logs["node0"]) or proc.poll() is not None, 240,
+        wait_for(lambda: "saved runs/el3/checkpoint-10" in _text(logs["node0"]) or proc.poll() is not None, 240,
                  "the first checkpoint", every=0.5)
         assert proc.poll() is None, proc.communicate()
         sh(["pkill", "-KILL", "-u", node1.user])
