@@ -104,18 +104,41 @@ def missing_capability() -> str | None:
     return None
 
 
+STAMP_NAME = "hrmctl-lab-venv.json"  # in a lab venv: what it was made with, written once it was
+
+
+def _venv_ready(venv: Path, made_with: dict, check: str) -> bool:
+    """Whether ``venv`` holds what ``made_with`` lists: its stamp says so (read, not a Python started: every lab
+    asks, and an interpreter importing torch to answer costs 1.4 s of CPU), or, for a venv from before stamps, its
+    Python imports ``check`` (then it is stamped). Delete the venv to have it made again."""
+    python, stamp = venv / "bin" / "python", venv / STAMP_NAME
+    if not python.exists():
+        return False
+    try:
+        if json.loads(stamp.read_text()) == made_with:
+            return True
+    except (OSError, ValueError):
+        pass
+    if sh([str(python), "-c", check], check=False).returncode != 0:
+        return False
+    stamp.write_text(json.dumps(made_with))
+    return True
+
+
 def ensure_node_venv() -> Path:
     """The venv the nodes run (made from /usr/bin/python3, readable by every node user)."""
     python = NODE_VENV / "bin" / "python"
+    made_with = {"python": SYSTEM_PYTHON, "packages": NODE_REQUIREMENTS}
     lock_path = Path(str(NODE_VENV) + ".lock")
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with open(lock_path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if python.exists() and sh([str(python), "-c", "import torch, numpy, safetensors, yaml"], check=False).returncode == 0:
+        if _venv_ready(NODE_VENV, made_with, "import torch, numpy, safetensors, yaml"):
             return python
         sh([SYSTEM_PYTHON, "-m", "venv", "--clear", str(NODE_VENV)])
         sh([str(python), "-m", "pip", "install", "-q", *NODE_REQUIREMENTS], timeout=1800)
         os.chmod(NODE_VENV, 0o755)
+        (NODE_VENV / STAMP_NAME).write_text(json.dumps(made_with))
     return python
 
 
@@ -130,24 +153,25 @@ def ensure_cli_venv() -> Path:
 
     node_python = ensure_node_venv()
     python = CLI_VENV / "bin" / "python"
+    pins = []
+    for name in CLI_PACKAGES:
+        try:
+            pins.append(f"{name}=={version(name)}")
+        except PackageNotFoundError:
+            pins.append(name)
+    made_with = {"python": SYSTEM_PYTHON, "packages": pins, "beside": str(NODE_VENV)}
     lock_path = Path(str(CLI_VENV) + ".lock")
     with open(lock_path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        check = "import typer, rich, paramiko, msgspec, torch, psutil"
-        if python.exists() and sh([str(python), "-c", check], check=False).returncode == 0:
+        if _venv_ready(CLI_VENV, made_with, "import typer, rich, paramiko, msgspec, torch, psutil"):
             return python
         sh([SYSTEM_PYTHON, "-m", "venv", "--clear", str(CLI_VENV)])
         site = sh([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
         node_site = sh([str(node_python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout
         Path(site, "hrmctl-node-venv.pth").write_text(node_site.strip() + "\n")
-        pins = []
-        for name in CLI_PACKAGES:
-            try:
-                pins.append(f"{name}=={version(name)}")
-            except PackageNotFoundError:
-                pins.append(name)
         sh([str(python), "-m", "pip", "install", "-q", *pins], timeout=1800)
         os.chmod(CLI_VENV, 0o755)
+        (CLI_VENV / STAMP_NAME).write_text(json.dumps(made_with))
     return python
 
 

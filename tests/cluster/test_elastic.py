@@ -25,15 +25,15 @@ from tests.polling import wait_for
 pytestmark = pytest.mark.timeout(1500)
 
 LINK_DOWN_S = ASLEEP_S = 60  # issue 36's faults: 60 s each
-STEPS, PACE = 600, 0.3  # PACE: seconds each step sleeps (fault.step_sleep), so that node0 alone (at most 3.3 steps
-# a second then) does not reach STEPS while node1 is away: test_elastic_diloco.py's runs
-# The DDP runs here test leaves and joins, not learning: half the steps at twice the pace (the same seconds of run,
-# the faults' windows in the same proportion to it), on micro-batches of 2 rows, with a step line every 5 steps (as
-# often in seconds as every 10 at PACE). The steps' CPU, beside the rest of the suite, is a quarter of what 600
-# steps of 8 rows took.
-DDP_STEPS, EVERY, DDP_PACE = 300, 12, 0.6
-DDP_ARGS = ["model=tiny", "training.batch_size=2", "training.log_interval=5", "training.eval_interval=0",
-            "training.eval_batches=1", "training.elastic.min_nodes=1", f"fault.step_sleep={DDP_PACE}"]
+PACE = 0.3  # seconds each step sleeps (fault.step_sleep), so that node0 alone (at most 3.3 steps a second then) does
+# not reach max_steps (600) while node1 is away: test_elastic_diloco.py's run compared with an uninterrupted one
+# The "lean" runs test leaves and joins, not learning (this file's DDP runs, the three-node DiLoCo one): half the
+# steps at twice the pace (the same seconds of run, the faults' windows in the same proportion to it), on
+# micro-batches of 2 rows, with a step line every 5 steps (as often in seconds as every 10 at PACE). Their steps'
+# CPU, beside the rest of the suite, is about a quarter of what 600 steps of 8 rows at PACE took.
+LEAN_STEPS, EVERY, LEAN_PACE = 300, 12, 0.6
+LEAN_ARGS = ["model=tiny", "training.batch_size=2", "training.log_interval=5", "training.eval_interval=0",
+            "training.eval_batches=1", "training.elastic.min_nodes=1", f"fault.step_sleep={LEAN_PACE}"]
 
 
 def _text(path):
@@ -88,7 +88,7 @@ def _nothing_left(nodes, run_id: str) -> None:
 def test_a_node_cut_off_leaves_the_run_and_rejoins_it(lab3, tmp_path):
     victim = lab3.nodes[1]
     run_dir = lab3.node("node0").home / "hrmctl" / "runs" / "el1"
-    args = [*DDP_ARGS, f"training.max_steps={DDP_STEPS}", f"training.checkpoint_interval={EVERY}"]
+    args = [*LEAN_ARGS, f"training.max_steps={LEAN_STEPS}", f"training.checkpoint_interval={EVERY}"]
     proc = start_hrmctl(["train", "--nodes", "node0,node1", "--run-id", "el1", *args], lab3.inventory, tmp_path)
     log0, log1 = tmp_path / "runs" / "el1" / "node0.log", tmp_path / "runs" / "el1" / "node1.log"
     try:
@@ -147,7 +147,7 @@ def test_a_node_cut_off_leaves_the_run_and_rejoins_it(lab3, tmp_path):
     # node1 started again at each join, and the last launch was a world of both nodes again
     assert text1.count("# hrmctl launch, attempt") == 4, text1[-2000:]
     assert "HRMCTL_WORLD_SIZE=2 " in starts[-1].split("# command: ")[1].splitlines()[0]
-    assert _records(run_dir)[-1]["step"] == DDP_STEPS
+    assert _records(run_dir)[-1]["step"] == LEAN_STEPS
     _nothing_left(lab3.nodes[:2], "el1")
 
 
@@ -158,9 +158,9 @@ def test_three_nodes_go_on_as_two_and_as_one_and_take_the_others_back(lab3, tmp_
     Then node1's link cut for LINK_DOWN_S, and once node0 and node2 step as two, node2 asleep for ASLEEP_S: node0
     goes on alone; node1 rejoins once its link is back, node2 once it wakes. Each named (link and sleep: within
     30 s); the run ends at max_steps with exit 0 and nothing left on any node."""
-    steps = 225  # at DDP_PACE, at least 135 s of steps: the faults take about 130 s, restarts included, and ended by
-    # step 176 of 600 at PACE (88 at DDP_PACE) in a run with two threads a rank (2-core machine, 2026-11-27)
-    args = [*DDP_ARGS, f"training.max_steps={steps}", "training.checkpoint_interval=10"]
+    steps = 225  # at LEAN_PACE, at least 135 s of steps: the faults take about 130 s, restarts included, and ended by
+    # step 176 of 600 at PACE (88 at LEAN_PACE) in a run with two threads a rank (2-core machine, 2026-11-27)
+    args = [*LEAN_ARGS, f"training.max_steps={steps}", "training.checkpoint_interval=10"]
     proc = start_hrmctl(["train", "--nodes", "node0,node1,node2", "--run-id", "el3", *args], lab3.inventory, tmp_path)
     run = tmp_path / "runs" / "el3"
     logs = {n: run / f"{n}.log" for n in ("node0", "node1", "node2")}

@@ -13,8 +13,8 @@ import time
 import pytest
 
 from lab.nodes import sh
-from tests.cluster.test_elastic import (ASLEEP_S, LINK_DOWN_S, PACE, STEPS, _finish, _nothing_left, _records, _text,
-                                        cut_off)
+from tests.cluster.test_elastic import (ASLEEP_S, LEAN_PACE, LINK_DOWN_S, PACE, _finish, _nothing_left, _records,
+                                        _text, cut_off)
 from tests.cluster.test_launch import start_hrmctl
 from tests.polling import wait_for
 
@@ -135,15 +135,19 @@ def test_diloco_three_nodes_go_on_in_place_while_nodes_sleep_are_cut_off_and_kil
     is cut for LINK_DOWN_S and, once it is named, every process of node2's user is killed: node0's rank goes on
     alone, not restarted; node2, answering at once, rejoins while node1 is still away (a world of node0 and node2),
     and node1 once its link is back. The run ends at max_steps with exit 0 and nothing left on any node."""
-    args = ["model=tiny", f"training.max_steps={STEPS}", "training.batch_size=8", "training.log_interval=10",
-            "training.checkpoint_interval=20", "training.eval_interval=0", "training.eval_batches=1",
-            "training.sync=diloco", "training.diloco.inner_steps=10", f"fault.step_sleep={PACE}"]
+    # leaves and joins, not learning (no loss compared): a lean run (test_elastic.py), half the steps at twice the
+    # pace on 2-row micro-batches, and half the steps a round, so that a round, a step line and a checkpoint come
+    # as many seconds apart as at 600 steps, PACE and H = 10
+    steps = 300
+    args = ["model=tiny", f"training.max_steps={steps}", "training.batch_size=2", "training.log_interval=5",
+            "training.checkpoint_interval=10", "training.eval_interval=0", "training.eval_batches=1",
+            "training.sync=diloco", "training.diloco.inner_steps=5", f"fault.step_sleep={LEAN_PACE}"]
     proc = start_hrmctl(["train", "--nodes", "node0,node1,node2", "--run-id", "dl3", *args], lab3.inventory, tmp_path)
     run = tmp_path / "runs" / "dl3"
     logs = {n: run / f"{n}.log" for n in ("node0", "node1", "node2")}
     node1, node2 = lab3.nodes[1], lab3.nodes[2]
     try:
-        wait_for(lambda: "saved runs/dl3/checkpoint-20" in _text(logs["node0"]) or proc.poll() is not None, 240,
+        wait_for(lambda: "saved runs/dl3/checkpoint-10" in _text(logs["node0"]) or proc.poll() is not None, 240,
                  "the first checkpoint", every=0.5)
         assert proc.poll() is None, proc.communicate()
         asleep = time.time()
@@ -206,5 +210,5 @@ def test_diloco_three_nodes_go_on_in_place_while_nodes_sleep_are_cut_off_and_kil
     assert heads == [("", "2"), ("node1 joined", "2"), ("node2 joined", "1"), ("node1 joined", "2")], heads
     launches = _text(logs["node0"]).split("# command: ")[1:]
     assert [int(re.search(r"HRMCTL_WORLD_SIZE=(\d)", c).group(1)) for c in launches] == [3, 3, 2, 3]
-    assert _records(lab3.node("node0").home / "hrmctl" / "runs" / "dl3")[-1]["step"] == STEPS
+    assert _records(lab3.node("node0").home / "hrmctl" / "runs" / "dl3")[-1]["step"] == steps
     _nothing_left(lab3.nodes, "dl3")

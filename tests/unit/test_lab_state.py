@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 
 from lab import nodes
 
@@ -53,3 +54,24 @@ def test_the_copy_onto_a_node_leaves_out_the_caches_other_test_processes_write(t
     names = [".git", ".hypothesis", ".pytest_cache", "__pycache__", "cli", "runs", "README.md"]
     assert nodes.COPY_IGNORE(str(nodes.ROOT), names) == {".hypothesis", ".pytest_cache", "__pycache__", "runs"}
     assert nodes.COPY_IGNORE(str(nodes.ROOT / "tests"), names) == {".hypothesis", ".pytest_cache", "__pycache__"}
+
+
+def test_a_lab_venv_is_ready_by_its_stamp_and_one_without_is_asked_once(tmp_path):
+    """Every lab asks whether the nodes' venv is there: its stamp answers, no Python started (one importing torch
+    costs 1.4 s of CPU); a venv from before stamps is asked by its Python once and stamped; one whose Python cannot
+    import what it must, or whose stamp lists other packages, is not ready (it is made again)."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python"
+    ran = tmp_path / "ran"
+    python.write_text(f"#!/bin/sh\necho >> {ran}\nexec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    made_with = {"python": "/usr/bin/python3", "packages": ["json"]}
+    assert nodes._venv_ready(venv, made_with, "import json")  # no stamp yet: asked, then stamped
+    assert ran.read_text().count("\n") == 1 and json.loads((venv / nodes.STAMP_NAME).read_text()) == made_with
+    assert nodes._venv_ready(venv, made_with, "import json")  # the stamp answers: not asked again
+    assert ran.read_text().count("\n") == 1
+    other = dict(made_with, packages=["json", "no_such_module_here"])  # the requirements changed: asked again
+    assert not nodes._venv_ready(venv, other, "import no_such_module_here")
+    python.unlink()
+    assert not nodes._venv_ready(venv, made_with, "import json")  # no Python: not ready whatever the stamp says
