@@ -5,9 +5,9 @@
 #   bash scripts/test.sh [--fast] [PYTEST ARGS...]
 # --fast: only what needs no lab and no real training run (pytest -m "not cluster and not slow").
 # The suite without a selection of yours (no test path, -m, -k), in two phases:
-#   1. every test but those marked `alone`, on three pytest processes (pytest-xdist, a file's tests together so that
-#      its fixtures are made once; the cluster tier's each on a lab of its own): three on two cores, since many tests
-#      wait (for a lab's timeouts, a rank's missed beats, a node's answer) and a third keeps the cores busy meanwhile;
+#   1. every test but those marked `alone`, on four pytest processes (pytest-xdist, a file's tests together so that
+#      its fixtures are made once; the cluster tier's each on a lab of its own): four on two cores, since many tests
+#      wait (for a lab's timeouts, a rank's missed beats, a node's answer) and the others keep the cores busy meanwhile;
 #   2. the tests marked `alone` (they compare CPU shares, link rates and delays), one at a time with nothing beside.
 # The elastic tests (tests/cluster/test_elastic*.py) mostly wait, for a node's 60 s faults and for paced steps: each
 # test runs from the start beside phase 1, in a process and on a lab of its own, and phase 2 waits for them.
@@ -77,7 +77,7 @@ else
     pytest -m cluster -p no:cacheprovider ${args[@]+"${args[@]}"} "$test" >"$log" 2>&1 &
     elastic_pids+=($!) elastic_logs+=("$log")
   done
-  pytest -m "not alone" -n 3 --dist loadfile ${args[@]+"${args[@]}"} "${elastic_files[@]/#/--ignore=}" tests
+  pytest -m "not alone" -n 4 --dist loadfile ${args[@]+"${args[@]}"} "${elastic_files[@]/#/--ignore=}" tests
   rc=$?
   rc_elastic=0
   for i in "${!elastic_pids[@]}"; do
