@@ -108,17 +108,18 @@ STAMP_NAME = "hrmctl-lab-venv.json"  # in a lab venv: what it was made with, wri
 
 
 def _venv_ready(venv: Path, made_with: dict, check: str) -> bool:
-    """Whether ``venv`` holds what ``made_with`` lists: its stamp says so (read, not a Python started: every lab
-    asks, and an interpreter importing torch to answer costs 1.4 s of CPU), or, for a venv from before stamps, its
-    Python imports ``check`` (then it is stamped). Delete the venv to have it made again."""
+    """Whether ``venv`` was made with what ``made_with`` lists: its stamp says so (read, not a Python started: every
+    lab asks, and an interpreter importing torch to answer costs 1.4 s of CPU); a stamp that lists anything else is
+    not (the venv is made again); a venv from before stamps is ready when its Python imports ``check`` (as it was
+    asked before), and is then stamped. Delete the venv to have it made again."""
     python, stamp = venv / "bin" / "python", venv / STAMP_NAME
     if not python.exists():
         return False
-    try:
-        if json.loads(stamp.read_text()) == made_with:
-            return True
-    except (OSError, ValueError):
-        pass
+    if stamp.exists():
+        try:
+            return json.loads(stamp.read_text()) == made_with
+        except (OSError, ValueError):
+            return False
     if sh([str(python), "-c", check], check=False).returncode != 0:
         return False
     stamp.write_text(json.dumps(made_with))

@@ -58,8 +58,8 @@ def test_the_copy_onto_a_node_leaves_out_the_caches_other_test_processes_write(t
 
 def test_a_lab_venv_is_ready_by_its_stamp_and_one_without_is_asked_once(tmp_path):
     """Every lab asks whether the nodes' venv is there: its stamp answers, no Python started (one importing torch
-    costs 1.4 s of CPU); a venv from before stamps is asked by its Python once and stamped; one whose Python cannot
-    import what it must, or whose stamp lists other packages, is not ready (it is made again)."""
+    costs 1.4 s of CPU); a venv from before stamps is asked by its Python once and stamped; one whose stamp lists
+    other packages, or (with no stamp) whose Python cannot import what it must, is not ready (it is made again)."""
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
     python = venv / "bin" / "python"
@@ -71,7 +71,11 @@ def test_a_lab_venv_is_ready_by_its_stamp_and_one_without_is_asked_once(tmp_path
     assert ran.read_text().count("\n") == 1 and json.loads((venv / nodes.STAMP_NAME).read_text()) == made_with
     assert nodes._venv_ready(venv, made_with, "import json")  # the stamp answers: not asked again
     assert ran.read_text().count("\n") == 1
-    other = dict(made_with, packages=["json", "no_such_module_here"])  # the requirements changed: asked again
-    assert not nodes._venv_ready(venv, other, "import no_such_module_here")
+    other = dict(made_with, packages=["json", "csv"])  # the requirements changed: made again, Python not asked
+    assert not nodes._venv_ready(venv, other, "import json")
+    assert ran.read_text().count("\n") == 1
+    (venv / nodes.STAMP_NAME).unlink()  # no stamp, and a Python that cannot import what it must: not ready
+    assert not nodes._venv_ready(venv, made_with, "import no_such_module_here")
+    assert ran.read_text().count("\n") == 2 and not (venv / nodes.STAMP_NAME).exists()
     python.unlink()
     assert not nodes._venv_ready(venv, made_with, "import json")  # no Python: not ready whatever the stamp says
