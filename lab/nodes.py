@@ -122,8 +122,12 @@ def _venv_ready(venv: Path, made_with: dict, check: str) -> bool:
             return False
     if sh([str(python), "-c", check], check=False).returncode != 0:
         return False
-    stamp.write_text(json.dumps(made_with))
+    _stamp(venv, made_with)
     return True
+
+
+def _stamp(venv: Path, made_with: dict) -> None:
+    (venv / STAMP_NAME).write_text(json.dumps(made_with))
 
 
 def ensure_node_venv() -> Path:
@@ -139,7 +143,7 @@ def ensure_node_venv() -> Path:
         sh([SYSTEM_PYTHON, "-m", "venv", "--clear", str(NODE_VENV)])
         sh([str(python), "-m", "pip", "install", "-q", *NODE_REQUIREMENTS], timeout=1800)
         os.chmod(NODE_VENV, 0o755)
-        (NODE_VENV / STAMP_NAME).write_text(json.dumps(made_with))
+        _stamp(NODE_VENV, made_with)
     return python
 
 
@@ -172,7 +176,7 @@ def ensure_cli_venv() -> Path:
         Path(site, "hrmctl-node-venv.pth").write_text(node_site.strip() + "\n")
         sh([str(python), "-m", "pip", "install", "-q", *pins], timeout=1800)
         os.chmod(CLI_VENV, 0o755)
-        (CLI_VENV / STAMP_NAME).write_text(json.dumps(made_with))
+        _stamp(CLI_VENV, made_with)
     return python
 
 

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from lab.nodes import sh
-from tests.cluster.test_elastic import (ASLEEP_S, LEAN_PACE, LINK_DOWN_S, PACE, _finish, _nothing_left, _records,
+from tests.cluster.test_elastic import (ASLEEP_S, LEAN_ARGS, LINK_DOWN_S, PACE, _finish, _nothing_left, _records,
                                         _text, cut_off)
 from tests.cluster.test_launch import start_hrmctl
 from tests.polling import wait_for
@@ -139,9 +139,9 @@ def test_diloco_three_nodes_go_on_in_place_while_nodes_sleep_are_cut_off_and_kil
     # pace on 2-row micro-batches, and half the steps a round, so that a round, a step line and a checkpoint come
     # as many seconds apart as at 600 steps, PACE and H = 10
     steps = 300
-    args = ["model=tiny", f"training.max_steps={steps}", "training.batch_size=2", "training.log_interval=5",
-            "training.checkpoint_interval=10", "training.eval_interval=0", "training.eval_batches=1",
-            "training.sync=diloco", "training.diloco.inner_steps=5", f"fault.step_sleep={LEAN_PACE}"]
+    lean = [a for a in LEAN_ARGS if not a.startswith("training.elastic.")]  # DiLoCo's default min_nodes, unsaid
+    args = [*lean, f"training.max_steps={steps}", "training.checkpoint_interval=10", "training.sync=diloco",
+            "training.diloco.inner_steps=5"]
     proc = start_hrmctl(["train", "--nodes", "node0,node1,node2", "--run-id", "dl3", *args], lab3.inventory, tmp_path)
     run = tmp_path / "runs" / "dl3"
     logs = {n: run / f"{n}.log" for n in ("node0", "node1", "node2")}
