@@ -198,22 +198,32 @@ def make_puzzle(rng: random.Random, givens: int) -> tuple[list[int], list[int]]:
         if filled <= givens:
             break
         puzzle[i] = 0
-        if _forced(puzzle, i) or count_solutions(puzzle)[0] == 1:
+        if _stays_unique(puzzle, i, solution[i]):
             filled -= 1
         else:
             puzzle[i] = solution[i]
     return puzzle, solution
 
 
-def _forced(puzzle: list[int], i: int) -> bool:
-    """Whether blank cell ``i`` has one digit left beside the givens of its row, column and box: then every
-    solution of the puzzle has that digit there, and a puzzle that was unique with it given stays unique (the
-    search need not be run; the puzzles made are the same)."""
+def _stays_unique(puzzle: list[int], i: int, digit: int) -> bool:
+    """Whether a puzzle that was unique with ``digit`` given in cell ``i`` stays unique with the cell blank: whether
+    no solution puts another digit there. A second solution keeping ``digit`` would have been one of the puzzle
+    before, so this is the same answer as counting the blanked puzzle's solutions, found by trying each other digit
+    the cell's row, column and box leave (none left: nothing to try) and looking for any solution with it, which
+    propagation mostly refutes at once, without finding the known solution again first (about half the work)."""
     seen = 0
     for j in PEERS[i]:
         seen |= 1 << puzzle[j]
-    free = ALL & ~seen
-    return free & (free - 1) == 0
+    others = ALL & ~seen & ~(1 << digit)
+    while others:
+        bit = others & -others
+        others ^= bit
+        puzzle[i] = bit.bit_length() - 1
+        found = _search(puzzle, 1)[0]
+        puzzle[i] = 0
+        if found:
+            return False
+    return True
 
 
 def make_rated(rng: random.Random, difficulty: str) -> tuple[list[int], list[int], int]:

@@ -34,22 +34,27 @@ def test_generation_is_deterministic():
     assert sudoku.generate(5, 7, 40, 50) != sudoku.generate(5, 8, 40, 50)
 
 
-def test_the_naked_single_shortcut_makes_the_same_puzzles_as_the_search_alone(monkeypatch):
-    """make_puzzle skips the uniqueness search for a blanked cell the givens force; the puzzles must not change,
-    and a forced cell is one the search would have kept blank."""
-    made = [sudoku.make_puzzle(random.Random(seed), givens) for seed, givens in ((1, 24), (2, 30), (3, 45))]
-    calls = []
-    real = sudoku._forced
+def test_the_uniqueness_check_answers_as_counting_the_solutions_does(monkeypatch):
+    """make_puzzle asks whether a blanked cell keeps the puzzle unique by refuting every other digit the cell's
+    peers leave (sudoku._stays_unique), not by counting the blanked puzzle's solutions: each answer must be the
+    counting's (so the puzzles, and every dataset made from a seed, stay the same), the puzzle left as it was, and
+    both answers must come up."""
+    real = sudoku._stays_unique
+    answers = []
 
-    def checked(puzzle, i):
-        forced = real(puzzle, i)
-        calls.append(forced)
-        assert not forced or sudoku.count_solutions(puzzle)[0] == 1
-        return False  # the search decides every cell
+    def checked(puzzle, i, digit):
+        before = list(puzzle)
+        fast = real(puzzle, i, digit)
+        assert puzzle == before and puzzle[i] == 0
+        assert fast == (sudoku.count_solutions(puzzle)[0] == 1), (puzzle, i, digit)
+        answers.append(fast)
+        return fast
 
-    monkeypatch.setattr(sudoku, "_forced", checked)
-    assert [sudoku.make_puzzle(random.Random(seed), givens) for seed, givens in ((1, 24), (2, 30), (3, 45))] == made
-    assert any(calls) and not all(calls)  # the shortcut was taken for some cells, the search needed for others
+    monkeypatch.setattr(sudoku, "_stays_unique", checked)
+    for seed, givens in ((1, 24), (2, 30), (3, 45)):
+        puzzle, solution = sudoku.make_puzzle(random.Random(seed), givens)
+        assert sudoku.count_solutions(puzzle) == (1, solution)
+    assert any(answers) and not all(answers)
 
 
 def test_solver_counts_several_solutions_and_none():
