@@ -148,6 +148,7 @@ def gather(sessions: dict[str, Session], nodes: list[Node], master_addr: str, *,
         facts[node.name] = NodeFacts(cpus=probe.cpu_usable or probe.cpu_count or 1, gpus=tf["gpus"], nccl=tf["nccl"],
                                      libuv_ok=tf["libuv_ok"], ifname=probe.route_ifname, torch=tf["torch"],
                                      slow_dns=_slow_dns(probe), guessed=bool(tf.get("guessed")),
+                                     wrapped=_can_check(node, probe),
                                      mem_available_gb=_memory_gb(probe),
                                      gpu_memory_gb=min((g.get("memory_gb") or 0 for g in probe.gpus), default=None))
         probes[node.name] = probe

@@ -50,6 +50,7 @@ class NodeFacts:
     torch: str | None = None
     slow_dns: bool = False  # reverse lookups wait on a nameserver that does not answer
     guessed: bool = False  # gpus/nccl/libuv_ok guessed without torch: cli.launch.node_torchrun checks them
+    wrapped: bool = False  # torchrun started through cli.launch.node_torchrun (the node's project has it)
     mem_available_gb: float | None = None  # RAM available, or what the node's memory cgroup leaves if less
     gpu_memory_gb: float | None = None  # the smallest GPU's memory (probed with torch), None: unknown or no GPU
 
@@ -173,11 +174,12 @@ def build_plan(nodes: list[Node], facts: dict[str, NodeFacts], *, master_addr: s
 
 
 def _torchrun(f: NodeFacts, exit_barrier: float | None) -> list[str]:
-    """torchrun itself, or through cli.launch.node_torchrun: to confirm guessed facts, to shorten its exit barrier."""
+    """torchrun through cli.launch.node_torchrun where the node's project has it (to confirm guessed facts, to shorten
+    its exit barrier, and for its cheaper end in any case), else torchrun itself."""
     own = []
     if f.guessed:
         own += ["--expect", json.dumps({"gpus": f.gpus, "nccl": f.nccl, "libuv_ok": f.libuv_ok}, separators=(",", ":"))]
     if exit_barrier is not None:
         own += ["--exit-barrier", f"{exit_barrier:g}"]
-    return [*CHECKED_TORCHRUN, *own, "--"] if own else TORCHRUN
+    return [*CHECKED_TORCHRUN, *own, "--"] if own or f.wrapped else TORCHRUN
 

@@ -60,6 +60,12 @@ def test_guessed_facts_start_torchrun_through_the_check_of_the_guess():
     assert b.argv[1:3] == ["-m", "torch.distributed.run"]
     plain, _ = plan(facts={"a": NodeFacts(cpus=8), "b": facts["b"]})
     assert a.argv[6:] == plain.argv[3:] and a.env == plain.env  # the same torchrun either way
+    # a node whose project has the wrapper starts torchrun through it with nothing to check (its cheaper end)
+    wrapped, _ = plan(facts={"a": NodeFacts(cpus=8, wrapped=True), "b": facts["b"]})
+    assert wrapped.argv[1:4] == ["-m", "cli.launch.node_torchrun", "--"] and wrapped.argv[4:] == plain.argv[3:]
+    from cli.launch.node_torchrun import options
+
+    assert options(wrapped.argv[3:]) == ({}, plain.argv[3:])
     assert any("guessed" in n for n in a.notes) and not any("guessed" in n for n in b.notes)
 
 
@@ -72,7 +78,8 @@ def test_a_run_nodes_may_leave_shortens_torchruns_exit_barrier_through_the_node_
     assert b.argv[6:] == plain.argv[3:]  # the same torchrun arguments after the wrapper's own
     assert node_torchrun.options(["--exit-barrier", "10", "--", "--nnodes=2"]) == ({"--exit-barrier": "10"},
                                                                                    ["--nnodes=2"])
-    for bad in (["--", "x"], ["--exit-barrier", "--", "x"], ["--other", "1", "--", "x"], ["--expect", "{}"]):
+    assert node_torchrun.options(["--", "x"]) == ({}, ["x"])  # nothing of its own: torchrun with its cheaper end
+    for bad in (["--exit-barrier", "--", "x"], ["--other", "1", "--", "x"], ["--expect", "{}"]):
         assert node_torchrun.options(bad) is None, bad
 
 
