@@ -23,7 +23,7 @@ from tests.cluster.test_stop_paths import local_run_processes
 from tests.polling import wait_for
 
 ARGS = ["task=lm", "data_dir=~/hrmctl/data/quijote", "model=tiny", "training.batch_size=8", "training.log_interval=1",
-        "training.eval_interval=0", "training.checkpoint_interval=0"]
+        "training.eval_interval=0", "training.checkpoint_interval=0", "logging.curves=false"]
 
 
 class Master:

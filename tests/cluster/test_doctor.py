@@ -129,7 +129,8 @@ def inbound_high_ports_dropped(lab_node):
 
 
 TRAIN_2_STEPS = ["model=tiny", "training.max_steps=2", "training.batch_size=8", "training.log_interval=1",
-                 "training.checkpoint_interval=0", "training.eval_interval=0", "training.eval_batches=1"]
+                 "training.checkpoint_interval=0", "training.eval_interval=0", "training.eval_batches=1",
+                 "logging.curves=false"]
 
 
 def test_node_refusing_inbound_warns_naming_it_and_two_nodes_still_train(lab3, hrmctl, tmp_path):

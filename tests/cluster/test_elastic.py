@@ -33,7 +33,8 @@ PACE = 0.3  # seconds each step sleeps (fault.step_sleep), so that node0 alone (
 # CPU, beside the rest of the suite, is about a quarter of what 600 steps of 8 rows at PACE took.
 LEAN_STEPS, EVERY, LEAN_PACE = 300, 12, 0.6
 LEAN_ARGS = ["model=tiny", "training.batch_size=2", "training.log_interval=5", "training.eval_interval=0",
-            "training.eval_batches=1", "training.elastic.min_nodes=1", f"fault.step_sleep={LEAN_PACE}"]
+            "training.eval_batches=1", "training.elastic.min_nodes=1", f"fault.step_sleep={LEAN_PACE}",
+            "logging.curves=false"]
 
 
 def _text(path):

@@ -179,7 +179,7 @@ def test_missing_python_or_workdir_named_with_the_node(lab3, hrmctl, tmp_path):
 
 
 TINY = ["model=tiny", "training.max_steps=4", "training.batch_size=8", "training.log_interval=1",
-        "training.checkpoint_interval=2", "training.eval_interval=0", "training.eval_batches=1"]
+        "training.checkpoint_interval=2", "training.eval_interval=0", "training.eval_batches=1", "logging.curves=false"]
 
 
 def test_nans_on_one_node_are_skipped_everywhere_then_recovered_from_rank_0_over_the_network(lab3, hrmctl, tmp_path):
@@ -286,7 +286,7 @@ def test_max_restarts_resumes_the_real_trainer_from_its_last_checkpoint(lab3, hr
     (the fault fires only in a run that did not resume) and finishes."""
     args = ["model=tiny", "training.max_steps=8", "training.batch_size=8", "training.log_interval=1",
             "training.checkpoint_interval=2", "training.eval_interval=0", "training.eval_batches=1",
-            "fault.kill_at_step=6", "fault.kill_rank=1"]
+            "fault.kill_at_step=6", "fault.kill_rank=1", "logging.curves=false"]
     code, out, err = hrmctl("train", "--nodes", "node1,node2", "--run-id", "rs1", "--max-restarts", "1", *args,
                             inventory=lab3.inventory, timeout=240)
     assert code == 0, out + err
@@ -344,7 +344,7 @@ def test_hrm_trains_across_two_nodes_with_rows_halting_differently_on_each(lab3,
     different steps; both nodes end with the same parameters."""
     args = ["model=hrm-tiny", "model.n_embd=32", "model.n_head=2", "model.halt_max_steps=4",
             "training.batch_size=8", "training.log_interval=1", "training.eval_interval=0", "training.dtype=fp32",
-            "training.checkpoint_interval=2"]
+            "training.checkpoint_interval=2", "logging.curves=false"]
     code, out, err = hrmctl("train", "--nodes", "node1,node2", "--run-id", "hrm2", *args, "training.max_steps=2",
                             inventory=lab3.inventory, timeout=240)
     assert code == 0, out + err

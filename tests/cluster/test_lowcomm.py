@@ -24,7 +24,7 @@ def test_diloco_trains_two_nodes_over_a_slow_link_and_ends_with_equal_weights(la
                                 f"data_dir={text_on_nodes}", "model=tiny", "training.batch_size=8",
                                 "training.max_steps=12", "training.sync=diloco", "training.diloco.inner_steps=4",
                                 f"training.diloco.overlap_steps={overlap}",
-                                "training.checkpoint_interval=6", "training.log_interval=2",
+                                "training.checkpoint_interval=6", "training.log_interval=2", "logging.curves=false",
                                 inventory=lab3.inventory, timeout=300)
     finally:
         node1.shape_link(None)
@@ -49,6 +49,7 @@ def test_auto_shares_give_the_node_at_half_a_core_a_smaller_part_of_the_batch(la
         code, out, err = hrmctl("train", "--nodes", "node0,node1", "--run-id", "auto-shares", "task=lm",
                                 f"data_dir={text_on_nodes}", "model=mini", "training.batch_size=16",
                                 "training.max_steps=4", "training.balance=auto", "training.dtype=fp32",
+                                "logging.curves=false",
                                 inventory=lab3.inventory, timeout=300)
     finally:
         for node in ("node0", "node1"):

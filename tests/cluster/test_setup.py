@@ -34,7 +34,7 @@ def _head() -> str:
 
 
 TINY = ["model=tiny", "training.max_steps=4", "training.batch_size=8", "training.log_interval=1",
-        "training.checkpoint_interval=0", "training.eval_interval=0", "training.eval_batches=1"]
+        "training.checkpoint_interval=0", "training.eval_interval=0", "training.eval_batches=1", "logging.curves=false"]
 RECORDED_SMI = ROOT / "tests" / "recorded" / "nvidia-smi-rtx4090.txt"
 
 

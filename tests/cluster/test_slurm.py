@@ -25,7 +25,7 @@ import pytest
 from tests.polling import wait_for
 
 TINY = ["model=tiny", "training.max_steps=4", "training.batch_size=8", "training.log_interval=1",
-        "training.checkpoint_interval=2", "training.eval_interval=0", "training.eval_batches=1"]
+        "training.checkpoint_interval=2", "training.eval_interval=0", "training.eval_batches=1", "logging.curves=false"]
 
 
 @pytest.fixture(scope="module")
