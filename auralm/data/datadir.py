@@ -368,6 +368,37 @@ def _streamed(ds, source: str, config: str | None, text_field: str):
             yield row[text_field]
 
 
+class SampleTokenizer:
+    """A tokenizer.json through the tokenizers library alone: a text's ids (``tok(text)["input_ids"]``) and ids'
+    text (``tok.decode(ids)``), as transformers' fast tokenizer over the same file gives them (its special tokens
+    added and kept; no spaces cleaned up), without importing transformers: about 0.9 s of CPU beside torch at the
+    start of every text run's rank 0, for the samples of its evaluations (2026-11-29)."""
+
+    def __init__(self, path: Path):
+        from tokenizers import Tokenizer
+
+        self._tok = Tokenizer.from_file(str(path))
+
+    def __call__(self, text: str) -> dict:
+        return {"input_ids": self._tok.encode(text).ids}
+
+    def decode(self, ids) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=False)
+
+
+def sample_tokenizer(path):
+    """What the trainer's samples need of the tokenizer at ``path``: SampleTokenizer over its tokenizer.json, or
+    transformers' (load_tokenizer) for a tokenizer without one or whose decoding cleans up spaces."""
+    path = Path(path)
+    try:
+        config = json.loads((path / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        config = {}
+    if (path / "tokenizer.json").is_file() and not config.get("clean_up_tokenization_spaces"):
+        return SampleTokenizer(path / "tokenizer.json")
+    return load_tokenizer(path)
+
+
 def load_tokenizer(path):
     from transformers import AutoTokenizer
 

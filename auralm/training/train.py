@@ -614,7 +614,7 @@ def train(cfg: Config, d: distributed.Dist, whole: bool = True) -> torch.nn.Modu
     ckpt_dir = s.run_dir(out_dir)
     data_dir, meta, arch, vocab, train_set, val_set = open_splits(cfg, d, log)
     raw = build_model(cfg, d, s, arch, vocab, train_set, log)
-    tokenizer = datadir.load_tokenizer(data_dir / meta["tokenizer"]["path"]) if cfg.task == "lm" and \
+    tokenizer = datadir.sample_tokenizer(data_dir / meta["tokenizer"]["path"]) if cfg.task == "lm" and \
         t.sample_tokens and (d.rank == 0 or s.sharded) and hasattr(raw, "new_cache") else None
     optimizer = optim.make_optimizer(raw, t, d.device)
     step_kind = objective.make(raw, cfg)

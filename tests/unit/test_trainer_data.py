@@ -37,6 +37,39 @@ def test_lm_data_has_a_manifest_shards_and_a_tokenizer_transformers_loads(quijot
     assert "Quijote" in tok.decode(tokens[:300].tolist())
 
 
+def test_the_trainers_sample_tokenizer_encodes_and_decodes_as_transformers_does_without_importing_it(quijote):
+    import subprocess
+    import sys
+
+    from transformers import AutoTokenizer
+
+    ref = AutoTokenizer.from_pretrained(quijote / "tokenizer")
+    tok = datadir.sample_tokenizer(quijote / "tokenizer")
+    assert isinstance(tok, datadir.SampleTokenizer)
+    tokens = np.fromfile(quijote / "train_000.bin", dtype=np.uint16)[:400].tolist()
+    for text in ("En un lugar de la Mancha, de cuyo nombre no quiero acordarme", "  ¿Qué? ¡Sí! n't 's ,", ""):
+        assert tok(text)["input_ids"] == ref(text)["input_ids"]
+    eos = ref.eos_token_id
+    for ids in (tokens, [eos, *tokens[:50], eos], []):
+        assert tok.decode(ids) == ref.decode(ids)
+    code = ("import sys; from auralm.data import datadir; t = datadir.sample_tokenizer(sys.argv[1]); "
+            "t.decode(t('hola')['input_ids']); print('transformers' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(quijote / "tokenizer")], capture_output=True, text=True)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+def test_a_tokenizer_that_asks_to_clean_up_spaces_is_left_to_transformers(quijote, tmp_path):
+    """(transformers decides what the clean-up does: for a BPE tokenizer as here, nothing)"""
+    import shutil
+
+    tokdir = tmp_path / "tokenizer"
+    shutil.copytree(quijote / "tokenizer", tokdir)
+    config = json.loads((tokdir / "tokenizer_config.json").read_text())
+    (tokdir / "tokenizer_config.json").write_text(json.dumps(dict(config, clean_up_tokenization_spaces=True)))
+    tok = datadir.sample_tokenizer(tokdir)
+    assert not isinstance(tok, datadir.SampleTokenizer) and type(tok).__module__.startswith("transformers")
+
+
 def test_prepare_is_deterministic_and_a_rerun_is_a_no_op(quijote, tmp_path, capsys):
     again = tmp_path / "again"
     assert datadir.main([str(QUIJOTE), "--out", str(again), *LM_ARGS]) == 0
