@@ -111,7 +111,7 @@ def test_a_detached_run_outlives_its_ssh_session_and_attach_follows_it_to_the_en
 def test_attach_ctrl_c_leaves_the_run_going_and_stop_ends_it_on_every_node(master):
     run_id = "detach-stop"
     code, out = master.run("train", "--detach", "--nodes", "node0,node1", "--run-id", run_id,
-                           "training.max_steps=3000", *ARGS)
+                           "training.max_steps=3000", "fault.step_sleep=0.1", *ARGS)  # paced: waits for the stop
     assert code == 0, out
     code, out = master.run("runs", "--json")
     assert code == 0 and next(r for r in json.loads(out) if r["id"] == run_id)["status"] == "running", out

@@ -126,7 +126,8 @@ def test_test_ddp_three_nodes(lab3, hrmctl):
 def test_killed_trainer_on_one_node_stops_the_others(lab3, tmp_path):
     proc = start_hrmctl(["train", "--nodes", "node1,node2", "--run-id", "kill1", "model=tiny",
                          "training.max_steps=100000", "training.batch_size=8", "training.log_interval=1",
-                         "training.eval_interval=0", "training.checkpoint_interval=0"], lab3.inventory, tmp_path)
+                         "training.eval_interval=0", "training.checkpoint_interval=0", "fault.step_sleep=0.1"],
+                        lab3.inventory, tmp_path)  # paced: the ranks wait for the kill instead of taking both cores
     log = tmp_path / "runs" / "kill1" / "node1.log"  # the nodes of the 2-node train test: data made once
     try:
         def first_step():

@@ -165,7 +165,7 @@ def test_stop_cancels_the_job_and_leaves_nothing(run_hrmctl, sudoku_data, tmp_pa
     long = [a for a in TINY if not a.startswith(("training.max_steps", "training.checkpoint_interval"))]
     code, out, err = run_hrmctl("train", "--slurm", "--nodes", "2", "--run-id", "stop1", *long,
                                 "training.max_steps=100000", "training.checkpoint_interval=0",
-                                f"data_dir={sudoku_data()}")
+                                "fault.step_sleep=0.1", f"data_dir={sudoku_data()}")  # paced: waits for the stop
     assert code == 0, out + err
     wait_for(lambda: len(_metrics(tmp_path / "runs" / "stop1")) >= 2, timeout=120, every=0.5,
              what="the run's first steps")

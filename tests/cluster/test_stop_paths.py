@@ -24,9 +24,10 @@ import pytest
 from tests.polling import wait_for
 
 STOP_WITHIN_S = 10.0
-# tiny and slow enough to be running when the stop comes (a stop that failed would end by itself)
+# tiny and slow enough to be running when the stop comes (a stop that failed would end by itself); paced (about 8
+# steps a second: fault.step_sleep) so that the ranks wait for the stop instead of taking both cores meanwhile
 ARGS = ["model=tiny", "training.max_steps=3000", "training.batch_size=8", "training.log_interval=1",
-        "training.eval_interval=0", "training.checkpoint_interval=0"]
+        "training.eval_interval=0", "training.checkpoint_interval=0", "fault.step_sleep=0.1"]
 # path: (the reader, what stops the run, exit code, the start of hrmctl's last line)
 PATHS = {
     "tee-killed": ("tee", "kill the reader", 141, "stopped: nobody reads the output any more"),
