@@ -88,9 +88,19 @@ class NodeAgent:
             raise SyncError(f"{self.name}: the transfer stopped: the node took nothing for {self.stall_timeout:g}s; "
                             "completed files are in place: run the same command again") from None
         except (OSError, EOFError, paramiko.SSHException) as exc:
-            raise SyncError(f"{self.name}: the connection to the node was lost ({exc or type(exc).__name__})") from None
+            raise self._lost(exc) from None
         finally:
             self.waiting = False
+
+    def _lost(self, exc: BaseException) -> SyncError:
+        """The channel closed under a send or a read: before the node's Python ever answered, it did not start
+        there (a wrong `python`: the command ends at once, and its channel with it, often before the first job is
+        sent); after, the link or the node went away."""
+        why = str(exc) or type(exc).__name__
+        if not self.answered:
+            return SyncError(f"{self.name}: the node's Python ({self.session.node.python}) ended without an answer "
+                             f"({why}); check `python` for this node in the inventory, and that the node is up")
+        return SyncError(f"{self.name}: the connection to the node was lost ({why})")
 
     def _answer(self) -> dict:
         self.waiting, self.progress = True, time.monotonic()
@@ -100,7 +110,7 @@ class NodeAgent:
                 line = self.pipe.readline(self.stall_timeout)
                 self.progress = time.monotonic()
         except (OSError, EOFError, paramiko.SSHException) as exc:
-            raise SyncError(f"{self.name}: the connection to the node was lost ({exc})") from None
+            raise self._lost(exc) from None
         finally:
             self.waiting = False
         if line is None and self.answered:  # it was up: the link (or the node) went away since

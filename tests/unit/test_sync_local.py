@@ -73,3 +73,41 @@ def test_a_mismatch_twice_is_reported_and_nothing_is_renamed(tmp_path, monkeypat
     src, dest, node = _sync_with_corruption(tmp_path, monkeypatch, times=2)
     assert not node.ok and "f.bin differs on the node after being sent twice" in node.error
     assert list(dest.iterdir()) == []
+
+
+def test_a_node_python_that_ends_at_once_is_named_whether_the_send_or_the_read_finds_its_channel_closed():
+    """A wrong `python` for a node: its command ends at once and its channel with it, so the first job's send can
+    find the channel closed before the read does (CI run 68 saw "Socket is closed" from paramiko there). Either way
+    the one line names the node's Python and the inventory; once the Python has answered, the same is a lost link."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    from cli.sync.plan import SyncError
+    from cli.sync.send import NodeAgent
+
+    class Closed:
+        def __init__(self, where: str):
+            self.where = where
+
+        def send(self, data, timeout=None):
+            if self.where == "send":
+                raise OSError("Socket is closed")
+
+        def readline(self, timeout=None):
+            raise EOFError("the channel is closed")
+
+        def close(self):
+            pass
+
+    node = SimpleNamespace(name="node1", python="/nonexistent/python3")
+    for where in ("send", "read"):
+        agent = NodeAgent(SimpleNamespace(node=node, pipe=lambda argv: Closed(where)), stall_timeout=5)
+        with pytest.raises(SyncError) as e:
+            agent.call({"op": "scan"})
+        assert str(e.value).startswith("node1: the node's Python (/nonexistent/python3) ended without an answer (")
+        assert "check `python` for this node in the inventory" in str(e.value)
+        agent.answered = True
+        with pytest.raises(SyncError) as e:
+            agent.call({"op": "scan"})
+        assert str(e.value).startswith("node1: the connection to the node was lost ("), str(e.value)
