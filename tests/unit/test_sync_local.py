@@ -78,21 +78,25 @@ def test_a_mismatch_twice_is_reported_and_nothing_is_renamed(tmp_path, monkeypat
 def test_a_node_python_that_ends_at_once_is_named_whether_the_send_or_the_read_finds_its_channel_closed():
     """A wrong `python` for a node: its command ends at once and its channel with it, so the first job's send can
     find the channel closed before the read does (CI run 68 saw "Socket is closed" from paramiko there). Either way
-    the one line names the node's Python and the inventory; once the Python has answered, the same is a lost link."""
+    the one line names the node's Python and the inventory; once the Python has answered, the same is a lost link.
+    The send side is real: a local node whose `python` is /bin/false, ended before the job is sent. The read side
+    is a channel whose read fails (an SSH channel's error cannot be made on demand here)."""
+    import dataclasses
     from types import SimpleNamespace
 
     import pytest
 
+    from cli.nodes.remote import LocalSession
     from cli.sync.plan import SyncError
     from cli.sync.send import NodeAgent
 
-    class Closed:
-        def __init__(self, where: str):
-            self.where = where
+    node = dataclasses.replace(local_node("node1"), python="/bin/false")
+    sent = NodeAgent(LocalSession(node), stall_timeout=5)
+    sent.pipe.proc.wait(10)  # ended: the send finds its stdin closed (BrokenPipeError)
 
+    class ReadFails:
         def send(self, data, timeout=None):
-            if self.where == "send":
-                raise OSError("Socket is closed")
+            pass
 
         def readline(self, timeout=None):
             raise EOFError("the channel is closed")
@@ -100,14 +104,14 @@ def test_a_node_python_that_ends_at_once_is_named_whether_the_send_or_the_read_f
         def close(self):
             pass
 
-    node = SimpleNamespace(name="node1", python="/nonexistent/python3")
-    for where in ("send", "read"):
-        agent = NodeAgent(SimpleNamespace(node=node, pipe=lambda argv: Closed(where)), stall_timeout=5)
+    read = NodeAgent(SimpleNamespace(node=node, pipe=lambda argv: ReadFails()), stall_timeout=5)
+    for agent in (sent, read):
         with pytest.raises(SyncError) as e:
             agent.call({"op": "scan"})
-        assert str(e.value).startswith("node1: the node's Python (/nonexistent/python3) ended without an answer (")
+        assert str(e.value).startswith("node1: the node's Python (/bin/false) ended without an answer ("), str(e.value)
         assert "check `python` for this node in the inventory" in str(e.value)
         agent.answered = True
         with pytest.raises(SyncError) as e:
             agent.call({"op": "scan"})
         assert str(e.value).startswith("node1: the connection to the node was lost ("), str(e.value)
+    sent.close()
