@@ -7,7 +7,10 @@
 # The suite without a selection of yours (no test path, -m, -k), in two phases:
 #   1. every test but those marked `alone`, on four pytest processes (pytest-xdist, a file's tests together so that
 #      its fixtures are made once; the cluster tier's each on a lab of its own): four on two cores, since many tests
-#      wait (for a lab's timeouts, a rank's missed beats, a node's answer) and the others keep the cores busy meanwhile;
+#      wait (for a lab's timeouts, a rank's missed beats, a node's answer) and the others keep the cores busy meanwhile.
+#      Files are handed out in their collection order (tests/cluster, tests/trainer, tests/unit: the long ones first,
+#      the many short ones last to fill the cores at the end), not xdist's default of the files with the most tests
+#      first, which left the cluster tier's few long tests (test_memory_cap's three: over a minute) to the end;
 #   2. the tests marked `alone` (they compare CPU shares, link rates and delays), one at a time with nothing beside.
 # The elastic tests (tests/cluster/test_elastic*.py) mostly wait, for a node's 60 s faults and for paced steps: each
 # test runs from the start beside phase 1, in a process and on a lab of its own, and phase 2 waits for them.
@@ -77,7 +80,7 @@ else
     pytest -m cluster -p no:cacheprovider ${args[@]+"${args[@]}"} "$test" >"$log" 2>&1 &
     elastic_pids+=($!) elastic_logs+=("$log")
   done
-  pytest -m "not alone" -n 4 --dist loadfile ${args[@]+"${args[@]}"} "${elastic_files[@]/#/--ignore=}" tests
+  pytest -m "not alone" -n 4 --dist loadfile --no-loadscope-reorder ${args[@]+"${args[@]}"} "${elastic_files[@]/#/--ignore=}" tests
   rc=$?
   rc_elastic=0
   for i in "${!elastic_pids[@]}"; do

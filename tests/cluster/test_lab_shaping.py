@@ -119,8 +119,9 @@ def qdiscs(node) -> tuple[str, str]:
     return egress, ingress
 
 
-@pytest.mark.alone  # measures rates, delays or CPU shares: nothing else on the cores
 def test_rate_shaping_in_both_directions(lab3):
+    """Beside the other tests (not `alone`): the shaped rate is reached within three tries and never exceeded,
+    and the free link, a few Gbit/s here, stays far past four times the shaped rate with every core busy."""
     a, b = lab3.nodes[0], lab3.nodes[1]
     free_out, free_in = tcp_mbit(b, a), tcp_mbit(a, b)
     try:

@@ -1,7 +1,10 @@
 """What the link means for training, on real lab nodes: `hrmctl test-ddp` times the model on both nodes and
 predicts DDP's communication from the all_reduce it measured, saves the figures, and `hrmctl train` warns
 from them before a run where communication would dominate — on the lab's LAN (it should not) and on a link
-shaped down to a few Mbit/s inside a node's namespace (it should)."""
+shaped down to a few Mbit/s inside a node's namespace (it should). Those two run beside the other tests: they check
+that the warning agrees with the figures test-ddp measured, whatever the load made of them, and a 5 Mbit/s link's
+seconds against the tiny model's hundredths of a second. The node at a third of a core compares two nodes' speeds, so
+it runs `alone` (scripts/test.sh)."""
 
 from __future__ import annotations
 
@@ -10,8 +13,6 @@ import json
 import pytest
 
 from auralm.planning import link_budget as lb
-
-pytestmark = pytest.mark.alone  # times the model and the link: with no other test on the cores (scripts/test.sh)
 
 MODEL = ["model=tiny", "task=lm"]
 
@@ -129,6 +130,7 @@ def test_slow_link_makes_train_warn_with_the_suggested_overrides(lab3, hrmctl, t
           f"compute {tr['compute_s']:.3f} s/step, ddp {tr['ddp']['comm_s']:.2f} s/step; {tr['suggestion']['overrides']}")
 
 
+@pytest.mark.alone  # node0 on a core of its own, node1 on the other at a third of it: nothing else on those cores
 def test_a_node_at_a_third_of_a_core_gets_work_shares_suggested(lab3, hrmctl, tmp_path, text_on_nodes):
     """node0 on a core of its own, node1 on the other held to a third of it (a cgroup CPU quota): test-ddp times
     the model on each, finds node1 about three times slower and suggests shares by speed; `hrmctl train` with equal
