@@ -57,6 +57,19 @@ def test_the_uniqueness_check_answers_as_counting_the_solutions_does(monkeypatch
     assert any(answers) and not all(answers)
 
 
+def test_the_fills_digit_orders_are_the_generators_own_samples():
+    """random_solution draws each cell's digit order by rejection from getrandbits (sudoku._digit_orders), as
+    CPython's sample does: the same orders, and the generator left in the same state, as rng.sample(range(1, 10), 9)
+    from the same seed, so every dataset made from a seed stays the same."""
+    assert sudoku._SAMPLE_EXACT  # this Python's sample draws as CPython's: the fast path is the one used
+    for seed in range(300):
+        fast, plain = random.Random(seed), random.Random(seed)
+        order = sudoku._digit_orders(fast)
+        assert [order() for _ in range(7)] == [plain.sample(range(1, 10), 9) for _ in range(7)], seed
+        assert fast.random() == plain.random()
+    assert sudoku.random_solution(random.Random(11)) != sudoku.random_solution(random.Random(12))
+
+
 def test_solver_counts_several_solutions_and_none():
     empty = [0] * 81
     assert sudoku.count_solutions(empty, limit=2)[0] == 2
