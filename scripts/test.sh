@@ -11,7 +11,7 @@
 #      Files are handed out in their collection order (tests/cluster, tests/trainer, tests/unit: the long ones first,
 #      the many short ones last to fill the cores at the end), not xdist's default of the files with the most tests
 #      first, which left the cluster tier's few long tests (test_memory_cap's three: over a minute) to the end;
-#   2. the tests marked `alone` (they compare CPU shares, link rates and delays), one at a time with nothing beside.
+#   2. the tests marked `alone` (they compare CPU shares and delays), one at a time with nothing beside.
 # The elastic tests (tests/cluster/test_elastic*.py) mostly wait, for a node's 60 s faults and for paced steps: each
 # test runs from the start beside phase 1, in a process and on a lab of its own, and phase 2 waits for them.
 # The lab nodes' venv is made (once a machine) beside the install of .venv, before any phase.

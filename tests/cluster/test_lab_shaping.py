@@ -120,8 +120,8 @@ def qdiscs(node) -> tuple[str, str]:
 
 
 def test_rate_shaping_in_both_directions(lab3):
-    """Beside the other tests (not `alone`): the shaped rate is reached within three tries and never exceeded,
-    and the free link, a few Gbit/s here, stays far past four times the shaped rate with every core busy."""
+    """Beside the other tests (not `alone`): the shaped rate is reached within three tries and never exceeded, and
+    the free link stays past four times the shaped rate with every core busy (veth between namespaces: no wire)."""
     a, b = lab3.nodes[0], lab3.nodes[1]
     free_out, free_in = tcp_mbit(b, a), tcp_mbit(a, b)
     try:
