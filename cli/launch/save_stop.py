@@ -2,8 +2,9 @@
 shell; or a user's), and on SIGTERM inside a Slurm job (scancel, scontrol requeue, preemption), the launcher lets
 the ranks write a checkpoint before it stops the job:
 
-  - SIGUSR1: sent on to every rank on every node (the processes tagged with this job's HRMCTL_JOB that torchrun
-    started: they carry LOCAL_RANK; torchrun's agent itself would die of it); under Slurm's SIGTERM Slurm has
+  - SIGUSR1: sent on to every rank on every node (the children of the job's torchrun agent, the process tagged with
+    this job's HRMCTL_JOB that runs torchrun: a rank forked from it (cli/launch/forked_ranks.py) shows the agent's
+    environment in /proc, not its LOCAL_RANK; the agent itself would die of the signal); under Slurm's SIGTERM Slurm has
     signalled every process of the job itself, and a new job step could not start anyway;
   - the ranks agree on a step, save there and end with exit 0 (auralm/training/stop_request.py);
   - up to SAVE_GRACE_S for every node's job to end by itself, its lines still shown; then the usual stop
@@ -24,16 +25,24 @@ SAVE_GRACE_S = 60.0  # within Slurm's signal lead (cli/slurm/submit.py SIGNAL_S)
 SLURM_TERM_GRACE_S = 25.0  # ...minus a margin: under scancel, Slurm kills what is left KillWait after its SIGTERM
 POLL_S = 0.1
 
-# Sent to a node's Python: SIGUSR1 to every rank of job argv[1]; prints how many got it.
+# Sent to a node's Python: SIGUSR1 to every rank of job argv[1] (the children of its torchrun agent); prints how
+# many got it.
 RANKS_SNIPPET = r"""
-import os, signal, sys
+import signal, sys
 import psutil
 job, n = sys.argv[1], 0
-for p in psutil.process_iter(["environ"], ad_value=None):
-    env = p.info["environ"] or {}
-    if env.get("HRMCTL_JOB") == job and "LOCAL_RANK" in env:
+for p in psutil.process_iter(["environ", "cmdline"], ad_value=None):
+    line = " ".join(p.info["cmdline"] or ())
+    if (p.info["environ"] or {}).get("HRMCTL_JOB") != job or not (
+            "torch.distributed.run" in line or "cli.launch.node_torchrun" in line):
+        continue
+    try:
+        ranks = p.children()
+    except psutil.Error:
+        continue
+    for rank in ranks:
         try:
-            p.send_signal(signal.SIGUSR1)
+            rank.send_signal(signal.SIGUSR1)
             n += 1
         except psutil.Error:
             pass

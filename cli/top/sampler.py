@@ -15,8 +15,10 @@ steps_per_s, rate, unit, age), "agent_cpu" (this agent's CPU time / wall time si
 line, %), "psutil" (whether psutil was used)}.
 
 A trainer process is one whose first `-m` module is auralm.training.train (torchrun's worker, or a plain
-`python -m auralm.training.train`), never torchrun itself; its rank and run come from its environment
-(RANK, LOCAL_RANK, WORLD_SIZE, HRMCTL_RUN_ID), readable because it runs as the same user.
+`python -m auralm.training.train`), never torchrun itself; its rank and run come from its heartbeat, and before
+its first from its environment (RANK, LOCAL_RANK, WORLD_SIZE, HRMCTL_RUN_ID), readable because it runs as the same
+user (a rank forked from torchrun's agent, cli/launch/forked_ranks.py, shows the agent's there: rank 0 until its
+first heartbeat).
 """
 
 from __future__ import annotations
@@ -328,6 +330,9 @@ class Ranks:
                         (started is None or beat.get("time", 0) >= started - 1):
                     for key in ("step", "loss", "steps_per_s", "rate", "unit"):
                         row[key] = beat.get(key)
+                    for key in ("rank", "local_rank", "world"):  # the trainer's own word
+                        if isinstance(beat.get(key), int):
+                            row[key] = beat[key]
                     row["age"] = round(max(0.0, time.time() - beat.get("time", time.time())), 2)
                     row["run"] = row["run"] or beat.get("run")
             out.append(row)

@@ -1,0 +1,74 @@
+"""cli/launch/forked_ranks.py with real torchrun: on this machine (a CPU build of torch) the ranks are forked from
+cli.launch.node_torchrun's agent, which has torch imported, and see what a new interpreter would give them: their
+own session, torchrun's environment for them (and torch's threads set from it), no file of the agent's, the
+default signal handlers, their own command line and exit handlers, unbuffered output; their ends (an exit code, a
+message, an exception, an interrupt) reach torchrun as a new interpreter's would. HRMCTL_FORK_RANKS=0 starts them
+as torchrun does. The ranks here are tests/rank_probe.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from tests.trainer.helpers import PYTHON, REPO, python_env
+
+MODULE = "tests.rank_probe"
+
+
+def _launch(out, end: str, **env) -> tuple[subprocess.Popen, str, str]:
+    """Two ranks of the probe under cli.launch.node_torchrun; OMP_NUM_THREADS left for torchrun to set."""
+    cmd = [PYTHON, "-m", "cli.launch.node_torchrun", "--", "--standalone", "--nproc_per_node", "2", "--tee", "3",
+           "-m", MODULE, str(out), end]
+    base = python_env(**env)
+    base.pop("OMP_NUM_THREADS")
+    proc = subprocess.Popen(cmd, cwd=REPO, env=base, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stdout, stderr = proc.communicate(timeout=120)
+    return proc, stdout, stderr
+
+
+def _reports(out) -> list[dict]:
+    return [json.loads((out / f"{rank}.json").read_text()) for rank in ("0", "1")]
+
+
+def test_ranks_are_forked_from_the_agent_and_see_what_a_new_interpreter_would(tmp_path):
+    proc, out, err = _launch(tmp_path, "ok")
+    assert proc.returncode == 0, err[-3000:]
+    ranks = _reports(tmp_path)
+    for i, r in enumerate(ranks):
+        assert r["forked"], r  # torch was imported before the rank's first line: the agent's
+        assert r["ppid"] == proc.pid and r["sid"] == r["pid"], r  # the agent's child, in a session of its own
+        assert (r["rank"], r["local_rank"], r["world"]) == (str(i), str(i), "2")
+        assert r["omp"] == "1" and r["threads"] == 1, r  # torchrun's OMP_NUM_THREADS for two ranks, applied
+        assert r["cmdline"] == [PYTHON, "-u", "-m", MODULE, str(tmp_path), "ok"], r["cmdline"]
+        assert r["argv"][1:] == [str(tmp_path), "ok"] and r["argv"][0].endswith("rank_probe.py")
+        assert r["main"] == "__main__" and r["sigterm_default"], r  # not torchrun's handler
+        assert set(r["files"]) <= {os.devnull}, r["files"]  # the agent's store socket and logs are not the rank's
+        assert (tmp_path / f"{i}.atexit").read_text() == "ran"
+        assert f"[default{i}]:rank {i} says hello" in out
+    assert ranks[0]["pid"] != ranks[1]["pid"]
+
+
+def test_turned_off_the_ranks_are_new_interpreters(tmp_path):
+    proc, out, err = _launch(tmp_path, "ok", HRMCTL_FORK_RANKS="0")
+    assert proc.returncode == 0, err[-3000:]
+    for r in _reports(tmp_path):
+        assert not r["forked"] and r["ppid"] == proc.pid and r["threads"] == 1, r
+        assert r["cmdline"] == [PYTHON, "-u", "-m", MODULE, str(tmp_path), "ok"]
+
+
+@pytest.mark.parametrize("end, exitcode, said", [
+    ("exit3", "3", None),
+    ("message", "1", "rank gave up: a message"),
+    ("raise", "1", "RuntimeError: the rank's own error"),
+    ("interrupt", "-2", "KeyboardInterrupt"),
+])
+def test_a_forked_ranks_end_reaches_torchrun_as_a_new_interpreters_would(tmp_path, end, exitcode, said):
+    proc, out, err = _launch(tmp_path, end)
+    assert proc.returncode != 0
+    assert f"exitcode  : {exitcode} " in err, err[-3000:]
+    if said:
+        assert said in out + err, (out + err)[-3000:]
+    assert all(r["forked"] for r in _reports(tmp_path))
