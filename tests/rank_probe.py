@@ -26,6 +26,10 @@ def main() -> None:
             files.append(os.readlink(f"/proc/self/fd/{fd}"))
         except FileNotFoundError:  # the listing's own descriptor, closed since
             pass
+    import logging
+
+    streams = [h.stream for lg in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+               for h in getattr(lg, "handlers", ()) if isinstance(h, logging.StreamHandler) and h.stream is not None]
     with open("/proc/self/cmdline", "rb") as fh:
         cmdline = [part.decode() for part in fh.read().split(b"\0")]
     while cmdline and not cmdline[-1]:  # a command line rewritten in place is padded with empty arguments
@@ -34,6 +38,7 @@ def main() -> None:
               "cmdline": cmdline, "rank": rank, "local_rank": os.environ.get("LOCAL_RANK"),
               "world": os.environ.get("WORLD_SIZE"), "omp": os.environ.get("OMP_NUM_THREADS"),
               "threads": torch.get_num_threads(), "files": files,
+              "log_streams": len(streams), "log_streams_ours": all(st in (sys.stdout, sys.stderr) for st in streams),
               "main": __name__, "sigterm_default": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL}
     (out / f"{rank}.json").write_text(json.dumps(report))
     atexit.register(lambda: (out / f"{rank}.atexit").write_text("ran"))

@@ -3,7 +3,7 @@
 torchrun starts each rank as a new interpreter (``python -u -m auralm.training.train ...``) that imports torch again:
 about 1.3 s of CPU a rank on a small machine (`python -c "import torch"`, 2026-11-29), paid at every launch and
 every restart, on top of the agent's own import. cli.launch.node_torchrun imports torch once for torchrun; where the
-node has no CUDA device (a CPU build of torch, or the facts it checked say no GPU), ``install()`` makes torchrun's
+node has no CUDA device (a CPU build of torch, or a CUDA build that finds no GPU), ``install()`` makes torchrun's
 SubprocessHandler fork that process for a rank instead of starting a new one, and the rank runs its module there as
 ``python -u -m`` would. CUDA is never forked (it cannot be used in a child forked after it started), so a GPU node's
 ranks start as torchrun starts them. ``HRMCTL_FORK_RANKS=0`` in a node's environment turns this off.
@@ -68,14 +68,18 @@ class ForkedRank:
         self.send_signal(signal.SIGKILL)
 
 
-def can_fork(gpus: int | None) -> bool:
-    """Whether ranks may be forked here: not turned off, and no CUDA (a CPU build, or ``gpus`` == 0 as checked)."""
+def can_fork() -> bool:
+    """Whether ranks may be forked here: not turned off, and torch sees no CUDA device (a CPU build, or a CUDA build
+    on a machine without a usable GPU; where it sees one, this process may have started CUDA by asking, and its
+    ranks start as new interpreters)."""
     if os.environ.get(OFF_ENV) == "0" or not hasattr(os, "fork"):
         return False
     import torch
 
-    cpu_build = getattr(torch.version, "cuda", None) is None and getattr(torch.version, "hip", None) is None
-    return cpu_build or gpus == 0
+    try:
+        return not torch.cuda.is_available()
+    except Exception:  # noqa: BLE001 - a driver that cannot say: torchrun's own way
+        return False
 
 
 def install() -> None:
@@ -141,6 +145,12 @@ def _become_rank(module: str, argv: list[str], env: dict, stdout, stderr) -> Non
                                                    errors=old_out.errors, write_through=True)
     sys.stderr = sys.__stderr__ = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding=old_err.encoding,
                                                    errors=old_err.errors, write_through=True)
+    import logging
+
+    for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]:
+        for h in getattr(logger, "handlers", ()):  # torchrun's own loggers: to the rank's streams, not the agent's
+            if isinstance(h, logging.StreamHandler) and h.stream in (old_out, old_err):
+                h.setStream(sys.stdout if h.stream is old_out else sys.stderr)
     atexit._clear()
     os.environ.clear()
     os.environ.update(env)

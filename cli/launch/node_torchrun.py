@@ -122,11 +122,9 @@ def main(argv: list[str]) -> int:
         if given is None:
             return 0
         own, rest = given
-    gpus = None  # as checked here (--expect), else unknown
     if "--expect" in own:
         expect = json.loads(own["--expect"])
         found = found_facts()
-        gpus = found["gpus"]
         print(FACTS_TAG + json.dumps(found), flush=True)
         if found["error"]:
             print(f"error: torch does not import here: {found['error']}", file=sys.stderr, flush=True)
@@ -144,7 +142,7 @@ def main(argv: list[str]) -> int:
 
     from cli.launch import forked_ranks
 
-    if forked_ranks.can_fork(gpus):
+    if forked_ranks.can_fork():
         forked_ranks.install()  # no GPU here: the ranks forked from this process, torch imported already
     gc.freeze()  # torch's objects left out of the collector's passes (auralm/errors.py exit_frozen: 0.4 s of CPU)
     try:
