@@ -43,7 +43,8 @@ class ForkedRank:
         if self.returncode is None:
             try:
                 pid, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:
+            except ChildProcessError:  # reaped elsewhere: its end cannot be told, so not as a success
+                self.returncode = 1
                 return self.returncode
             if pid:
                 self.returncode = os.waitstatus_to_exitcode(status)
@@ -72,8 +73,8 @@ def can_fork() -> bool:
     """Whether ranks may be forked here: not turned off, and torch sees no CUDA device (a CPU build, or a CUDA build
     on a machine without a usable GPU; where it sees one, this process may have started CUDA by asking, and its
     ranks start as new interpreters)."""
-    if os.environ.get(OFF_ENV) == "0" or not hasattr(os, "fork"):
-        return False
+    if os.environ.get(OFF_ENV) == "0" or not hasattr(os, "fork") or not os.path.isdir("/proc/self/fd"):
+        return False  # turned off, or not Linux (the rank's files and command line are read from /proc)
     import torch
 
     try:
