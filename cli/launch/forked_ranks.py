@@ -6,7 +6,8 @@ every restart, on top of the agent's own import. cli.launch.node_torchrun import
 node has no CUDA device (a CPU build of torch, or a CUDA build that finds no GPU), ``install()`` makes torchrun's
 SubprocessHandler fork that process for a rank instead of starting a new one, and the rank runs its module there as
 ``python -u -m`` would. CUDA is never forked (it cannot be used in a child forked after it started), so a GPU node's
-ranks start as torchrun starts them. ``HRMCTL_FORK_RANKS=0`` in a node's environment turns this off.
+ranks start as torchrun starts them. ``HRMCTL_FORK_RANKS=0`` in the agent's environment (`hrmctl train --env
+HRMCTL_FORK_RANKS=0`) turns this off.
 
 What the rank sees is what a new interpreter would give it: its own session (torchrun signals the group),
 the environment torchrun made for it (os.environ; torch's threads set from its OMP_NUM_THREADS), its output files
