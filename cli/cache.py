@@ -31,8 +31,10 @@ def load(path: Path) -> dict:
 
 def save(path: Path, entries: dict) -> bool:
     """Write ``entries`` to ``path`` in their order (a cache trimmed to its newest entries keeps the last ones
-    inserted); False when it could not be written."""
+    inserted); False when it could not be written. A path that is a link is written through it: the file it names
+    is replaced, and the link stays."""
     try:
+        path = Path(os.path.realpath(path))
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}")
         tmp.write_text(json.dumps(entries, indent=1) + "\n")

@@ -165,3 +165,15 @@ def test_every_named_size_is_built_on_meta_without_torchs_python_reference_kerne
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     assert int(res.stdout.split()[-1]) >= 20
+
+def test_a_cache_file_that_is_a_link_is_written_through_it(tmp_path):
+    """The test session's estimates are one file for every test process (tests/conftest.py own_cache links each
+    session's to it): a save replaces the file the link names, and the link stays a link."""
+    from cli import cache
+
+    shared, link = tmp_path / "shared.json", tmp_path / "session" / "sizes.json"
+    link.parent.mkdir()
+    link.symlink_to(shared)
+    assert cache.save(link, {"a": 1}) and link.is_symlink()
+    assert cache.save(link, {**cache.load(link), "b": 2}) and link.is_symlink()
+    assert cache.load(shared) == {"a": 1, "b": 2}
