@@ -178,7 +178,8 @@ def _forget_open_files() -> None:
 
 def _rewrite_command_line(argv: list[str]) -> None:
     """The process's command line (/proc/self/cmdline: ps, `hrmctl top`) made ``argv``, written over the agent's in
-    place (it always fits: the rank's arguments are part of the agent's); left as it was where it cannot be."""
+    place (the rank's arguments are part of the agent's, so it fits unless the interpreter's path is much longer than
+    the agent's first argument); left as it was where it does not fit or cannot be written."""
     try:
         with open("/proc/self/stat", "rb") as fh:
             fields = fh.read().rsplit(b")", 1)[1].split()
