@@ -62,7 +62,8 @@ def main() -> None:
     for forked, name in ((False, "new interpreters"), (True, "forked")):
         cpu, wall = med[forked]
         print(f"{name:17s} {cpu:6.2f} CPU-s  {wall:6.2f} s wall  (median of {args.repeat}, {args.ranks} ranks)")
-    print(f"forked / new interpreters: CPU {med[True][0] / med[False][0]:.2f}, wall {med[True][1] / med[False][1]:.2f}; "
+    cpu_ratio, wall_ratio = med[True][0] / med[False][0], med[True][1] / med[False][1]
+    print(f"forked / new interpreters: CPU {cpu_ratio:.2f}, wall {wall_ratio:.2f}; "
           f"{(med[False][0] - med[True][0]) / args.ranks:.2f} CPU-s less a rank")
 
 

@@ -73,3 +73,27 @@ def test_a_forked_ranks_end_reaches_torchrun_as_a_new_interpreters_would(tmp_pat
     if said:
         assert said in out + err, (out + err)[-3000:]
     assert all(r["forked"] for r in _reports(tmp_path))
+
+
+def test_a_node_whose_torch_sees_a_gpu_starts_its_ranks_as_torchrun_does(monkeypatch):
+    """CUDA cannot be used in a child forked after it started: where torch sees a device (mocked here: this machine
+    has none), no fork; none either when turned off, and nothing but ``python -u -m MODULE`` is forked."""
+    import sys
+
+    import torch
+
+    from cli.launch import forked_ranks
+
+    monkeypatch.delenv("HRMCTL_FORK_RANKS", raising=False)
+    monkeypatch.delenv("PYTHON_EXEC", raising=False)
+    assert forked_ranks.can_fork()  # a CPU build: forked
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert not forked_ranks.can_fork()
+    monkeypatch.undo()
+    monkeypatch.setenv("HRMCTL_FORK_RANKS", "0")
+    assert not forked_ranks.can_fork()
+    rank = (sys.executable, "-u", "-m", "auralm.training.train", "x=1")
+    assert forked_ranks._module_of(rank) == "auralm.training.train"
+    for other in [(sys.executable, "-u", "train.py"), ("/bin/echo", "-u", "-m", "x"),
+                  ("numactl", "--cpunodebind=0", sys.executable, "-u", "-m", "x")]:
+        assert forked_ranks._module_of(other) is None, other
