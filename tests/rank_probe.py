@@ -39,7 +39,8 @@ def main() -> None:
               "world": os.environ.get("WORLD_SIZE"), "omp": os.environ.get("OMP_NUM_THREADS"),
               "threads": torch.get_num_threads(), "files": files,
               "log_streams": len(streams), "log_streams_ours": all(st in (sys.stdout, sys.stderr) for st in streams),
-              "main": __name__, "sigterm_default": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL}
+              "main": __name__, "sigterm_default": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
+              "sigpipe_ignored": signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN}
     (out / f"{rank}.json").write_text(json.dumps(report))
     atexit.register(lambda: (out / f"{rank}.atexit").write_text("ran"))
     sys.stdout.write(f"rank {rank} says hello\n")  # -u: in the log at once, flushed or not

@@ -11,7 +11,7 @@ HRMCTL_FORK_RANKS=0`) turns this off.
 
 What the rank sees is what a new interpreter would give it: its own session (torchrun signals the group),
 the environment torchrun made for it (os.environ; torch's threads set from its OMP_NUM_THREADS), its output files
-unbuffered as ``-u`` makes them, the default signal handlers, no exit handlers of the agent's, none of the agent's
+unbuffered as ``-u`` makes them, the signal handlers a new interpreter starts with, no exit handlers of the agent's, none of the agent's
 open files (each replaced by /dev/null, so an object of the agent's that closes its descriptor later closes nothing
 of the rank's), and its command line (``ps``, `hrmctl top`) rewritten to the rank's own. /proc/<pid>/environ still
 shows the agent's environment: what reads a rank's rank finds it in its heartbeat (cli/top/sampler.py), and a stop
@@ -31,7 +31,8 @@ import sys
 import time
 
 OFF_ENV = "HRMCTL_FORK_RANKS"  # "0": ranks start as new interpreters (torchrun's own way)
-RESET_SIGNALS = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGCHLD", "SIGALRM", "SIGPIPE")
+RESET_SIGNALS = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGCHLD", "SIGALRM")
+IGNORED_SIGNALS = ("SIGPIPE", "SIGXFSZ")  # as Python's start-up leaves them: a closed pipe raises BrokenPipeError
 
 
 class ForkedRank:
@@ -102,7 +103,7 @@ def install() -> None:
 
 def _module_of(args: tuple) -> str | None:
     """MODULE of torchrun's ``(python, -u, -m, MODULE, ...)``; None for anything else (a script, --no-python)."""
-    if len(args) >= 4 and args[0] == sys.executable and args[1:3] == ("-u", "-m") and "PYTHON_EXEC" not in os.environ:
+    if len(args) >= 4 and args[0] == sys.executable and args[1:3] == ("-u", "-m"):
         return args[3]
     return None
 
@@ -135,6 +136,8 @@ def _become_rank(module: str, argv: list[str], env: dict, stdout, stderr) -> Non
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
     for name in RESET_SIGNALS:
         signal.signal(getattr(signal, name), signal.SIG_DFL)
+    for name in IGNORED_SIGNALS:
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     if stdout is not None:
         os.dup2(stdout.fileno(), 1)

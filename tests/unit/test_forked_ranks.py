@@ -45,6 +45,7 @@ def test_ranks_are_forked_from_the_agent_and_see_what_a_new_interpreter_would(tm
         assert r["cmdline"] == [PYTHON, "-u", "-m", MODULE, str(tmp_path), "ok"], r["cmdline"]
         assert r["argv"][1:] == [str(tmp_path), "ok"] and r["argv"][0].endswith("rank_probe.py")
         assert r["main"] == "__main__" and r["sigterm_default"], r  # not torchrun's handler
+        assert r["sigpipe_ignored"], r  # as Python's start-up leaves it: a closed pipe raises, it does not kill
         assert r["log_streams"] and r["log_streams_ours"], r  # torch's log handlers write to the rank's streams
         assert set(r["files"]) <= {os.devnull}, r["files"]  # the agent's store socket and logs are not the rank's
         assert (tmp_path / f"{i}.atexit").read_text() == "ran"
@@ -85,7 +86,6 @@ def test_a_node_whose_torch_sees_a_gpu_starts_its_ranks_as_torchrun_does(monkeyp
     from cli.launch import forked_ranks
 
     monkeypatch.delenv("HRMCTL_FORK_RANKS", raising=False)
-    monkeypatch.delenv("PYTHON_EXEC", raising=False)
     assert forked_ranks.can_fork()  # a CPU build: forked
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert not forked_ranks.can_fork()
