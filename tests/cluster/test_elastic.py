@@ -51,12 +51,22 @@ def _asleep(victim, log0, proc, launches: int) -> tuple[float, str]:
     asleep = time.time()
     victim.freeze(True)
     try:
-        wait_for(lambda: _text(log0).count("# hrmctl launch") >= launches or proc.poll() is not None, 90,
-                 "node0 to start again without the sleeping node1", every=0.5)
+        stepping(log0, proc, launches, "node0 to start again without the sleeping node1, and step")
         time.sleep(max(0.0, asleep + ASLEEP_S - time.time()))
         return asleep, _text(log0).split("# hrmctl launch")[-1]
     finally:
         victim.freeze(False)
+
+
+def stepping(log, proc, launches: int, what: str) -> None:
+    """Wait until node0 has been launched ``launches`` times (its log) and has logged a step in the last launch, or
+    the run has ended. A fault lasts at least its window and until then: how long a restart takes to its first step
+    depends on the machine (on a fresh 2-core one under the suite's load it took over 60 s), what is tested does not.
+    240 s: a restart took 20-30 s here, and three times that on a machine three times slower"""
+    wait_for(lambda: _text(log).count("# hrmctl launch") >= launches and
+             re.search(r"\[rank0\]:step \d+/", _text(log).split("# hrmctl launch")[-1]) or proc.poll() is not None,
+             240, what, every=0.5)
+    assert proc.poll() is None, proc.communicate()
 
 
 def cut_off(node, on: bool) -> None:
@@ -98,8 +108,7 @@ def test_a_node_cut_off_leaves_the_run_and_rejoins_it(lab3, tmp_path):
         assert proc.poll() is None, proc.communicate()
         fault = time.time()
         cut_off(victim, True)
-        wait_for(lambda: "# hrmctl launch, attempt 1" in _text(log0) and _text(log0).count("# hrmctl launch") >= 2
-                 or proc.poll() is not None, 90, "node0 to start again without node1", every=0.5)
+        stepping(log0, proc, 2, "node0 to start again without node1, and step")
         time.sleep(max(0.0, fault + LINK_DOWN_S - time.time()))
         alone = _text(log0).split("# hrmctl launch")[-1]
     finally:
@@ -167,27 +176,21 @@ def test_three_nodes_go_on_as_two_and_as_one_and_take_the_others_back(lab3, tmp_
     logs = {n: run / f"{n}.log" for n in ("node0", "node1", "node2")}
     node1, node2 = lab3.nodes[1], lab3.nodes[2]
 
-    def stepping(launches: int, what: str) -> None:  # node0 launched ``launches`` times, and stepping in the last
-        wait_for(lambda: _text(logs["node0"]).count("# hrmctl launch") >= launches and
-                 re.search(r"\[rank0\]:step \d+/", _text(logs["node0"]).split("# hrmctl launch")[-1])
-                 or proc.poll() is not None, 240, what, every=0.5)
-        assert proc.poll() is None, proc.communicate()
-
     try:
         wait_for(lambda: "saved runs/el3/checkpoint-10" in _text(logs["node0"]) or proc.poll() is not None, 240,
                  "the first checkpoint", every=0.5)
         assert proc.poll() is None, proc.communicate()
         sh(["pkill", "-KILL", "-u", node1.user])
-        stepping(3, "node1 back after the kill")
+        stepping(logs["node0"], proc, 3, "node1 back after the kill")
         cut = time.time()
         cut_off(node1, True)
         try:
-            stepping(4, "node0 and node2 stepping as two while node1 is cut off")
+            stepping(logs["node0"], proc, 4, "node0 and node2 stepping as two while node1 is cut off")
             as_two = _text(logs["node0"]).split("# hrmctl launch")[-1]
             asleep = time.time()
             node2.freeze(True)
             try:
-                stepping(5, "node0 stepping alone while node1 is cut off and node2 asleep")
+                stepping(logs["node0"], proc, 5, "node0 stepping alone while node1 is cut off and node2 asleep")
                 alone = _text(logs["node0"]).split("# hrmctl launch")[-1]
                 time.sleep(max(0.0, cut + LINK_DOWN_S - time.time()))
                 cut_off(node1, False)  # node1 back first, node2 still asleep

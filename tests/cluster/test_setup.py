@@ -146,7 +146,10 @@ def test_second_setup_is_a_no_op(bare, ready, tmp_path):
     doc = json.loads(proc.stdout)
     for r in doc["nodes"]:
         assert r["venv_action"] == "unchanged" and r["wheels_sent"] == 0, r
-        assert r["seconds"] <= 3.0, f"{r['node']}: a no-op setup took {r['seconds']} s"
+        # a no-op is a few SSH round trips and one Python on the node (about 1 s on this 2-core machine, 2026-11);
+        # 10 s leaves room for a machine three times slower under the suite's load, and is still far from a
+        # reinstall (the first setup's venv and wheels: minutes). What makes it a no-op is asserted above
+        assert r["seconds"] <= 10.0, f"{r['node']}: a no-op setup took {r['seconds']} s"
     print(f"second setup: {wall:.1f} s wall, per node {[r['seconds'] for r in doc['nodes']]}")
 
 

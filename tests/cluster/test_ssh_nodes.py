@@ -30,12 +30,18 @@ def test_nodes_json_against_the_lab(lab3, hrmctl):
 
 def test_command_on_three_nodes_in_parallel(lab3):
     nodes = load_inventory(lab3.inventory).select(None)
+    command = ["sh", "-c", "sleep 1; id -un; hostname"]
     t0 = time.monotonic()
-    outs = for_each(nodes, lambda s: s.run(["sh", "-c", "sleep 1; id -un; hostname"], timeout=20))
+    assert for_each(nodes[:1], lambda s: s.run(command, timeout=20))[0].ok
+    one = time.monotonic() - t0  # the baseline on this machine, now: one node's connection and its 1 s command
+    t0 = time.monotonic()
+    outs = for_each(nodes, lambda s: s.run(command, timeout=20))
     elapsed = time.monotonic() - t0
     assert all(o.ok for o in outs), [o.error for o in outs]
     assert [o.value.stdout.split() for o in outs] == [[n.user, n.name] for n in lab3.nodes]
-    assert elapsed < 2.9, f"three 1 s commands took {elapsed:.1f}s: not parallel"
+    # one after another they would take three times the baseline; side by side about one, whatever this machine's
+    # speed (the three handshakes share its two cores: 2.5 leaves room for that)
+    assert elapsed < 2.5 * one, f"three 1 s commands took {elapsed:.1f}s, one alone {one:.1f}s: not parallel"
 
 
 def test_quoting_survives_hostile_arguments(lab3):
@@ -124,6 +130,9 @@ def test_unreachable_node_fails_in_bounded_time_others_answer(lab3):
     try:
         nodes = load_inventory(lab3.inventory).select(None)
         t0 = time.monotonic()
+        assert all(o.ok for o in for_each(nodes[:2], lambda s: s.run(["hostname"], timeout=10), connect_timeout=3))
+        healthy = time.monotonic() - t0  # the baseline on this machine, now: the two healthy nodes alone
+        t0 = time.monotonic()
         outs = for_each(nodes, lambda s: s.run(["hostname"], timeout=10), connect_timeout=3)
         elapsed = time.monotonic() - t0
         with pytest.raises(UnreachableError):
@@ -133,4 +142,7 @@ def test_unreachable_node_fails_in_bounded_time_others_answer(lab3):
     assert [o.ok for o in outs] == [True, True, False]
     assert [o.value.stdout.strip() for o in outs[:2]] == ["node0", "node1"]
     assert "node2" in outs[2].error and "within 3s" in outs[2].error
-    assert elapsed < 8, f"an unreachable node held the others for {elapsed:.1f}s"
+    # the down node costs its 3 s connect timeout, beside the others (no hang: a SYN unanswered retries for minutes);
+    # twice the healthy nodes' own time and 2 s leave room for this machine's load
+    assert elapsed < 3 + 2 * healthy + 2, \
+        f"an unreachable node held the others for {elapsed:.1f}s (the healthy nodes alone: {healthy:.1f}s)"

@@ -85,10 +85,11 @@ def test_wandb_auto_mode_is_offline_without_a_connection_or_a_key(monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     assert tracking.wandb_mode("auto") == ("offline", "WANDB_MODE=offline")
     assert tracking.wandb_mode("online") == ("online", "logging.wandb.mode=online")
-    # the real check: a port nobody listens on does not answer (and it takes at most about a second)
+    # the real check: a port nobody listens on does not answer (refused at once; the check's own limit is 1 s, and
+    # 3 s leaves room for a loaded machine three times slower)
     began = time.monotonic()
     assert not real_reachable("127.0.0.1", 9)
-    assert time.monotonic() - began < 1.5
+    assert time.monotonic() - began < 3
 
 
 @pytest.mark.slow
