@@ -313,9 +313,9 @@ def fsdp_worker(out: Path) -> None:
     from auralm.training import config, optim
 
     dev = device()
-    dist.init_process_group("gloo" if SMOKE else "nccl")
     if dev.type == "cuda":
-        torch.cuda.set_device(dev)
+        torch.cuda.set_device(dev)  # before the group: NCCL binds to the current device
+    dist.init_process_group("gloo" if SMOKE else "nccl")
     cfg = config.parse(["model=mini", "task=lm"])
     torch.manual_seed(0)
     whole = models.build("lm", config.resolved_model(cfg.model), 512).to(dev)
