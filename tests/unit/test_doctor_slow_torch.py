@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -114,8 +115,8 @@ def test_doctor_on_this_machine_fails_a_torch_still_importing_naming_the_timeout
     doc = json.loads(res.stdout)
     checks = doc["nodes"]["here"]["checks"]
     assert checks["torch"]["status"] == FAIL, checks["torch"]
-    assert checks["torch"]["detail"].startswith("still importing torch after 8 s, the probe's window under "
-                                                "--timeout 10 ("), checks["torch"]
+    assert re.match(r"still importing torch after \d+ s, the probe's window under --timeout 10 \(",
+                    checks["torch"]["detail"]), checks["torch"]
     assert checks["torch"]["fix"].startswith("rerun with --timeout 120; ")
     assert checks["python"]["status"] == OK and checks["clock"]["status"] == OK
     assert res.returncode == 1 == doc["exit_code"]
