@@ -15,8 +15,8 @@ if TYPE_CHECKING:  # the peers' type only
 class LockStep:
     """At each of the trainer's optimizer steps, every peer takes one step; times the trainer between them."""
 
-    def __init__(self, warmup: int):
-        self.warmup, self.peers, self.busy = warmup, {}, False
+    def __init__(self, warmup: int, clock=time.thread_time):
+        self.warmup, self.peers, self.busy, self.clock = warmup, {}, False, clock  # clock: as the peers' (clock_for)
         self.steps, self.trainer_seconds, self.left = 0, 0.0, None
         register_optimizer_step_post_hook(self)
 
@@ -26,7 +26,7 @@ class LockStep:
     def __call__(self, optimizer, *_):
         if self.busy or not self.peers or any(optimizer is p.opt for p in self.peers.values()):
             return
-        now = time.thread_time()
+        now = self.clock()
         self.steps += 1
         if self.left is not None and self.steps > self.warmup:
             self.trainer_seconds += now - self.left
@@ -36,4 +36,4 @@ class LockStep:
         for name in names[turn:] + names[:turn]:
             self.peers[name].step(timed=self.steps > self.warmup)
         self.busy = False
-        self.left = time.thread_time()
+        self.left = self.clock()

@@ -100,32 +100,52 @@ class TransformersGPT(nn.Module):
         return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1))
 
 
-class BareLoop:
-    """A plain training loop, one step at a time, as the trainer would run it: same seed, batches, AdamW, lr."""
+def clock_for(device: torch.device):
+    """The clock a step is timed by: the thread's CPU time on the CPU (one thread); on a GPU, whose kernels run
+    after the CPU queued them, the wall clock once the device has finished what was queued."""
+    if device.type != "cuda":
+        return time.thread_time
 
-    def __init__(self, model: nn.Module, train_set, batch: int, t: config.TrainingConfig):
-        self.model, self.t = model, t
-        self.opt = optim.make_optimizer(model, t, torch.device("cpu"))
+    def synced() -> float:
+        torch.cuda.synchronize(device)
+        return time.perf_counter()
+
+    return synced
+
+
+class BareLoop:
+    """A plain training loop, one step at a time, as the trainer would run it: same seed, batches, AdamW, lr; on
+    ``device`` (the model is moved there, each batch too), timed by clock_for(device)."""
+
+    def __init__(self, model: nn.Module, train_set, batch: int, t: config.TrainingConfig,
+                 device: torch.device = torch.device("cpu")):
+        self.model, self.t, self.device, self.clock = model.to(device), t, device, clock_for(device)
+        self.opt = optim.make_optimizer(model, t, device)
         self.batches = datadir.batches(train_set, batch, 0, 1, seed=t.seed)
         self.step_no, self.seconds = 0, 0.0
 
     def step(self, timed: bool) -> None:
-        began = time.thread_time()
+        began = self.clock()
         self.step_no += 1
         for g in self.opt.param_groups:
             g["lr"] = optim.lr_at(self.t, self.step_no)
-        x, y = next(self.batches)
+        x, y = (b.to(self.device) for b in next(self.batches))
         _, loss = self.model(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.t.grad_clip)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         if timed:
-            self.seconds += time.thread_time() - began
+            self.seconds += self.clock() - began
 
 
-def one_run(lock: LockStep, data_dir: Path, train_set, vocab: int, shape: dict, out: Path) -> dict[str, float]:
-    """One trainer run with its peers in lock-step: CPU seconds per timed step of each."""
+PEERS = ("bare", "minimal", "transformers")
+
+
+def one_run(lock: LockStep, data_dir: Path, train_set, vocab: int, shape: dict, out: Path, *,
+            device: torch.device = torch.device("cpu"), peers: tuple[str, ...] = PEERS) -> dict[str, float]:
+    """One trainer run with its peers in lock-step: seconds per timed step of each (CPU seconds on the CPU; on a
+    GPU the trainer takes it, as it does when it sees one, and so do the peers: wall seconds, clock_for)."""
     arch = {k: shape[k] for k in ARCH}
     steps, warmup = shape["steps"], shape["warmup"]
     cfg = config.parse(["task=lm", f"data_dir={data_dir}", f"out_dir={out}", "model=tiny",
@@ -133,17 +153,18 @@ def one_run(lock: LockStep, data_dir: Path, train_set, vocab: int, shape: dict, 
                         f"training.max_steps={warmup + steps}", "training.log_interval=10",
                         "training.eval_interval=0", "training.eval_batches=1", "training.checkpoint_interval=0",
                         "training.sample_tokens=0", "training.dtype=fp32"])
-    peers = {}
-    for name, build in (("bare", lambda: models.GPT(dict(arch, dropout=0.0), vocab)),
-                        ("minimal", lambda: MinimalGPT(vocab, **arch)),
-                        ("transformers", lambda: TransformersGPT(vocab, **arch))):
+    builders = {"bare": lambda: models.GPT(dict(arch, dropout=0.0), vocab),
+                "minimal": lambda: MinimalGPT(vocab, **arch),
+                "transformers": lambda: TransformersGPT(vocab, **arch)}
+    loops = {}
+    for name in peers:
         torch.manual_seed(cfg.training.seed)  # the trainer's initial weights, for the bare loop
-        peers[name] = BareLoop(build(), train_set, shape["batch"], cfg.training)
-    lock.start(peers)
+        loops[name] = BareLoop(builders[name](), train_set, shape["batch"], cfg.training, device)
+    lock.start(loops)
     with contextlib.redirect_stdout(io.StringIO()):  # its progress lines
         train.run(cfg)
     assert lock.steps == warmup + steps, lock.steps
-    seconds = {"trainer": lock.trainer_seconds / steps, **{n: p.seconds / steps for n, p in peers.items()}}
+    seconds = {"trainer": lock.trainer_seconds / steps, **{n: p.seconds / steps for n, p in loops.items()}}
     lock.start({})
     return seconds
 

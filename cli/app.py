@@ -151,8 +151,9 @@ def doctor_cmd(nodes: Nodes = None, inventory: Inventory = None, accept_new_host
                json: Json = False,
                master_port: Annotated[int, typer.Option(help="The rendezvous port to check on the master.")]
                = 29500,
-               timeout: Annotated[float, typer.Option(help="Seconds each node may take to answer the probe.")]
-               = 60.0,
+               timeout: Annotated[float, typer.Option(help="Seconds each node may take to answer the probe (a cold "
+                                                         "laptop's first import of torch can take a minute).")]
+               = 120.0,
                verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Full details in every cell, and interfaces.")]
                = False) -> int:
     """Preflight every node: reachability, ports, clocks, CUDA/NCCL, libuv, versions; a fix for every problem.

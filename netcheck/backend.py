@@ -16,7 +16,8 @@ def choose_backend(probes: dict[str, Any]) -> tuple[str, str]:
     for n in missing:
         p = probes[n]
         if p.torch_version is None:
-            why.append(f"{n} has no torch")
+            why.append(f"{n}'s torch still importing" if getattr(p, "torch_importing_s", None) is not None
+                       else f"{n} has no torch")
         elif p.cuda_devices == 0:
             why.append(f"{n} has no CUDA device")
         else:

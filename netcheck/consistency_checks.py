@@ -38,8 +38,11 @@ def cluster_checks(probes: dict[str, Any]) -> list[Check]:
     torch_mm = {n: ".".join(p.torch_version.split("+")[0].split(".")[:2]) if p.torch_version else None
                 for n, p in probes.items()}
     commits = {n: (p.raw.get("project") or {}).get("commit") for n, p in probes.items()}
+    importing = [n for n, p in probes.items() if getattr(p, "torch_importing_s", None) is not None]
+    still = f"torch still importing on {', '.join(importing)}"
     out = [
-        _agree("torch versions", torch_mm, differ=FAIL, label="torch", prefix="torch ", none="no node has torch",
+        _agree("torch versions", torch_mm, differ=FAIL, label="torch", prefix="torch ",
+               none=still if importing else "no node has torch",
                fix="`hrmctl setup` (from the machine whose packages every node should have) installs its torch "
                    "version on every node (collectives differ between versions)"),
         _agree("project commit", commits, differ=WARN, label="commits", short=10, none="no git checkout found",
@@ -50,7 +53,7 @@ def cluster_checks(probes: dict[str, Any]) -> list[Check]:
         backend, why = choose_backend(probes)
         out.append(Check("backend", OK, f"{backend}: {why}"))
     else:
-        out.append(Check("backend", SKIP, "not every node has torch"))
+        out.append(Check("backend", SKIP, still if importing else "not every node has torch"))
     return out
 
 

@@ -65,7 +65,19 @@ def python_check(p: Any) -> Check:
     return Check("python", OK, v)
 
 
-def torch_check(p: Any, python: str) -> Check:
+def longer_timeout(timeout: float | None) -> str:
+    """The fix for a probe that ran out of its window: a longer `hrmctl doctor --timeout`."""
+    longer = max(120, 2 * int(-(-timeout // 1))) if timeout else 120
+    return f"rerun with --timeout {longer}; a cold laptop's first import of torch can take a minute"
+
+
+def torch_check(p: Any, python: str, timeout: float | None = None) -> Check:
+    """`timeout`: the --timeout the probe ran under (its fix when torch was still importing)."""
+    if _importing(p):
+        found = (p.raw.get("torch") or {}).get("found")
+        window = f", the probe's window under --timeout {timeout:g}" if timeout else ""
+        return Check("torch", FAIL, f"still importing torch after {p.torch_importing_s:.0f} s{window}"
+                     + (f" ({found})" if found else ""), longer_timeout(timeout))
     if p.torch_version is None:
         why = p.torch_error or "not installed"
         return Check("torch", FAIL, f"no torch for {python} ({why.splitlines()[0][:80]})",
@@ -75,9 +87,17 @@ def torch_check(p: Any, python: str) -> Check:
     return Check("torch", OK, f"{p.torch_version}" + (f" CUDA {cuda}" if cuda else ""))
 
 
+def _importing(p: Any) -> bool:
+    return getattr(p, "torch_importing_s", None) is not None
+
+
+def _no_torch(p: Any) -> str:
+    return "torch still importing" if _importing(p) else "no torch"
+
+
 def gpu_check(p: Any) -> Check:
     if p.torch_version is None:
-        return Check("gpu", SKIP, "no torch")
+        return Check("gpu", SKIP, _no_torch(p))
     t = p.raw.get("torch") or {}
     if t.get("cuda_error"):
         return Check("gpu", WARN, f"CUDA error: {t['cuda_error'][:80]}",
@@ -94,7 +114,7 @@ def gpu_check(p: Any) -> Check:
 
 def distributed_check(p: Any) -> Check:
     if p.torch_version is None:
-        return Check("nccl/gloo", SKIP, "no torch")
+        return Check("nccl/gloo", SKIP, _no_torch(p))
     t = p.raw.get("torch") or {}
     if not t.get("distributed"):
         return Check("nccl/gloo", FAIL, "torch.distributed is not available in this torch build",
@@ -114,7 +134,7 @@ def distributed_check(p: Any) -> Check:
 
 def libuv_check(p: Any) -> Check:
     if p.torch_version is None or p.libuv_ok is None:
-        return Check("libuv", SKIP, "no torch.distributed")
+        return Check("libuv", SKIP, "torch still importing" if _importing(p) else "no torch.distributed")
     if p.libuv_ok:
         return Check("libuv", OK, "TCPStore runs on libuv")
     err = (p.raw.get("torch") or {}).get("libuv_error") or ""
@@ -199,9 +219,11 @@ def project_check(p: Any, workdir: str, python: str = "python3") -> Check:
     return Check("project", OK, f"{head} ({libs})")
 
 
-def node_checks(p: Any, node: Any, multi: bool) -> list[Check]:
-    """The per-node checks from one NodeProbe; node: the inventory Node (python, workdir, ifname)."""
-    return [os_check(p, multi), python_check(p), torch_check(p, node.python), gpu_check(p), distributed_check(p),
+def node_checks(p: Any, node: Any, multi: bool, timeout: float | None = None) -> list[Check]:
+    """The per-node checks from one NodeProbe; node: the inventory Node (python, workdir, ifname); timeout: the
+    probe's --timeout."""
+    return [os_check(p, multi), python_check(p), torch_check(p, node.python, timeout), gpu_check(p),
+            distributed_check(p),
             libuv_check(p), interface_check(p, node.ifname, multi), hostname_check(p, multi), resources_check(p),
             project_check(p, node.workdir, node.python)]
 

@@ -4,7 +4,8 @@ present (resources come from psutil when the node has it, else from a minimal st
 It is sent as source to a node's Python (`session.run_python(probe_source(), probe_args(...))`)
 and prints ONE JSON object on stdout; it never needs the project installed on the node. Every
 part that can fail is caught and reported in the JSON ("error" fields), so a broken piece of a
-node never hides the rest. `import torch` happens at most once per run.
+node never hides the rest. `import torch` happens at most once per run, in a forked child started first
+(aside()), so that it runs beside the other checks and a slow one is reported as such (--within).
 
 The parsing functions (os_kind, wsl_networking, ...) are plain functions of their inputs so the
 unit tests can feed them faked /proc contents; this module is also imported locally
@@ -18,6 +19,8 @@ Arguments:
                        process while the rest of the probe runs
   --samples N          how many connects for --tcp-rtt (default 5)
   --no-torch           skip torch (a cheap probe)
+  --within S           answer within S seconds of the start: torch's import (in a child process from the start,
+                       beside the other checks) that is still running then is reported as still importing
   --oom-kills cgroup|machine   only the OOM killer's count: this process's memory cgroup's, or the machine's
 """
 
@@ -213,32 +216,39 @@ def tcp_rtt(host: str, port: int, samples: int = 5, timeout: float = 2.0) -> dic
     return rtt_summary(f"{host}:{port}", "tcp", times, samples)
 
 
-def tcp_rtt_aside(host: str, port: int, samples: int):
-    """Start tcp_rtt in a forked child, so that this process's own work cannot lengthen its
-    timings (importing torch holds the GIL for long stretches: a thread's connects measured a
-    0.1 ms link as 35 ms on average). Call this before starting any thread (nodes are Linux or
-    WSL: os.fork is there). Returns a function wait(timeout) -> the tcp_rtt dict, or None if it
-    did not finish in time."""
+def aside(fn, *args):
+    """Run fn(*args) in a forked child, which hands its JSON-able answer back through a pipe, so that this
+    process's own work cannot slow it nor it this process's (importing torch holds the GIL for long stretches:
+    a thread's TCP connects measured a 0.1 ms link as 35 ms on average). Call this before starting any thread
+    (nodes are Linux or WSL: os.fork is there; without it, a thread runs fn). Returns a function
+    wait(timeout) -> (answer, why): the answer, or None and why not ("timed out after N s": the child is
+    killed; "exited with code N", "killed by signal NAME"); timeout None waits as long as it takes."""
+    if not hasattr(os, "fork"):
+        return _aside_thread(fn, *args)
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
+        code = 1
         try:
             os.close(r)
-            os.write(w, json.dumps(tcp_rtt(host, port, samples)).encode())
+            data = json.dumps(fn(*args)).encode()
+            while data:
+                data = data[os.write(w, data):]
+            code = 0
         finally:
-            os._exit(0)
+            os._exit(code)
     os.close(w)
 
-    def wait(timeout: float) -> dict | None:
+    def wait(timeout: float | None) -> tuple[dict | None, str | None]:
         import select
-        data = b""
-        deadline = time.monotonic() + timeout
+        data, late = b"", False
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:
             while True:
-                left = deadline - time.monotonic()
-                if left <= 0 or not select.select([r], [], [], left)[0]:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and (left <= 0 or not select.select([r], [], [], left)[0]):
                     os.kill(pid, signal.SIGKILL)
-                    data = b""
+                    data, late = b"", True
                     break
                 chunk = os.read(r, 65536)
                 if not chunk:
@@ -246,13 +256,53 @@ def tcp_rtt_aside(host: str, port: int, samples: int):
                 data += chunk
         finally:
             os.close(r)
-            os.waitpid(pid, 0)
+            status = os.waitpid(pid, 0)[1]
+        if late:
+            return None, f"timed out after {timeout:.1f} s"
         try:
-            return json.loads(data) if data else None
+            return json.loads(data), None
         except ValueError:
-            return None
+            return None, _ended(status)
 
     return wait
+
+
+def _ended(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        try:
+            return f"killed by signal {signal.Signals(os.WTERMSIG(status)).name}"
+        except ValueError:
+            return f"killed by signal {os.WTERMSIG(status)}"
+    return f"exited with code {os.WEXITSTATUS(status) if os.WIFEXITED(status) else status} without an answer"
+
+
+def _aside_thread(fn, *args):
+    """aside() where there is no fork (native Windows): a daemon thread."""
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["answer"] = fn(*args)
+        except Exception as exc:
+            box["why"] = f"{type(exc).__name__}: {exc}"
+
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+
+    def wait(timeout: float | None) -> tuple[dict | None, str | None]:
+        th.join(timeout)
+        if th.is_alive():
+            return None, f"timed out after {timeout:.1f} s"
+        return box.get("answer"), box.get("why")
+
+    return wait
+
+
+def tcp_rtt_aside(host: str, port: int, samples: int):
+    """tcp_rtt in a forked child (aside()): its timings are not lengthened by this process's import of torch.
+    Returns a function wait(timeout) -> the tcp_rtt dict, or None if it did not finish in time."""
+    wait = aside(tcp_rtt, host, port, samples)
+    return lambda timeout: wait(timeout)[0]
 
 
 def rtt_summary(target: str, method: str, times_ms: list[float], sent: int) -> dict:
@@ -663,6 +713,24 @@ def torch_facts() -> dict:
     return out
 
 
+def torch_unfinished(waited_s: float, why: str) -> dict:
+    """torch's facts when its import (aside, torch_facts) gave no answer in the probe's window: still importing
+    (a cold or busy node: the first import reads about a gigabyte), or the import ended the process."""
+    out = {"version": None, "cuda_devices": 0, "gpus": [], "nccl": False, "gloo": False, "distributed": False,
+           "libuv_ok": None, "found": None}
+    try:
+        import importlib.util
+        spec = importlib.util.find_spec("torch")  # where it is, without importing it
+        out["found"] = os.path.dirname(spec.origin) if spec and spec.origin else None
+    except (ImportError, ValueError):
+        pass
+    if why.startswith("timed out"):
+        out.update(importing=True, waited_s=round(waited_s, 1), error=f"still importing torch after {waited_s:.0f} s")
+    else:
+        out["error"] = f"the import of torch ended its process ({why})"
+    return out
+
+
 def libuv_check(dist) -> tuple[bool, str | None]:
     """Does this torch's TCPStore really start with libuv? Tried on a free local port."""
     import datetime
@@ -682,8 +750,11 @@ def libuv_check(dist) -> tuple[bool, str | None]:
 
 def collect(args: argparse.Namespace) -> dict:
     t0 = time.monotonic()
+    # first, the two forks (a fork must not copy a process that runs threads); torch's import first of all: it is
+    # the longest part (seconds; a minute on a cold laptop), and runs beside everything else
+    torch_wait = None if args.no_torch else aside(torch_facts)
     rtt_wait = None
-    if args.tcp_rtt:  # first: it forks, and a fork must not copy a process that runs threads
+    if args.tcp_rtt:
         host, _, port = args.tcp_rtt.rpartition(":")
         rtt_wait = tcp_rtt_aside(host, int(port), args.samples)
     dns_box: dict = {}
@@ -701,7 +772,7 @@ def collect(args: argparse.Namespace) -> dict:
     doc["route"] = route_to(args.route_to, interfaces) if args.route_to else None
     doc["data"] = disk_facts(args.data_dir)
     doc["project"] = project_facts(args.workdir)
-    doc["torch"] = None if args.no_torch else torch_facts()
+    doc["torch"] = None if torch_wait is None else _torch_answer(torch_wait, t0, args.within)
     dns_thread.join(max(0.0, DNS_HANG_S - (time.monotonic() - t0)))
     doc["dns"] = {"nameservers": nameservers(read("/etc/resolv.conf")),
                   "reverse_lookup_ms": dns_box.get("reverse_lookup_ms"), "hang": not dns_box}
@@ -712,6 +783,14 @@ def collect(args: argparse.Namespace) -> dict:
     return doc
 
 
+def _torch_answer(wait, t0: float, within: float | None) -> dict:
+    """torch's facts from its import aside, waited for until `within` s after the probe's start (None: as long as
+    it takes)."""
+    left = None if within is None else max(0.1, within - (time.monotonic() - t0))
+    answer, why = wait(left)
+    return answer if answer is not None else torch_unfinished(time.monotonic() - t0, why or "no answer")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hrmctl-probe")
     p.add_argument("--route-to")
@@ -720,6 +799,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tcp-rtt")
     p.add_argument("--samples", type=int, default=5)
     p.add_argument("--no-torch", action="store_true")
+    p.add_argument("--within", type=float, help="answer within this many seconds of the start; torch, if its "
+                   "import is still running then, is reported as still importing")
     p.add_argument("--oom-kills", choices=("cgroup", "machine"),
                    help="only the OOM killer's count (oom_kills): {\"oom_kills\": [where, count] or null}")
     return p

@@ -27,7 +27,8 @@ def probe_source() -> str:
 
 
 def probe_args(*, route_to: str | None = None, workdir: str | None = None, data_dir: str | None = None,
-               tcp_rtt: str | None = None, samples: int = 5, with_torch: bool = True) -> list[str]:
+               tcp_rtt: str | None = None, samples: int = 5, with_torch: bool = True,
+               within: float | None = None) -> list[str]:
     args: list[str] = []
     for flag, value in (("--route-to", route_to), ("--workdir", workdir), ("--data-dir", data_dir),
                         ("--tcp-rtt", tcp_rtt)):
@@ -37,7 +38,16 @@ def probe_args(*, route_to: str | None = None, workdir: str | None = None, data_
         args += ["--samples", str(samples)]
     if not with_torch:
         args.append("--no-torch")
+    elif within is not None:
+        args += ["--within", f"{within:g}"]
     return args
+
+
+def probe_window(timeout: float) -> float:
+    """The seconds the probe may take to answer (its --within) when the session stops it after `timeout`: the rest,
+    a tenth of it (at least 2 s, at most 10 s; never over half), is for the SSH exec, the interpreter's start and the
+    answer's way back. A torch still importing then is reported as such, not lost with the whole answer."""
+    return max(timeout - min(10.0, max(2.0, timeout / 10)), timeout / 2)
 
 
 @dataclass
@@ -65,6 +75,7 @@ class NodeProbe:
     ram_gb: float | None = None
     mem_available_gb: float | None = None
     load_avg: list[float] | None = None       # 1, 5 and 15 minutes
+    torch_importing_s: float | None = None    # torch was still importing when the probe answered, after this long
     raw: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -106,18 +117,21 @@ def parse_probe(name: str, stdout: str) -> NodeProbe:
             route_ifname=route.get("ifname"), route_src=route.get("src"), route_error=route.get("error"),
             hostname_loopback=bool(doc.get("hostname_loopback")), gpus=list(torch.get("gpus") or []),
             cpu_count=res.get("cpu_count"), cpu_usable=res.get("cpu_usable"), ram_gb=res.get("mem_total_gb"),
-            mem_available_gb=res.get("mem_available_gb"), load_avg=res.get("load_avg"), raw=doc,
+            mem_available_gb=res.get("mem_available_gb"), load_avg=res.get("load_avg"),
+            torch_importing_s=torch.get("waited_s") if torch.get("importing") else None, raw=doc,
         )
     except (TypeError, ValueError, AttributeError) as exc:
         raise ProbeError(f"{name}: the probe's answer is malformed ({exc})") from None
 
 
 def run_probe(session: Any, *, route_to: str | None, timeout: float = 60, tcp_rtt: str | None = None,
-              with_torch: bool = True) -> NodeProbe:
-    """Run the probe on the session's node. Raises ProbeError (one line, naming the node)."""
+              with_torch: bool = True, within: float | None = None) -> NodeProbe:
+    """Run the probe on the session's node. Raises ProbeError (one line, naming the node). `within`: the probe
+    answers by then (probe_window(timeout)), with torch as still importing if it is; None: the session's timeout
+    stops a probe that has not answered, and the answer is lost."""
     node = session.node
     args = probe_args(route_to=route_to, workdir=node.workdir, data_dir=node.data_path, tcp_rtt=tcp_rtt,
-                      with_torch=with_torch)
+                      with_torch=with_torch, within=within)
     try:
         res = session.run_python(probe_source(), args, timeout=timeout)
     except Exception as exc:  # the session's own errors (timeout, lost connection) are one line already

@@ -18,8 +18,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from netcheck import MasterAddressError, NodeProbe, ProbeError, master_address, run_probe
+from netcheck.node_probe_client import probe_window
 from netcheck.peer_agent_client import Agent, AgentError, start_agent
-from netcheck.node_checks import FAIL, NODE_CHECKS, OK, SKIP, Check, node_checks
+from netcheck.node_checks import FAIL, NODE_CHECKS, OK, SKIP, Check, longer_timeout, node_checks
 from netcheck.consistency_checks import cluster_checks
 from netcheck.backend import choose_backend
 from netcheck.network_checks import (NET_CHECKS, MeshVerdict, clock_check, master_port_check, mesh_check, mesh_verdict,
@@ -127,7 +128,8 @@ def _gather(r: NodeReport, *, route_to: str | None, tcp_rtt: str | None, timeout
     th = threading.Thread(target=agent_and_clock, daemon=True)
     th.start()
     try:
-        r.probe = run_probe(r.session, route_to=route_to, timeout=timeout, tcp_rtt=tcp_rtt)
+        r.probe = run_probe(r.session, route_to=route_to, timeout=timeout, tcp_rtt=tcp_rtt,
+                            within=probe_window(timeout))
     except ProbeError as exc:
         r.probe_error = str(exc)
     except Exception as exc:
@@ -145,7 +147,10 @@ def _ping(r: NodeReport, count: int) -> None:
         r.rtt_here = {"error": f"{type(exc).__name__}: {exc}", "sent": 0, "method": "ping"}
 
 
-def run_doctor(nodes: list[Node], *, master_port: int = 29500, timeout: float = 60.0,
+DEFAULT_TIMEOUT_S = 120.0  # a cold laptop's first import of torch can take a minute; a healthy node answers in seconds
+
+
+def run_doctor(nodes: list[Node], *, master_port: int = 29500, timeout: float = DEFAULT_TIMEOUT_S,
                accept_new_host_keys: bool = False, ping_count: int = 10, mesh: bool = True) -> DoctorReport:
     t_start = time.monotonic()
     master, peers = nodes[0], nodes[1:]
@@ -188,7 +193,7 @@ def run_doctor(nodes: list[Node], *, master_port: int = 29500, timeout: float = 
     answered = {r.node.name: r.probe for r in reports if r.probe}
     verdict = _mesh_verdict(mres, answered)
     for r in reports:
-        r.checks = _node_rows(r, multi, mres, verdict)
+        r.checks = _node_rows(r, multi, mres, verdict, timeout)
     cluster = cluster_checks(answered) if answered else []
     if not any(r.session or r.probe for r in reports):
         first = next((r.error for r in reports if r.error), "no answer")
@@ -225,7 +230,8 @@ def _network(reports: list[NodeReport], maddr: str | None, port: int, *, mesh: b
                        mesh=mesh, timeout=timeout)
 
 
-def _node_rows(r: NodeReport, multi: bool, mres: MeshResult | None, verdict: MeshVerdict | None) -> list[Check]:
+def _node_rows(r: NodeReport, multi: bool, mres: MeshResult | None, verdict: MeshVerdict | None,
+               timeout: float | None = None) -> list[Check]:
     n = r.node
     if r.error:
         what, fix = _split(r.error)
@@ -239,10 +245,12 @@ def _node_rows(r: NodeReport, multi: bool, mres: MeshResult | None, verdict: Mes
     how = {"local": "local", "srun": f"{r.seconds:.1f}s srun (Slurm job {n.slurm_job})"}
     rows = [Check("ssh", OK, how.get(n.reached_by, f"{r.seconds:.1f}s {n.user}@{n.host}:{n.port}"))]
     if r.probe:
-        rows += node_checks(r.probe, n, multi)
+        rows += node_checks(r.probe, n, multi, timeout)
     else:
         # the probe is run by the node's Python: its failure (not found, timeout, garbage) is that row's
         what, fix = _split(r.probe_error or "no answer")
+        if "did not finish in" in what:  # the session stopped it: even its window was not enough
+            fix = longer_timeout(timeout)
         rows += [Check("python", FAIL, what, fix or f"check that `{n.python}` runs on {n.name} (python = in the inventory)")
                  if name == "python" else Check(name, SKIP, "no probe answer") for name in NODE_CHECKS]
     rows.append(rtt_check("reach", "from here", r.rtt_here) if not n.is_local else Check("reach", OK, "this machine"))

@@ -19,7 +19,9 @@ def test_agent_listens_connects_and_tells_time():
         b.name = "other"
         try:
             skew = measure_skew(a, samples=5)
-            assert abs(skew.offset_ms) < 5 and skew.samples == 5
+            # one clock on both ends: Cristian's method puts the offset within its error bound (half the best round
+            # trip; a loaded machine's round trips are longer, and so is the bound)
+            assert abs(skew.offset_ms) <= skew.error_ms + 0.01 and skew.samples == 5
             res = check_ports({"me": a, "other": b}, {"me": "127.0.0.1", "other": "127.0.0.1"}, master="me",
                               master_port=_free_port(), mesh=True, timeout=2)
             assert res.master_port.ok and res.master_port.workers == {"other": None}

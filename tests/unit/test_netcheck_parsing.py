@@ -176,7 +176,8 @@ def test_probe_runs_as_a_script_without_the_project(tmp_path):
 def test_peer_rtt_is_not_lengthened_by_the_probes_own_work():
     """The probe times TCP connects to the master while it imports torch. Measured from a thread,
     each connect's end waited for the GIL: 0.1 ms of loopback read as tens of ms. Here the main
-    thread holds the GIL in long C calls (sorts of 2 million floats) the whole time."""
+    thread holds the GIL in long C calls (sorts of 2 million floats) the whole time. The bound is the shortest of
+    those holds, measured here: a connect timed from a thread waits for the GIL half a hold on average."""
     import random
     import socket
     import time
@@ -184,14 +185,17 @@ def test_peer_rtt_is_not_lengthened_by_the_probes_own_work():
     from netcheck.node_probe import tcp_rtt_aside
 
     server = socket.create_server(("127.0.0.1", 0), backlog=16)
+    holds = []
     try:
         wait = tcp_rtt_aside("127.0.0.1", server.getsockname()[1], 5)
         floats = [random.random() for _ in range(2_000_000)]
         t0 = time.monotonic()
         while time.monotonic() - t0 < 0.6:
+            t1 = time.perf_counter()
             sorted(floats)
-        rtt = wait(5.0)
+            holds.append((time.perf_counter() - t1) * 1000)
+        rtt = wait(60.0)  # the child's five connects: generous for a loaded machine, it only bounds a hang
     finally:
         server.close()
     assert rtt is not None and rtt["received"] == 5, rtt
-    assert rtt["avg_ms"] < 10, rtt
+    assert rtt["avg_ms"] < min(holds) / 5, (rtt, holds)
