@@ -53,15 +53,19 @@ def own_cache(tmp_path_factory):
     """hrmctl's cache (torch facts, trainer checks) of this test session, not the user's. Its model-size estimates
     are one file for every test process on this machine (a link to DATA_CACHE's; cli/cache.py writes through it):
     they are keyed by the trainer's source and what the estimate reads, so a run of the same model in another
-    process (the phases of scripts/test.sh, its xdist workers) skips its estimate (a process importing torch). The
-    rest stays the session's own: test-ddp's link figures, say, are keyed by node names that every lab shares."""
+    process (the phases of scripts/test.sh, its xdist workers) skips its estimate (a process importing torch); so is
+    `hrmctl setup`'s wheel pool. The rest stays the session's own: test-ddp's link figures, say, are keyed by node
+    names that every lab shares."""
     if "HRMCTL_CACHE" in os.environ:
         return
     from cli.launch.memory import SIZING_CACHE_NAME
 
     cache = tmp_path_factory.mktemp("hrmctl-cache")
-    DATA_CACHE.mkdir(parents=True, exist_ok=True)
+    (DATA_CACHE / "wheels").mkdir(parents=True, exist_ok=True)
     (cache / SIZING_CACHE_NAME).symlink_to(DATA_CACHE / SIZING_CACHE_NAME)
+    # `hrmctl setup`'s wheel pool (cli/setup/local.py: downloaded wheels, hard-linked into each node's set) is
+    # this machine's too, downloaded once a machine rather than once a session: what a wheel is does not change
+    (cache / "wheels").symlink_to(DATA_CACHE / "wheels")
     os.environ["HRMCTL_CACHE"] = str(cache)
 
 

@@ -2,7 +2,7 @@
 
 The lab's nodes stand for machines without internet: no index is reachable from their namespaces, and setup
 installs with --no-index from the wheels this machine sends (asserted on the command it reports). The wheels are
-downloaded once per test session into the session's HRMCTL_CACHE (conftest's own_cache).
+downloaded once a machine, into the wheel pool that every test session shares (conftest's own_cache).
 """
 
 from __future__ import annotations
