@@ -133,7 +133,7 @@ def prepare(opts: LaunchOptions, reported: dict[str, dict] | None = None, hold: 
             answers = storage.result()
             port = port_f.result()
             size = size_f.result()
-        _check_nproc(nodes, facts, opts.nproc)
+        _check_nproc(nodes, facts, opts.nproc, opts.gpus)
         backend, why = choose_backend(opts.backend, facts)
         entry, node_env = {}, {}
         for node in nodes:
@@ -162,8 +162,15 @@ def _data_vocab(answers: dict[str, dict], master: str) -> int | None:
     return next((d.get("vocab") for d in answers.get(master, {}).get("dirs", []) if d.get("kind") == "data"), None)
 
 
-def _check_nproc(nodes: list[Node], facts: dict[str, NodeFacts], nproc: int | None) -> None:
+def _check_nproc(nodes: list[Node], facts: dict[str, NodeFacts], nproc: int | None, gpus: int | None = None) -> None:
+    """--nproc within each node's GPUs (else its CPU cores); a guide's --gpus N (one process per GPU) within its GPUs."""
     for n in nodes:
+        have = facts[n.name].gpus
+        if gpus is not None and have < gpus:
+            fix = f"--gpus {have}" if have else f"--nproc {gpus} for {gpus} processes on its CPU"
+            raise InventoryError(f"{n.name}: --gpus {gpus} is a process on each of {gpus} GPUs, and {n.name} has "
+                                 f"{f'{have} GPU(s)' if have else 'no GPU'} that torch can use; fix: {fix}, or drop "
+                                 f"--gpus (hrmctl runs a process per GPU, else one)")
         count = nproc_for(n, facts[n.name], nproc)
         devices = facts[n.name].gpus or facts[n.name].cpus
         if count > devices:
