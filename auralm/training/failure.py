@@ -77,12 +77,8 @@ def write_errno(e: BaseException, where: Path | None = None) -> int | None:
 def probe(where: Path) -> int | None:
     """What the file system holding ``where`` (or its nearest existing parent) says against a write: EROFS when
     mounted read-only, ENOSPC when (nearly) full, EACCES when not writable by this process; None when none of them."""
-    path = Path(where)
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    try:
-        st = os.statvfs(path)
-    except OSError:
+    path, st = _statvfs(where)
+    if st is None:
         return None
     if st.f_flag & os.ST_RDONLY:
         return errno.EROFS
@@ -104,14 +100,19 @@ def wrap_write(e: BaseException, path: Path, run_dir: Path) -> WriteFailed | Non
 
 def free_text(where: Path) -> str:
     """``12.0 MB free`` on the file system of ``where``, or "" when it cannot be told."""
+    _, st = _statvfs(where)
+    return "" if st is None else f"{st.f_bavail * st.f_frsize / 1e6:.1f} MB free"
+
+
+def _statvfs(where: Path) -> tuple[Path, os.statvfs_result | None]:
+    """The nearest existing path at or above ``where``, and its file system's figures (None: cannot be told)."""
     path = Path(where)
     while not path.exists() and path != path.parent:
         path = path.parent
     try:
-        st = os.statvfs(path)
+        return path, os.statvfs(path)
     except OSError:
-        return ""
-    return f"{st.f_bavail * st.f_frsize / 1e6:.1f} MB free"
+        return path, None
 
 
 def last_whole(run_dir: Path | None) -> Path | None:
