@@ -164,3 +164,39 @@ def test_a_training_whose_disk_fills_ends_in_one_line_and_resumes_from_the_last_
         assert again.returncode == 0, again.stderr
         assert f"resuming from {whole} (step 2)" in again.stdout
         assert checkpoint.problem(run / "checkpoint-4") is None
+
+
+@pytest.mark.slow  # a real tiny training, then hrmctl train with torchrun and two ranks
+@pytest.mark.skipif(not ROOT, reason=NOT_ROOT)
+def test_under_hrmctl_the_run_ends_in_the_trainers_line_with_no_traceback_on_screen_or_in_the_files(
+        tmp_path, monkeypatch, capfd):
+    """The merged log of `hrmctl train --nproc 2` whose checkpoint does not fit: rank 0's one line is the run's last
+    line, and no traceback of the trainer's or torchrun's is on the screen or in the node's file (what `hrmctl logs`
+    merges). The preflight's own floor of free space (300 MB) is lowered here, in this process, so that the disk is
+    full from the start of the launch instead of filling at some moment of it: no race with the training."""
+    from cli import app
+    from cli.launch import storage
+    from tests.trainer.helpers import small_sudoku, tiny_args
+
+    data = small_sudoku(tmp_path / "sdk", count=120)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HRMCTL_INVENTORY", str(tmp_path / "none.toml"))
+    monkeypatch.setattr(storage, "MIN_FREE_MB", 0)
+    with tmpfs(tmp_path / "disk", "16m") as disk:
+        run = disk / "run"
+        args = [*tiny_args(data, run), "training.checkpoint_interval=2", "training.log_interval=2",
+                "training.batch_size=8"]
+        assert train(*args, "training.max_steps=2", cwd=tmp_path).returncode == 0
+        whole = run / "checkpoint-2"
+        fill(disk, leave=sum(f.stat().st_size for f in whole.iterdir()) // 2)
+        capfd.readouterr()
+        code = app.main(["train", "--nproc", "2", "--run-id", "full", *args, "training.max_steps=4", "resume=latest"])
+        out, err = capfd.readouterr()
+        assert code == 1, out + err  # torchrun's, when a rank failed (docs/train.md: exit codes)
+        last = err.strip().splitlines()[-1]
+        assert last.startswith(f"error: rank 0: cannot write {run}/checkpoint-4: no space left on device"), err
+        assert f"it goes on from {whole} (step 2) (rank 0 on localhost, after " in last, last
+        kept = (tmp_path / "runs" / "full" / "localhost.log").read_text()
+        assert "Traceback" not in out + err + kept, out + err + kept
+        assert "failed first (exit code" not in out + err  # the launcher's line without the trainer's
+        assert not list(run.glob(".checkpoint-*")) and not (run / "checkpoint-4").exists()
