@@ -115,13 +115,19 @@ def _statvfs(where: Path) -> tuple[Path, os.statvfs_result | None]:
         return path, None
 
 
+def checkpoint_dirs(run_dir: Path) -> list[Path]:
+    from auralm.training import checkpoint
+
+    return checkpoint.list_checkpoints(run_dir)
+
+
 def last_whole(run_dir: Path | None) -> Path | None:
     """The newest checkpoint of ``run_dir`` that is whole (its checksums match), or None."""
     if run_dir is None:
         return None
     from auralm.training import checkpoint
 
-    return next((c for c in checkpoint.list_checkpoints(Path(run_dir)) if checkpoint.problem(c) is None), None)
+    return next((c for c in checkpoint_dirs(Path(run_dir)) if checkpoint.problem(c) is None), None)
 
 
 def write_line(rank: int, e: BaseException, run_dir: Path | None) -> str | None:
@@ -137,6 +143,8 @@ def write_line(rank: int, e: BaseException, run_dir: Path | None) -> str | None:
             return None
         name = next((x.filename for x in chain(e) if isinstance(x, OSError) and x.filename), None)
         path, partial = Path(name) if name else (run_dir or Path("a file")), ""
+        if run_dir is None and name and checkpoint_dirs(Path(name).parent):
+            run_dir = Path(name).parent  # metrics.jsonl beside the run's checkpoints
         free = free_text(Path(path).parent) if code in (errno.ENOSPC, errno.EDQUOT) else ""
     where = Path(run_dir) if run_dir is not None else Path(path).parent
     whole = last_whole(run_dir)

@@ -196,7 +196,8 @@ def test_the_launchers_options_are_read_as_ours(tmp_path):
                         "training.eval_interval=50"], tail
     assert doc["model"]["name"] == "hrm-50m" and doc["model_choice"] == "hrm-50m (HRM), chosen from model=50m"
     assert res.stderr.splitlines()[0] == (
-        "hrmctl: read as ours: --model 50m is model=50m (50m and 100m are hrm-50m and hrm-100m); --batch_size 2 is "
+        "hrmctl: read as ours: --model 50m is model=50m (50m and 100m are hrm-50m and hrm-100m, language models: "
+        "task=lm); --batch_size 2 is "
         "training.batch_size=2 (per rank and micro-step); --learning_rate 3e-4 is training.lr=3e-4; --dry_run is "
         "--dry-run; --eval_steps 50 is training.eval_interval=50 (evaluate every N steps)")
 
