@@ -732,7 +732,7 @@ def guide_args(argv: list[str]) -> tuple[list[str], list[str]]:
         a = argv[i]
         i += 1
         name, eq, value = a.partition("=")
-        row = guide_spellings.PREPARE_OPTIONS.get(name) if a.startswith("--") else None
+        row = guide_spellings.option_row(name, guide_spellings.PREPARE)
         if row is None:
             out.append(a)
             continue

@@ -120,6 +120,15 @@ ALIASES: dict[str, str] = {s.theirs: s.ours for s in TABLE if not s.is_option}
 OPTIONS: dict[str, Spelling] = {s.theirs: s for s in TABLE if s.is_option and s.command == TRAIN}
 # The options hrmctl prepare-data takes in a guide's spelling: ours is an option of it, or SOURCE.
 PREPARE_OPTIONS: dict[str, Spelling] = {s.theirs: s for s in TABLE if s.is_option and s.command == PREPARE}
+
+
+def option_row(name: str, command: str = TRAIN) -> Spelling | None:
+    """The row of an option as typed: its exact spelling, else the same words with other dashes or case
+    (``--max-steps`` and ``--Max_Steps`` are the launcher's ``--max_steps``; argparse users type either)."""
+    rows = OPTIONS if command == TRAIN else PREPARE_OPTIONS
+    if name in rows:
+        return rows[name]
+    return next((s for s in rows.values() if normal(s.theirs) == normal(name)), None) if name.startswith("--") else None
 # One key of a guide that sets two of ours: training.optimizer.betas=[0.9,0.95] (also (0.9, 0.95) or 0.9,0.95).
 COMPOUND = {"training.optimizer.betas": ("training.beta1", "training.beta2")}
 # Values in a guide's words, per key of ours they set. training.mixed_precision: accelerate's "no" is fp32 (and so

@@ -40,10 +40,14 @@ def read(args: list[str], what: str, own: list[str]) -> Read:
         a = args[i]
         i += 1
         if not a.startswith("-") or a == "-":
+            if a.endswith(".py") and "=" not in a:  # the guide's own script, pasted with its options
+                raise HrmctlError(f"{a} is a guide's script: hrmctl train runs its own trainer (auralm.training.train) "
+                                  f"and reads the guide's options after it as ours; drop {a} from the line (or give "
+                                  f"--module MODULE to start a module of yours instead)")
             out.args.append(a)
             continue
         name, eq, value = a.partition("=")
-        row = guide_spellings.OPTIONS.get(name) or guide_spellings.PREPARE_OPTIONS.get(name)
+        row = guide_spellings.option_row(name) or guide_spellings.option_row(name, guide_spellings.PREPARE)
         if row is None or not (row.ours or row.accepted):
             hint = guide_spellings.suggest(name, own + key_names(), option=True)
             raise HrmctlError(f"unknown option {name}{hint or f'; {what}, and hrmctl options are listed by --help'}")

@@ -75,6 +75,7 @@ def test_the_guides_options_are_read_as_ours():
                                      "--num-aug", "1000"])  # the HRM guide's build_sudoku_dataset.py line
     assert args == ["--out", "data/sudoku-extreme-1k-aug-1000", "--train", "1000", "--aug", "1000", "--task", "sudoku"]
     assert datadir.guide_args(["--task", "sudoku", "--num-aug", "3"])[0] == ["--task", "sudoku", "--aug", "3"]
+    assert datadir.guide_args(["--dataset_name", "x.txt"])[0] == ["x.txt"]  # other dashes: the same option
     a = datadir._parse(["--dataset-name", "es.txt", "--dataset-max-tokens", "500"])
     assert (a.source, a.max_tokens, a.out, a.task) == ("es.txt", 500, Path("data/lm"), "lm")
     assert a.notes[-1] == "out: data/lm (no --out: the data directory hrmctl train reads for task=lm)"

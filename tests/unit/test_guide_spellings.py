@@ -294,6 +294,8 @@ def read(*args: str):
     (["--distributed"], [], {"distributed": True}, None),  # said with the nodes it stands for (across_machines)
     (["--model", "100m"], ["model=100m"], {}, "--model 100m is model=100m (50m and 100m are hrm-50m and hrm-100m, "
                                               "language models: task=lm)"),
+    (["--max-steps", "3"], ["training.max_steps=3"], {}, "--max-steps 3 is training.max_steps=3"),  # other dashes
+    (["--Learning-Rate=1e-3"], ["training.lr=1e-3"], {}, "--Learning-Rate 1e-3 is training.lr=1e-3"),
 ])
 def test_each_guide_option_is_read_as_ours_and_said(args, overrides, options, said):
     r = read(*args)
@@ -315,6 +317,9 @@ def test_each_guide_option_is_read_as_ours_and_said(args, overrides, options, sa
     (["--verbose=1"], "--verbose takes no value (the HRM distributed launcher's --verbose: hrmctl's log"),
     (["--gpus"], "--gpus needs a value (the HRM distributed launcher's spelling of --nproc)"),
     (["--gpus", "two"], "--gpus two: expected an integer (--nproc)"),
+    (["train_gpt2_spanish.py", "--batch-size", "8"], "train_gpt2_spanish.py is a guide's script: hrmctl train runs its "
+                                                     "own trainer (auralm.training.train) and reads the guide's "
+                                                     "options after it as ours; drop train_gpt2_spanish.py"),
 ])
 def test_a_guide_option_refused_on_train_is_one_line_naming_the_fix(args, line, tmp_path, monkeypatch):
     from cli.errors import HrmctlError
