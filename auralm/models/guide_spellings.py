@@ -24,6 +24,7 @@ AURALM = "AuraLM's train_gpt2_spanish.py"
 SUDOKU_BUILDER = "the HRM guide's build_sudoku_dataset.py"
 TORCHRUN = "torchrun"
 TRAIN, PREPARE = "train", "prepare-data"  # the hrmctl command a row's option belongs to
+AURALM_MODEL = "model=small task=lm"  # AuraLM's GPT-2 on text, as our GPT family's size of its context (256)
 SOURCE = "SOURCE"  # prepare-data's positional argument, as a row's ``ours``
 
 
@@ -37,7 +38,7 @@ class Spelling:
     flag: bool = False  # an option that takes no value (``--dry_run``)
     accepted: bool = False  # ours == "": taken as it is (hrmctl does it anyway: ``note`` says how), not refused
     per_gpu: bool = False  # a count of processes that each need a GPU (the launcher's --gpus N)
-    implies: str = ""  # what the option means besides ours, unless the line gives it (``--task sudoku``)
+    implies: str = ""  # what the option means besides ours, unless the line gives it (``--task sudoku``, ``task=lm``)
 
     @property
     def is_option(self) -> bool:
@@ -92,11 +93,13 @@ TABLE: tuple[Spelling, ...] = (
              "hrmctl trains on a prepared data directory: cap its size with `hrmctl prepare-data SOURCE --max-tokens "
              "N` (a token budget; with --streaming nothing more is read), and the training's length with "
              "training.max_steps=N or training.epochs=N"),
-    # AuraLM's train_gpt2_spanish.py (argparse, dashes): GPT-2 on Spanish text, across two laptops
-    Spelling("--batch-size", "training.batch_size", AURALM, "per rank and micro-step"),
-    Spelling("--seq-len", "model.block_size", AURALM, "the model's context, in tokens"),
-    Spelling("--distributed", "--nodes", AURALM, "a run across machines: every node of the inventory, unless "
-             "--nodes names them", flag=True),
+    # AuraLM's train_gpt2_spanish.py (argparse, dashes): GPT-2 on Spanish text, across two laptops; its options mean
+    # its model, our GPT on text, unless the line names a model or task
+    *(Spelling(theirs, ours, AURALM, note, flag=flag, implies=AURALM_MODEL) for theirs, ours, note, flag in (
+        ("--batch-size", "training.batch_size", "per rank and micro-step", False),
+        ("--seq-len", "model.block_size", "the model's context, in tokens", False),
+        ("--distributed", "--nodes", "a run across machines: every node of the inventory, unless --nodes names them",
+         True))),
     Spelling("--prepare", "", AURALM, "what hrmctl prepare-data does: hrmctl train refuses it with the prepare-data "
              "line to run first", command=PREPARE, flag=True, accepted=True),
     Spelling("--dataset-name", SOURCE, AURALM, "a dataset name (the Hugging Face cache) or a local file",

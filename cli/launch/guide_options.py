@@ -30,6 +30,7 @@ class Read:
     options: dict[str, object] = field(default_factory=dict)  # LaunchOptions field -> value
     said: list[str] = field(default_factory=list)  # "--learning_rate 3e-4 is training.lr=3e-4", for the log
     prepare: list[tuple[Spelling, str]] = field(default_factory=list)  # the options that prepare data, as typed
+    rows: list[Spelling] = field(default_factory=list)  # the rows read, in order
 
 
 def read(args: list[str], what: str, own: list[str]) -> Read:
@@ -58,9 +59,27 @@ def read(args: list[str], what: str, own: list[str]) -> Read:
         elif row.flag and eq:
             raise HrmctlError(f"{name} takes no value ({row.guide}'s {row.theirs}: {row.note or row.ours})")
         _take(out, row, name, value)
+        out.rows.append(row)
     if out.prepare:
         raise HrmctlError(prepare_first(out.prepare, out.args))
+    _implied(out)
     return out
+
+
+def _implied(out: Read) -> None:
+    """What the guide's options mean besides their own keys (AuraLM's: its GPT on text), added unless the line sets
+    those keys itself (model= or arch=, task=), and said once."""
+    from auralm.training.config import ALIASES
+
+    given = {ALIASES.get(k, k) for k in (a.partition("=")[0].lstrip("+") for a in out.args)}
+    given |= {"model"} if given & {"arch"} or any(k.startswith("model.") and k != "model.block_size" for k in given) \
+        else set()
+    rows = [r for r in out.rows if r.implies]
+    added = [item for item in dict.fromkeys(w for r in rows for w in r.implies.split())
+             if item.partition("=")[0] not in given]
+    if added:
+        out.args += added
+        out.said.append(f"{' '.join(added)} ({rows[0].guide}'s model on text, where the line does not say)")
 
 
 def _take(out: Read, row: Spelling, name: str, value: str) -> None:
