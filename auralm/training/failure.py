@@ -163,4 +163,6 @@ def peer_gone(e: BaseException) -> bool:
 def peer_line(rank: int, e: BaseException) -> str:
     """A peer gone, in one line: the rank that failed first says why (hrmctl's last line is its)."""
     first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    first = re.sub(r"^\[[^\]]*\.(?:cc|cpp|h):\d+\]\s*", "", first)  # gloo's source file and line
+    first = first.split(". ", 1)[0]  # gloo's advice after it ("This is typically caused by ...")
     return f"error: rank {rank}: a peer is gone ({first}); the rank that failed first says why"

@@ -100,8 +100,10 @@ def test_a_library_that_hides_the_errno_is_read_by_its_words_and_anything_else_i
         == errno.ENOSPC
     assert failure.write_errno(TypeError("unsupported operand")) is None
     assert failure.write_line(0, KeyError("x"), None) is None  # a bug keeps its traceback
-    gone = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1")
-    assert failure.peer_gone(gone) and failure.peer_line(1, gone).startswith("error: rank 1: a peer is gone (")
+    gone = RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by "
+                        "peer [127.0.0.1]:2266. This is typically caused by a remote worker crashing. GLHF!")
+    assert failure.peer_gone(gone) and failure.peer_line(1, gone) == (
+        "error: rank 1: a peer is gone (Connection closed by peer [127.0.0.1]:2266); the rank that failed first says why")
     assert not failure.peer_gone(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
 
 
