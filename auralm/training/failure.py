@@ -28,7 +28,8 @@ WRITE_ERRNOS = {
     errno.EPERM: "fix its permissions (chown/chmod), or give out_dir= another directory",
 }
 _OS_ERROR = re.compile(r"\(os error (\d+)\)")  # Rust's io::Error, as safetensors words it
-_STRERRORS = {os.strerror(n): n for n in WRITE_ERRNOS}  # "No space left on device" inside a library's message
+# "No space left on device" inside a library's message (not EPERM's "Operation not permitted": CUDA says it too)
+_STRERRORS = {os.strerror(n): n for n in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES)}
 # a write failed, its errno hidden: torch.save's zip writer (PyTorchFileWriter), its open, safetensors' serializer
 _HIDDEN = ("unexpected pos", "iostream error", "PytorchStreamWriter failed", "file write failed", "cannot be opened",
            "Error while serializing")
