@@ -341,7 +341,8 @@ def _read_texts(source: str, files: list[Path] | None, text_field: str, split: s
 def _read_error(source: str, config: str | None, offline: bool, e: Exception) -> UserError:
     if offline:
         return UserError(f"cannot read dataset {_dataset_name(source, config)}: it is not in the local Hugging Face "
-                         f"cache and {_hub_name()} is unreachable")
+                         f"cache and {_hub_name()} is unreachable; fix: run this once where it is reachable (it "
+                         f"fills the cache, HF_HOME), or give a local .txt, .jsonl or .parquet file as SOURCE")
     reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     return UserError(f"cannot read data source {_dataset_name(source, config)}: {reason}")
 
@@ -524,7 +525,16 @@ def prepare_command(task: str, out: str) -> str:
     name = os.path.basename(out.rstrip("/"))
     if task == "sudoku":
         return f"hrmctl prepare-data --task sudoku{' --preset ' + name if name in PRESETS else ''} --out {shlex.quote(out)}"
-    return f"hrmctl prepare-data SOURCE --out {shlex.quote(out)}"
+    return f"hrmctl prepare-data corpus.txt --out {shlex.quote(out)}"
+
+
+def prepare_hint(task: str) -> str:
+    """What ``prepare_command``'s SOURCE may be, after it in the same line ("" for sudoku: generated)."""
+    if task == "sudoku":
+        return ""
+    return ("; task=lm trains on text: corpus.txt is a local .txt, .jsonl or .parquet file (or a directory of them), "
+            "or a dataset in the Hugging Face cache by name (the HRM launcher's C4: `allenai/c4 --config en "
+            "--streaming --max-tokens 100000000`)")
 
 
 def load_manifest(data_dir: Path, task: str) -> dict:
@@ -532,7 +542,8 @@ def load_manifest(data_dir: Path, task: str) -> dict:
     try:
         meta = json.loads((data_dir / "meta.json").read_text())
     except FileNotFoundError:
-        raise UserError(f"no data in {data_dir} (no meta.json): run `{prepare_command(task, str(data_dir))}`") from None
+        raise UserError(f"no data in {data_dir} (no meta.json): run `{prepare_command(task, str(data_dir))}`"
+                        f"{prepare_hint(task)}") from None
     except ValueError as e:
         raise UserError(f"{data_dir}/meta.json is not valid JSON ({e})") from None
     if meta.get("format") != FORMAT:
@@ -667,15 +678,18 @@ def shared_batches(ds, sizes: list[int], rank: int, seed: int, start: int = 0, a
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, not usage + message
-        raise UserError(message)
+    def error(self, message):  # one line, not usage + message: what is wrong, and where the options are listed
+        raise UserError(f"{message}; `{self.prog} --help` lists the options")
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = _Parser(prog=os.environ.get("AURALM_PROG", "python -m auralm.data.datadir"), description="Prepare training data for auralm.")
+def parser() -> argparse.ArgumentParser:
+    """prepare-data's options (the guides' spellings of them are read first: ``guide_args``)."""
+    p = _Parser(prog=os.environ.get("AURALM_PROG", "python -m auralm.data.datadir"),
+                description="Prepare training data for auralm.", allow_abbrev=False)
     p.add_argument("source", nargs="?", help="lm: a .txt/.jsonl/.parquet file, a directory of them, or a dataset name")
     p.add_argument("--task", choices=("lm", "sudoku"), default="lm")
-    p.add_argument("--out", required=True, type=Path, help="the data directory to write")
+    p.add_argument("--out", type=Path, help="the data directory to write (default: data/<task>, where hrmctl train "
+                   "looks for it)")
     p.add_argument("--vocab-size", type=int, default=8192)
     p.add_argument("--tokenizer", help="use this tokenizer (a directory transformers can load) instead of training one")
     p.add_argument("--max-tokens", type=int)
@@ -704,8 +718,62 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-givens", type=int)
     p.add_argument("--max-givens", type=int)
     p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def guide_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``argv`` with the guides' spellings of prepare-data's options read as ours (AuraLM's ``--dataset-name X
+    --dataset-max-tokens N`` are ``X --max-tokens N``; the HRM guide's build_sudoku_dataset.py options imply
+    ``--task sudoku``), and what each was read as, for one line."""
+    from auralm.models import guide_spellings
+
+    out, said, implied, i = [], [], [], 0
+    while i < len(argv):
+        a = argv[i]
+        i += 1
+        name, eq, value = a.partition("=")
+        row = guide_spellings.option_row(name, guide_spellings.PREPARE)
+        if row is None:
+            out.append(a)
+            continue
+        if not row.flag and not eq:
+            if i >= len(argv) or argv[i].startswith("--"):
+                raise UserError(f"{name} needs a value ({row.guide}'s spelling of {row.ours})")
+            value, i = argv[i], i + 1
+        ours = guide_spellings.prepare_args(row, value)
+        said.append(f"{name} {value}".strip() + (f" is {shlex.join(ours)}" if ours else f" is accepted ({row.note})"))
+        out += ours
+        if row.implies and row.implies.split()[0] not in argv and row.implies not in implied:
+            implied.append(row.implies)
+    return out + [w for text in implied for w in text.split()], said
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    """The command line, every problem one UserError: an unknown option with the nearest of ours (or the guides'),
+    a second SOURCE."""
+    from auralm.models import guide_spellings
+
+    p = parser()
+    args, said = guide_args(argv)
+    a, extra = p.parse_known_args(args)
+    a.notes = [f"hrmctl: read as ours: {'; '.join(said)}"] if said else []
+    for x in extra:
+        if x.startswith("-"):
+            name = x.partition("=")[0]
+            hint = guide_spellings.suggest(name, list(p._option_string_actions), option=True,
+                                           command=guide_spellings.PREPARE)
+            raise UserError(f"unknown option {name}{hint or f'; `{p.prog} --help` lists the options'}")
+        raise UserError(f"unexpected argument {x!r}: prepare-data takes one SOURCE (a file, a directory of them, or a "
+                        f"dataset name{f', here {a.source!r}' if a.source else ''}); quote a path with spaces")
+    if a.out is None:
+        a.out = Path("data") / a.task
+        a.notes.append(f"out: {a.out} (no --out: the data directory hrmctl train reads for task={a.task})")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
     try:
-        a = p.parse_args(argv)
+        a = _parse(sys.argv[1:] if argv is None else list(argv))
         if a.task == "sudoku":
             if a.config or a.streaming:
                 raise UserError("--config and --streaming read a text dataset: not for --task sudoku")
@@ -729,7 +797,9 @@ def main(argv: list[str] | None = None) -> int:
             msg = prepare_sudoku(a.out, from_csv=a.from_csv, test_csv=a.test_csv, workers=a.workers, **opts)
         else:
             if not a.source:
-                raise UserError("missing SOURCE: a .txt/.jsonl/.parquet file, a directory of them, or a dataset name")
+                raise UserError("missing SOURCE: give a .txt/.jsonl/.parquet file, a directory of them, or a dataset "
+                                "name in the Hugging Face cache (`hrmctl prepare-data corpus.txt`), or --task sudoku "
+                                "for generated puzzles")
             for name in ("max_tokens", "shard_tokens"):
                 if getattr(a, name) is not None and getattr(a, name) <= 0:
                     raise UserError(f"--{name.replace('_', '-')} must be greater than 0")
@@ -739,6 +809,8 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
+    for note in a.notes:  # how the line was read: once it has worked (a bad input is one line, the error's)
+        print(note, file=sys.stderr, flush=True)
     print(msg, flush=True)
     return 0
 

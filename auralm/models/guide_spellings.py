@@ -1,12 +1,14 @@
 """The guides' spellings and ours, in one table.
 
 Our users arrive with a guide: the HRM and TRM repositories' ``pretrain.py`` lines, the RLM-mHC guide's keys and
-YAML files, the HRM distributed launcher's ``--options``, torchrun's. Each row of :data:`TABLE` is one spelling of a
-guide and what it is here: a key of the trainer (``training.lr``), an option of ``hrmctl train`` (``--dry-run``), or
-nothing (then ``note`` says what to do instead). The trainer's config (auralm.training.config) takes the key spellings
-as
-aliases; ``hrmctl train`` takes the option spellings (cli/launch/command.py); both name their nearest row in a
-"did you mean" (:func:`suggest`). docs/guides.md is this table, per guide, with the lines it comes from.
+YAML files, the HRM distributed launcher's ``--options``, AuraLM's ``train_gpt2_spanish.py``, torchrun's. Each row of
+:data:`TABLE` is one spelling of a guide and what it is here: a key of the trainer (``training.lr``), an option of
+``hrmctl train`` (``--dry-run``) or of ``hrmctl prepare-data`` (``command="prepare-data"``: ``--max-tokens``, or
+``SOURCE``, its positional argument), accepted as it is (``accepted``: what hrmctl does anyway, said), or nothing
+(then ``note`` says what to do instead). The trainer's config (auralm.training.config) takes the key spellings as
+aliases; ``hrmctl train`` takes the option spellings (cli/launch/guide_options.py), ``hrmctl prepare-data`` its own
+(auralm.data.datadir); all of them name their nearest row in a "did you mean" (:func:`suggest`). docs/guides.md is
+this table, per guide, with the lines it comes from.
 """
 
 from __future__ import annotations
@@ -18,7 +20,12 @@ HRM = "the HRM guide's pretrain.py"
 TRM = "the TRM guide's pretrain.py"
 RLM = "the RLM-mHC guide"
 LAUNCHER = "the HRM distributed launcher"
+AURALM = "AuraLM's train_gpt2_spanish.py"
+SUDOKU_BUILDER = "the HRM guide's build_sudoku_dataset.py"
 TORCHRUN = "torchrun"
+TRAIN, PREPARE = "train", "prepare-data"  # the hrmctl command a row's option belongs to
+AURALM_MODEL = "model=small task=lm"  # AuraLM's GPT-2 on text, as our GPT family's size of its context (256)
+SOURCE = "SOURCE"  # prepare-data's positional argument, as a row's ``ours``
 
 
 @dataclass(frozen=True)
@@ -27,6 +34,11 @@ class Spelling:
     ours: str  # our key, or an option of hrmctl train (``--dry-run``); "": none (see note)
     guide: str
     note: str = ""  # what it means here, or (ours == "") what to do instead
+    command: str = TRAIN  # an option's: the hrmctl command that reads it (train or prepare-data)
+    flag: bool = False  # an option that takes no value (``--dry_run``)
+    accepted: bool = False  # ours == "": taken as it is (hrmctl does it anyway: ``note`` says how), not refused
+    per_gpu: bool = False  # a count of processes that each need a GPU (the launcher's --gpus N)
+    implies: str = ""  # what the option means besides ours, unless the line gives it (``--task sudoku``, ``task=lm``)
 
     @property
     def is_option(self) -> bool:
@@ -60,7 +72,7 @@ TABLE: tuple[Spelling, ...] = (
         training.wandb.project logging.wandb.project, training.wandb.entity logging.wandb.entity,
         training.wandb.mode logging.wandb.mode"""),
     # the HRM distributed launcher's options (argparse: ``--name value`` or ``--name=value``)
-    Spelling("--model", "model", LAUNCHER, "50m and 100m are hrm-50m and hrm-100m"),
+    Spelling("--model", "model", LAUNCHER, "50m and 100m are hrm-50m and hrm-100m, language models: task=lm"),
     Spelling("--task", "task", LAUNCHER),
     Spelling("--batch_size", "training.batch_size", LAUNCHER, "per rank and micro-step"),
     Spelling("--learning_rate", "training.lr", LAUNCHER),
@@ -72,11 +84,31 @@ TABLE: tuple[Spelling, ...] = (
     Spelling("--seed", "training.seed", LAUNCHER),
     Spelling("--data_dir", "data_dir", LAUNCHER),
     Spelling("--output_dir", "out_dir", LAUNCHER),
-    Spelling("--dry_run", "--dry-run", LAUNCHER),
+    Spelling("--dry_run", "--dry-run", LAUNCHER, flag=True),
+    Spelling("--gpus", "--nproc", LAUNCHER, "one process per GPU: refused where a node has fewer GPUs", per_gpu=True),
+    Spelling("--verbose", "", LAUNCHER,
+             "hrmctl's log shows every rank's lines already, each node's whole output is in "
+             "runs/<run-id>/<node>.log, and training.log_interval=N logs every N steps", flag=True, accepted=True),
     Spelling("--train_samples", "", LAUNCHER,
              "hrmctl trains on a prepared data directory: cap its size with `hrmctl prepare-data SOURCE --max-tokens "
              "N` (a token budget; with --streaming nothing more is read), and the training's length with "
              "training.max_steps=N or training.epochs=N"),
+    # AuraLM's train_gpt2_spanish.py (argparse, dashes): GPT-2 on Spanish text, across two laptops; its options mean
+    # its model, our GPT on text, unless the line names a model or task
+    *(Spelling(theirs, ours, AURALM, note, flag=flag, implies=AURALM_MODEL) for theirs, ours, note, flag in (
+        ("--batch-size", "training.batch_size", "per rank and micro-step", False),
+        ("--seq-len", "model.block_size", "the model's context, in tokens", False),
+        ("--distributed", "--nodes", "a run across machines: every node of the inventory, unless --nodes names them",
+         True))),
+    Spelling("--prepare", "", AURALM, "what hrmctl prepare-data does: hrmctl train refuses it with the prepare-data "
+             "line to run first", command=PREPARE, flag=True, accepted=True),
+    Spelling("--dataset-name", SOURCE, AURALM, "a dataset name (the Hugging Face cache) or a local file",
+             command=PREPARE),
+    Spelling("--dataset-max-tokens", "--max-tokens", AURALM, command=PREPARE),
+    # the HRM guide's dataset/build_sudoku_dataset.py, typed after hrmctl prepare-data (--task sudoku implied)
+    *(Spelling(theirs, ours, SUDOKU_BUILDER, note, command=PREPARE, implies="--task sudoku")
+      for theirs, ours, note in (("--output-dir", "--out", ""), ("--subsample-size", "--train", "train puzzles"),
+                                 ("--num-aug", "--aug", "augmented copies of each train puzzle"))),
     # torchrun's own: hrmctl starts torchrun on every node itself
     Spelling("--nproc_per_node", "--nproc", TORCHRUN),
     Spelling("--nproc-per-node", "--nproc", TORCHRUN),
@@ -88,7 +120,18 @@ TABLE: tuple[Spelling, ...] = (
 # What config.py takes for a guide's key (``arch.*`` beyond these is ``model.*``).
 ALIASES: dict[str, str] = {s.theirs: s.ours for s in TABLE if not s.is_option}
 # The options hrmctl train takes in a guide's spelling: ours is a trainer key or an option of hrmctl train.
-OPTIONS: dict[str, Spelling] = {s.theirs: s for s in TABLE if s.is_option}
+OPTIONS: dict[str, Spelling] = {s.theirs: s for s in TABLE if s.is_option and s.command == TRAIN}
+# The options hrmctl prepare-data takes in a guide's spelling: ours is an option of it, or SOURCE.
+PREPARE_OPTIONS: dict[str, Spelling] = {s.theirs: s for s in TABLE if s.is_option and s.command == PREPARE}
+
+
+def option_row(name: str, command: str = TRAIN) -> Spelling | None:
+    """The row of an option as typed: its exact spelling, else the same words with other dashes or case
+    (``--max-steps`` and ``--Max_Steps`` are the launcher's ``--max_steps``; argparse users type either)."""
+    rows = OPTIONS if command == TRAIN else PREPARE_OPTIONS
+    if name in rows:
+        return rows[name]
+    return next((s for s in rows.values() if normal(s.theirs) == normal(name)), None) if name.startswith("--") else None
 # One key of a guide that sets two of ours: training.optimizer.betas=[0.9,0.95] (also (0.9, 0.95) or 0.9,0.95).
 COMPOUND = {"training.optimizer.betas": ("training.beta1", "training.beta2")}
 # Values in a guide's words, per key of ours they set. training.mixed_precision: accelerate's "no" is fp32 (and so
@@ -101,7 +144,8 @@ VALUES: dict[str, dict[str, str]] = {
     "training.scheduler.type": {"cosine": "cosine", "cosine_with_min_lr": "cosine", "linear": "linear",
                                 "constant": "constant", "constant_with_warmup": "constant"},
 }
-# The HRM language-model launcher's ``--model 50m|100m``, as model names.
+# The HRM language-model launcher's ``--model 50m|100m``, as model names (language models: hrm-50m and hrm-100m train
+# task=lm unless task= is given, auralm/models/hrm/spec.py).
 MODEL_ALIASES = {"50m": "hrm-50m", "100m": "hrm-100m", "27m": "hrm-27m"}
 # ``arch=NAME`` as in the guides: the paper's model of that family.
 ARCH_NAMES = {"hrm": "hrm-27m", "hrm_v1": "hrm-27m", "trm": "trm-7m"}
@@ -109,25 +153,40 @@ ARCH_NAMES = {"hrm": "hrm-27m", "hrm_v1": "hrm-27m", "trm": "trm-7m"}
 ACCEPTED = {"evaluators": ("[]",)}
 
 
+def prepare_args(row: Spelling, value: str) -> list[str]:
+    """A prepare-data row and its value as prepare-data's own arguments (``--dataset-name wikipedia``: ``wikipedia``,
+    its SOURCE; ``--prepare``: nothing, that is what prepare-data does)."""
+    if row.accepted:
+        return []
+    if row.ours == SOURCE:
+        return [value]
+    return [row.ours] if row.flag else [row.ours, value]
+
+
 def normal(name: str) -> str:
     """A spelling without its decoration: ``--Learning-Rate`` and ``+learning_rate`` are ``learning_rate``."""
     return name.strip().lstrip("-+").replace("-", "_").lower()
 
 
-def suggest(given: str, ours: list[str], *, option: bool = False) -> str:
-    """The "did you mean" of an unknown key (``option=True``: an unknown option of hrmctl train), as the message's
-    tail `` (did you mean ...)``, or "" when nothing is near. A guide's spelling that differs only in dashes, case
-    or its kind (``learning_rate=`` for the launcher's ``--learning_rate``) names ours for it; else the nearest of
-    ``ours`` (our keys, or options) and the guides' spellings."""
+def suggest(given: str, ours: list[str], *, option: bool = False, command: str = TRAIN) -> str:
+    """The "did you mean" of an unknown key (``option=True``: an unknown option of hrmctl ``command``), as the
+    message's tail `` (did you mean ...)``, or "" when nothing is near. A guide's spelling that differs only in
+    dashes, case or its kind (``learning_rate=`` for the launcher's ``--learning_rate``) names ours for it; else the
+    nearest of ``ours`` (our keys, or options) and the guides' spellings (of that command's options)."""
     word = normal(given)
-    same = [s for s in TABLE if normal(s.theirs) == word]
+    rows = [s for s in TABLE if s.command == command and (s.is_option or command == TRAIN)]
+    same = [s for s in rows if normal(s.theirs) == word]
+    elsewhere = [s for s in TABLE if s.command != command and normal(s.theirs) == word and s.ours]
+    if not same and elsewhere:  # --batch_size given to prepare-data: hrmctl train's
+        s = elsewhere[0]
+        return f" ({s.guide}'s {s.theirs} is {s.ours} of hrmctl {s.command}, not of hrmctl {command})"
     if same:
         return _pointer(same[0], option, exact=True)
     if option:
         last = {k.rsplit(".", 1)[-1].lower(): k for k in ours if not k.startswith("-")}
         if word in last:  # --warmup_steps 10: our key of that name, as an override
             return f" (did you mean the override {last[word]}=VALUE?)"
-    candidates: dict[str, str | Spelling] = {normal(s.theirs): s for s in TABLE if s.ours or s.is_option == option}
+    candidates: dict[str, str | Spelling] = {normal(s.theirs): s for s in rows if s.ours or s.is_option == option}
     candidates.update((normal(k), k) for k in ours)  # ours first where a guide writes the same word
     near = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6 if option else 0.5)
     if not near:

@@ -71,10 +71,18 @@ class ModelFamily:
     guide_size: str = ""
     guide_keys: frozenset = frozenset()
     guide_prefixes: tuple[str, ...] = ()
+    # the task a size trains when the line gives no task= (HRM's hrm-50m and hrm-100m: language models, as the HRM
+    # launcher's --model 50m|100m); a size not named here trains the config's default task
+    size_task: dict = None
 
     def __post_init__(self):
         if not self.smallest and self.sizes:  # its first size, unless it says
             object.__setattr__(self, "smallest", next(iter(self.sizes)))
+        if self.size_task is None:
+            object.__setattr__(self, "size_task", {})
+        for name, task in self.size_task.items():
+            if name not in self.sizes or task not in self.tasks:
+                raise ValueError(f"model family {self.name!r}: size_task {name}={task} names no size or task of it")
 
     def sent_shapes(self, task: str, arch: dict, vocab: int | None) -> list[tuple[int, ...]]:
         """The shape of every trainable parameter in the model's order (a tied weight once): what a DDP step
@@ -195,6 +203,15 @@ def size_family(size: dict) -> str:
 def size_tasks(name: str) -> set[str]:
     """The tasks a named size can train."""
     return set(_SIZE_TASKS.get(name, ()))
+
+
+def size_task(name: str) -> str | None:
+    """The task a named size trains when none is given: its family's only task, or the one its family names for
+    it (``size_task``), else None (the config's default)."""
+    tasks = size_tasks(name)
+    if len(tasks) == 1:
+        return next(iter(tasks))
+    return next((f.size_task[name] for f in _FAMILIES.values() if name in f.size_task), None)
 
 
 def guide_family(key: str) -> tuple[str, bool] | None:

@@ -17,6 +17,7 @@ the rest and the checksums (which cover the DCP files) once all have finished, t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -28,6 +29,7 @@ import torch
 import yaml
 
 from auralm.data.datadir import sha256_file
+from auralm.training import failure
 
 FILES = ("model.safetensors", "optimizer.pt", "rng.pt", "state.json")  # what every whole checkpoint has
 DCP = "dcp"  # a sharded checkpoint's torch.distributed.checkpoint directory
@@ -66,10 +68,28 @@ def save(run_dir: Path, step: int, model: torch.nn.Module, optimizer: torch.opti
          state: dict, keep_last: int, extra: dict | None = None) -> Path:
     """Write ``checkpoint-<step>`` atomically. ``extra``: more objects, each saved as ``<name>.pt`` and
     checksummed with the rest (the ACT carries of every rank, the EMA weights)."""
-    tmp = _fresh_tmp(run_dir, step)
-    safetensors.torch.save_model(model, str(tmp / "model.safetensors"))
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    return _finish(run_dir, tmp, step, list(FILES), rng, state, keep_last, extra)
+    with _partial_removed(run_dir, step):
+        tmp = _fresh_tmp(run_dir, step)
+        safetensors.torch.save_model(model, str(tmp / "model.safetensors"))
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        return _finish(run_dir, tmp, step, list(FILES), rng, state, keep_last, extra)
+
+
+@contextlib.contextmanager
+def _partial_removed(run_dir: Path, step: int):
+    """Around the writing of ``checkpoint-<step>``: whatever stops it, its temporary directory is removed; a write
+    that failed for want of room or rights (a full or read-only disk, however the library words it: told before
+    the removal frees room, auralm.training.failure) is raised as a WriteFailed from the library's error."""
+    tmp = run_dir / f".checkpoint-{step}.tmp"
+    try:
+        yield
+    except BaseException as e:
+        failed = failure.wrap_write(e, tmp if tmp.exists() else run_dir, run_dir) if isinstance(e, Exception) else None
+        shutil.rmtree(tmp, ignore_errors=True)
+        if failed is None:
+            raise
+        failed.path = run_dir / f"checkpoint-{step}"
+        raise failed from e
 
 
 def _fresh_tmp(run_dir: Path, step: int) -> Path:
@@ -206,18 +226,19 @@ def save_sharded(run_dir: Path, step: int, model: torch.nn.Module, optimizer: to
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     tmp = run_dir / f".checkpoint-{step}.tmp"
-    if rank == 0:
-        _fresh_tmp(run_dir, step)
-        shared_modes(run_dir, [tmp, tmp / DCP])
-    _barrier()
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(tmp / DCP), no_dist=not _distributed())
-    _barrier()  # every rank's shards are written (DCP writes .metadata last, on rank 0)
-    final = None
-    if rank == 0:
-        files = sorted(str(f.relative_to(tmp)) for f in (tmp / DCP).rglob("*") if f.is_file())
-        final = _finish(run_dir, tmp, step, [*files, "rng.pt", "state.json"], rng, state, keep_last, extra)
-    _barrier()  # no rank goes on (to a resume, an export) before the checkpoint is in place
+    with _partial_removed(run_dir, step) if rank == 0 else contextlib.nullcontext():
+        if rank == 0:
+            _fresh_tmp(run_dir, step)
+            shared_modes(run_dir, [tmp, tmp / DCP])
+        _barrier()
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(tmp / DCP), no_dist=not _distributed())
+        _barrier()  # every rank's shards are written (DCP writes .metadata last, on rank 0)
+        final = None
+        if rank == 0:
+            files = sorted(str(f.relative_to(tmp)) for f in (tmp / DCP).rglob("*") if f.is_file())
+            final = _finish(run_dir, tmp, step, [*files, "rng.pt", "state.json"], rng, state, keep_last, extra)
+        _barrier()  # no rank goes on (to a resume, an export) before the checkpoint is in place
     return final
 
 

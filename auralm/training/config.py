@@ -410,9 +410,9 @@ def _choose_model(cfg: Config, typed: dict[str, str]) -> None:
             how = f", chosen from {item}"
     if cfg.model.name not in SIZES:
         return  # check() names the known sizes
-    tasks = registry.size_tasks(cfg.model.name)
-    if len(tasks) == 1 and "task" not in typed:
-        cfg.task = next(iter(tasks))  # a family of one task (the RLM is a language model only)
+    task = registry.size_task(cfg.model.name)
+    if task and "task" not in typed:  # a family of one task (the RLM), or a size made for one (hrm-50m: text)
+        cfg.task = task
     family = families.short_title(families.family(SIZES[cfg.model.name]))
     cfg.model_choice = f"{cfg.model.name} ({family}){how}" if how else ""
     families.check(SIZES, cfg.model.name, typed, how or ("" if "model" in typed else ", the default model"))

@@ -86,6 +86,23 @@ class Plan:
         return not self.tensorboard and not self.wandb_project
 
 
+MODULES = {"tensorboard": "torch.utils.tensorboard", "wandb": "wandb"}  # the package: what the sink imports
+
+
+def packages(logging) -> list[tuple[str, str]]:
+    """What ``cfg.logging`` needs on rank 0's node, as (the key that asks for it, the package): checked by hrmctl's
+    preflight against the master's probe (cli/launch/prepare.py), before launch; imported by ``plan``."""
+    asked = {"tensorboard": ("logging.tensorboard=true", logging.tensorboard),
+             "wandb": ("logging.wandb.project", bool(logging.wandb.project))}
+    return [(key, pkg) for pkg, (key, on) in asked.items() if on]
+
+
+def missing_line(keys: list[str], missing: list[str]) -> str:
+    """``logging.wandb.project needs the wandb package``: the start of the line that refuses it."""
+    return (f"{' and '.join(keys)} need{'s' if len(keys) == 1 else ''} the {' and '.join(missing)} "
+            f"package{'s' if len(missing) > 1 else ''}")
+
+
 def plan(logging) -> Plan:
     """Check ``cfg.logging`` (auralm.training.config.LoggingConfig) on rank 0 before anything is trained: the packages
     asked
@@ -97,15 +114,11 @@ def plan(logging) -> Plan:
         given = "logging.wandb.entity" if w.entity else "logging.wandb.mode"
         raise UserError(f"{given} is set but logging.wandb.project is not: logging.wandb.project=NAME turns W&B on")
     missing, broken = [], []
-    if logging.tensorboard:
-        _try_import("tensorboard", "torch.utils.tensorboard", missing, broken)
-    if w.project:
-        _try_import("wandb", "wandb", missing, broken)
+    for _, pkg in packages(logging):
+        _try_import(pkg, MODULES[pkg], missing, broken)
     if missing:
-        keys = [k for k, pkg in (("logging.tensorboard=true", "tensorboard"), ("logging.wandb.project", "wandb"))
-                if pkg in missing]
-        raise UserError(f"{' and '.join(keys)} need{'s' if len(keys) == 1 else ''} the {' and '.join(missing)} "
-                        f"package{'s' if len(missing) > 1 else ''}, not installed here: pip install {' '.join(missing)}")
+        raise UserError(f"{missing_line([k for k, pkg in packages(logging) if pkg in missing], missing)}, not "
+                        f"installed here: pip install {' '.join(missing)}")
     if broken:
         pkg, why = broken[0]
         raise UserError(f"the {pkg} package is installed but does not import: {why}; reinstall it "

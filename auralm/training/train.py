@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import errno
 import fcntl
 import functools
 import json
@@ -30,7 +29,7 @@ import torch
 from auralm import errors, models
 from auralm.data import datadir
 from auralm.planning import autobatch, cpu_memory
-from auralm.training import checkpoint, config, distributed, objective, optim, tracking
+from auralm.training import checkpoint, config, distributed, failure, objective, optim, tracking
 from auralm.training.config import Config
 from auralm.training.curves import write_run_curves
 from auralm.training.ema import EMA
@@ -721,23 +720,26 @@ def main(argv: list[str] | None = None) -> int:
         return errors.stop(f"error: {e}", rank) if rank == 0 else errors.BAD_INPUT_EXIT
     except KeyboardInterrupt:
         return 130
-    except OSError as e:
-        if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT):
-            raise
-        # a directory that became unwritable (or full) during the run: one line, not a traceback
-        return errors.stop(f"error: rank {rank}: cannot write {e.filename or 'a file'}: {e.strerror}; free space "
-                           f"there or fix its permissions, then rerun with resume=latest", rank)
-    except (MemoryError, RuntimeError) as e:
-        if not out_of_memory(e):
-            if isinstance(e, MemoryError):
-                raise
-            return _runtime_error(rank, e)
+    except Exception as e:
+        return _failed(rank, e, cfg)
+
+
+def _failed(rank: int, e: Exception, cfg: Config | None) -> int:
+    """Every failure of a run in one line (auralm.training.failure reads what raised it): a file that could not be
+    written for want of room or rights, whatever library wrote it (a stop: exit 2, with the last whole checkpoint
+    to resume from), out of memory (a stop), a peer gone or a device failed (exit 1: a restart may help). Anything
+    else is a bug: raised, with its traceback."""
+    line = failure.write_line(rank, e, Path(cfg.out_dir) if cfg is not None and cfg.out_dir else None)
+    if line:
+        return errors.stop(line, rank)
+    if out_of_memory(e):
         return errors.stop(oom_line(rank, e, cfg), rank)
-
-
-def _runtime_error(rank: int, e: RuntimeError) -> int:
-    """A peer died or hung (gloo, NCCL), a device failed: one line, not a traceback."""
-    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    if failure.peer_gone(e):
+        print(failure.peer_line(rank, e), file=sys.stderr, flush=True)
+        return 1
+    if not isinstance(e, RuntimeError):
+        raise e
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0]  # a device failed: one line, not a traceback
     print(f"error: rank {rank}: {first}", file=sys.stderr, flush=True)
     return 1
 

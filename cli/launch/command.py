@@ -43,6 +43,8 @@ def _read_guide_options(opts: LaunchOptions, err: Console, own_options: list[str
     opts.args = read.args
     for attr, value in read.options.items():
         setattr(opts, attr, value)
+    if opts.distributed:
+        read.said.append(guide_options.across_machines(opts))
     if read.said:
         err.print(f"hrmctl: read as ours: {'; '.join(read.said)}", markup=False, highlight=False, soft_wrap=True)
 

@@ -6,7 +6,8 @@ The files are the record: they get every line whatever happens to the terminal. 
 the output any more (a pipe's reader gone: EPIPE, or poll's POLLERR/POLLHUP on it; a terminal hung
 up: EIO), the output is pointed at /dev/null and `gone` says why: the launcher stops the run, as for a
 closed terminal. torchrun's `SignalException` traceback (its agent stopped by a signal: our own stop)
-becomes one line in the file and nothing on the screen.
+becomes one line in the file and nothing on the screen; so does its `ChildFailedError` traceback after a rank's
+stop line (the trainer's one line, auralm.errors.STOP_TAG, says why; torchrun's report of the ranks stays).
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ NO_REVERSE_DNS_RE = re.compile(r"\[c10d\] The hostname of the client socket cann
 # torchrun's agent stopped by a signal: "...SignalException: Process 123 got signal: 15" ("Signals.SIGTERM" before
 # Python 3.11)
 SIGNAL_EXCEPTION_RE = re.compile(r"^\S*SignalException: Process \d+ got signal: (?:Signals\.)?(\w+)")
+# torchrun's own traceback when a worker failed: after a trainer's stop (STOP_TAG) it says nothing the stop did not
+CHILD_FAILED_RE = re.compile(r"^\S*ChildFailedError:")
 GONE_ERRNOS = (errno.EPIPE, errno.EIO, errno.ECONNRESET)  # a pipe without reader, a hung-up terminal, a socket
 
 
@@ -249,6 +252,10 @@ class MergedLog:
                                    f"(the stop's tracebacks left out)")
             return True
         del self.pending[key]
+        if CHILD_FAILED_RE.match(text) and any(n == node for n, _ in self.stops):
+            self._record(node, "# hrmctl: torchrun's ChildFailedError traceback left out (the trainer's stop above "
+                               "says why; torchrun's report of the ranks follows)")
+            return True
         self._release(node, lines)
         return False  # the exception line itself (or a line after a dropped traceback) goes on like any other
 

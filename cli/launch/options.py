@@ -42,6 +42,10 @@ class LaunchOptions:
     result_tag: str | None = None  # a line with this prefix is a result for on_result(node, payload)
     on_result: Callable[[str, str], None] | None = None
     detached: bool = False  # this process is a detached run's supervisor (cli/launch/detach.py), in a session of its own
+    inventory: str | None = None  # --inventory as given (None: $HRMCTL_INVENTORY, else ./hrmctl.toml)
+    nodes_given: bool = False  # --nodes was given (else this machine alone, or the Slurm allocation's nodes)
+    gpus: int | None = None  # a guide's --gpus N: --nproc N, each process on a GPU of its own (the preflight checks)
+    distributed: bool = False  # a guide's --distributed: a run across machines (cli/launch/guide_options.py)
 
     def check(self) -> None:
         """The numbers a launch cannot start with: one line each, exit code 2."""
@@ -71,7 +75,7 @@ def launch_options(*, inventory: str | None, nodes: str | None, env: list[str] |
     """The command line's options as one LaunchOptions: the nodes selected, --env read, --reprobe as use_cache;
     ``given`` are LaunchOptions' own fields (module, args, master_port, nproc, backend, ...)."""
     return LaunchOptions(nodes=select_nodes(inventory, nodes), env=parse_env_options(env or []),
-                         use_cache=not reprobe, **given)
+                         use_cache=not reprobe, inventory=inventory, nodes_given=nodes is not None, **given)
 
 
 def parse_env_options(items: list[str]) -> dict[str, str]:

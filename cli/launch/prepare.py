@@ -129,11 +129,13 @@ def prepare(opts: LaunchOptions, reported: dict[str, dict] | None = None, hold: 
             storage = pool.submit(check_nodes, sessions, nodes, dirs)
             port_f = pool.submit(_port, sessions, nodes, addr, opts.master_port)
             check.result()
-            facts, _ = probes.result()
+            facts, probed = probes.result()
             answers = storage.result()
             port = port_f.result()
             size = size_f.result()
-        _check_nproc(nodes, facts, opts.nproc)
+        _check_nproc(nodes, facts, opts.nproc, opts.gpus)
+        if trainer:
+            _check_packages(opts.args, master, probed.get(master.name))
         backend, why = choose_backend(opts.backend, facts)
         entry, node_env = {}, {}
         for node in nodes:
@@ -162,11 +164,38 @@ def _data_vocab(answers: dict[str, dict], master: str) -> int | None:
     return next((d.get("vocab") for d in answers.get(master, {}).get("dirs", []) if d.get("kind") == "data"), None)
 
 
-def _check_nproc(nodes: list[Node], facts: dict[str, NodeFacts], nproc: int | None) -> None:
+def _check_nproc(nodes: list[Node], facts: dict[str, NodeFacts], nproc: int | None, gpus: int | None = None) -> None:
+    """--nproc within each node's GPUs (else its CPU cores); a guide's --gpus N (one process per GPU) within its GPUs."""
     for n in nodes:
+        have = facts[n.name].gpus
+        if gpus is not None and have < gpus:
+            fix = f"--gpus {have}" if have else f"--nproc {gpus} for {gpus} processes on its CPU"
+            raise InventoryError(f"{n.name}: --gpus {gpus} is a process on each of {gpus} GPUs, and {n.name} has "
+                                 f"{f'{have} GPU(s)' if have else 'no GPU'} that torch can use; fix: {fix}, or drop "
+                                 f"--gpus (hrmctl runs a process per GPU, else one)")
         count = nproc_for(n, facts[n.name], nproc)
         devices = facts[n.name].gpus or facts[n.name].cpus
         if count > devices:
             kind = "GPU(s)" if facts[n.name].gpus else "CPU core(s)"
             raise InventoryError(f"{n.name}: {count} processes but the node has {devices} {kind}; "
                                  f"use --nproc {devices} or less")
+
+
+def _check_packages(args: list[str], master: Node, probe) -> None:
+    """What the run's logging.* needs on rank 0's node (W&B's wandb, TensorBoard's tensorboard), against what its
+    probe found installed: one line before launch, not rank 0's error after it. A probe that did not look (an older
+    project there) is left to the trainer's own check at start."""
+    from auralm.training import config, tracking
+    from auralm.errors import UserError
+
+    try:
+        needed = tracking.packages(config.parse(args).logging)
+    except (UserError, ValueError):
+        return  # the trainer's check of the overrides says why
+    versions = ((probe.raw.get("project") or {}).get("versions") or {}) if probe is not None else {}
+    missing = [(key, pkg) for key, pkg in needed if pkg in versions and versions[pkg] is None]
+    if missing:
+        keys, pkgs = [k for k, _ in missing], [p for _, p in missing]
+        raise HrmctlError(f"{master.name}: {tracking.missing_line(keys, pkgs)}, not installed for {master.python} "
+                          f"there (rank 0 logs from {master.name}); fix: on {master.name} `{master.python} -m pip "
+                          f"install {' '.join(pkgs)}`, or drop {' and '.join(keys)}")

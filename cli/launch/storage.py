@@ -245,7 +245,7 @@ def data_line(node: str, d: dict) -> str:
     that makes it: `hrmctl sync-data NODE` when this machine's ./data has it (sync-data sends ./data to the node's
     data_dir), else the `hrmctl prepare-data` line (with the --preset a sudoku directory named like one needs),
     then the sync for a remote node."""
-    from auralm.data.datadir import prepare_command  # imports torch: only on this path
+    from auralm.data.datadir import prepare_command, prepare_hint  # imports torch: only on this path
 
     p, path, task = d["problem"], d["resolved"], d["task"]
     what = {"nodata": "no prepared data (no such directory, or empty)",
@@ -266,7 +266,7 @@ def data_line(node: str, d: dict) -> str:
         sync = f"`hrmctl sync-data {node} --src {shlex.quote(local_copy)} --dest {shlex.quote(d['path'])}`"
         fix = (f"{sync}" if prepared_here(local_copy, task) else
                f"`{prepare_command(task, local_copy)}` here, then {sync}")
-    return f"{node}: {path} holds {what}; fix: {fix}"
+    return f"{node}: {path} holds {what}; fix: {fix}{prepare_hint(task) if 'prepare-data' in fix else ''}"
 
 
 def _here() -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -31,5 +32,64 @@ def test_bad_input_is_one_line(tmp_path):
     assert res.returncode == 2
     assert res.stderr.startswith("error: ") and res.stderr.count("\n") == 1 and "missing.txt" in res.stderr
     assert not (tmp_path / "x").exists()
-    res = hrmctl("--task", "sudoku", cwd=tmp_path)
-    assert res.returncode == 2 and "--out" in res.stderr and "Traceback" not in res.stderr
+    res = hrmctl("--task", "sudoku", "--workers", "0", cwd=tmp_path)  # no --out: data/sudoku, as train reads it
+    assert res.returncode == 2 and res.stderr == "error: --workers must be at least 1\n"
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--task", "sudok"], "error: argument --task: invalid choice: 'sudok' (choose from 'lm', 'sudoku'); `hrmctl "
+                          "prepare-data --help` lists the options"),
+    (["--max-tokens", "many", "x.txt"], "error: argument --max-tokens: invalid int value: 'many'; `hrmctl "
+                                        "prepare-data --help` lists the options"),
+    (["a.txt", "b.txt"], "error: unexpected argument 'b.txt': prepare-data takes one SOURCE (a file, a directory of "
+                         "them, or a dataset name, here 'a.txt'); quote a path with spaces"),
+    (["--max_tokens", "5", "x.txt"], "error: unknown option --max_tokens (did you mean --max-tokens?)"),
+    (["--datset-name", "x"], "error: unknown option --datset-name (did you mean --dataset-name? AuraLM's "
+                             "train_gpt2_spanish.py's spelling of SOURCE)"),
+    (["--batch_size", "8"], "error: unknown option --batch_size (the HRM distributed launcher's --batch_size is "
+                            "training.batch_size of hrmctl train, not of hrmctl prepare-data)"),
+    (["--dataset-max-tokens"], "error: --dataset-max-tokens needs a value (AuraLM's train_gpt2_spanish.py's spelling "
+                               "of --max-tokens)"),
+    (["--dataset-max-tokens", "500000"], "error: missing SOURCE: give a .txt/.jsonl/.parquet file, a directory of "
+                                         "them, or a dataset name in the Hugging Face cache (`hrmctl prepare-data "
+                                         "corpus.txt`), or --task sudoku for generated puzzles"),
+    (["--prepare", "--dataset-name", "missing.txt", "--dataset-max-tokens", "0"],
+     "error: --max-tokens must be greater than 0"),
+    (["--out"], "error: argument --out: expected one argument; `hrmctl prepare-data --help` lists the options"),
+])
+def test_every_bad_input_is_one_line_in_hrmctls_style(tmp_path, args, line):
+    """Issue 63, item 6: no argparse usage, no traceback: `error: ` what is wrong and what to do, exit code 2."""
+    res = hrmctl(*args, cwd=tmp_path)
+    assert (res.returncode, res.stdout, res.stderr) == (2, "", line + "\n"), res
+    assert not (tmp_path / "data").exists()
+
+
+def test_the_guides_options_are_read_as_ours():
+    from auralm.data import datadir
+
+    assert datadir.guide_args(["--prepare", "--dataset-name", "wikipedia", "--dataset-max-tokens=500000"]) == (
+        ["wikipedia", "--max-tokens", "500000"],
+        ["--prepare is accepted (what hrmctl prepare-data does: hrmctl train refuses it with the prepare-data line to "
+         "run first)", "--dataset-name wikipedia is wikipedia", "--dataset-max-tokens 500000 is --max-tokens 500000"])
+    args, said = datadir.guide_args(["--output-dir", "data/sudoku-extreme-1k-aug-1000", "--subsample-size", "1000",
+                                     "--num-aug", "1000"])  # the HRM guide's build_sudoku_dataset.py line
+    assert args == ["--out", "data/sudoku-extreme-1k-aug-1000", "--train", "1000", "--aug", "1000", "--task", "sudoku"]
+    assert datadir.guide_args(["--task", "sudoku", "--num-aug", "3"])[0] == ["--task", "sudoku", "--aug", "3"]
+    assert datadir.guide_args(["--dataset_name", "x.txt"])[0] == ["x.txt"]  # other dashes: the same option
+    a = datadir._parse(["--dataset-name", "es.txt", "--dataset-max-tokens", "500"])
+    assert (a.source, a.max_tokens, a.out, a.task) == ("es.txt", 500, Path("data/lm"), "lm")
+    assert a.notes[-1] == "out: data/lm (no --out: the data directory hrmctl train reads for task=lm)"
+
+
+@pytest.mark.slow  # a tokenizer trained and a text tokenized: seconds of real work
+def test_auralms_dataset_options_prepare_a_local_text_into_data_lm(tmp_path):
+    from tests.trainer.helpers import QUIJOTE
+
+    (tmp_path / "es.txt").write_text(QUIJOTE.read_text(encoding="utf-8-sig")[20000:50000], encoding="utf-8")
+    res = hrmctl("--dataset-name", "es.txt", "--dataset-max-tokens", "2000", "--vocab-size", "300", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.splitlines() == [
+        "hrmctl: read as ours: --dataset-name es.txt is es.txt; --dataset-max-tokens 2000 is --max-tokens 2000",
+        "out: data/lm (no --out: the data directory hrmctl train reads for task=lm)"]
+    meta = json.loads((tmp_path / "data" / "lm" / "meta.json").read_text())
+    assert meta["task"] == "lm" and sum(s["tokens"] for s in meta["splits"].values()) <= 2000

@@ -115,10 +115,16 @@ def test_did_you_mean_names_the_key_the_guide_means(override, meant):
 
 
 def test_one_table_every_spelling_points_at_a_key_or_option_of_ours():
+    from auralm.data import datadir
+    from cli.launch import guide_options
+
     keys = set(config.key_names())
-    options = {"--dry-run", "--nproc", "--master-port"}
+    options = {guide_spellings.TRAIN: set(guide_options.FLAGS),
+               guide_spellings.PREPARE: set(datadir.parser()._option_string_actions) | {guide_spellings.SOURCE}}
     for s in guide_spellings.TABLE:
-        assert s.ours in keys | options or (not s.ours and s.note), s
+        ours = (keys if s.command == guide_spellings.TRAIN else set()) | options[s.command]
+        assert s.ours in ours or (not s.ours and s.note), s
+        assert not s.accepted or (s.flag and not s.ours), s  # taken as it is: nothing to translate
     assert guide_spellings.ALIASES["arch.hidden_size"] == "model.n_embd"
     assert config.ALIASES is guide_spellings.ALIASES  # the config reads the same table
 
@@ -190,7 +196,8 @@ def test_the_launchers_options_are_read_as_ours(tmp_path):
                         "training.eval_interval=50"], tail
     assert doc["model"]["name"] == "hrm-50m" and doc["model_choice"] == "hrm-50m (HRM), chosen from model=50m"
     assert res.stderr.splitlines()[0] == (
-        "hrmctl: read as ours: --model 50m is model=50m (50m and 100m are hrm-50m and hrm-100m); --batch_size 2 is "
+        "hrmctl: read as ours: --model 50m is model=50m (50m and 100m are hrm-50m and hrm-100m, language models: "
+        "task=lm); --batch_size 2 is "
         "training.batch_size=2 (per rank and micro-step); --learning_rate 3e-4 is training.lr=3e-4; --dry_run is "
         "--dry-run; --eval_steps 50 is training.eval_interval=50 (evaluate every N steps)")
 
@@ -265,3 +272,181 @@ def test_test_ddp_points_a_guides_option_at_our_key(tmp_path):
                           "--learning_rate is the HRM distributed launcher's spelling)\n")
     res = hrmctl("test-ddp", "--dry-run", "--secnds", "1", cwd=tmp_path)
     assert res.returncode == 2 and res.stderr == "error: unknown option --secnds (did you mean --seconds?)\n"
+
+
+# ---------------------------------------------------------------- issue 63, item 6: the guides' lines that still failed
+
+def read(*args: str):
+    from cli.launch import guide_options
+
+    return guide_options.read(list(args), "trainer overrides are key=value", ["--nproc", "--nodes", "--dry-run"])
+
+
+@pytest.mark.parametrize("args, overrides, options, said", [
+    (["--batch-size", "8", "model=tiny"], ["training.batch_size=8", "model=tiny", "task=lm"], {},
+     "--batch-size 8 is training.batch_size=8 (per rank and micro-step)"),
+    (["--seq-len=256", "task=lm"], ["model.block_size=256", "task=lm", "model=small"], {},
+     "--seq-len 256 is model.block_size=256 (the model's context, in tokens)"),
+    (["--gpus", "2"], [], {"nproc": 2, "gpus": 2}, "--gpus 2 is --nproc 2 (one process per GPU: refused where a node "
+                                                   "has fewer GPUs)"),
+    (["--verbose"], [], {}, "--verbose is accepted (hrmctl's log shows every rank's lines already, each node's whole "
+                            "output is in runs/<run-id>/<node>.log, and training.log_interval=N logs every N steps)"),
+    (["--distributed", "model=hrm-tiny", "task=sudoku"], ["model=hrm-tiny", "task=sudoku"], {"distributed": True},
+     None),  # said with the nodes it stands for (across_machines)
+    (["--model", "100m"], ["model=100m"], {}, "--model 100m is model=100m (50m and 100m are hrm-50m and hrm-100m, "
+                                              "language models: task=lm)"),
+    (["--max-steps", "3"], ["training.max_steps=3"], {}, "--max-steps 3 is training.max_steps=3"),  # other dashes
+    (["--Learning-Rate=1e-3"], ["training.lr=1e-3"], {}, "--Learning-Rate 1e-3 is training.lr=1e-3"),
+])
+def test_each_guide_option_is_read_as_ours_and_said(args, overrides, options, said):
+    r = read(*args)
+    assert (r.args, r.options) == (overrides, options)
+    assert r.said[:1] == ([said] if said else [])
+
+
+def test_auralms_options_mean_its_gpt_on_text_where_the_line_does_not_say():
+    r = read("--batch-size", "8", "--seq-len", "256")
+    assert r.args == ["training.batch_size=8", "model.block_size=256", "model=small", "task=lm"]
+    assert r.said[-1] == "model=small task=lm (AuraLM's train_gpt2_spanish.py's model on text, where the line does " \
+                         "not say)"
+    cfg = config.parse(r.args)
+    assert (cfg.task, cfg.model.name, cfg.model.block_size) == ("lm", "small", 256)
+    assert read("--batch-size", "8", "arch=hrm_v1", "task=sudoku").args[-2:] == ["arch=hrm_v1", "task=sudoku"]
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--prepare", "--dataset-name", "wikipedia", "--dataset-max-tokens", "500000", "--batch-size", "8"],
+     "--prepare --dataset-name wikipedia --dataset-max-tokens 500000 (AuraLM's train_gpt2_spanish.py) prepare data, "
+     "which hrmctl does in a step of its own: run `hrmctl prepare-data wikipedia --max-tokens 500000 --out data/lm` "
+     "first, then this line without them"),
+    (["--prepare"], "--prepare (AuraLM's train_gpt2_spanish.py) prepares data, which hrmctl does in a step of its own: "
+                    "run `hrmctl prepare-data corpus.txt --out data/lm` first, then this line without it"),
+    (["--dataset-name=es.txt", "data_dir=data/es"], "--dataset-name es.txt (AuraLM's train_gpt2_spanish.py) prepares "
+                                                    "data, which hrmctl does in a step of its own: run `hrmctl "
+                                                    "prepare-data es.txt --out data/es` first, then this line without "
+                                                    "it"),
+    (["--verbose=1"], "--verbose takes no value (the HRM distributed launcher's --verbose: hrmctl's log"),
+    (["--gpus"], "--gpus needs a value (the HRM distributed launcher's spelling of --nproc)"),
+    (["--gpus", "two"], "--gpus two: expected an integer (--nproc)"),
+    (["train_gpt2_spanish.py", "--batch-size", "8"], "train_gpt2_spanish.py is a guide's script: hrmctl train runs its "
+                                                     "own trainer (auralm.training.train) and reads the guide's "
+                                                     "options after it as ours; drop train_gpt2_spanish.py"),
+])
+def test_a_guide_option_refused_on_train_is_one_line_naming_the_fix(args, line, tmp_path, monkeypatch):
+    from cli.errors import HrmctlError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(HrmctlError) as e:
+        read(*args)
+    assert str(e.value).startswith(line) and "\n" not in str(e.value), str(e.value)
+
+
+def test_prepare_on_train_when_the_data_is_there_says_to_drop_it(tmp_path, monkeypatch):
+    from cli.errors import HrmctlError
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data" / "lm").mkdir(parents=True)
+    (tmp_path / "data" / "lm" / "meta.json").write_text("{}")
+    with pytest.raises(HrmctlError) as e:
+        read("--prepare", "--dataset-name", "wikipedia")
+    assert str(e.value).endswith("and data/lm is prepared already: drop them from this line (`hrmctl prepare-data "
+                                 "wikipedia --out data/lm` prepares it again)")
+
+
+def launch_options(tmp_path, toml: str | None, nodes: str | None = None):
+    from cli.launch.options import launch_options as make
+
+    inv = tmp_path / "hrmctl.toml"
+    if toml is not None:
+        inv.write_text(toml)
+    return make(inventory=str(inv) if toml is not None else None, nodes=nodes, env=None, reprobe=False)
+
+
+TWO_LAPTOPS = '[nodes.laptop1]\nhost = "192.168.1.21"\n[nodes.laptop2]\nhost = "192.168.1.22"\n'
+
+
+def test_distributed_is_every_node_of_the_inventory_or_the_nodes_given(tmp_path, monkeypatch):
+    from cli.errors import HrmctlError
+    from cli.launch.guide_options import across_machines
+
+    opts = launch_options(tmp_path, TWO_LAPTOPS)
+    assert across_machines(opts) == f"--distributed is --nodes laptop1,laptop2 (every node of {tmp_path / 'hrmctl.toml'})"
+    assert [n.name for n in opts.nodes] == ["laptop1", "laptop2"]
+    opts = launch_options(tmp_path, TWO_LAPTOPS, nodes="laptop2,laptop1")
+    assert across_machines(opts) == "--distributed is the run across --nodes laptop2,laptop1"
+    monkeypatch.delenv("HRMCTL_INVENTORY", raising=False)
+    (tmp_path / "hrmctl.toml").unlink()
+    monkeypatch.chdir(tmp_path)  # no hrmctl.toml here
+    with pytest.raises(HrmctlError) as e:
+        across_machines(launch_options(tmp_path, None))
+    assert str(e.value) == ("--distributed (AuraLM's train_gpt2_spanish.py's run across machines): there is no "
+                            "inventory (hrmctl.toml); name the machines with --nodes node0,node1 (`hrmctl init --hosts "
+                            "HOST0,HOST1` writes hrmctl.toml with them), or drop --distributed to train on this machine "
+                            "alone")
+
+
+@pytest.mark.parametrize("gpus, have, line", [
+    (2, 0, "localhost: --gpus 2 is a process on each of 2 GPUs, and localhost has no GPU that torch can use; fix: "
+           "--nproc 2 for 2 processes on its CPU, or drop --gpus (hrmctl runs a process per GPU, else one)"),
+    (2, 1, "localhost: --gpus 2 is a process on each of 2 GPUs, and localhost has 1 GPU(s) that torch can use; fix: "
+           "--gpus 1, or drop --gpus"),
+    (2, 2, None),
+])
+def test_gpus_is_refused_before_launch_where_a_node_has_fewer(gpus, have, line):
+    from cli.errors import HrmctlError
+    from cli.launch.plan import NodeFacts
+    from cli.launch.prepare import _check_nproc
+    from cli.nodes.inventory import local_node
+
+    facts = {"localhost": NodeFacts(cpus=4, gpus=have, nccl=bool(have))}
+    if line is None:
+        _check_nproc([local_node()], facts, gpus, gpus)
+        return
+    with pytest.raises(HrmctlError) as e:
+        _check_nproc([local_node()], facts, gpus, gpus)
+    assert str(e.value).startswith(line), str(e.value)
+
+
+@pytest.mark.parametrize("line, task", [
+    ("model=50m", "lm"), ("model=100m", "lm"), ("model=hrm-50m", "lm"), ("model=50m task=sudoku", "sudoku"),
+    ("model=hrm-27m", "sudoku"), ("model=hrm-tiny", "sudoku"), ("", "sudoku"),
+])
+def test_the_launchers_models_are_language_models_unless_task_says(line, task):
+    assert config.parse(line.split()).task == task
+
+
+def test_wandb_keys_are_refused_before_launch_where_rank_0s_node_lacks_the_package():
+    from types import SimpleNamespace
+
+    from cli.errors import HrmctlError
+    from cli.launch.prepare import _check_packages
+    from cli.nodes.inventory import local_node
+    from netcheck import node_probe
+
+    def probe(**versions):
+        return SimpleNamespace(raw={"project": {"versions": versions}})
+
+    args = ["logging.wandb.project=aura", "logging.wandb.mode=offline"]
+    master = local_node()
+    with pytest.raises(HrmctlError) as e:
+        _check_packages(args, master, probe(wandb=None, torch="2.13.0"))
+    assert str(e.value) == (f"localhost: logging.wandb.project needs the wandb package, not installed for "
+                            f"{master.python} there (rank 0 logs from localhost); fix: on localhost `{master.python} -m "
+                            f"pip install wandb`, or drop logging.wandb.project")
+    _check_packages(args, master, probe(wandb="0.19.0"))  # installed
+    _check_packages(args, master, probe(torch="2.13.0"))  # a probe that did not look: the trainer's own check
+    _check_packages(["model=tiny"], master, probe(wandb=None))  # not asked for
+    assert {"wandb", "tensorboard"} <= set(node_probe.project_facts(None)["versions"])  # the probe looks
+
+
+@pytest.mark.slow  # hrmctl train's preflight (a probe, the trainer's check): seconds of torch processes
+def test_the_launchers_model_alone_without_text_is_refused_before_launch_naming_prepare_data(tmp_path):
+    res = hrmctl("train", "--model", "50m", "--dry-run", cwd=tmp_path)
+    assert res.returncode == 1 and res.stdout == "", res
+    said, refused = res.stderr.splitlines()
+    assert said == "hrmctl: read as ours: --model 50m is model=50m (50m and 100m are hrm-50m and hrm-100m, language " \
+                   "models: task=lm)"
+    assert refused.startswith(f"error: localhost: {tmp_path}/data/lm holds no prepared data (no such directory, or "
+                              "empty); fix: `hrmctl prepare-data corpus.txt --out data/lm`; task=lm trains on text"), \
+        refused
+    assert "allenai/c4 --config en --streaming --max-tokens 100000000" in refused

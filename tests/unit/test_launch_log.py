@@ -125,3 +125,56 @@ def test_c10ds_warning_of_no_reverse_dns_is_in_the_nodes_file_not_on_the_screen(
     shown, kept = screen.read_text(), (tmp_path / "a.log").read_text()
     assert "hostname of the client socket" not in shown and kept.count("hostname of the client socket") == 2, kept
     assert "waitForInput" in shown and "step 1/2 | loss 2.3" in shown, shown
+
+
+# what torchrun prints when a worker failed (torch 2.13, through hrmctl's node wrapper): its traceback, then its report
+CHILD_FAILED = """Traceback (most recent call last):
+  File "<frozen runpy>", line 198, in _run_module_as_main
+  File "/w/cli/launch/node_torchrun.py", line 149, in main
+    torchrun(rest)
+  File "/w/torch/distributed/launcher/api.py", line 383, in launch_agent
+    raise ChildFailedError(
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError: 
+============================================================
+auralm.training.train FAILED
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-02_06:04:25
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : 2 (pid: 25535) 
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================"""
+
+
+def test_after_the_trainers_stop_line_torchruns_traceback_is_one_line_in_the_file_and_its_report_is_read(tmp_path):
+    """Issue 63, item 5: a rank's failure said in the trainer's one line (a full disk) is followed by torchrun's
+    ChildFailedError traceback; neither the screen nor the node's file (what `hrmctl logs` merges) holds it, torchrun's
+    report of the ranks stays in the file and still names the rank that failed first. Without the trainer's line
+    the traceback is kept, as it came."""
+    import json
+
+    from auralm.errors import STOP_TAG
+
+    stop = "rank 0: cannot write runs/x/checkpoint-8: no space left on device; free space there; then rerun"
+    for said in (True, False):
+        screen = tmp_path / f"screen-{said}.txt"
+        with open(screen, "w") as fh:
+            log = one_node_log(tmp_path / str(said), Console(file=fh, width=300, color_system=None))
+            if said:
+                log.line("a", 0, f"[rank0]:error: {stop}")
+                log.line("a", 0, f"[rank0]:{STOP_TAG}{json.dumps({'reason': stop, 'rank': 0, 'exit_code': 2})}")
+            for line in CHILD_FAILED.splitlines():
+                log.line("a", None, line)
+            log.close()
+        shown, kept = screen.read_text(), (tmp_path / str(said) / "a.log").read_text()
+        assert log.failed_rank == {"a": 0} and log.exitcode == {"a": 2}
+        assert "Root Cause (first observed failure)" in kept
+        if said:
+            assert "Traceback (most recent call last)" not in shown + kept and "launch_agent" not in kept, kept
+            assert "ChildFailedError traceback left out" in kept and "Root Cause" not in shown
+            assert log.stop_reason("a", 0)[1]["reason"] == stop
+        else:
+            assert "Traceback (most recent call last)" in kept and "ChildFailedError: " in kept

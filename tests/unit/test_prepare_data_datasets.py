@@ -117,7 +117,8 @@ def test_bad_dataset_options_are_one_line(dataset, tmp_path, capsys, args, line)
      "(`hrmctl sync-data`)\n"),
     (["wikimedia/wikipedia", "--config", "20231101.es", "--max-tokens", "1000"],
      "error: cannot read dataset wikimedia/wikipedia (config 20231101.es): it is not in the local Hugging Face cache "
-     "and 127.0.0.1 is unreachable\n"),
+     "and 127.0.0.1 is unreachable; fix: run this once where it is reachable (it fills the cache, HF_HOME), or give a "
+     "local .txt, .jsonl or .parquet file as SOURCE\n"),
 ])
 def test_an_unreachable_hub_is_one_line(tmp_path, args, line):
     """The guides' own datasets, with the Hub at a closed port: hrmctl prepare-data says so in one line, exit 2."""

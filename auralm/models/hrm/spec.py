@@ -53,4 +53,7 @@ FAMILY = register(ModelFamily(
     # the HRM repository's pretrain.py: arch.* and its puzzle embedding's optimizer; its default arch is hrm_v1,
     # the paper's 27M model
     guide_size=guide_spellings.ARCH_NAMES["hrm_v1"], guide_prefixes=("arch.",),
-    guide_keys=frozenset({"puzzle_emb_lr", "puzzle_emb_weight_decay"})))
+    guide_keys=frozenset({"puzzle_emb_lr", "puzzle_emb_weight_decay"}),
+    # the HRM distributed launcher's --model 50m|100m are language models (C4, the GPT-2 tokenizer): text unless
+    # task= says otherwise
+    size_task={"hrm-50m": "lm", "hrm-100m": "lm"}))
