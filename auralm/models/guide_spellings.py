@@ -24,7 +24,7 @@ AURALM = "AuraLM's train_gpt2_spanish.py"
 SUDOKU_BUILDER = "the HRM guide's build_sudoku_dataset.py"
 TORCHRUN = "torchrun"
 TRAIN, PREPARE = "train", "prepare-data"  # the hrmctl command a row's option belongs to
-AURALM_MODEL = "model=small task=lm"  # AuraLM's GPT-2 on text, as our GPT family's size of its context (256)
+AURALM_MODEL = "model=124m task=lm"  # AuraLM's GPT-2 Spanish is GPT-2 small: 124M parameters (its --seq-len sets the context)
 SOURCE = "SOURCE"  # prepare-data's positional argument, as a row's ``ours``
 
 

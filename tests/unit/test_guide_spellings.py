@@ -285,7 +285,7 @@ def read(*args: str):
 @pytest.mark.parametrize("args, overrides, options, said", [
     (["--batch-size", "8", "model=tiny"], ["training.batch_size=8", "model=tiny", "task=lm"], {},
      "--batch-size 8 is training.batch_size=8 (per rank and micro-step)"),
-    (["--seq-len=256", "task=lm"], ["model.block_size=256", "task=lm", "model=small"], {},
+    (["--seq-len=256", "task=lm"], ["model.block_size=256", "task=lm", "model=124m"], {},
      "--seq-len 256 is model.block_size=256 (the model's context, in tokens)"),
     (["--gpus", "2"], [], {"nproc": 2, "gpus": 2}, "--gpus 2 is --nproc 2 (one process per GPU: refused where a node "
                                                    "has fewer GPUs)"),
@@ -306,11 +306,11 @@ def test_each_guide_option_is_read_as_ours_and_said(args, overrides, options, sa
 
 def test_auralms_options_mean_its_gpt_on_text_where_the_line_does_not_say():
     r = read("--batch-size", "8", "--seq-len", "256")
-    assert r.args == ["training.batch_size=8", "model.block_size=256", "model=small", "task=lm"]
-    assert r.said[-1] == "model=small task=lm (AuraLM's train_gpt2_spanish.py's model on text, where the line does " \
+    assert r.args == ["training.batch_size=8", "model.block_size=256", "model=124m", "task=lm"]
+    assert r.said[-1] == "model=124m task=lm (AuraLM's train_gpt2_spanish.py's model on text, where the line does " \
                          "not say)"
     cfg = config.parse(r.args)
-    assert (cfg.task, cfg.model.name, cfg.model.block_size) == ("lm", "small", 256)
+    assert (cfg.task, cfg.model.name, cfg.model.block_size) == ("lm", "124m", 256)
     assert read("--batch-size", "8", "arch=hrm_v1", "task=sudoku").args[-2:] == ["arch=hrm_v1", "task=sudoku"]
 
 
