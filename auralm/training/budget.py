@@ -28,7 +28,8 @@ from auralm.training.precision import autocast, rng_state, set_rng_state
 
 MARGIN = 0.85  # of the budget, the share a run plans to use
 HOUR = 3600.0  # a run longer than this says so, with the override that shortens it
-LENGTH_KEYS = ("training.max_steps", "training.epochs")  # a run's length, when given, is not the budget's to set
+LENGTH_KEYS = ("training.epochs", "training.max_steps")  # a run's length, when given, is not the budget's to set
+# (epochs first: when both are given, epochs sets max_steps)
 
 
 def duration(seconds: float) -> str:
@@ -155,7 +156,8 @@ class Timing:
 
 
 def explicit_length(cfg: config.Config) -> str:
-    """The key that gave the run's length (``training.max_steps``, ``training.epochs``), or "" when none did."""
+    """The key that gave the run's length (``training.epochs``, which wins, or ``training.max_steps``), or "" when none
+    did: typed on the command line, in a config file or as a guide spells it (HRM's ``epochs=``)."""
     given = [k for k in LENGTH_KEYS if k in cfg.given_keys]
     return next((k for k in given if k != "training.epochs" or cfg.training.epochs), "")
 
@@ -180,7 +182,8 @@ def plan(cfg: config.Config, timing: Timing, start: int, fresh: bool) -> list[tu
     t = cfg.training
     budget = config.parse_budget(t.time_budget)
     out = []
-    if fresh and budget and not explicit_length(cfg):
+    sized = bool(fresh and budget and not explicit_length(cfg))  # the budget's own run: the budget shortens it
+    if sized:
         chosen = fit_budget(cfg, timing, start, budget)
         if chosen:
             out.append(("time_budget", chosen))
@@ -193,7 +196,7 @@ def plan(cfg: config.Config, timing: Timing, start: int, fresh: bool) -> list[tu
                         + (f" (the slowest of {timing.ranks} ranks' compute; communication not included)"
                            if timing.ranks > 1 else "")))
     if total > HOUR:
-        out.append(("time_long", long_run_line(cfg, timing, start, total, budget is not None and fresh)))
+        out.append(("time_long", long_run_line(cfg, timing, start, total, sized)))
     return out
 
 

@@ -514,8 +514,6 @@ def say_start(b: Books, state: dict | None, said: list[tuple[str, str]] = ()) ->
     if d.rank == 0 and not state:
         n = sum(q.numel() for q in p.model.parameters())
         log.say(f"model {cfg.model.name} ({models.family_of(cfg.task, b.arch)}): {n / 1e6:.2f}M parameters")
-    for kind, line in said:
-        log.event(p.step, kind, line, max_steps=t.max_steps, **(dataclasses.asdict(b.timing) if b.timing else {}))
     if d.world > 1:
         log.event(0, "backend", f"backend: {d.reason}; using {d.backend} on all {d.world} ranks, device "
                   f"{d.device.type}", backend=d.backend, requested=d.requested, reason=d.why)
@@ -523,6 +521,8 @@ def say_start(b: Books, state: dict | None, said: list[tuple[str, str]] = ()) ->
         if p.shares.how != "equal":
             log.event(p.step, "balance", f"balance {t.balance}: {p.shares.describe('rows/s')}",
                       **p.shares.to_dict())
+    for kind, line in said:  # last: the lines just before the first step
+        log.event(p.step, kind, line, max_steps=t.max_steps, **(dataclasses.asdict(b.timing) if b.timing else {}))
 
 
 def report(b: Books, loss: float, norm: torch.Tensor, evaluating: bool, final: bool) -> None:
