@@ -131,6 +131,7 @@ class Timing:
     final_batches: int  # the final evaluation's
     gone_s: float = 0.0  # since the trainer started, when the figures were gathered
     ranks: int = 1
+    sized_from: int = 0  # the length the budget lowered (0: it did not): the first steps may plan again (replan)
 
     def evals(self, t: config.TrainingConfig, start: int, steps: int) -> int:
         """The evaluations during training after ``start`` and before the final one at ``steps``."""
@@ -143,9 +144,10 @@ class Timing:
     def total_s(self, t: config.TrainingConfig, start: int, steps: int) -> float:
         return (steps - start) * self.step_s + self.eval_s(t, start, steps)
 
-    def steps_within(self, t: config.TrainingConfig, start: int, seconds: float) -> int:
-        """The most steps (at most t.max_steps, at least start + 1) whose run from ``start`` takes ``seconds``."""
-        lo, hi = start + 1, t.max_steps
+    def steps_within(self, t: config.TrainingConfig, start: int, seconds: float, most: int = 0) -> int:
+        """The most steps (at most ``most``, else t.max_steps; at least start + 1) whose run from ``start`` takes
+        ``seconds``."""
+        lo, hi = start + 1, max(start + 1, most or t.max_steps)
         while lo < hi:
             mid = (lo + hi + 1) // 2
             lo, hi = (mid, hi) if self.total_s(t, start, mid) <= seconds else (lo, mid - 1)
@@ -209,6 +211,7 @@ def fit_budget(cfg: config.Config, timing: Timing, start: int, budget: float) ->
         return None
     was, warmup = t.max_steps, t.warmup_steps
     t.max_steps = timing.steps_within(t, start, MARGIN * budget - timing.gone_s)
+    timing.sized_from = was
     if t.warmup_steps > t.max_steps // 10:
         t.warmup_steps = max(1, t.max_steps // 10)
     warm = f", training.warmup_steps={t.warmup_steps} (was {warmup})" if t.warmup_steps != warmup else ""
@@ -217,6 +220,36 @@ def fit_budget(cfg: config.Config, timing: Timing, start: int, budget: float) ->
             f"training.time_budget={t.time_budget}{' (here not even that fits it)' if over else ''}: "
             f"{timing.describe()}, {duration(timing.gone_s)} since the start; "
             f"set training.max_steps={was} for the full schedule (about {duration(full)})")
+
+
+REPLAN_AFTER = 5  # steps: the budget's length is planned again from the run's own pace after this many (or more)
+
+
+def replan_due(timing: Timing | None, start: int, step: int) -> bool:
+    """Whether this log step is the one where a run the budget sized plans its length again (see replan)."""
+    return bool(timing and timing.sized_from and step - start >= REPLAN_AFTER)
+
+
+def replan(cfg: config.Config, timing: Timing, start: int, step: int, pace_s: float, gone_s: float) -> str | None:
+    """A run the budget sized, at its first log step within the warmup (whose lr does not depend on max_steps, so the
+    schedule is the one the new length would have had from the start): max_steps planned again from the pace of
+    its steps so far (``pace_s``, the slowest rank's) instead of the probe's, at most the length it was lowered from;
+    the line that says so, or None when it is within 5% of the plan (or this is not that step). Once a run."""
+    t = cfg.training
+    budget = config.parse_budget(t.time_budget)
+    if not replan_due(timing, start, step):
+        return None
+    full, timing.sized_from = timing.sized_from, 0
+    if not budget or step > t.warmup_steps:
+        return None
+    paced = Timing(pace_s, timing.eval_batch_s, timing.each_batches, timing.final_batches, gone_s, timing.ranks)
+    steps = paced.steps_within(t, step, MARGIN * budget - gone_s, most=full)
+    if abs(steps - t.max_steps) <= t.max_steps // 20:
+        return None
+    was, t.max_steps = t.max_steps, steps
+    return (f"training.max_steps={steps} (was {was}): its first {step - start} steps took {per_step(pace_s)}, "
+            f"the probe said {per_step(timing.step_s)}; training and the final evaluation still end within "
+            f"training.time_budget={t.time_budget} (set training.max_steps={full} for the full schedule)")
 
 
 def long_run_line(cfg: config.Config, timing: Timing, start: int, total: float, budgeted: bool) -> str:

@@ -550,11 +550,24 @@ def report(b: Books, loss: float, norm: torch.Tensor, evaluating: bool, final: b
     eta = budget.eta(b.timing, t, step, (b.train_s - b.start_train_s) / done if done > 0 else 0.0)
     log.say(f"step {step}/{t.max_steps} | loss {float(loss):.4f} | lr {lr:.1e} | {rate:.0f} {unit}"
             f"{extra} | {memory_text(mem)} | eta {eta}")
+    if budget.replan_due(b.timing, b.start_step, step) and b.s.meter_group().world == d.world:  # a step all ranks
+        replan_time(b, (b.train_s - b.start_train_s) / done)  # log together (the metrics' all-reduce): not DiLoCo's
     if evaluating:
         record.update(evaluation(b, final))
     log.metrics(record)
     heartbeat.beat(d, record)  # every rank: its step, loss and rate for `hrmctl top` (auralm/training/heartbeat.py)
     p.done, b.clock = 0, time.perf_counter()
+
+
+def replan_time(b: Books, pace_s: float) -> None:
+    """A run the budget sized plans its length again from its own first steps (auralm.training.budget.replan: every
+    rank reaches this log step, gathers the same figures and sets the same max_steps); config.json says the new one."""
+    figures = distributed.gather_object(b.d, (pace_s, budget.since_start()))
+    line = budget.replan(b.cfg, b.timing, b.start_step, b.p.step, max(f[0] for f in figures),
+                         max(f[1] for f in figures))
+    if line:
+        b.log.event(b.p.step, "time_budget", line, max_steps=b.cfg.training.max_steps, pace_s=max(f[0] for f in figures))
+        b.log.config(config.to_dict(b.cfg), b.p.step)
 
 
 def evaluation(b: Books, final: bool) -> dict:
