@@ -4,6 +4,8 @@
 - ``autobatch``: ``batch_size=auto``, the largest batch that fits the device, with ``cpu_memory``.
 - ``link_budget``: what each sync strategy sends per step over the measured link, and the advice
   (``python -m auralm.planning.link_budget``).
+- ``timing``: a run's time on this machine before it starts, for ``hrmctl train --dry-run``
+  (``python -m auralm.planning.timing``): the trainer's probe and plan (training.budget) on random rows.
 - ``ddp_check``: ``hrmctl test-ddp``'s worker (``python -m auralm.planning.ddp_check`` under torchrun): a real
   collective across the nodes, checked and timed.
 

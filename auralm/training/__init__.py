@@ -6,6 +6,8 @@
 - ``distributed``: the process group, backend choice and collectives every rank calls together.
 - ``checkpoint``, ``nan_guard``, ``ema``, ``optim``, ``precision``, ``objective``: what a step and a saved
   run are made of; ``compiler``: what keeps torch's compiler, which no rank uses, from being imported.
+- ``budget``: the run's time before its first step (the probes: training speed, an evaluation batch), the ETA,
+  and ``training.time_budget``, which sizes a fresh run of no given length.
 - ``heartbeat``, ``runlog``, ``tracking``, ``curves``: what a run says: its log, the trackers, the loss curves.
 
 The parts (all but ``train``) may import ``auralm.errors``, ``models``, ``data`` and ``parallel.strategy`` (the

@@ -7,6 +7,7 @@ not given keep the defaults below; the resolved config is saved with every run.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -135,6 +136,10 @@ class TrainingConfig:
     # state sharded over the ranks, sharded checkpoints with torch.distributed.checkpoint; see docs/trainer.md)
     parallel: str = "ddp"
     fsdp_cpu_offload: bool = False  # fsdp: the sharded parameters, gradients and optimizer state live in CPU memory
+    # a fresh run whose length is not given (no max_steps, no epochs) lowers max_steps so that training and the
+    # final evaluation end within this much of the trainer's start, from a probe of its step time
+    # (auralm/training/budget.py): 600, 90s, 10m, 1.5h; 0 or none: no budget
+    time_budget: str = "10m"
 
 
 @dataclass
@@ -200,6 +205,8 @@ class Config:
     # how the model was chosen when not by model=NAME itself ("hrm-27m (HRM) chosen from arch=hrm_v1"): said in the
     # log and by --dry-run; set by apply(), not a key
     model_choice: str = field(default="", metadata={"internal": True})
+    # the keys of ours the overrides set (a config file, a guide's spelling included): set by apply(), not a key
+    given_keys: tuple[str, ...] = field(default=(), metadata={"internal": True})
 
 
 def _keys(obj, prefix: str = "") -> dict[str, type]:
@@ -324,6 +331,24 @@ def split_global_batch(fits: int, world: int, global_batch: int, grad_accum: int
     return 1, per  # not reached: accum = per always divides
 
 
+def resolve_epochs(t: TrainingConfig, world: int, n_train: int) -> int:
+    """``global_batch_size``, ``epochs`` and ``eval_every_epochs`` as the batch per rank, max_steps and eval_interval
+    of a world of ``world`` on ``n_train`` rows (the trainer's resolve_schedule, the dry run's time); the global
+    batch a step."""
+    if t.global_batch_size:
+        per = t.global_batch_size // (t.grad_accum * world)
+        if per < 1 or per * t.grad_accum * world != t.global_batch_size:
+            raise UserError(f"global_batch_size={t.global_batch_size} does not split into {world} ranks x "
+                            f"grad_accum {t.grad_accum}: use a multiple of {t.grad_accum * world}")
+        t.batch_size = per
+    global_batch = t.batch_size * t.grad_accum * world
+    if t.epochs:
+        t.max_steps = max(1, round(t.epochs * n_train / global_batch))
+    if t.eval_every_epochs:
+        t.eval_interval = max(1, round(t.eval_every_epochs * n_train / global_batch))
+    return global_batch
+
+
 def _set(cfg: Config, keys: dict, given: str, text: str) -> list[str]:
     """Set one ``key=value`` (``given`` as typed); the keys of ours it set."""
     if given.lstrip("+") in ACCEPTED:
@@ -392,6 +417,7 @@ def apply(cfg: Config, overrides: list[str]) -> Config:
     if cfg.data.train_path and "task" not in typed:
         cfg.task = "lm"
     _choose_model(cfg, typed)
+    cfg.given_keys = tuple(typed)
     check(cfg)
     return cfg
 
@@ -481,6 +507,21 @@ def read_config_file(path: str) -> list[tuple[str, str]]:
     return out
 
 
+BUDGET_FORMS = "seconds (600) or a duration like 90s, 10m, 1.5h; 0 or none: no budget"
+_UNITS = {"s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def parse_budget(text: str) -> float | None:
+    """``training.time_budget`` in seconds (``600``, ``90s``, ``10m``, ``1.5h``); None for 0 or none (no budget)."""
+    s = str(text).strip().lower()
+    if s in ("none", "off", "null"):
+        return None
+    m = re.fullmatch(r"(\d+(?:\.\d*)?|\.\d+)\s*(s|m|min|h)?", s)
+    if not m:
+        raise UserError(f"training.time_budget={text!r}: expected {BUDGET_FORMS}")
+    return float(m.group(1)) * _UNITS[m.group(2) or "s"] or None
+
+
 def _one_of(key: str, value: str, allowed) -> None:
     if value not in allowed:
         raise UserError(f"{key}={value!r}: expected one of {', '.join(allowed)}")
@@ -543,6 +584,7 @@ def check(cfg: Config) -> None:
     elif t.fsdp_cpu_offload:
         raise UserError("training.fsdp_cpu_offload=true applies to training.parallel=fsdp")
     parse_balance(t.balance)
+    parse_budget(t.time_budget)
     for key, value in {"training.global_batch_size": t.global_batch_size, "training.epochs": t.epochs,
                        "training.memory_limit_gb": t.memory_limit_gb,
                        "training.eval_every_epochs": t.eval_every_epochs,

@@ -85,7 +85,7 @@ class RunLog:
             self._task = self._bar.add_task("train", total=total, completed=step, info=self._info)
             self._bar.start()
         else:
-            self._bar.update(self._task, completed=step)
+            self._bar.update(self._task, completed=step, total=total)  # a total the budget planned again
 
     def close(self, failed: bool = False) -> None:
         """Stop the bar, close the sinks (a W&B run is marked failed when ``failed``). Idempotent."""

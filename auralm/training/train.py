@@ -12,6 +12,7 @@ How the ranks train together (single process, DDP, DiLoCo, FSDP) is the sync str
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import fcntl
 import functools
@@ -29,7 +30,8 @@ import torch
 from auralm import errors, models
 from auralm.data import datadir
 from auralm.planning import autobatch, cpu_memory
-from auralm.training import checkpoint, config, distributed, failure, objective, optim, tracking
+from auralm.training import budget, checkpoint, config, distributed, failure, objective, optim, tracking
+from auralm.training.budget import measure_rate  # noqa: F401 (the probe the work shares and the run's time use)
 from auralm.training.config import Config
 from auralm.training.curves import write_run_curves
 from auralm.training.ema import EMA
@@ -304,17 +306,7 @@ def resolve_schedule(cfg: Config, d: distributed.Dist, n_train: int, log: RunLog
     t = cfg.training
     if t.batch_size == config.AUTO:
         return
-    if t.global_batch_size:
-        per = t.global_batch_size // (t.grad_accum * d.world)
-        if per < 1 or per * t.grad_accum * d.world != t.global_batch_size:
-            raise UserError(f"global_batch_size={t.global_batch_size} does not split into {d.world} ranks x "
-                            f"grad_accum {t.grad_accum}: use a multiple of {t.grad_accum * d.world}")
-        t.batch_size = per
-    global_batch = t.batch_size * t.grad_accum * d.world
-    if t.epochs:
-        t.max_steps = max(1, round(t.epochs * n_train / global_batch))
-    if t.eval_every_epochs:
-        t.eval_interval = max(1, round(t.eval_every_epochs * n_train / global_batch))
+    global_batch = config.resolve_epochs(t, d.world, n_train)
     if t.global_batch_size or t.epochs or t.eval_every_epochs:
         log.say(f"schedule: {t.batch_size} per rank x {t.grad_accum} x {d.world} ranks = {global_batch} a step; "
                 f"{t.max_steps} steps ({global_batch * t.max_steps / n_train:.2f} epochs of {n_train}), "
@@ -341,25 +333,27 @@ def mhc_metrics(model, log: RunLog, step: int) -> dict:
     return {"mhc/amax_pre": pre, "mhc/amax_post": post}
 
 
-def measure_rate(step_kind, model, train_set, t: config.TrainingConfig, device: torch.device) -> float:
-    """This rank's training speed in rows/s: a few forward and backward passes on the first rows of the
-    split, timed after one untimed pass; the weights, gradients, carries and random state are left as found."""
-    rng = rng_state(device)
-    x, y = train_set.batch(list(range(min(t.batch_size, len(train_set)))))
-    x, y = x.to(device), y.to(device)
-    timed, began = 0, 0.0
-    for i in range(4):
-        if i == 1:
-            began = time.perf_counter()
-        with autocast(t, device):
-            loss, _ = step_kind.loss(model, x, y, 0)
-        loss.backward()
-        timed += i >= 1
-    seconds = time.perf_counter() - began
-    model.zero_grad(set_to_none=True)
-    step_kind.reset()
-    set_rng_state(rng, device)
-    return len(x) * timed / seconds
+def probe_time(cfg: Config, d: distributed.Dist, step_kind, raw, train_set, val_set) -> tuple[float, float]:
+    """This rank's training speed in rows/s (measure_rate, the probe of the work shares) and the seconds of one
+    evaluation batch (auralm.training.budget.time_eval_batch); the model, its carries and the random state as found."""
+    t = cfg.training
+    rate = measure_rate(step_kind, raw, train_set, t, d.device)
+    x, y = val_set.batch(range(min(t.batch_size, len(val_set))))
+    return rate, budget.time_eval_batch(raw, x.to(d.device), y.to(d.device), t, d.device)
+
+
+def plan_time(cfg: Config, d: distributed.Dist, p: Parts, probe: tuple[float, float], n_val: int,
+              fresh: bool) -> tuple[budget.Timing, list[tuple[str, str]]]:
+    """The run's time from every rank's probe (the slowest rank's step at its share of the batch, the slowest
+    evaluation batch) and what auralm.training.budget.plan says of it; for a fresh run of no given length max_steps
+    may be lowered to fit training.time_budget. Every rank gathers the same figures: they agree on max_steps."""
+    t = cfg.training
+    figures = distributed.gather_object(d, (*probe, budget.since_start()))
+    step_s = max(p.shares.batch[r] * t.grad_accum / rate for r, (rate, _, _) in enumerate(figures))
+    each, final = budget.eval_batches(cfg.task, n_val, t)
+    timing = budget.Timing(step_s=step_s + cfg.fault.step_sleep, eval_batch_s=max(e for _, e, _ in figures),
+                           each_batches=each, final_batches=final, gone_s=max(g for _, _, g in figures), ranks=d.world)
+    return timing, budget.plan(cfg, timing, p.step, fresh)
 
 
 def auto_batch(cfg: Config, d: distributed.Dist, raw, train_set, log: RunLog, grad_copies: int = 0) -> None:
@@ -436,6 +430,12 @@ class Books:
     train_s: float = 0.0  # training time so far, without evaluations and saving
     best: float = float("inf")
     val_loss: float | None = None
+    timing: budget.Timing | None = None  # the probe's figures (auralm.training.budget): the evaluations' ETA
+    start_step: int = 0  # where this session began, and its training time then (the ETA's pace)
+    start_train_s: float = 0.0
+
+    def __post_init__(self):
+        self.start_step, self.start_train_s = self.p.step, self.train_s
 
 
 def open_run(cfg: Config, d: distributed.Dist) -> tuple[Path | None, list[Path], RunLog]:
@@ -503,9 +503,9 @@ def resumed_parts(cfg: Config, state: dict | None, d: distributed.Dist, **parts)
                  step=state["step"] if state else 0, position=position, **parts)
 
 
-def say_start(b: Books, state: dict | None) -> None:
-    """The run's first lines: its config, the model, and with several ranks the backend, the strategy's lines and
-    the work shares."""
+def say_start(b: Books, state: dict | None, said: list[tuple[str, str]] = ()) -> None:
+    """The run's first lines: its config, the model, its length and time (``said``: (kind, line) of
+    auralm.training.budget), and with several ranks the backend, the strategy's lines and the work shares."""
     cfg, d, log, p, t = b.cfg, b.d, b.log, b.p, b.cfg.training
     log.config(config.to_dict(cfg), p.step)  # from here on the run directory is written (and TensorBoard, W&B)
     if d.rank == 0 and cfg.model_choice:  # a model the keys chose (arch=hrm_v1, model.hidden_dim=...): said
@@ -520,6 +520,8 @@ def say_start(b: Books, state: dict | None) -> None:
         if p.shares.how != "equal":
             log.event(p.step, "balance", f"balance {t.balance}: {p.shares.describe('rows/s')}",
                       **p.shares.to_dict())
+    for kind, line in said:  # last: the lines just before the first step
+        log.event(p.step, kind, line, max_steps=t.max_steps, **(dataclasses.asdict(b.timing) if b.timing else {}))
 
 
 def report(b: Books, loss: float, norm: torch.Tensor, evaluating: bool, final: bool) -> None:
@@ -543,13 +545,28 @@ def report(b: Books, loss: float, norm: torch.Tensor, evaluating: bool, final: b
         f"exact {act['train_exact_accuracy']:.3f}" if cfg.task == "sudoku" else f"lm_loss {act['lm_loss']:.4f}")
     if amax:
         extra += f" | amax {amax['mhc/amax_pre']:.3f}/{amax['mhc/amax_post']:.3f}"
+    done = step - b.start_step  # this session's steps: the pace of the rest
+    eta = budget.eta(b.timing, t, step, (b.train_s - b.start_train_s) / done if done > 0 else 0.0)
     log.say(f"step {step}/{t.max_steps} | loss {float(loss):.4f} | lr {lr:.1e} | {rate:.0f} {unit}"
-            f"{extra} | {memory_text(mem)}")
+            f"{extra} | {memory_text(mem)} | eta {eta}")
+    if budget.replan_due(b.timing, b.start_step, step) and b.s.meter_group().world == d.world:  # a step all ranks
+        replan_time(b, (b.train_s - b.start_train_s) / done)  # log together (the metrics' all-reduce): not DiLoCo's
     if evaluating:
         record.update(evaluation(b, final))
     log.metrics(record)
     heartbeat.beat(d, record)  # every rank: its step, loss and rate for `hrmctl top` (auralm/training/heartbeat.py)
     p.done, b.clock = 0, time.perf_counter()
+
+
+def replan_time(b: Books, pace_s: float) -> None:
+    """A run the budget sized plans its length again from its own first steps (auralm.training.budget.replan: every
+    rank reaches this log step, gathers the same figures and sets the same max_steps); config.json says the new one."""
+    figures = distributed.gather_object(b.d, (pace_s, budget.since_start()))
+    line = budget.replan(b.cfg, b.timing, b.start_step, b.p.step, max(f[0] for f in figures),
+                         max(f[1] for f in figures))
+    if line:
+        b.log.event(b.p.step, "time_budget", line, max_steps=b.cfg.training.max_steps, pace_s=max(f[0] for f in figures))
+        b.log.config(config.to_dict(b.cfg), b.p.step)
 
 
 def evaluation(b: Books, final: bool) -> dict:
@@ -620,24 +637,26 @@ def train(cfg: Config, d: distributed.Dist, whole: bool = True) -> torch.nn.Modu
     ema = EMA(raw, t.ema_decay) if t.ema else None
     guard = make_guard(cfg, d, s, raw, optimizer, log)
     torch.manual_seed(t.seed + d.rank)  # each rank its own dropout and halting exploration
+    probe = probe_time(cfg, d, step_kind, raw, train_set, val_set)  # before a resume's carries are loaded
     state, extras = resume(cfg, d, log, found, raw, optimizer, vocab, step_kind, ema, s.sharded_checkpoints) \
         if cfg.resume else (None, {})
     p = resumed_parts(cfg, state, d, log=log, model=raw, optimizer=optimizer, step_kind=step_kind, ema=ema,
                       guard=guard, train_set=train_set)
+    kept = budget.resumed_length(cfg, state)  # a resumed run goes on to its own length unless one is given
     if p.step >= t.max_steps:
         log.say(f"nothing to do: the checkpoint is at step {p.step}, training.max_steps={t.max_steps}")
         return s.final_model(raw, whole, arch, vocab)
-    p.shares = decide_shares(cfg, d, state, lambda: measure_rate(step_kind, raw, train_set, t, d.device),
-                             s.inner_steps())
-    s.attach(p, extras)
+    p.shares = decide_shares(cfg, d, state, lambda: probe[0], s.inner_steps())
+    timing, said = plan_time(cfg, d, p, probe, len(val_set), fresh=state is None)  # may lower max_steps: before
+    s.attach(p, extras)  # the strategy reads it (DiLoCo's outer step)
     if guard:
         guard.load_state_dict(state.get("guard", {}) if state else {})
         guard.begin(p.step)
-    b = Books(cfg, d, log, s, p, out_dir, ckpt_dir, data_dir, val_set, tokenizer, arch, vocab,
+    b = Books(cfg, d, log, s, p, out_dir, ckpt_dir, data_dir, val_set, tokenizer, arch, vocab, timing=timing,
               train_s=state.get("train_s", 0.0) if state else 0.0,
               best=state.get("best_val_loss", float("inf")) if state else float("inf"),
               val_loss=state.get("val_loss") if state else None)
-    say_start(b, state)
+    say_start(b, state, [("resumed_length", kept)] * bool(kept) + said)
     s.wrap(extras)
     s.start()
     b.clock = time.perf_counter()
@@ -665,9 +684,11 @@ def train(cfg: Config, d: distributed.Dist, whole: bool = True) -> torch.nn.Modu
     return s.final_model(raw, whole, arch, vocab)
 
 
-def run(cfg: Config, whole: bool = True) -> torch.nn.Module:
+def run(cfg: Config, whole: bool = True, process_start: bool = False) -> torch.nn.Module:
     """Train under ``cfg`` in this process (one rank of torchrun's world, or alone); the trained model (see
-    ``train`` for ``whole``: the command line, which discards it, does not ask fsdp to gather it)."""
+    ``train`` for ``whole``: the command line, which discards it, does not ask fsdp to gather it). The time budget
+    counts from now, or (``process_start``: the command line) from the process's start."""
+    budget.mark_start(process_start)
     d = distributed.setup(cfg.backend, cfg.dist_timeout)
     if d.device.type == "cpu":
         cpu_memory.keep_freed_memory()
@@ -714,7 +735,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg, check = config.parse_command_line(args)
         if check:
             return 0
-        run(cfg, whole=False)
+        run(cfg, whole=False, process_start=True)
         return 0
     except UserError as e:
         return errors.stop(f"error: {e}", rank) if rank == 0 else errors.BAD_INPUT_EXIT

@@ -10,6 +10,8 @@ A launch flows one way, each stage given the one object the previous stage made 
              memory.py      the model's memory estimate (auralm.planning.sizing, as a process) against each node's
                             memory
              links.py       test-ddp's figures for these nodes, and train's warning about the link
+             timing.py      --dry-run's time: the trainer's probe and plan on this machine (auralm.planning.timing,
+                            as a process); aside.py runs it and the link advice beside the rest
              warm.py        on a Slurm allocation's nodes, torchrun started (held) while the preflight runs
              plan.py        each node's exact torchrun line and environment (the LaunchPlan, NodeLaunch); pure
   run      run.py         the plan run on every node: jobs started, watched, stopped everywhere (psutil on the

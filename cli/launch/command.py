@@ -109,12 +109,14 @@ def _dry_run(opts: LaunchOptions, as_json: bool, console: Console, err: Console 
     from cli.launch import report
     from cli.launch.memory import model_size
     from cli.launch.prepare import prepare
+    from cli.launch.timing import start as run_time, summary as time_summary
 
     prep = prepare(opts)
+    timing = run_time(opts, prep.world)  # the run's time, timed on this machine beside the size estimate
     # the plan's estimate is for one rank (made beside the probes): for a world of one it is the run's own
     size = prep.size if prep.size and prep.world == 1 else model_size(opts, prep.world)
     return report.dry_run(prep, size, auto_batch_plan(size, prep), as_json=as_json, console=console, choice=choice,
-                          link=links.warn(advice, err or console))
+                          link=links.warn(advice, err or console), timing=time_summary(timing))
 
 
 def plan_then_run(opts: LaunchOptions, console: Console, before_run=None) -> tuple[LaunchPlan, RunResult]:

@@ -15,13 +15,12 @@ a reason not to run: anything missing or failing here is silence.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 from cli import cache
 from cli.cache import cache_dir
+from cli.launch.aside import Aside
 from cli.nodes.inventory import Node
 from cli.launch.options import TRAINER
 
@@ -81,30 +80,15 @@ def remember(result: dict | None, nodes: list[Node]) -> Path | None:
         return None
 
 
-class Advice:
+class Advice(Aside):
     """`python -m auralm.planning.link_budget` for this run, started now; ``result()`` waits for it (briefly)."""
 
     def __init__(self, entry: dict, args: list[str], world: int | None):
         self.entry = entry
-        cmd = [sys.executable, "-m", "auralm.planning.link_budget", "--link", json.dumps(entry)]
+        cmd = ["-m", "auralm.planning.link_budget", "--link", json.dumps(entry)]
         if world:
             cmd += ["--world", str(world)]
-        self.proc = subprocess.Popen([*cmd, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self._result: dict | None = None
-        self._done = False
-        self.late = False  # not answered within ADVICE_TIMEOUT_S: the launch went on without it
-
-    def result(self) -> dict | None:
-        if not self._done:
-            self._done = True
-            try:
-                out, _ = self.proc.communicate(timeout=ADVICE_TIMEOUT_S)
-                self._result = json.loads(out) if self.proc.returncode == 0 else None
-            except (subprocess.TimeoutExpired, ValueError) as e:
-                self.late = isinstance(e, subprocess.TimeoutExpired)
-                self.proc.kill()
-                self.proc.communicate()
-        return self._result
+        super().__init__([*cmd, *args], ADVICE_TIMEOUT_S)
 
 
 def start(opts) -> Advice | None:

@@ -13,6 +13,7 @@ from rich.markup import escape
 from cli.launch.options import TRAINER
 from cli.launch.plan import LaunchPlan, redacted
 from cli.launch.run import RunResult, summary_line
+from cli.launch.timing import lines as time_lines
 
 
 def dry_run_text(prep: LaunchPlan) -> list[str]:
@@ -34,15 +35,16 @@ def dry_run_json(prep: LaunchPlan) -> dict:
 
 
 def dry_run(prep: LaunchPlan, size: dict | None, auto: dict | None, *, as_json: bool, console: Console,
-            choice: str = "", link: dict | None = None) -> int:
-    """--dry-run: each node's exact command and environment, how the model was chosen, its size, and
-    batch_size=auto's estimate per node (``auto``: cli.launch.command.auto_batch_plan); as text or one JSON document."""
+            choice: str = "", link: dict | None = None, timing: dict | None = None) -> int:
+    """--dry-run: each node's exact command and environment, the run's time (``timing``: cli.launch.timing.summary),
+    how the model was chosen, its size, and batch_size=auto's estimate per node (``auto``:
+    cli.launch.command.auto_batch_plan); as text or one JSON document."""
     if as_json:
         console.print_json(json.dumps({**dry_run_json(prep), "model": size, **({"model_choice": choice} if choice else {}),
-                                       **({"auto_batch": auto} if auto else {}),
+                                       **({"auto_batch": auto} if auto else {}), **({"time": timing} if timing else {}),
                                        **({"link": link} if prep.options.module == TRAINER else {})}))
         return 0
-    for line in dry_run_text(prep):
+    for line in dry_run_text(prep) + time_lines(timing):
         console.print(escape(line), highlight=False, soft_wrap=True)
     gib = 1 << 30
     if choice:

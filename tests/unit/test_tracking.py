@@ -258,7 +258,7 @@ def on_a_terminal(args: list[str], cwd, timeout: float = 120) -> tuple[int, str]
     return p.wait(timeout=10), b"".join(chunks).decode("utf-8", "replace")
 
 
-STEP_LINE = r"^step \d+/30 \| loss \d+\.\d{4} \| lr \S+ \| \d+ puzzles/s \| rss \d+\.\dG$"
+STEP_LINE = r"^step \d+/30 \| loss \d+\.\d{4} \| lr \S+ \| \d+ puzzles/s \| rss \d+\.\dG \| eta \S+$"
 
 
 @pytest.mark.slow

@@ -35,7 +35,7 @@ def test_sudoku_loss_and_accuracy_improve(sudoku_dir, tmp_path, capsys):
     out = capsys.readouterr().out
     lines = [l for l in out.splitlines() if l.startswith("step ")]
     assert [int(re.match(r"^step (\d+)/(\d+) ", l).group(1)) for l in lines] == [20, 40, 60, 80]
-    assert all(re.match(r"^step \d+/80 \| loss \d+\.\d{4} \| lr \S+ \| \d+ puzzles/s \| rss \S+G$", l) for l in lines)
+    assert all(re.match(r"^step \d+/80 \| loss \d+\.\d{4} \| lr \S+ \| \d+ puzzles/s \| rss \S+G \| eta \S+$", l) for l in lines)
     last = by_step(tmp_path)[80]
     assert set(last) >= {"step", "loss", "lr", "samples_per_s", "val_loss", "cell_acc", "exact_accuracy", "rss_gb"}
     assert last["val_loss"] < math.log(9) - 0.25  # well below the uniform guess over 9 digits (2.197)
@@ -148,7 +148,7 @@ def test_memory_figure_is_the_current_rss_and_says_so(sudoku_dir, tmp_path, caps
     kind, gb = train.memory_gb(torch.device("cpu"))
     assert kind == "rss" and abs(gb - psutil.Process().memory_info().rss / 1e9) < 0.2
     _run(*tiny_args(sudoku_dir, tmp_path, "training.max_steps=1"))
-    assert re.search(r"^step 1/1 \| .* \| rss \d+\.\dG$", capsys.readouterr().out, re.M)
+    assert re.search(r"^step 1/1 \| .* \| rss \d+\.\dG \| eta \S+$", capsys.readouterr().out, re.M)
     [rec] = records(tmp_path)
     assert 0 < rec["rss_gb"] < 100 and "mem_gb" not in rec
 
