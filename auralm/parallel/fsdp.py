@@ -75,6 +75,17 @@ def shard(model: nn.Module, bf16: bool, cpu_offload: bool, device: torch.device 
             f"{NO_OFFLOAD if ignored else ''}")
 
 
+def reshard(model: nn.Module) -> None:
+    """Every unit of ``model`` back to its shards. FSDP keeps the root unit gathered after a forward without
+    gradients (it expects the backward that does not come), and while gathered ``model.parameters()`` are the
+    whole tensors, not the shards the optimizer steps."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()
+
+
 NO_OFFLOAD = " (training.fsdp_cpu_offload=true changes nothing on the CPU: the shards are in its memory)"
 
 
