@@ -28,6 +28,7 @@ from auralm.training.precision import autocast, rng_state, set_rng_state
 
 MARGIN = 0.85  # of the budget, the share a run plans to use
 HOUR = 3600.0  # a run longer than this says so, with the override that shortens it
+PROBE_PASSES = 4  # measure_rate's forward and backward passes (one untimed, then three timed)
 LENGTH_KEYS = ("training.epochs", "training.max_steps")  # a run's length, when given, is not the budget's to set
 # (epochs first: when both are given, epochs sets max_steps)
 
@@ -84,7 +85,7 @@ def measure_rate(step_kind, model, train_set, t: config.TrainingConfig, device: 
     x, y = train_set.batch(list(range(min(t.batch_size, len(train_set)))))
     x, y = x.to(device), y.to(device)
     timed, began = 0, 0.0
-    for i in range(4):
+    for i in range(PROBE_PASSES):
         if i == 1:
             began = time.perf_counter()
         with autocast(t, device):
@@ -162,6 +163,19 @@ def explicit_length(cfg: config.Config) -> str:
     did: typed on the command line, in a config file or as a guide spells it (HRM's ``epochs=``)."""
     given = [k for k in LENGTH_KEYS if k in cfg.given_keys]
     return next((k for k in given if k != "training.epochs" or cfg.training.epochs), "")
+
+
+def worth_probing(cfg: config.Config) -> bool:
+    """Whether the run times itself before its first step: not when its length was given and it is shorter than
+    the probe (fewer steps than PROBE_PASSES: the probe would cost more than the training it times; the progress
+    line's ETA comes from the run's own steps)."""
+    return not explicit_length(cfg) or cfg.training.max_steps >= PROBE_PASSES
+
+
+def unprobed_line(cfg: config.Config) -> str:
+    """What a run too short for the probe says instead of its time."""
+    return (f"time: {steps_text(cfg.training.max_steps)}, not timed beforehand (a run shorter than the time probe's "
+            f"{PROBE_PASSES} passes); the progress line says its pace")
 
 
 def resumed_length(cfg: config.Config, state: dict | None) -> str | None:

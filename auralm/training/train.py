@@ -637,7 +637,11 @@ def train(cfg: Config, d: distributed.Dist, whole: bool = True) -> torch.nn.Modu
     ema = EMA(raw, t.ema_decay) if t.ema else None
     guard = make_guard(cfg, d, s, raw, optimizer, log)
     torch.manual_seed(t.seed + d.rank)  # each rank its own dropout and halting exploration
-    probe = probe_time(cfg, d, step_kind, raw, train_set, val_set)  # before a resume's carries are loaded
+    # before a resume's carries are loaded; every rank decides alike (the same config), and measures when the work
+    # shares need its rate
+    shares_measured = config.parse_balance(t.balance) == "auto" and d.world > 1
+    probe = probe_time(cfg, d, step_kind, raw, train_set, val_set) \
+        if shares_measured or budget.worth_probing(cfg) else None
     state, extras = resume(cfg, d, log, found, raw, optimizer, vocab, step_kind, ema, s.sharded_checkpoints) \
         if cfg.resume else (None, {})
     p = resumed_parts(cfg, state, d, log=log, model=raw, optimizer=optimizer, step_kind=step_kind, ema=ema,
@@ -647,7 +651,8 @@ def train(cfg: Config, d: distributed.Dist, whole: bool = True) -> torch.nn.Modu
         log.say(f"nothing to do: the checkpoint is at step {p.step}, training.max_steps={t.max_steps}")
         return s.final_model(raw, whole, arch, vocab)
     p.shares = decide_shares(cfg, d, state, lambda: probe[0], s.inner_steps())
-    timing, said = plan_time(cfg, d, p, probe, len(val_set), fresh=state is None)  # may lower max_steps: before
+    timing, said = plan_time(cfg, d, p, probe, len(val_set), fresh=state is None) if probe else \
+        (None, [("time", budget.unprobed_line(cfg))])  # plan_time may lower max_steps: before
     s.attach(p, extras)  # the strategy reads it (DiLoCo's outer step)
     if guard:
         guard.load_state_dict(state.get("guard", {}) if state else {})

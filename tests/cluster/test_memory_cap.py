@@ -15,15 +15,23 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
 
 CAP = 600 * 2**20
 PLAN = re.compile(r"batch_size=auto: rank 0 fits (\d+) \((.*?)\), using (\d+) x accum (\d+) x 1 ranks = (\d+)")
 
 
+# a bound against a hang, not a speed: alone the test's four runs and two dry runs take about 50 s (2026-12-02, an
+# AVX2 EPYC), and one run beside the suite's load took over 300 s on a slower machine (its 445-row steps)
+TIMEOUT_S = 900
+pytestmark = pytest.mark.timeout(2400)  # a test's several runs, each within TIMEOUT_S (pytest's default is 600 s)
+
+
 def _train(lab3, hrmctl, data_dir, run_id, *extra, env=None):
     return hrmctl("train", "--nodes", "node1", "--run-id", run_id, "task=lm", f"data_dir={data_dir}", "model=mini",
                   "training.max_steps=1", "training.eval_interval=0", "training.checkpoint_interval=0",
-                  "training.dtype=fp32", "training.eval_batches=1", *extra, inventory=lab3.inventory, timeout=300,
+                  "training.dtype=fp32", "training.eval_batches=1", *extra, inventory=lab3.inventory, timeout=TIMEOUT_S,
                   env=env)
 
 
@@ -44,7 +52,7 @@ def test_auto_batch_is_smaller_under_a_memory_cap_and_a_too_large_batch_says_the
         assert 1 <= int(capped_fit) < int(free_fit), (capped_fit, free_fit)
         # the dry run sees the cap too (the probe's memory cgroup figure)
         code, dry, err = hrmctl("train", "--nodes", "node1", "--dry-run", "task=lm", f"data_dir={text_on_nodes}",
-                                "model=mini", "training.batch_size=auto", inventory=lab3.inventory, timeout=300)
+                                "model=mini", "training.batch_size=auto", inventory=lab3.inventory, timeout=TIMEOUT_S)
         assert code == 0, dry + err
         m = re.search(r"# node1: batch_size=auto: about (\d+) rows per rank fit \(80% of ([\d.]+) GiB RAM", dry)
         print("dry run:", m and m.group(0))
@@ -63,7 +71,7 @@ def test_auto_batch_is_smaller_under_a_memory_cap_and_a_too_large_batch_says_the
         assert code == 1 and m and float(m.group(1)) <= 0.6, out + err
         assert int(m.group(3)) * int(m.group(4)) == int(free_fit) and "step 1/1" not in out, out
         code, dry, err = hrmctl("train", "--nodes", "node1", "--dry-run", "task=lm", f"data_dir={text_on_nodes}",
-                                "model=mini", *m.group(2).split(), inventory=lab3.inventory, timeout=300)
+                                "model=mini", *m.group(2).split(), inventory=lab3.inventory, timeout=TIMEOUT_S)
         assert code == 0, dry + err
         # launched anyway: the rank is OOM-killed (or its allocation fails), and the line says so
         code, out, err = _train(lab3, hrmctl, text_on_nodes, "memcap-oom", f"training.batch_size={int(free_fit)}",
@@ -95,7 +103,7 @@ def test_a_model_too_large_for_two_capped_nodes_under_ddp_trains_under_fsdp(lab3
     # system, here) sees it but cannot write there: one line, before any training
     code, out, err = hrmctl("train", "--nodes", "node1,node2", "--run-id", "memcap-unshared", "task=lm",
                             f"data_dir={text_on_nodes}", "training.parallel=fsdp", *BIG, inventory=lab3.inventory,
-                            timeout=300)
+                            timeout=TIMEOUT_S)
     assert code != 0
     assert re.search(r"error: rank 1 \(host node2\): training.parallel=fsdp: cannot write this rank's shards into "
                      r"the run directory \S+/hrmctl/runs/memcap-unshared \(Permission denied\): make it writable by "
@@ -110,7 +118,7 @@ def test_a_model_too_large_for_two_capped_nodes_under_ddp_trains_under_fsdp(lab3
         out.chmod(0o777)  # the nodes run as different users: the run directory is writable by all of them
         return hrmctl("train", "--nodes", "node1,node2", "--run-id", f"memcap-{mode}", "task=lm",
                       f"data_dir={text_on_nodes}", f"out_dir={out}", f"training.parallel={mode}", *BIG,
-                      inventory=lab3.inventory, timeout=600)
+                      inventory=lab3.inventory, timeout=TIMEOUT_S)
 
     try:
         for node in nodes:

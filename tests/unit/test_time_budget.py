@@ -224,3 +224,24 @@ def test_train_dry_run_states_the_time(sudoku_dir, tmp_path):
     assert re.search(r"^# time, from a probe on this machine \(.*\); the run times its own ranks before its first "
                      r"step and says it again:\n#   time: 7 steps at \S+ s/step = ", res.stdout, re.M), res.stdout
     assert res.stdout.strip().splitlines()[-1].startswith("# model tiny")
+
+
+@pytest.mark.slow
+def test_a_run_shorter_than_the_probe_is_not_timed_beforehand(sudoku_dir, tmp_path, monkeypatch, capsys):
+    """A run of a given length under the probe's passes trains at once (the probe would cost more than the run) and
+    says so where the time line would be; a run of no given length, or as long as the probe, is timed."""
+    def no_probe(*a, **kw):
+        raise AssertionError("probed")
+
+    monkeypatch.setattr(train, "measure_rate", no_probe)
+    monkeypatch.setattr(budget, "time_eval_batch", no_probe)
+    n = budget.PROBE_PASSES - 1
+    train.run(config.parse(tiny_args(sudoku_dir, tmp_path, f"training.max_steps={n}")))
+    out = capsys.readouterr().out
+    assert re.search(rf"^time: {n} steps, not timed beforehand \(a run shorter than the time probe's "
+                     rf"{budget.PROBE_PASSES} passes\); the progress line says its pace$", out, re.M), out
+    assert max(by_step(tmp_path)) == n and out.index("not timed beforehand") < out.index(f"step 1/{n}")
+    cfg = config.parse(tiny_args(sudoku_dir, tmp_path, f"training.max_steps={n}"))
+    assert not budget.worth_probing(cfg)
+    assert budget.worth_probing(config.parse(tiny_args(sudoku_dir, tmp_path, f"training.max_steps={n + 1}")))
+    assert budget.worth_probing(config.parse([]))  # the budget's own run: its length comes from the probe
