@@ -80,7 +80,7 @@ else
     pytest -m cluster -p no:cacheprovider ${args[@]+"${args[@]}"} "$test" >"$log" 2>&1 &
     elastic_pids+=($!) elastic_logs+=("$log")
   done
-  pytest -m "not alone" -n 4 --dist loadfile --no-loadscope-reorder ${args[@]+"${args[@]}"} "${elastic_files[@]/#/--ignore=}" tests
+  pytest -m "not alone" -n 4 --dist loadfile --no-loadscope-reorder --durations=30 ${args[@]+"${args[@]}"} "${elastic_files[@]/#/--ignore=}" tests
   rc=$?
   rc_elastic=0
   for i in "${!elastic_pids[@]}"; do
