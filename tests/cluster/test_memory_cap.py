@@ -19,6 +19,10 @@ import pytest
 
 
 CAP = 600 * 2**20
+CEILING = 96  # rows: the uncapped run's fit is bounded by its global batch (its memory holds thousands: 19 GB here),
+# the capped one's by the cgroup (about 30 rows in 600 MiB); a 445-row step, the data's bound, took 5 minutes beside
+# the suite's load
+OVER = 400  # rows: a fixed batch far past the cap (about 2.7 GiB of activations against 0.6)
 PLAN = re.compile(r"batch_size=auto: rank 0 fits (\d+) \((.*?)\), using (\d+) x accum (\d+) x 1 ranks = (\d+)")
 
 
@@ -38,9 +42,11 @@ def _train(lab3, hrmctl, data_dir, run_id, *extra, env=None):
 def test_auto_batch_is_smaller_under_a_memory_cap_and_a_too_large_batch_says_the_node_ran_out(
         lab3, hrmctl, text_on_nodes):
     node = lab3.node("node1")
-    code, out, err = _train(lab3, hrmctl, text_on_nodes, "memcap-free", "training.batch_size=auto")
+    code, out, err = _train(lab3, hrmctl, text_on_nodes, "memcap-free", "training.batch_size=auto",
+                            f"training.global_batch_size={CEILING}")
     assert code == 0, out + err
     (free_fit, free_limit, *_), = PLAN.findall(out)
+    assert int(free_fit) == CEILING and "GB available" in free_limit, free_limit
     print("uncapped:", PLAN.search(out).group(0))
     node.limit_memory(CAP)
     try:
@@ -59,22 +65,22 @@ def test_auto_batch_is_smaller_under_a_memory_cap_and_a_too_large_batch_says_the
         assert m and float(m.group(2)) < 0.6, dry
         # a fixed batch far past the cap: refused before launch (issue 33, item 9), with the override that fits
         # by the estimate; that override passes the dry run
-        code, out, err = _train(lab3, hrmctl, text_on_nodes, "memcap-refused", f"training.batch_size={int(free_fit)}")
+        code, out, err = _train(lab3, hrmctl, text_on_nodes, "memcap-refused", f"training.batch_size={OVER}")
         refusal = err.strip().splitlines()[-1]
         print("refused:", refusal)
-        m = re.fullmatch(rf"error: node1: model mini at training\.batch_size={int(free_fit)} needs about [\d.]+ GiB a "
+        m = re.fullmatch(rf"error: node1: model mini at training\.batch_size={OVER} needs about [\d.]+ GiB a "
                          r"rank \([\d.]+ weights, gradients and optimizer states, [\d.]+ activations\); node1 has "
                          r"([\d.]+) GiB RAM available; fix: (training\.batch_size=(\d+) training\.grad_accum=(\d+)) "
-                         rf"\(the same {int(free_fit)} rows a step, about [\d.]+ GiB a rank\), or training\.batch_size="
+                         rf"\(the same {OVER} rows a step, about [\d.]+ GiB a rank\), or training\.batch_size="
                          r"auto \(about \d+ rows a rank fit 80% of it; measured at start\) \(the estimate is rough: "
                          r"HRMCTL_MEMORY_CHECK=0 launches anyway\)", refusal)
         assert code == 1 and m and float(m.group(1)) <= 0.6, out + err
-        assert int(m.group(3)) * int(m.group(4)) == int(free_fit) and "step 1/1" not in out, out
+        assert int(m.group(3)) * int(m.group(4)) == OVER and "step 1/1" not in out, out
         code, dry, err = hrmctl("train", "--nodes", "node1", "--dry-run", "task=lm", f"data_dir={text_on_nodes}",
                                 "model=mini", *m.group(2).split(), inventory=lab3.inventory, timeout=TIMEOUT_S)
         assert code == 0, dry + err
         # launched anyway: the rank is OOM-killed (or its allocation fails), and the line says so
-        code, out, err = _train(lab3, hrmctl, text_on_nodes, "memcap-oom", f"training.batch_size={int(free_fit)}",
+        code, out, err = _train(lab3, hrmctl, text_on_nodes, "memcap-oom", f"training.batch_size={OVER}",
                                 env={"HRMCTL_MEMORY_CHECK": "0"})
         print("too large:", code, err.strip().splitlines()[-1:])
         assert code != 0, out + err
