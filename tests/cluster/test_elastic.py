@@ -204,16 +204,23 @@ def test_three_nodes_go_on_as_two_and_as_one_and_take_the_others_back(lab3, tmp_
     assert proc.returncode == 0, (out + err)[-4000:]
     assert "the global batch changes: 3 ranks' worth of training.grad_accum=1 does not split over 2 ranks" in out + err
     events = json.loads((run / "status.json").read_text())["members"]
-    assert [(e["node"], e["event"]) for e in events] == [("node1", "left"), ("node1", "joined"), ("node1", "left"),
-                                                         ("node2", "left"), ("node1", "joined"), ("node2", "joined")]
-    assert events[4]["t"] > cut + LINK_DOWN_S and events[5]["t"] > asleep + ASLEEP_S, events
+    # node1's link comes back before node2 wakes, but which of them is taken back first depends on the machine's
+    # speed (the watcher's SSH connect against node2's rank catching up): either order, each after its fault ended
+    order = [(e["node"], e["event"]) for e in events]
+    assert order[:4] == [("node1", "left"), ("node1", "joined"), ("node1", "left"), ("node2", "left")], order
+    assert sorted(order[4:]) == [("node1", "joined"), ("node2", "joined")], order
+    back = {e["node"]: e["t"] for e in events[4:]}
+    assert back["node1"] > cut + LINK_DOWN_S and back["node2"] > asleep + ASLEEP_S, events
+    node1_first = order[4][0] == "node1"
     assert events[2]["t"] - cut < 30 and "its link is down" in events[2]["why"], events
     assert events[3]["t"] - asleep < 30 and "it is asleep or frozen" in events[3]["why"], events
     assert re.search(r"\[rank0\]:step \d+/", as_two) and re.search(r"\[rank0\]:step \d+/", alone), (as_two, alone)
     heads = re.findall(r"# hrmctl launch, attempt 1(?: \(after (node\d \w+)\))?, node node2 \(node rank (\d)",
                        _text(logs["node2"]))
-    assert heads == [("", "2"), ("node1 left", "1"), ("node1 joined", "2"), ("node1 left", "1"),
-                     ("node2 joined", "2")], heads
+    # node2 relaunched at each change of a world it is in: asleep, it is in none until it joins (node rank 2 beside
+    # node1 back, else 1, and 2 again when node1 joins after it)
+    last = [("node2 joined", "2")] if node1_first else [("node2 joined", "1"), ("node1 joined", "2")]
+    assert heads == [("", "2"), ("node1 left", "1"), ("node1 joined", "2"), ("node1 left", "1"), *last], heads
     launches = _text(logs["node0"]).split("# command: ")[1:]
     worlds = [int(re.search(r"HRMCTL_WORLD_SIZE=(\d)", c).group(1)) for c in launches]
     assert worlds == [3, 2, 3, 2, 1, 2, 3], worlds
