@@ -29,7 +29,8 @@ in-process), forked_ranks.py (where torch sees no GPU, torchrun's ranks forked f
 once) and nolibuv/ (put on PYTHONPATH where torch's TCPStore has no libuv).
 
 A stage imports the ones before it (for their types) and never a later one. May import: cli.nodes, cli.sync
-(train --sync-data), cli.runs.catalog (detach.py: status.json read), cli.errors, netcheck, and of auralm only what
+(train --sync-data), cli.runs.catalog (detach.py: status.json read), cli.runs.states (status.json's state),
+cli.errors, netcheck, and of auralm only what
 needs no torch at import (its config parser, guide spellings, exit codes, link budget; auralm.data.datadir's preparer
 when the data is missing): the trainer itself is started
 as a process, through torchrun.

@@ -25,6 +25,7 @@ from rich.console import Console
 from cli.errors import HrmctlError
 from cli.launch.prepare import new_run_id
 from cli.runs.catalog import last_line, read_status
+from cli.runs.states import RunState
 
 SUPERVISOR_OUT, SUPERVISOR_ERR = "supervisor.out", "supervisor.err"
 POLL_S = 0.2
@@ -71,7 +72,7 @@ def detach(argv: list[str], run_id: str | None, runs_dir: Path, console: Console
                   highlight=False, soft_wrap=True)
         return 130
     if as_json:
-        console.print_json(json.dumps({"run_id": run_id, "supervisor_pid": proc.pid, "state": "running",
+        console.print_json(json.dumps({"run_id": run_id, "supervisor_pid": proc.pid, "state": RunState.RUNNING,
                                        "first_step_s": round(time.monotonic() - t0, 1), "run_dir": str(run_dir)}))
         return 0
     console.print(f"run {run_id}: running detached (supervisor pid {proc.pid}), first step after "
@@ -95,7 +96,7 @@ def _ended_early(run_id: str, run_dir: Path, code: int, console: Console, err: C
         except OSError:
             pass
     if as_json:
-        console.print_json(json.dumps({"run_id": run_id, "state": "finished" if code == 0 else "failed",
+        console.print_json(json.dumps({"run_id": run_id, "state": RunState.FINISHED if code == 0 else RunState.FAILED,
                                        "exit_code": code, "reason": reason,
                                        "run_dir": str(run_dir)}))
         return code

@@ -43,6 +43,7 @@ from cli.launch.plan import LaunchPlan, NodeLaunch
 from cli.launch.elastic import JOIN_CODE, Members
 from cli.launch.save_stop import save_then_wait, saves_first
 from cli.nodes.remote import Job, Session, connect_all, for_each
+from cli.runs.states import RunState
 
 HEARTBEAT_S = 2.0
 HEARTBEAT_TIMEOUT_S = 8.0
@@ -533,7 +534,7 @@ def started(run_dir: Path, prep: LaunchPlan) -> dict:
     live run from one whose launcher was killed before it could write the end."""
     import psutil
 
-    doc = {"run_id": prep.run_id, "state": "running", "started": round(time.time(), 3),
+    doc = {"run_id": prep.run_id, "state": RunState.RUNNING, "started": round(time.time(), 3),
            "host": socket.gethostname(), "pid": os.getpid(), "pid_started": psutil.Process().create_time(),
            "module": prep.options.module, "nodes": [p.node.name for p in prep.plans],
            "world": sum(p.nproc for p in prep.plans), "backend": prep.backend,
@@ -559,12 +560,12 @@ def first_step(run_dir: Path, doc: dict) -> None:
 def ended(run_dir: Path, doc: dict, result: RunResult | None, attempts: int, error: BaseException | None) -> None:
     """status.json at the end: finished (every node exited 0), stopped (Ctrl-C, SIGTERM, SIGHUP) or failed."""
     if isinstance(error, KeyboardInterrupt):
-        doc.update(state="stopped", exit_code=130, reason="interrupted (Ctrl-C)")
+        doc.update(state=RunState.STOPPED, exit_code=130, reason="interrupted (Ctrl-C)")
     elif error is not None or result is None:
-        doc.update(state="failed", exit_code=None, reason=f"hrmctl failed: {type(error).__name__}: {error}"
+        doc.update(state=RunState.FAILED, exit_code=None, reason=f"hrmctl failed: {type(error).__name__}: {error}"
                    if error is not None else "hrmctl ended without a result")
     else:
-        state = "finished" if result.code == 0 else "stopped" if result.interrupted else "failed"
+        state = RunState.FINISHED if result.code == 0 else RunState.STOPPED if result.interrupted else RunState.FAILED
         doc.update(state=state, exit_code=result.code, reason=result.reason, failed_node=result.failed_node,
                    failed_rank=result.failed_rank, left_running=result.left_running)
         if result.code and not result.interrupted and result.no_restart:

@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 INVENTORY_NAME = "hrmctl.toml"
 LOCAL_NAMES = ("localhost", "local")
 NODE_KEYS = NodeTable.__struct_fields__
-TOP_KEYS = TopTable.__struct_fields__
 
 BUILTIN = {"port": 22, "python": "python3", "workdir": "~/hrmctl", "data_dir": "data", "nproc": "auto"}
 

@@ -1,5 +1,6 @@
 """`hrmctl runs`, `hrmctl logs`, `hrmctl plot`: find and compare the runs under runs/ (see docs/runs.md).
 
+states   RunState: a run's state, one enum (status.json's state, the catalog's status)
 catalog  a run directory read: status (status.json from cli/launch, else inferred), start, duration, nodes, task,
          model, steps, best validation loss / exact accuracy; RUN resolved as an id, a unique prefix or a path
 view     `hrmctl runs`: the catalog as a table, or --json

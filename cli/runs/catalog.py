@@ -34,10 +34,10 @@ from auralm.training.curves import CURVES, number, read_metrics
 RECORDED_BEFORE_ROOMS = {"auralm.train": "auralm.training.train", "auralm.ddp_check": "auralm.planning.ddp_check"}
 
 from cli.errors import HrmctlError
+from cli.runs.states import ACTIVE, ENDED, RunState
 
 RUNS_DIR = "runs"
 STATUS_FILE = "status.json"  # written by cli/launch/run.py (started, ended)
-STATES = ("queued", "running", "finished", "failed", "stopped", "unknown")
 RECENT_S = 120.0
 RUN_ID_TIME = re.compile(r"^(\d{8}-\d{6})")  # hrmctl's and the trainer's own run names begin with the start time
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
@@ -50,7 +50,7 @@ class Run:
     id: str
     path: Path  # the run directory
     trainer_dir: Path  # where config.json and metrics.jsonl are: the run directory, unless out_dir= was elsewhere
-    status: str = "unknown"
+    status: str = RunState.UNKNOWN
     reason: str = ""
     source: str = "inferred"  # "status.json" when the launcher recorded the state
     exit_code: int | None = None
@@ -80,7 +80,8 @@ class Run:
     def duration(self) -> float | None:
         if self.start is None:
             return None
-        end = self.end if self.end is not None else (time.time() if self.status == "running" else self.last_write)
+        running = self.status == RunState.RUNNING
+        end = self.end if self.end is not None else (time.time() if running else self.last_write)
         return max(0.0, end - self.start) if end is not None else None
 
     def to_dict(self) -> dict:
@@ -202,38 +203,38 @@ def _status(run: Run, doc: dict, now: float) -> None:
     recent = run.last_write is not None and now - run.last_write < RECENT_S
     state = doc.get("state")
     where = f"step {run.steps if run.steps is not None else '?'} of {run.max_steps if run.max_steps else '?'}"
-    if state in ("finished", "failed", "stopped"):
+    if state in ENDED:
         run.status, run.source = state, "status.json"
         run.exit_code = doc.get("exit_code") if isinstance(doc.get("exit_code"), int) else None
         run.reason = str(doc.get("reason") or "")
         run.no_restart = doc.get("no_restart") if isinstance(doc.get("no_restart"), str) else None
         return
-    if state == "running":
+    if state == RunState.RUNNING:
         who = f"hrmctl (pid {doc.get('pid')} on {doc.get('host')})"
         alive = launcher_alive(doc)
         if alive is None:
-            run.status, run.source, run.reason = "running", "status.json", f"{who}: not checked from this host"
+            run.status, run.source, run.reason = RunState.RUNNING, "status.json", f"{who}: not checked from this host"
         elif alive:
-            run.status, run.source, run.reason = "running", "status.json", f"{who} is running it"
+            run.status, run.source, run.reason = RunState.RUNNING, "status.json", f"{who} is running it"
         elif reached:
-            run.status, run.reason = "finished", (f"the metrics reach the last step; {who} is gone without "
-                                                  f"recording the end")
+            run.status, run.reason = RunState.FINISHED, (f"the metrics reach the last step; {who} is gone "
+                                                         f"without recording the end")
         elif recent:
-            run.status, run.reason = "running", (f"{who} is gone without recording the end, but the run directory "
-                                                 f"was written {_ago(now - run.last_write)} ago")
+            run.status, run.reason = RunState.RUNNING, (f"{who} is gone without recording the end, but the run "
+                                                        f"directory was written {_ago(now - run.last_write)} ago")
         else:
-            run.status, run.reason = "stopped", (f"{who} is gone without recording the end (killed, or the machine "
-                                                 f"restarted); the run stopped at {where}")
+            run.status, run.reason = RunState.STOPPED, (f"{who} is gone without recording the end (killed, or the "
+                                                        f"machine restarted); the run stopped at {where}")
         return
     if reached:
-        run.status, run.reason = "finished", ("the metrics reach training.max_steps (no status.json: not started "
-                                              "by hrmctl)")
+        run.status, run.reason = RunState.FINISHED, ("the metrics reach training.max_steps (no status.json: not "
+                                                     "started by hrmctl)")
     elif recent:
-        run.status, run.reason = "running", (f"no status.json (not started by hrmctl); at {where}, written "
-                                             f"{_ago(now - run.last_write)} ago")
+        run.status, run.reason = RunState.RUNNING, (f"no status.json (not started by hrmctl); at {where}, written "
+                                                    f"{_ago(now - run.last_write)} ago")
     else:
-        run.status, run.reason = "unknown", (f"no status.json (not started by hrmctl) and the metrics stop at {where}; "
-                                             f"nothing records why")
+        run.status, run.reason = RunState.UNKNOWN, (f"no status.json (not started by hrmctl) and the metrics stop at "
+                                                    f"{where}; nothing records why")
 
 
 def slurm_job_of(status: dict, submitted: dict) -> str | None:
@@ -255,14 +256,15 @@ def _slurm_status(run: Run, doc: dict, job_id: str) -> None:
     state = run.slurm_state = found["state"]
     said = f"Slurm job {job_id} {state}" + (f" ({found['reason']})" if found["reason"] else "")
     if state in QUEUED:  # not started yet, or requeued (time limit, preemption): it will run
-        run.status, run.source, run.reason, run.end = "queued", found["source"], said, None
-    elif doc.get("state") in ("finished", "failed", "stopped"):
+        run.status, run.source, run.reason, run.end = RunState.QUEUED, found["source"], said, None
+    elif doc.get("state") in ENDED:
         return  # the run's own record (one allocation may hold several runs, one after the other)
     elif state in ("RUNNING", "COMPLETING"):
         where = f" on {found['nodes']}" if found["nodes"] else ""
-        run.status, run.source, run.reason, run.end = "running", found["source"], said + where, None
+        run.status, run.source, run.reason, run.end = RunState.RUNNING, found["source"], said + where, None
     elif state in ENDED:
-        run.status = "finished" if state == "COMPLETED" else "stopped" if state == "CANCELLED" else "failed"
+        run.status = RunState.FINISHED if state == "COMPLETED" else RunState.STOPPED if state == "CANCELLED" else \
+            RunState.FAILED
         run.source, run.reason = found["source"], said
 
 
@@ -332,8 +334,8 @@ def load_run(path: str | Path, now: float | None = None) -> Run:
     job_id = slurm_job_of(doc, job)
     if job_id:
         _slurm_status(run, doc, job_id)
-    if run.status not in ("running", "queued"):
-        run.end = number(doc.get("ended")) if doc.get("state") in ("finished", "failed", "stopped") else None
+    if run.status not in ACTIVE:
+        run.end = number(doc.get("ended")) if doc.get("state") in ENDED else None
         if run.end is None:
             run.end = run.last_write
     return run
@@ -382,4 +384,4 @@ def resolve(ref: str, runs_dir: str | Path = RUNS_DIR) -> Path:
 
 
 def is_running(path: Path) -> bool:
-    return load_run(path).status in ("running", "queued")  # a queued Slurm job will run
+    return load_run(path).status in ACTIVE  # a queued Slurm job will run

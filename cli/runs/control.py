@@ -22,6 +22,7 @@ from typing import TextIO
 from cli.errors import HrmctlError
 from cli.runs.catalog import last_line, launcher_alive, load_run, read_status, read_submitted, slurm_job_of
 from cli.runs.logs import show_logs
+from cli.runs.states import ACTIVE, RunState
 
 ATTACH_LINES = 20  # of the merged log, before the new ones
 STOP_WAIT_S = 60.0  # the launcher's own stop takes seconds (a 1.5 s settle, a 3 s grace, 2 s for the last lines)
@@ -31,7 +32,7 @@ SUPERVISOR_ERR = "supervisor.err"  # cli/launch/detach.py's: where a detached la
 def _ending(run_path: Path) -> tuple[str, int]:
     """The run's last line (its detached launcher's own, else status.json's reason) and its exit code."""
     run = load_run(run_path)
-    code = run.exit_code if run.exit_code is not None else (0 if run.status == "finished" else 1)
+    code = run.exit_code if run.exit_code is not None else (0 if run.status == RunState.FINISHED else 1)
     line = last_line(run_path / SUPERVISOR_ERR) if code and read_status(run_path).get("detached") else ""
     if not line or line.startswith("hrmctl: run "):  # its error line, else the record's
         line = f"run {run.id} {run.status}" + (f": {run.reason}" if run.reason else "") + f" (exit code {code})"
@@ -42,7 +43,7 @@ def attach(run_path: Path, *, out: TextIO | None = None, err: TextIO | None = No
     """Follow the run until it ends; its exit code. Ctrl-C: detached, the run goes on, exit code 0."""
     out, err = out or sys.stdout, err or sys.stderr
     run = load_run(run_path)
-    if run.status != "running":
+    if run.status != RunState.RUNNING:
         show_logs(run_path, out=out, last=last) if any(run_path.glob("*.log")) else None
         line, code = _ending(run_path)
         print(f"hrmctl: run {run.id} is not running; {line}", file=err)
@@ -67,9 +68,9 @@ def stop(run_path: Path, *, err: TextIO | None = None, wait_s: float = STOP_WAIT
     run, doc = load_run(run_path), read_status(run_path)
     submitted = read_submitted(run_path)
     job = slurm_job_of(doc, submitted)
-    if job and run.status in ("queued", "running") and (submitted or not launcher_alive(doc)):
+    if job and run.status in ACTIVE and (submitted or not launcher_alive(doc)):
         return _cancel(run.id, job, err, wait_s)  # a --slurm job, or an allocation's run launched elsewhere
-    if run.status != "running":
+    if run.status != RunState.RUNNING:
         print(f"hrmctl: run {run.id} is not running ({run.status}{': ' + run.reason if run.reason else ''}); "
               f"nothing to stop", file=err)
         return 0
@@ -88,7 +89,7 @@ def stop(run_path: Path, *, err: TextIO | None = None, wait_s: float = STOP_WAIT
     while launcher_alive(doc) and time.monotonic() - t0 < wait_s:
         time.sleep(0.2)
     after = read_status(run_path)
-    if after.get("state") == "running":
+    if after.get("state") == RunState.RUNNING:
         print(f"error: run {run.id}: its launcher (pid {pid}) did not end within {wait_s:.0f}s; "
               f"`kill -TERM {pid}` again, or see `hrmctl logs {run.id}`", file=err)
         return 1

@@ -10,11 +10,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cli.runs.catalog import Run, list_runs, number
+from cli.runs.states import RunState
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-STYLE = {"queued": "blue", "running": "cyan", "finished": "green", "failed": "bold red", "stopped": "yellow", "unknown": "dim"}
+STYLE = {RunState.QUEUED: "blue", RunState.RUNNING: "cyan", RunState.FINISHED: "green", RunState.FAILED: "bold red",
+         RunState.STOPPED: "yellow", RunState.UNKNOWN: "dim"}
 
 
 def duration_text(seconds: float | None) -> str:
@@ -114,7 +116,7 @@ def show_runs(runs_dir: str, *, as_json: bool, console: "Console") -> int:
         table = _table(runs, shown, title)
     console.print(table)
     for r in runs:  # why a run did not finish, and the nodes that left and joined it, under the table
-        if r.status in ("failed", "stopped", "unknown") and r.reason:
+        if r.status in (RunState.FAILED, RunState.STOPPED, RunState.UNKNOWN) and r.reason:
             console.print(f"[{STYLE[r.status]}]{escape(r.id)}[/]: {escape(r.reason)}", highlight=False,
                           soft_wrap=True)
         if r.members:
