@@ -390,6 +390,11 @@ def auto_batch(cfg: Config, d: distributed.Dist, raw, train_set, log: RunLog, gr
               hosts=[h for h, _, _ in fits], batch_size=t.batch_size, grad_accum=t.grad_accum)
 
 
+def shares_measured(cfg: Config, d: distributed.Dist) -> bool:
+    """Whether the work shares come from every rank's measured rate (training.balance=auto, several ranks)."""
+    return config.parse_balance(cfg.training.balance) == "auto" and d.world > 1
+
+
 def decide_shares(cfg: Config, d: distributed.Dist, state: dict | None, measure,
                   inner_steps: int | None = None) -> balance.Shares:
     """Every rank's share (auralm.parallel.balance): the checkpoint's when resuming the same world with the same
@@ -406,7 +411,7 @@ def decide_shares(cfg: Config, d: distributed.Dist, state: dict | None, measure,
     if odd:
         raise UserError(f"training.balance={t.balance} names {', '.join(odd)}, not in this run (its nodes: "
                         f"{', '.join(dict.fromkeys(nodes))})")
-    rates = distributed.gather_object(d, measure()) if spec == "auto" and d.world > 1 else None
+    rates = distributed.gather_object(d, measure()) if shares_measured(cfg, d) else None
     return balance.decide(spec, nodes, t.batch_size, inner_steps, rates)
 
 
@@ -639,9 +644,8 @@ def train(cfg: Config, d: distributed.Dist, whole: bool = True) -> torch.nn.Modu
     torch.manual_seed(t.seed + d.rank)  # each rank its own dropout and halting exploration
     # before a resume's carries are loaded; every rank decides alike (the same config), and measures when the work
     # shares need its rate
-    shares_measured = config.parse_balance(t.balance) == "auto" and d.world > 1
     probe = probe_time(cfg, d, step_kind, raw, train_set, val_set) \
-        if shares_measured or budget.worth_probing(cfg) else None
+        if shares_measured(cfg, d) or budget.worth_probing(cfg) else None
     state, extras = resume(cfg, d, log, found, raw, optimizer, vocab, step_kind, ema, s.sharded_checkpoints) \
         if cfg.resume else (None, {})
     p = resumed_parts(cfg, state, d, log=log, model=raw, optimizer=optimizer, step_kind=step_kind, ema=ema,
