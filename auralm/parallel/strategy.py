@@ -7,7 +7,9 @@ asks which strategy it has.
 
 The built-in strategies are registered by where their class lives (``module:Class``), so that this module, and
 config.py and link_budget.py which read the registry, import no torch; a strategy registered from elsewhere (a
-test, a plug-in) may hand its class itself.
+test, a plug-in) may hand its class itself. What the launcher and the config check must know of a mode without
+importing it (torch) is declared in its registration, its ``Entry``: whether a node may leave in place, the
+settings that are its alone, those it cannot be combined with, and why (``refusal``).
 
 Imports the standard library only.
 """
@@ -80,9 +82,19 @@ class Strategy:
 
 @dataclass(frozen=True)
 class Entry:
+    """A registered strategy: its name, the option that names it, its class, and what it declares of itself."""
     name: str
     option: str
     target: Any  # the class, or "module:Class"
+    in_place: bool = False  # a node of several may leave and come back while the others go on (min_nodes: 1)
+    owns: tuple[str, ...] = ()  # training.<key>s that apply to this strategy alone (refused at another value
+    #                             than their default when another one is chosen)
+    refuses: tuple[tuple[str, Any], ...] = ()  # (training.<key>, value) settings it cannot be combined with
+    about: str = ""  # what it does, in the words its refusals end with
+
+    @property
+    def spelled(self) -> str:
+        return f"training.{self.option}={self.name}"
 
     def load(self) -> type:
         if isinstance(self.target, str):
@@ -94,11 +106,12 @@ class Entry:
 _REGISTRY: dict[tuple[str, str], Entry] = {}
 
 
-def register(name: str, target: Any, option: str = "sync") -> None:
-    """Make ``training.<option>=<name>`` choose ``target`` (a Strategy class, or "module:Class")."""
+def register(name: str, target: Any, option: str = "sync", **declared: Any) -> None:
+    """Make ``training.<option>=<name>`` choose ``target`` (a Strategy class, or "module:Class"); ``declared``:
+    the Entry's other fields (in_place, owns, refuses, about)."""
     if option not in OPTIONS:
         raise ValueError(f"option {option!r}: one of {', '.join(OPTIONS)}")
-    _REGISTRY[(option, name)] = Entry(name, option, target)
+    _REGISTRY[(option, name)] = Entry(name, option, target, **declared)
 
 
 def unregister(name: str, option: str = "sync") -> None:
@@ -113,6 +126,40 @@ def names(option: str) -> tuple[str, ...]:
 def chosen_name(sync: str, parallel: str) -> tuple[str, str]:
     """(option, name) of the strategy two settings choose: training.parallel's unless it is the default."""
     return ("parallel", parallel) if parallel != DEFAULT else ("sync", sync)
+
+
+def entry(sync: str, parallel: str = DEFAULT) -> Entry:
+    """The registration of the strategy two settings choose."""
+    return _REGISTRY[chosen_name(sync, parallel)]
+
+
+def refusal(training: Any, defaults: Any) -> str | None:
+    """What is wrong with the strategy settings of ``training`` (a TrainingConfig; ``defaults``: one as made), as
+    a line for the user, or None: a strategy named by each option (one of them is the run's), a key another
+    strategy owns set, a setting the chosen one refuses."""
+    chosen = entry(training.sync, training.parallel)
+    why = f": {chosen.about}" if chosen.about else ""
+
+    def refused(key: str, value: Any, owner: Entry | None = None) -> str:
+        whose = f", which applies to {owner.spelled}" if owner else ""
+        instead = owner.spelled if owner else f"another training.{chosen.option}"
+        return (f"{chosen.spelled} cannot be combined with training.{key}={_spelled(value)}{whose}{why} (drop "
+                f"training.{key}, or choose {instead})")
+
+    if chosen.option == "parallel" and training.sync != DEFAULT:
+        return refused("sync", training.sync)
+    for e in _REGISTRY.values():
+        for key in e.owns if e.name != chosen.name else ():
+            if getattr(training, key) != getattr(defaults, key):
+                return refused(key, getattr(training, key), e)
+    for key, value in chosen.refuses:
+        if getattr(training, key) == value:
+            return refused(key, value)
+    return None
+
+
+def _spelled(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def choose(sync: str, parallel: str, world: int) -> type:
@@ -141,7 +188,12 @@ def strategy_class(sync: str, parallel: str = DEFAULT) -> type:
     return _REGISTRY[chosen_name(sync, parallel)].load()
 
 
-register("ddp", "auralm.parallel.ddp:DataParallel")
-register("ddp", "auralm.parallel.ddp:DataParallel", option="parallel")
-register("diloco", "auralm.parallel.diloco_strategy:DiLoCoRounds")
-register("fsdp", "auralm.parallel.fsdp_strategy:Sharded", option="parallel")
+_DDP = dict(owns=("ddp_comm_hook",))
+register("ddp", "auralm.parallel.ddp:DataParallel", **_DDP)
+register("ddp", "auralm.parallel.ddp:DataParallel", option="parallel", **_DDP)  # training.parallel's default
+register("diloco", "auralm.parallel.diloco_strategy:DiLoCoRounds", in_place=True,
+         about="its rounds are sent as training.diloco.comm_dtype (bf16 by default), not through DDP's comm hooks")
+register("fsdp", "auralm.parallel.fsdp_strategy:Sharded", option="parallel", owns=("fsdp_cpu_offload",),
+         refuses=(("dtype", "fp16"), ("ema", True)),
+         about="FSDP shards the model and reduce-scatters full-precision gradients every step (no DiLoCo rounds, "
+               "no DDP comm hooks, no fp16 loss scaling, no EMA copy); use training.parallel=ddp for that")

@@ -52,18 +52,26 @@ def _training(args: list[str]):
         return None  # the trainer's own check says what is wrong with the overrides
 
 
+def _leaves_in_place(t) -> bool:
+    """Whether the run's strategy lets a node leave while the others go on (its registration says: DiLoCo)."""
+    from auralm.parallel import strategy
+
+    return strategy.entry(t.sync, t.parallel).in_place
+
+
 def min_nodes(args: list[str], count: int) -> int:
-    """training.elastic.min_nodes as the trainer reads it (0: 1 under DiLoCo, else every node)."""
+    """training.elastic.min_nodes as the trainer reads it (0: 1 under a strategy a node leaves in place, DiLoCo;
+    else every node)."""
     t = _training(args)
     if t is None:
         return count
-    return min(count, t.elastic.min_nodes or (1 if t.sync == "diloco" else count))
+    return min(count, t.elastic.min_nodes or (1 if _leaves_in_place(t) else count))
 
 
 def in_place(args: list[str], count: int) -> bool:
     """Whether a node may leave a trainer run of ``count`` nodes without the others restarting (DiLoCo)."""
     t = _training(args)
-    return count > 1 and t is not None and t.sync == "diloco" and min(count, t.elastic.min_nodes or 1) < count
+    return count > 1 and t is not None and _leaves_in_place(t) and min(count, t.elastic.min_nodes or 1) < count
 
 
 def _clock(t: float) -> str:

@@ -91,3 +91,37 @@ def test_the_link_budget_asks_the_strategy_what_it_sends_each_step():
     assert strategy.strategy_class("ddp").link_cost(budget, "powersgd") is None  # no PowerSGD figures
     assert strategy.strategy_class("ddp", "fsdp").link_cost(budget, "none") is budget["ddp"]
     assert strategy.strategy_class("diloco").link_cost(budget, "none") is None  # a round's sync, not a step's
+
+
+def test_what_a_mode_declares_in_its_registration_is_what_the_launcher_and_the_config_check_read():
+    """A new mode's traits are one registration: whether a node leaves it in place (the launcher's min_nodes and
+    in-place leave), a key of its own (refused under another mode), a setting it refuses; no name is tested."""
+    from cli.launch.elastic import in_place, min_nodes
+
+    strategy.register("roaming", CountingSteps, in_place=True, owns=("powersgd_rank",), refuses=(("ema", True),),
+                      about="it roams")
+    try:
+        assert min_nodes(["training.sync=roaming"], 3) == 1 and in_place(["training.sync=roaming"], 3)
+        assert min_nodes(["training.sync=ddp"], 3) == 3 and not in_place(["training.sync=ddp"], 3)
+        assert config.parse(["training.sync=roaming", "training.ema=false"]).training.sync == "roaming"
+        with pytest.raises(UserError, match=r"^training.sync=roaming cannot be combined with training.ema=true: it "
+                                            r"roams \(drop training.ema, or choose another training.sync\)$"):
+            config.parse(["training.sync=roaming", "training.ema=true"])
+        with pytest.raises(UserError, match=r"^training.sync=ddp cannot be combined with training.powersgd_rank=4, "
+                                            r"which applies to training.sync=roaming \(drop training.powersgd_rank, "
+                                            r"or choose training.sync=roaming\)$"):
+            config.parse(["training.powersgd_rank=4"])
+        with pytest.raises(UserError, match=r"^training.parallel=fsdp cannot be combined with training.sync=roaming"):
+            config.parse(["training.sync=roaming", "training.parallel=fsdp"])
+    finally:
+        strategy.unregister("roaming")
+    # the built-in modes' declarations, as the checks read them
+    with pytest.raises(UserError, match=r"training.sync=diloco cannot be combined with training.ddp_comm_hook=bf16, "
+                                        r"which applies to training.sync=ddp: its rounds are sent as "):
+        config.parse(["training.sync=diloco", "training.ddp_comm_hook=bf16"])
+    with pytest.raises(UserError, match=r"training.sync=ddp cannot be combined with training.fsdp_cpu_offload=true, "
+                                        r"which applies to training.parallel=fsdp"):
+        config.parse(["training.fsdp_cpu_offload=true"])
+    for bad in ("training.dtype=fp16", "training.ema=true"):
+        with pytest.raises(UserError, match=rf"^training.parallel=fsdp cannot be combined with {bad}: FSDP shards"):
+            config.parse(["training.parallel=fsdp", bad])
