@@ -458,6 +458,7 @@ def check_throughput(work: Path):
     import torch
 
     from auralm.data import datadir
+    from auralm import tasks
     from auralm.training import config
     from bench._lockstep import LockStep
     from bench.train_throughput import clock_for, one_run
@@ -465,7 +466,7 @@ def check_throughput(work: Path):
     dev = device()
     shape = dict(config.SIZES[RUN["model"]], batch=RUN["batch"], steps=RUN["steps"] // 2, warmup=3)
     meta = datadir.load_manifest(data_dir(work), "lm")
-    train_set = datadir.open_split(data_dir(work), meta, "train", shape["block_size"])
+    train_set = tasks.open_split(data_dir(work), meta, "train", shape["block_size"])
     lock = LockStep(warmup=shape["warmup"], clock=clock_for(dev))
     torch.manual_seed(0)
     s = one_run(lock, data_dir(work), train_set, vocab(work), shape, work / "runs" / "throughput", device=dev,

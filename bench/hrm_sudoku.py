@@ -39,7 +39,7 @@ from auralm import models  # noqa: E402
 from auralm.data import datadir
 from auralm.planning import cpu_memory
 from auralm.training import config, optim, train
-from auralm.training.objective import full_targets  # noqa: E402
+from auralm import tasks  # noqa: E402
 from bench._lockstep import LockStep  # noqa: E402
 
 DATA = {"medium": ["--difficulty", "medium", "--train", "3000", "--test", "500"],
@@ -117,7 +117,7 @@ class BareACT:
         self.step_no += 1
         optim.set_lr(self.opt, optim.lr_at(self.t, self.step_no))
         x, y = next(self.batches)
-        y = full_targets(x, y)
+        y = tasks.get("sudoku").targets(x, y)
         self.carry = self.carry or self.model.initial_carry(x, y)
         self.carry, logits, q, target = self.model(self.carry, x, y)
         loss, _ = self.model.loss(self.carry, logits, q, target)
@@ -137,7 +137,7 @@ def overhead(a) -> None:
     with contextlib.redirect_stdout(io.StringIO()):
         assert datadir.main(["--task", "sudoku", *DATA["medium"], "--out", str(data_dir)]) == 0
     meta = datadir.load_manifest(data_dir, "sudoku")
-    train_set = datadir.open_split(data_dir, meta, "train", 81)
+    train_set = tasks.open_split(data_dir, meta, "train", 81)
     warmup = 3
     lock = LockStep(warmup=warmup)
     ratios = []

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from auralm import models  # noqa: E402
 from auralm.data import datadir
+from auralm import tasks
 from auralm.planning import cpu_memory
 from auralm.training import config, optim, train
 from bench._lockstep import LockStep  # noqa: E402
@@ -186,7 +187,7 @@ def main() -> None:
     rows = []
     for size in a.sizes.split(","):
         shape = SHAPES[size]
-        train_set = datadir.open_split(data_dir, meta, "train", shape["block_size"])
+        train_set = tasks.open_split(data_dir, meta, "train", shape["block_size"])
         lock.warmup = shape["warmup"]
         runs = [one_run(lock, data_dir, train_set, vocab, shape, tmp / f"run-{size}-{r}") for r in range(a.repeats)]
         tokens = shape["batch"] * shape["block_size"]

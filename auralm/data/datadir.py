@@ -620,10 +620,6 @@ class Puzzles:
         return x.shape[0]
 
 
-def open_split(data_dir: Path, meta: dict, split: str, block_size: int):
-    return Puzzles(data_dir, meta, split) if meta["task"] == "sudoku" else TokenWindows(data_dir, meta, split, block_size)
-
-
 def batches(ds, batch_size: int, rank: int, world: int, seed: int, start: int = 0, augment: bool = False):
     """Endless batches for this rank, from batch number ``start`` on.
 

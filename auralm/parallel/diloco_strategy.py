@@ -71,7 +71,7 @@ class DiLoCoRounds(Single):
         if p.shares.equal:
             return super().batches(rank)
         return datadir.batches(p.train_set, t.batch_size, d.rank if rank is None else rank, d.world, t.seed,
-                            start=p.position, augment=t.augment and self.cfg.task == "sudoku")
+                            start=p.position, augment=self.augment)
 
     def finish_round(self) -> float:
         """The outer step of the round in flight, with what follows it: the EMA, the guard's verdict."""

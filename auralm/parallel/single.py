@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from auralm import tasks
 from auralm.data import datadir
 from auralm.training import checkpoint, distributed, objective, optim
 from auralm.parallel.strategy import Parts, Strategy
@@ -36,6 +37,7 @@ class Single(Strategy):
 
     def __init__(self, cfg, d: distributed.Dist):
         self.cfg, self.d, self.t = cfg, d, cfg.training
+        self.augment = self.t.augment and tasks.get(cfg.task).augment  # the batches' (sudoku's permutations)
         # fp16 (training.dtype=fp16): float16 gradients underflow, so the loss is multiplied by the scaler's scale
         # before backward and the gradients divided by it (unscale_) before the clipping. When the scaled gradients
         # overflowed (inf or NaN) the scaler skips the update and halves the scale: that is the scaler's normal
@@ -77,11 +79,11 @@ class Single(Strategy):
         """This rank's batches (or another ``rank``'s) from its position on: its share of each global batch."""
         t, d, p = self.t, self.d, self.p
         rank = d.rank if rank is None else rank
-        augment = t.augment and self.cfg.task == "sudoku"
         if p.shares.equal:
             return datadir.batches(p.train_set, p.shares.batch[rank], rank, d.world, t.seed, start=p.position,
-                                augment=augment)
-        return datadir.shared_batches(p.train_set, p.shares.batch, rank, t.seed, start=p.position, augment=augment)
+                                augment=self.augment)
+        return datadir.shared_batches(p.train_set, p.shares.batch, rank, t.seed, start=p.position,
+                                      augment=self.augment)
 
     def start(self) -> None:
         """The batches, as the loop begins."""

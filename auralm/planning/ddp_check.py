@@ -31,6 +31,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from auralm import tasks
 from auralm.planning import link_budget
 from auralm.training import config, distributed
 from auralm.training.distributed import Dist
@@ -196,19 +197,6 @@ def soak(seconds: float, d: Dist) -> bool:
         time.sleep(0.05)
 
 
-def random_batch(task: str, arch: dict, vocab: int | None, batch: int, device: torch.device):
-    """Inputs and targets of the shape the trainer feeds: token windows for lm, puzzles for sudoku (0 = blank
-    cell, about half of them given; targets digit - 1, -100 on the givens, as auralm.data.datadir makes them)."""
-    g = torch.Generator().manual_seed(0)
-    if task == "lm":
-        x = torch.randint(0, vocab, (batch, arch["block_size"]), generator=g)
-        y = torch.randint(0, vocab, (batch, arch["block_size"]), generator=g)
-    else:
-        x = torch.randint(0, 10, (batch, 81), generator=g) * (torch.rand(batch, 81, generator=g) < 0.5)
-        y = torch.randint(0, 9, (batch, 81), generator=g).masked_fill(x != 0, -100)
-    return x.to(device), y.to(device)
-
-
 def compute_probe(cfg: config.Config, model: dict, d: Dist, seconds: float) -> dict:
     """The trainer's model, built as the trainer builds it, timed on every rank at once for one optimizer step of
     random inputs (forward, backward, optimizer; after one warm-up step): {"steps_timed", "s_per_micro_batch" (the
@@ -230,7 +218,8 @@ def compute_probe(cfg: config.Config, model: dict, d: Dist, seconds: float) -> d
         raw.set_grad_checkpointing(t.grad_checkpoint)
         opt = optim.make_optimizer(raw, t, d.device)
         step_kind = objective.make(raw, cfg)
-        x, y = random_batch(cfg.task, config.resolved_model(cfg.model), model["vocab"], t.batch_size, d.device)
+        x, y = tasks.get(cfg.task).random_batch(config.resolved_model(cfg.model), model["vocab"], t.batch_size,
+                                                d.device)
 
         def one(rows: int | None = None) -> float:
             sync(d)

@@ -399,20 +399,21 @@ def passes(arch: dict, family: str) -> float:
 def run_model(cfg, world: int) -> dict:
     """The model a trainer config trains, as advise() and the cache describe it (imports torch: the parameters
     are counted on the meta device)."""
-    from auralm import models
+    from auralm import models, tasks
     from auralm.planning import sizing
     from auralm.training import config
 
     sizing.per_rank(cfg, world)
     arch = config.resolved_model(cfg.model)
-    vocab = lm_vocab(cfg.data_dir or f"data/{cfg.task}") if cfg.task == "lm" else None
+    task = tasks.get(cfg.task)
+    vocab = lm_vocab(cfg.data_dir or f"data/{cfg.task}") if task.tokenized else None
     shapes = sizing.parameter_shapes(cfg.task, arch, vocab)
     rank = cfg.training.powersgd_rank
     return {"name": cfg.model.name, "task": cfg.task, "parameters": sum(math.prod(s) for s in shapes),
             "powersgd": {"rank": rank, "elements": powersgd_elements(shapes, rank)},
             "batch_size": cfg.training.batch_size, "grad_accum": cfg.training.grad_accum,
             "max_steps": cfg.training.max_steps,
-            "tokens_per_sample": arch["block_size"] if cfg.task == "lm" else 81, "vocab": vocab,
+            "tokens_per_sample": task.positions(arch), "vocab": vocab,
             "passes": passes(arch, models.family_of(cfg.task, arch)),
             "spec": json.dumps({"task": cfg.task, "arch": arch, "vocab": vocab}, sort_keys=True)}
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
-from auralm import models
+from auralm import models, tasks
 from auralm.training import config
 from auralm.errors import UserError, exit_frozen
 from auralm.models import registry
@@ -64,12 +64,13 @@ def estimate(cfg: config.Config, vocab: int | None = None) -> dict:
 
     given = inputs(cfg, vocab)
     task, arch, batch_size = given["task"], given["arch"], given["batch_size"]
-    vocab = given["vocab"] or (32000 if task == "lm" else None)
+    spec = tasks.get(task)
+    vocab = given["vocab"] or spec.default_vocab
     n = count_parameters(task, arch, vocab)
     d, heads = arch["n_embd"], arch["n_head"]
-    T = 81 + (-(-(arch.get("puzzle_emb_ndim") or 0) // d)) if task == "sudoku" else arch["block_size"]
+    T = spec.positions(arch)
     width = arch.get("ffn_dim") or swiglu_width(d, arch.get("expansion", 4 * 1.5))
-    out_classes = 9 if task == "sudoku" else vocab
+    out_classes = spec.classes(vocab)
 
     def activations(batch: int) -> int:
         tokens = batch * T
@@ -114,7 +115,7 @@ def summary(cfg: config.Config, world: int = 1, vocab: int | None = None) -> dic
 
     per_rank(cfg, world)
     given = inputs(cfg, vocab or given_vocab(cfg))
-    vocab = given["vocab"] or (32000 if given["task"] == "lm" else None)
+    vocab = given["vocab"] or tasks.get(given["task"]).default_vocab
     return dict(estimate(cfg, given["vocab"]), grad_accum=given["grad_accum"],
                 global_batch_size=given["global_batch_size"], memory_margin=MARGIN, parallel=given["parallel"],
                 vocab=vocab, shards_states=strategy.strategy_class(given["sync"], given["parallel"]).shards_states)

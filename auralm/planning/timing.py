@@ -3,7 +3,7 @@ key=value ...`` prints one JSON document.
 
 The trainer's model is built here as the trainer builds it and timed with the trainer's own probes
 (auralm.training.budget: measure_rate's forward and backward passes, time_eval_batch's evaluation forward) on random
-rows of the data's shape (ddp_check.random_batch, as test-ddp times its compute), at most the rows of about
+rows of the data's shape (the task's random_batch, as test-ddp times its compute), at most the rows of about
 PROBE_FLOPS a pass (a large model is timed on fewer rows than its batch and scaled up: the dry run stays short, the
 figure errs slow). The rows of the data come from its manifest when it is here (else the embedded default's sizes).
 Then the trainer's own plan (budget.plan) says the lines a run says before its first step, and what
@@ -19,10 +19,9 @@ from pathlib import Path
 
 import torch
 
-from auralm import models
+from auralm import models, tasks
 from auralm.errors import UserError, exit_frozen
 from auralm.planning import link_budget, sizing
-from auralm.planning.ddp_check import random_batch
 from auralm.training import budget, config, objective
 
 PROBE_FLOPS = 2e10  # a probe pass's work at most (about 0.2 s at 100 GFLOP/s): the rows timed are capped by it
@@ -51,10 +50,11 @@ def data_rows(cfg: config.Config) -> tuple[int, int, int | None] | None:
     if (data_dir / "meta.json").exists():
         meta = datadir.load_manifest(data_dir, cfg.task)
         block = config.resolved_model(cfg.model)["block_size"]
-        n = [len(datadir.open_split(data_dir, meta, split, block)) for split in ("train", "val")]
-        return n[0], n[1], meta["tokenizer"]["vocab_size"] if cfg.task == "lm" else None
-    if cfg.task == "sudoku" and not cfg.data_dir:
-        return datadir.SUDOKU_DEFAULTS["train"], datadir.SUDOKU_DEFAULTS["test"], None
+        n = [len(tasks.open_split(data_dir, meta, split, block)) for split in ("train", "val")]
+        return n[0], n[1], tasks.get(cfg.task).vocab(meta)
+    made = tasks.get(cfg.task).default_rows()  # the data a run with no data_dir makes itself (sudoku's default)
+    if made and not cfg.data_dir:
+        return made[0], made[1], None
     return None
 
 
@@ -67,7 +67,7 @@ def probe(cfg: config.Config, vocab: int | None, device: torch.device) -> tuple[
     rows = max(1, min(t.batch_size, int(PROBE_FLOPS // max(1, per_row))))
     torch.manual_seed(t.seed)
     raw = models.build(cfg.task, arch, vocab).to(device)
-    x, y = random_batch(cfg.task, arch, vocab, rows, device)
+    x, y = tasks.get(cfg.task).random_batch(arch, vocab, rows, device)
     rate = budget.measure_rate(objective.make(raw, cfg), raw, Rows(x, y), t, device)
     return rate, budget.time_eval_batch(raw, x, y, t, device) * t.batch_size / rows, rows
 
@@ -83,7 +83,7 @@ def estimate(args: list[str], world: int = 1) -> dict:
     if counts is None:
         return {"lines": [], "why": f"no data in {cfg.data_dir or 'data/' + cfg.task} here to size the run by"}
     n_train, n_val, vocab = counts
-    vocab = vocab or sizing.given_vocab(cfg) or (32000 if cfg.task == "lm" else None)
+    vocab = vocab or sizing.given_vocab(cfg) or tasks.get(cfg.task).default_vocab
     config.resolve_epochs(t, world, n_train)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     rate, eval_s, rows = probe(cfg, vocab, device)

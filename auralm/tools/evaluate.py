@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
+from auralm import tasks
 from auralm.errors import UserError, exit_frozen
 from auralm.models.layers import IGNORE, per_token_loss
-from auralm.training.objective import full_targets
 
 
 def _batches(val, batch_size: int, max_batches: int | None):
@@ -31,14 +31,14 @@ def _batches(val, batch_size: int, max_batches: int | None):
 
 
 @torch.no_grad()
-def _plain(model, val, task: str, batch_size: int, max_batches, device, autocast, segments=None) -> dict:
+def _plain(model, val, task: tasks.Task, batch_size: int, max_batches, device, autocast, segments=None) -> dict:
     losses, cells, cells_right, solved, n = [], 0, 0, 0, 0
     for x, y in _batches(val, batch_size, max_batches):
         x, y = x.to(device), y.to(device)
         with autocast:
             logits, loss = model(x, y)
         losses.append(loss.item())
-        if task == "sudoku":
+        if task.solved_whole:
             blank = y != IGNORE
             right = (logits.argmax(-1) == y) & blank
             cells += int(blank.sum())
@@ -46,18 +46,18 @@ def _plain(model, val, task: str, batch_size: int, max_batches, device, autocast
             solved += int((right | ~blank).all(dim=1).sum())
             n += x.shape[0]
     out = {"val_loss": sum(losses) / len(losses)}
-    if task == "sudoku":
-        out.update(cell_acc=cells_right / max(1, cells), exact_accuracy=solved / max(1, n))
+    if task.solved_whole:
+        out.update({task.accuracy: cells_right / max(1, cells), "exact_accuracy": solved / max(1, n)})
     return out
 
 
 @torch.no_grad()
-def _recurrent(model, val, task: str, batch_size: int, max_batches, device, autocast, segments=None) -> dict:
+def _recurrent(model, val, task: tasks.Task, batch_size: int, max_batches, device, autocast, segments=None) -> dict:
     loss_sum, tokens, cells, cells_right, n, exact_q, halt_sum = 0.0, 0, 0, 0, 0, 0, 0
     by_segment = None
     for x, y in _batches(val, batch_size, max_batches):
         x, y = x.to(device), y.to(device)
-        target = full_targets(x, y) if task == "sudoku" else y
+        target = task.targets(x, y)
         with autocast:
             preds, qs, logits = model.solve(x, segments)
         mask = target != IGNORE
@@ -74,9 +74,8 @@ def _recurrent(model, val, task: str, batch_size: int, max_batches, device, auto
         cells_right += int((right[-1] & scored).sum())
         n += x.shape[0]
     out = {"val_loss": loss_sum / max(1, tokens)}
-    key = "cell_acc" if task == "sudoku" else "token_acc"
-    out[key] = cells_right / max(1, cells)
-    if task == "sudoku":
+    out[task.accuracy] = cells_right / max(1, cells)
+    if task.solved_whole:
         out.update(exact_accuracy=int(by_segment[-1]) / max(1, n), exact_accuracy_qhalt=exact_q / max(1, n),
                    halt_steps=halt_sum / max(1, n), exact_by_segments=[round(int(c) / max(1, n), 4) for c in by_segment])
     return out
@@ -90,7 +89,7 @@ def evaluate(model, val, task: str, batch_size: int, max_batches: int | None, de
     model.eval()
     try:
         run = _recurrent if getattr(model, "recurrent", False) else _plain
-        return run(model, val, task, batch_size, max_batches, device, autocast, segments)
+        return run(model, val, tasks.get(task), batch_size, max_batches, device, autocast, segments)
     finally:
         model.train(was)
 
@@ -125,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         meta = datadir.load_manifest(data_dir, loaded.task)
         if a.split not in meta["splits"]:
             raise UserError(f"--split {a.split}: {data_dir} has the splits {', '.join(meta['splits'])}")
-        val = datadir.open_split(data_dir, meta, a.split, loaded.arch["block_size"])
+        val = tasks.open_split(data_dir, meta, a.split, loaded.arch["block_size"])
         if len(val) == 0:
             raise UserError(f"the {a.split} split of {data_dir} is empty")
         out = evaluate(loaded.model, val, loaded.task, a.batch_size, a.batches, torch.device("cpu"),

@@ -116,9 +116,12 @@ def time_eval_batch(model, x: torch.Tensor, y: torch.Tensor, t: config.TrainingC
 
 
 def eval_batches(task: str, n_val: int, t: config.TrainingConfig) -> tuple[int, int]:
-    """(batches of an evaluation during training, of the final one): sudoku's final one is the whole split."""
+    """(batches of an evaluation during training, of the final one): the final one of a task scored by whole
+    samples (sudoku's exact accuracy) is the whole split."""
+    from auralm import tasks
+
     whole = max(1, math.ceil(n_val / t.batch_size))
-    return min(t.eval_batches, whole), whole if task == "sudoku" else min(t.eval_batches, whole)
+    return min(t.eval_batches, whole), whole if tasks.get(task).solved_whole else min(t.eval_batches, whole)
 
 
 # ---------------------------------------------------------------- the run's time

@@ -13,12 +13,12 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from auralm import tasks
 from auralm.models import families, guide_spellings
 from auralm.models import registry
 from auralm.parallel import strategy
 from auralm.errors import UserError
 
-TASKS = ("sudoku", "lm")
 BACKENDS = ("auto", "nccl", "gloo")
 DTYPES = ("auto", "fp32", "bf16", "fp16")
 
@@ -529,7 +529,7 @@ def _one_of(key: str, value: str, allowed) -> None:
 
 def check(cfg: Config) -> None:
     """Values that cannot work, as a UserError naming the key."""
-    _one_of("task", cfg.task, TASKS)
+    _one_of("task", cfg.task, tasks.names())  # the tasks registered (auralm.tasks)
     _one_of("backend", cfg.backend, BACKENDS)
     _one_of("model", cfg.model.name, tuple(SIZES))
     _one_of("training.dtype", cfg.training.dtype, DTYPES)
@@ -568,21 +568,10 @@ def check(cfg: Config) -> None:
                         f"that many of the next round's local steps)")
     if t.diloco.outer_momentum is not None and not 0 <= t.diloco.outer_momentum < 1:
         raise UserError(f"training.diloco.outer_momentum={t.diloco.outer_momentum}: must be in [0, 1)")
-    if t.sync == "diloco" and t.ddp_comm_hook != "none":
-        raise UserError(f"training.ddp_comm_hook={t.ddp_comm_hook} applies to training.sync=ddp; with diloco the "
-                        f"synchronisation is sent as training.diloco.comm_dtype (bf16 by default)")
     _one_of("training.parallel", t.parallel, strategy.names("parallel"))
-    if t.parallel == "fsdp":
-        other = ("training.sync=diloco" if t.sync == "diloco" else
-                 f"training.ddp_comm_hook={t.ddp_comm_hook}" if t.ddp_comm_hook != "none" else
-                 "training.dtype=fp16" if t.dtype == "fp16" else "training.ema=true" if t.ema else "")
-        if other:
-            raise UserError(f"training.parallel=fsdp cannot be combined with {other}: FSDP shards the model and "
-                            f"reduce-scatters full-precision gradients every step (no DiLoCo rounds, no DDP comm "
-                            f"hooks, no fp16 loss scaling, no EMA copy); use training.parallel=ddp for that, or "
-                            f"drop {other.split('=')[0]}")
-    elif t.fsdp_cpu_offload:
-        raise UserError("training.fsdp_cpu_offload=true applies to training.parallel=fsdp")
+    refused = strategy.refusal(t, TrainingConfig())  # what the chosen strategy declares it cannot be combined with
+    if refused:
+        raise UserError(refused)
     parse_balance(t.balance)
     parse_budget(t.time_budget)
     for key, value in {"training.global_batch_size": t.global_batch_size, "training.epochs": t.epochs,
@@ -601,7 +590,7 @@ def check(cfg: Config) -> None:
         if Path(cfg.data.train_path).suffix not in (".jsonl", ".txt"):
             raise UserError(f"data.train_path={cfg.data.train_path}: expected a .jsonl file (one {{\"text\": ...}} a "
                             f"line) or a .txt file")
-        if cfg.task != "lm":
+        if not tasks.get(cfg.task).tokenized:
             raise UserError(f"data.train_path is text for task=lm, not task={cfg.task}")
         if cfg.data.vocab_size < 257:
             raise UserError(f"data.vocab_size={cfg.data.vocab_size}: a byte-level BPE needs at least 257")

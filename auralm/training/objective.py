@@ -2,22 +2,17 @@
 
 ``Plain``: the model maps a batch to its loss (GPT, the sudoku transformer). ``Recurrent``: an ACT
 model (HRM, TRM) runs one segment on its carry, one carry per micro-step of gradient accumulation;
-halted rows take their fresh example from the batch the step was given. For sudoku every cell is
-a target of the recurrent models (the givens are copied), so "exact" means the whole grid.
+halted rows take their fresh example from the batch the step was given. The recurrent models learn the task's
+targets for every position (auralm.tasks: sudoku's givens are copied), so "exact" means the whole grid.
 """
 
 from __future__ import annotations
 
 import torch
 
+from auralm import tasks
 from auralm.training import distributed
 from auralm.models import Carry
-from auralm.models.layers import IGNORE
-
-
-def full_targets(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Sudoku targets for every cell: the given digit (minus 1) where ``y`` has no target."""
-    return torch.where(y == IGNORE, x - 1, y)
 
 
 class Plain:
@@ -40,12 +35,11 @@ class Plain:
 
 class Recurrent:
     def __init__(self, raw: torch.nn.Module, cfg):
-        self.raw, self.sudoku = raw, cfg.task == "sudoku"
+        self.raw, self.task = raw, tasks.get(cfg.task)
         self.carries: list[Carry | None] = [None] * cfg.training.grad_accum
 
     def loss(self, model, x, y, micro: int):
-        if self.sudoku:
-            y = full_targets(x, y)
+        y = self.task.targets(x, y)  # sudoku: the givens too
         carry = self.carries[micro] or self.raw.initial_carry(x, y)
         carry, logits, q, target = model(carry, x, y)
         self.carries[micro] = carry

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from auralm import errors, models
+from auralm import errors, models, tasks
 from auralm.data import datadir
 from auralm.planning import autobatch, cpu_memory
 from auralm.training import budget, checkpoint, config, distributed, failure, objective, optim, tracking
@@ -149,12 +149,13 @@ def open_data(cfg: Config, d: distributed.Dist) -> tuple[Path, dict]:
         distributed.raise_if_any(d, error)
         cfg.data_dir = str(data_dir)  # as the run's config.json records it
     try:
-        if cfg.task == "sudoku" and default_data_dir(cfg) and not (data_dir / "meta.json").exists():
+        task = tasks.get(cfg.task)
+        if task.default_rows() and default_data_dir(cfg) and not (data_dir / "meta.json").exists():
             why = cannot_write(data_dir.parent)  # made beside it, then renamed into place
             if why:
-                raise UserError(f"cannot generate the default sudoku data in {data_dir}: {why}; make it writable, "
-                                f"or give data_dir= a prepared data directory")
-            datadir.ensure_sudoku(data_dir)
+                raise UserError(f"cannot generate the default {cfg.task} data in {data_dir}: {why}; make it "
+                                f"writable, or give data_dir= a prepared data directory")
+            task.make_default(data_dir)
         meta = datadir.load_manifest(data_dir, cfg.task)
     except UserError as e:
         error = str(e)
@@ -197,7 +198,12 @@ def shape(resolved: dict) -> dict:
     return {k: v for k, v in resolved["model"].items() if k not in skip}
 
 
-PER_RANK = ("carry", "inner_optimizer", "powersgd")  # checkpoint extras kept per rank: a list in rank order
+def per_rank_extras(state: dict, extras: dict) -> set[str]:
+    """The extras of a checkpoint kept per rank (a list in rank order: the ACT carries, a strategy's own per-rank
+    state), as its state.json names them; a checkpoint written before it named them: the lists among them (the
+    shared ones are dicts)."""
+    named = state.get("per_rank_extras")
+    return set(named) if named is not None else {k for k, v in extras.items() if isinstance(v, list)}
 
 
 def resume(cfg: Config, d: distributed.Dist, log: RunLog, found: list[Path], model, optimizer, vocab,
@@ -241,10 +247,11 @@ def resume(cfg: Config, d: distributed.Dist, log: RunLog, found: list[Path], mod
         except UserError as e:
             error = str(e)
     distributed.raise_if_any(d, error)
-    mine = {k: v for k, v in extras.items() if k in PER_RANK}
+    per_rank = per_rank_extras(state, extras) if state else set()
+    mine = {k: v for k, v in extras.items() if k in per_rank}
     same_world = bool(state) and len(rng) == d.world
     state, rng, shared, chosen = distributed.broadcast_object(
-        d, (state, rng, {k: v for k, v in extras.items() if k not in PER_RANK}, chosen))
+        d, (state, rng, {k: v for k, v in extras.items() if k not in per_rank}, chosen))
     if state is None:
         return None, {}
     same_world = distributed.broadcast_object(d, same_world)
@@ -466,9 +473,9 @@ def open_splits(cfg: Config, d: distributed.Dist, log: RunLog):
     the schedule's sizes in epochs resolved."""
     data_dir, meta = open_data(cfg, d)
     arch = config.resolved_model(cfg.model)
-    vocab = meta["tokenizer"]["vocab_size"] if cfg.task == "lm" else None
-    train_set = datadir.open_split(data_dir, meta, "train", arch["block_size"])
-    val_set = datadir.open_split(data_dir, meta, "val", arch["block_size"])
+    vocab = tasks.get(cfg.task).vocab(meta)
+    train_set = tasks.open_split(data_dir, meta, "train", arch["block_size"])
+    val_set = tasks.open_split(data_dir, meta, "val", arch["block_size"])
     if len(val_set) == 0:
         raise UserError(f"the validation split of {data_dir} is shorter than one window of {arch['block_size']} tokens")
     resolve_schedule(cfg, d, len(train_set), log)
@@ -546,8 +553,8 @@ def report(b: Books, loss: float, norm: torch.Tensor, evaluating: bool, final: b
     record.update(act)
     amax = mhc_metrics(p.model, log, step)
     record.update(amax)
-    extra = "" if not act else f" | ponder {act['ponder']:.2f} | " + (
-        f"exact {act['train_exact_accuracy']:.3f}" if cfg.task == "sudoku" else f"lm_loss {act['lm_loss']:.4f}")
+    key, label, places = tasks.get(cfg.task).train_metric
+    extra = "" if not act else f" | ponder {act['ponder']:.2f} | {label} {act[key]:.{places}f}"
     if amax:
         extra += f" | amax {amax['mhc/amax_pre']:.3f}/{amax['mhc/amax_post']:.3f}"
     done = step - b.start_step  # this session's steps: the pace of the rest
@@ -580,17 +587,18 @@ def evaluation(b: Books, final: bool) -> dict:
     cfg, d, log, p, step, t = b.cfg, b.d, b.log, b.p, b.p.step, b.cfg.training
     if d.rank == 0 or b.s.sharded:  # fsdp: every rank runs the same forward passes on its shards
         with (p.ema.applied() if p.ema else contextlib.nullcontext()):
-            ev = evaluate(p.model, b.val_set, cfg, d.device, b.tokenizer, whole=final and cfg.task == "sudoku",
-                          step=step)
+            ev = evaluate(p.model, b.val_set, cfg, d.device, b.tokenizer,
+                          whole=final and tasks.get(cfg.task).solved_whole, step=step)
     if d.rank != 0:
         return {}
     b.val_loss = ev["val_loss"]
     b.best = min(b.best, b.val_loss)
     log.say(f"eval {step}/{t.max_steps} | " + _format(ev))
-    if final and cfg.task == "sudoku":
-        log.say(f"held-out exact accuracy {ev['exact_accuracy']:.3f} on all {len(b.val_set)} test puzzles "
-                f"of {b.data_dir} (cell accuracy {ev['cell_acc']:.3f}) after {b.train_s / 60:.1f} min of "
-                f"training")
+    task = tasks.get(cfg.task)
+    if final and task.solved_whole:
+        log.say(f"held-out exact accuracy {ev['exact_accuracy']:.3f} on all {len(b.val_set)} test {task.unit} "
+                f"of {b.data_dir} ({task.accuracy.replace('_acc', '')} accuracy {ev[task.accuracy]:.3f}) after "
+                f"{b.train_s / 60:.1f} min of training")
     if "sample" in ev:
         log.say("sample: " + json.dumps(ev["sample"], ensure_ascii=False))
     return {k: v for k, v in ev.items() if k != "sample"}
@@ -612,7 +620,8 @@ def save(b: Books):
             "best_val_loss": b.best, "vocab_size": b.vocab, "train_s": b.train_s, "world": d.world,
             "parallel": t.parallel,
             "shares": dict(p.shares.to_dict(), spec=t.balance, sync=t.sync, per_rank=t.batch_size),
-            "guard": p.guard.state_dict() if p.guard else {}, "config": config.to_dict(cfg)}
+            "guard": p.guard.state_dict() if p.guard else {}, "per_rank_extras": sorted(per_rank),
+            "config": config.to_dict(cfg)}
     path = b.s.save(b.ckpt_dir, p.step, rng, state_out, extra)
     if d.rank == 0:
         b.log.say(f"saved {path}")
@@ -635,7 +644,7 @@ def train(cfg: Config, d: distributed.Dist, whole: bool = True) -> torch.nn.Modu
     ckpt_dir = s.run_dir(out_dir)
     data_dir, meta, arch, vocab, train_set, val_set = open_splits(cfg, d, log)
     raw = build_model(cfg, d, s, arch, vocab, train_set, log)
-    tokenizer = datadir.sample_tokenizer(data_dir / meta["tokenizer"]["path"]) if cfg.task == "lm" and \
+    tokenizer = datadir.sample_tokenizer(data_dir / meta["tokenizer"]["path"]) if tasks.get(cfg.task).tokenized and \
         t.sample_tokens and (d.rank == 0 or s.sharded) and hasattr(raw, "new_cache") else None
     optimizer = optim.make_optimizer(raw, t, d.device)
     step_kind = objective.make(raw, cfg)

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from auralm.data import datadir
+from auralm import tasks
 from auralm.training import checkpoint, config
 from auralm.errors import UserError
 from tests.trainer.helpers import PYTHON, by_step, python_env, records, run_ranks, tiny_args
@@ -241,7 +242,7 @@ def test_recurrent_families_train_evaluate_save_and_resume_exactly_under_torchru
     assert ev["exact_by_segments"] == a[4]["exact_by_segments"] and ev["cell_acc"] == pytest.approx(a[4]["cell_acc"])
     # hrmctl solve: a grid per puzzle
     puzzles = tmp_path / "puzzles.txt"
-    x, _ = datadir.open_split(sudoku_dir, datadir.load_manifest(sudoku_dir, "sudoku"), "val", 81).batch([0, 1])
+    x, _ = tasks.open_split(sudoku_dir, datadir.load_manifest(sudoku_dir, "sudoku"), "val", 81).batch([0, 1])
     puzzles.write_text("".join("".join(map(str, row)) + "\n" for row in x.tolist()))
     assert solve.main([str(run / "checkpoint-4"), str(puzzles), "--json"]) in (0, 1)
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]

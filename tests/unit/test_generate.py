@@ -14,6 +14,7 @@ import torch
 
 from auralm import models
 from auralm.data import datadir
+from auralm import tasks
 from auralm.training import config, train
 from auralm.tools.generate import filter_logits, generate, main, sample
 from tests.trainer.helpers import PYTHON, REPO, python_env
@@ -143,7 +144,7 @@ def test_the_evaluation_sample_is_seeded_by_step_and_leaves_the_training_rng_alo
     meta = datadir.load_manifest(quijote, "lm")
     torch.manual_seed(0)
     model = models.build("lm", config.resolved_model(cfg.model), meta["tokenizer"]["vocab_size"]).train()
-    val = datadir.open_split(quijote, meta, "val", 32)
+    val = tasks.open_split(quijote, meta, "val", 32)
     tokenizer = datadir.load_tokenizer(quijote / meta["tokenizer"]["path"])
     torch.manual_seed(123)
     state = torch.get_rng_state()

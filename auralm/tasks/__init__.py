@@ -1,0 +1,119 @@
+"""The tasks a run trains on, each declared once: ``task=NAME`` looks its class up here.
+
+A task says what its samples are and how they are scored: the positions a sample holds, the model's output
+classes, whether a sample counts as solved only when every scored position is right (exact accuracy: sudoku's
+grids), whether its data holds a tokenizer (the vocabulary is the tokenizer's: text), whether
+``training.augment`` applies, its data's splits as datasets, a random batch of its shape (the planners' probes),
+and the targets the recurrent models are trained on. The trainer, the planners and the tools ask the task; none
+of them tests its name.
+
+Adding a task is one folder under ``auralm/tasks/`` holding a ``Task`` subclass, and one ``register`` line below
+(or ``register`` from outside, with the class itself). The classes import torch only inside their methods, so
+that config.py, which checks ``task=`` against ``names()``, imports none.
+
+Imports the standard library only.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+
+class Task:
+    """The interface, with the defaults of a task of token sequences."""
+
+    name = ""
+    unit = "tokens"  # what a sample of the throughput line counts: "tokens" (tok/s) or "puzzles"
+    solved_whole = False  # a sample is right only when all its scored positions are: exact accuracy, the final
+    #                       evaluation over the whole split and its line
+    tokenized = False  # its data holds a tokenizer: the vocabulary is the tokenizer's (meta.json)
+    augment = False  # training.augment applies (sudoku: digit, row and column permutations)
+    default_vocab: int | None = None  # the size estimate's vocabulary before any data exist
+    accuracy = "token_acc"  # the evaluation's per-position accuracy key
+    train_metric = ("lm_loss", "lm_loss", 4)  # the recurrent models' meter key on the log line, its label, places
+
+    def positions(self, arch: dict) -> int:
+        """The positions of a sample the model is fed."""
+        return arch["block_size"]
+
+    def classes(self, vocab: int | None) -> int | None:
+        """The model's output classes."""
+        return vocab
+
+    def vocab(self, meta: dict) -> int | None:
+        """The vocabulary a data directory's manifest gives the model (None: the task's own)."""
+        return meta["tokenizer"]["vocab_size"] if self.tokenized else None
+
+    def default_rows(self) -> tuple[int, int] | None:
+        """(train, val) samples of the data a run makes itself when none is given (None: it makes none)."""
+        return None
+
+    def make_default(self, data_dir: Path) -> None:
+        """Make the default data in ``data_dir`` (tasks with ``default_rows``)."""
+        raise NotImplementedError
+
+    def open_split(self, data_dir: Path, meta: dict, split: str, block_size: int):
+        """A split of a data directory, as the trainer and the evaluation read it."""
+        from auralm.data import datadir
+
+        return datadir.TokenWindows(data_dir, meta, split, block_size)
+
+    def random_batch(self, arch: dict, vocab: int | None, batch: int, device):
+        """Inputs and targets of the shape the trainer feeds, random (the planners' probes)."""
+        import torch
+
+        g = torch.Generator().manual_seed(0)
+        x = torch.randint(0, vocab, (batch, arch["block_size"]), generator=g)
+        y = torch.randint(0, vocab, (batch, arch["block_size"]), generator=g)
+        return x.to(device), y.to(device)
+
+    def targets(self, x, y):
+        """The recurrent models' targets for every position."""
+        return y
+
+
+class Entry:
+    def __init__(self, target: Any):
+        self.target, self.task = target, None
+
+    def load(self) -> Task:
+        if self.task is None:
+            cls = self.target
+            if isinstance(cls, str):
+                module, _, attr = cls.partition(":")
+                cls = getattr(importlib.import_module(module), attr)
+            self.task = cls()
+        return self.task
+
+
+_REGISTRY: dict[str, Entry] = {}
+
+
+def register(name: str, target: Any) -> None:
+    """Make ``task=<name>`` train ``target`` (a Task class, or "module:Class")."""
+    _REGISTRY[name] = Entry(target)
+
+
+def unregister(name: str) -> None:
+    _REGISTRY.pop(name, None)
+
+
+def names() -> tuple[str, ...]:
+    """The values ``task=`` takes."""
+    return tuple(_REGISTRY)
+
+
+def get(name: str) -> Task:
+    """The task ``task=<name>`` names (a registered one: config.py checks the name first)."""
+    return _REGISTRY[name].load()
+
+
+def open_split(data_dir: Path, meta: dict, split: str, block_size: int):
+    """A split of a data directory (``meta``: its manifest), as the task it holds reads it."""
+    return get(meta["task"]).open_split(data_dir, meta, split, block_size)
+
+
+register("sudoku", "auralm.tasks.sudoku:Sudoku")
+register("lm", "auralm.tasks.lm:Text")

@@ -1,0 +1,59 @@
+"""task=sudoku: 9x9 grids, 81 cells of 0 (blank) to 9; the targets are the blanks' digits minus 1 (9 classes),
+-100 on the givens. A grid counts as solved when every blank is right. A run with no data_dir makes the embedded
+default data (auralm.data.datadir.SUDOKU_DEFAULTS)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from auralm.tasks import Task
+
+CELLS, DIGITS = 81, 9
+
+
+class Sudoku(Task):
+    name = "sudoku"
+    unit = "puzzles"
+    solved_whole = True
+    augment = True
+    accuracy = "cell_acc"
+    train_metric = ("train_exact_accuracy", "exact", 3)
+
+    def positions(self, arch: dict) -> int:
+        d = arch["n_embd"]
+        return CELLS + -(-(arch.get("puzzle_emb_ndim") or 0) // d)  # the puzzle embedding's positions before the grid
+
+    def classes(self, vocab: int | None) -> int:
+        return DIGITS
+
+    def default_rows(self) -> tuple[int, int]:
+        from auralm.data.datadir import SUDOKU_DEFAULTS
+
+        return SUDOKU_DEFAULTS["train"], SUDOKU_DEFAULTS["test"]
+
+    def make_default(self, data_dir: Path) -> None:
+        from auralm.data import datadir
+
+        datadir.ensure_sudoku(data_dir)
+
+    def open_split(self, data_dir: Path, meta: dict, split: str, block_size: int):
+        from auralm.data import datadir
+
+        return datadir.Puzzles(data_dir, meta, split)
+
+    def random_batch(self, arch: dict, vocab: int | None, batch: int, device):
+        """About half of the cells given; targets digit - 1, -100 on the givens, as auralm.data.datadir makes them."""
+        import torch
+
+        g = torch.Generator().manual_seed(0)
+        x = torch.randint(0, DIGITS + 1, (batch, CELLS), generator=g) * (torch.rand(batch, CELLS, generator=g) < 0.5)
+        y = torch.randint(0, DIGITS, (batch, CELLS), generator=g).masked_fill(x != 0, -100)
+        return x.to(device), y.to(device)
+
+    def targets(self, x, y):
+        """The given digit (minus 1) where ``y`` has no target: the recurrent models learn every cell."""
+        import torch
+
+        from auralm.models.layers import IGNORE
+
+        return torch.where(y == IGNORE, x - 1, y)
