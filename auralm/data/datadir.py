@@ -520,21 +520,17 @@ def _first_texts(texts, budget_bytes: int | None) -> list[str]:
 
 
 def prepare_command(task: str, out: str) -> str:
-    """The `hrmctl prepare-data` line that makes the data directory ``out`` for ``task``: a sudoku directory named
-    like a preset (the HRM guide's data_path=data/sudoku-extreme-small) with that --preset."""
-    name = os.path.basename(out.rstrip("/"))
-    if task == "sudoku":
-        return f"hrmctl prepare-data --task sudoku{' --preset ' + name if name in PRESETS else ''} --out {shlex.quote(out)}"
-    return f"hrmctl prepare-data corpus.txt --out {shlex.quote(out)}"
+    """The `hrmctl prepare-data` line that makes the data directory ``out`` for ``task`` (the task's own)."""
+    from auralm import tasks
+
+    return tasks.get(task).prepare_command(out)
 
 
 def prepare_hint(task: str) -> str:
-    """What ``prepare_command``'s SOURCE may be, after it in the same line ("" for sudoku: generated)."""
-    if task == "sudoku":
-        return ""
-    return ("; task=lm trains on text: corpus.txt is a local .txt, .jsonl or .parquet file (or a directory of them), "
-            "or a dataset in the Hugging Face cache by name (the HRM launcher's C4: `allenai/c4 --config en "
-            "--streaming --max-tokens 100000000`)")
+    """What ``prepare_command``'s SOURCE may be, after it in the same line ("" when it takes none)."""
+    from auralm import tasks
+
+    return tasks.get(task).prepare_hint
 
 
 def load_manifest(data_dir: Path, task: str) -> dict:

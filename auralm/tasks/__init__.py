@@ -34,6 +34,14 @@ class Task:
     accuracy = "token_acc"  # the evaluation's per-position accuracy key
     train_metric = ("lm_loss", "lm_loss", 4)  # the recurrent models' meter key on the log line, its label, places
 
+    prepare_hint = ""  # what prepare_command's SOURCE may be, after it in the same line
+
+    def prepare_command(self, out: str) -> str:
+        """The `hrmctl prepare-data` line that makes the data directory ``out`` for this task."""
+        import shlex
+
+        return f"hrmctl prepare-data --task {self.name} --out {shlex.quote(out)}"
+
     def positions(self, arch: dict) -> int:
         """The positions of a sample the model is fed."""
         return arch["block_size"]

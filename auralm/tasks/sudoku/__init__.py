@@ -18,6 +18,19 @@ class Sudoku(Task):
     augment = True
     accuracy = "cell_acc"
     train_metric = ("train_exact_accuracy", "exact", 3)
+    prepare_hint = ""  # generated: no SOURCE
+
+    def prepare_command(self, out: str) -> str:
+        """A directory named like a preset (the HRM guide's data_path=data/sudoku-extreme-small) with that
+        --preset."""
+        import os
+        import shlex
+
+        from auralm.data.datadir import PRESETS
+
+        name = os.path.basename(out.rstrip("/"))
+        preset = f" --preset {name}" if name in PRESETS else ""
+        return f"hrmctl prepare-data --task sudoku{preset} --out {shlex.quote(out)}"
 
     def positions(self, arch: dict) -> int:
         d = arch["n_embd"]
