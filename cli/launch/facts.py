@@ -19,6 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from netcheck import NodeProbe, ProbeError, run_probe
+from netcheck.node_probe_client import probe_window
 
 from cli.cache import cache_dir, load as load_cache, save as save_cache
 from cli.errors import HrmctlError, RemoteError
@@ -29,7 +30,7 @@ from cli.nodes.remote import Session
 CACHE_DIR = cache_dir()
 CACHE = CACHE_DIR / "torch-facts.json"
 CACHE_TTL_S = 24 * 3600
-PROBE_TIMEOUT_S = 60
+PROBE_TIMEOUT_S = 60  # SSH, the interpreter and torch's import on a cold laptop; answered within probe_window()
 
 
 def _key(node: Node, torch_version: str | None) -> str:
@@ -46,6 +47,19 @@ def _torch_version(probe: NodeProbe) -> str | None:
     return ((probe.raw.get("project") or {}).get("versions") or {}).get("torch")
 
 
+
+
+def _probe(session: Session, master_addr: str, *, with_torch: bool) -> NodeProbe:
+    """The node's probe, answered within its window: a torch still importing then is one line saying so and what to
+    do, not a timeout that loses the whole answer (nor a guess launched on a node that cannot import torch yet)."""
+    probe = run_probe(session, route_to=master_addr, timeout=PROBE_TIMEOUT_S, with_torch=with_torch,
+                      within=probe_window(PROBE_TIMEOUT_S))
+    if probe.torch_importing_s is not None:
+        node = session.node
+        raise HrmctlError(f"{node.name}: torch was still importing after {probe.torch_importing_s:.0f} s, the "
+                          f"preflight probe's window (a cold or busy node's first import); fix: `hrmctl doctor "
+                          f"--nodes {node.name} --timeout 120` waits for it and warms it, then launch again")
+    return probe
 
 
 def _check(node: Node, probe: NodeProbe) -> None:
@@ -112,8 +126,7 @@ def gather(sessions: dict[str, Session], nodes: list[Node], master_addr: str, *,
 
     def probe_one(session: Session) -> tuple[NodeProbe, dict]:
         node = session.node
-        probe = run_probe(session, route_to=master_addr, timeout=PROBE_TIMEOUT_S,
-                          with_torch=not (known(node, cache) or guess))
+        probe = _probe(session, master_addr, with_torch=not (known(node, cache) or guess))
         _check(node, probe)
         if probe.raw.get("torch") is None:  # probed without torch
             hit = cache.get(_key(node, _torch_version(probe)))
@@ -122,7 +135,7 @@ def gather(sessions: dict[str, Session], nodes: list[Node], master_addr: str, *,
             if guess and _torch_version(probe) and _can_check(node, probe):
                 return probe, _guess(probe)
             # not cached (or torch not installed: the probe with torch says why), and no guessing
-            probe = run_probe(session, route_to=master_addr, timeout=PROBE_TIMEOUT_S, with_torch=True)
+            probe = _probe(session, master_addr, with_torch=True)
         tf = _torch_facts(probe)
         fresh[_key(node, _torch_version(probe))] = dict(tf, at=now)
         return probe, tf

@@ -120,3 +120,25 @@ def test_doctor_on_this_machine_fails_a_torch_still_importing_naming_the_timeout
     assert checks["torch"]["fix"].startswith("rerun with --timeout 120; ")
     assert checks["python"]["status"] == OK and checks["clock"]["status"] == OK
     assert res.returncode == 1 == doc["exit_code"]
+
+
+def test_the_launchers_preflight_says_a_torch_still_importing_and_its_fix(tmp_path, monkeypatch):
+    """`hrmctl train`'s preflight probe (cli/launch/facts.py) answers within its window too: a node whose torch is
+    still importing then is one line naming the node, the seconds and the fix, not a timeout that loses the probe."""
+    from dataclasses import replace
+
+    from cli.errors import HrmctlError
+    from cli.launch import facts
+    from cli.nodes.inventory import local_node
+    from cli.nodes.remote import LocalSession
+
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={fake_torch(tmp_path, NEVER_ENDS)} exec {sys.executable} "$@"\n')
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IEXEC)
+    node = replace(local_node("here"), python=str(wrapper), workdir=str(Path(__file__).resolve().parents[2]))
+    monkeypatch.setattr(facts, "PROBE_TIMEOUT_S", WITHIN_S + 2)  # probe_window(10) == 8
+    with pytest.raises(HrmctlError) as err:
+        facts.gather({"here": LocalSession(node)}, [node], "127.0.0.1", use_cache=False)
+    assert re.fullmatch(r"here: torch was still importing after \d+ s, the preflight probe's window \(a cold or busy "
+                        r"node's first import\); fix: `hrmctl doctor --nodes here --timeout 120` waits for it and "
+                        r"warms it, then launch again", str(err.value)), err.value
