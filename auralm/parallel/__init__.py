@@ -12,6 +12,6 @@
   per round under DiLoCo, in proportion to a node's weight or its measured speed.
 
 Imports auralm.models, auralm.data (the batches), training's parts (config, distributed, checkpoint, objective,
-optim, precision, compiler) and planning.link_budget's DiLoCo constants; never auralm.training.train, which drives
+optim, precision) and planning.link_budget's DiLoCo constants; never auralm.training.train, which drives
 the strategies through the interface alone.
 """

@@ -2,8 +2,7 @@
 (compressed with ``training.ddp_comm_hook``, auralm.parallel.comm_hooks), each rank's loss weighed by its share.
 
 A world of one takes the single-process strategy instead (``alone``). Imports torch, auralm.parallel's
-single, comm_hooks and strategy, the loop parts single.py imports, and training.compiler (DDP without torch's
-compiler).
+single, comm_hooks and strategy, and the loop parts single.py imports.
 """
 
 from __future__ import annotations
@@ -12,14 +11,11 @@ import contextlib
 
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from auralm.training import compiler, objective
+from auralm.training import objective
 from auralm.parallel import comm_hooks
 from auralm.parallel.single import Single
 from auralm.training.precision import autocast, rng_state, set_rng_state
 
-
-# DDP's forward runs under a context kept from the compiler's tracing, whose first use would import the compiler
-compiler.resolved_to_itself(getattr(DDP._inside_ddp_forward, "__wrapped__", None))
 
 
 class DataParallel(Single):
@@ -44,9 +40,8 @@ class DataParallel(Single):
         # gradient into its bucket and back each step (and that memory). Buffers go from rank 0 with the weights at
         # the start, not again before each forward: forward_sync_buffers=False (torch 2.13, every node's: hrmctl setup
         # installs this machine's version; its deprecated broadcast_buffers=False printed a FutureWarning on every rank)
-        with compiler.ddp_mode_read():  # without importing the compiler
-            self.model = DDP(raw, device_ids=[d.device.index] if d.device.type == "cuda" else None,
-                             process_group=d.group, gradient_as_bucket_view=True, forward_sync_buffers=False)
+        self.model = DDP(raw, device_ids=[d.device.index] if d.device.type == "cuda" else None,
+                         process_group=d.group, gradient_as_bucket_view=True, forward_sync_buffers=False)
         self.hook = comm_hooks.register(self.model, t.ddp_comm_hook, d, rank=t.powersgd_rank,
                                         start_iter=t.warmup_steps, seed=t.seed)
         if self.hook is not None and extras.get("powersgd"):

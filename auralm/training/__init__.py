@@ -5,7 +5,7 @@
 - ``config``: the run's keys, named sizes, aliases and checks (``python -m auralm.training.config`` prints them).
 - ``distributed``: the process group, backend choice and collectives every rank calls together.
 - ``checkpoint``, ``nan_guard``, ``ema``, ``optim``, ``precision``, ``objective``: what a step and a saved
-  run are made of; ``compiler``: what keeps torch's compiler, which no rank uses, from being imported.
+  run are made of.
 - ``budget``: the run's time before its first step (the probes: training speed, an evaluation batch), the ETA,
   and ``training.time_budget``, which sizes a fresh run of no given length.
 - ``heartbeat``, ``runlog``, ``tracking``, ``curves``: what a run says: its log, the trackers, the loss curves.

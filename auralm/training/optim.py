@@ -4,20 +4,17 @@ Parameter groups: matrices with weight decay, vectors (norm scales, biases) with
 puzzle embedding with its own ``puzzle_emb_lr`` and ``puzzle_emb_weight_decay``. Each group keeps
 ``lr_scale`` (its lr over the base lr), so the schedule sets every group from one number.
 
-AdamW (and DiLoCo's outer SGD) are torch's, stepped without torch.compile's marks (``uncompiled``): the trainer
-compiles nothing, and in torch 2.13 those marks import the compiler (torch._dynamo) at an optimizer's first use,
-1.1 s of CPU at the start of a rank (auralm.training.compiler; DDP's constructor is kept from it there too, FSDP
-imports it anyway).
+AdamW (and DiLoCo's outer SGD) are torch's own. Their first step imports torch's compiler (torch._dynamo, about
+1 s of CPU once a rank): the price of using torch as it is, which a run of minutes does not notice.
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 
 import torch
 
-from auralm.training import compiler, config
+from auralm.training import config
 from auralm.errors import UserError
 
 
@@ -41,30 +38,8 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
         g["lr"] = lr * g.get("lr_scale", 1.0)
 
 
-for _method in (torch.optim.Optimizer.add_param_group, torch.optim.Optimizer.zero_grad,
-                torch.optim.Optimizer.state_dict, torch.optim.Optimizer.load_state_dict):
-    compiler.resolved_to_itself(_method)
-
-
-def uncompiled(cls: type[torch.optim.Optimizer]) -> type[torch.optim.Optimizer]:
-    """torch's optimizer ``cls`` with the same arithmetic, for a trainer that compiles nothing. torch 2.13 runs each
-    ``step`` between two ``torch._dynamo.graph_break()`` calls (where a compiled graph must end) under
-    ``set_grad_enabled(False)``, and keeps ``add_param_group``, ``zero_grad``, ``state_dict`` and ``load_state_dict``
-    from the compiler's tracing; both import the compiler on first use. Here ``step`` is the body of torch's under
-    ``no_grad`` (a graph break does nothing outside a compiled graph) and the others run their function directly."""
-    body = inspect.unwrap(cls.step)  # without the graph breaks, or the profiler's hook torch puts on an optimizer
-    # class at its first instance (it puts it on this one too, around the step below)
-
-    def step(self, closure=None):
-        with torch.no_grad():
-            return body(self, closure)
-
-    doc = f"torch.optim.{cls.__name__}, stepped without torch.compile's marks (auralm.training.optim.uncompiled)."
-    return type(cls.__name__, (cls,), {"step": step, "__doc__": doc, "__module__": __name__})
-
-
-AdamW = uncompiled(torch.optim.AdamW)
-SGD = uncompiled(torch.optim.SGD)
+AdamW = torch.optim.AdamW
+SGD = torch.optim.SGD
 
 
 def make_optimizer(model: torch.nn.Module, t: config.TrainingConfig, device: torch.device) -> torch.optim.Optimizer:

@@ -169,11 +169,10 @@ def run_ranks(world: int, args: list[str], result_dir: Path, timeout: float = 30
 def _forked():
     """Ranks forked from multiprocessing's fork server, which imports torch and the trainer once per test process:
     each rank is still a fresh process of its own (nothing of the test's state), as spawning would give, without
-    paying `import torch` again (1.5 s of CPU a rank; the trainer tier starts about a hundred ranks). Not the
-    compiler (torch._dynamo), which the trainer's optimizers and DDP do not import (auralm.training.compiler), so
-    that its DDP runs are what a rank under torchrun runs; FSDP's ranks import it (1.2 s of CPU each)."""
+    paying `import torch` again (1.5 s of CPU a rank; the trainer tier starts about a hundred ranks), nor torch's
+    compiler (torch._dynamo), which every rank imports at its optimizer's first step (about 1 s of CPU)."""
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "auralm.training.train", __name__])
+    ctx.set_forkserver_preload(["torch", "torch._dynamo", "auralm.training.train", __name__])
     return ctx
 
 
