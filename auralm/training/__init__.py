@@ -8,7 +8,7 @@
   run are made of.
 - ``budget``: the run's time before its first step (the probes: training speed, an evaluation batch), the ETA,
   and ``training.time_budget``, which sizes a fresh run of no given length.
-- ``heartbeat``, ``runlog``, ``tracking``, ``curves``: what a run says: its log, the trackers, the loss curves.
+- ``progress_file``, ``runlog``, ``tracking``, ``curves``: what a run says: its log, the trackers, the loss curves.
 
 The parts (all but ``train``) may import ``auralm.errors``, ``models``, ``data`` and ``parallel.strategy`` (the
 registry, standard library); ``parallel`` and ``planning`` import the parts. ``train`` alone imports ``parallel``,

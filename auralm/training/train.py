@@ -44,7 +44,7 @@ from auralm.parallel.strategy import Parts
 from auralm.training.precision import (autocast, bf16_compute, cpu_has_bf16, rng_state,  # noqa: F401 (re-exported)
                                        set_rng_state)
 from auralm.training.runlog import RunLog
-from auralm.training import heartbeat
+from auralm.training import progress_file
 
 
 def memory_gb(device: torch.device) -> tuple[str, float]:
@@ -538,7 +538,7 @@ def say_start(b: Books, state: dict | None, said: list[tuple[str, str]] = ()) ->
 
 def report(b: Books, loss: float, norm: torch.Tensor, evaluating: bool, final: bool) -> None:
     """The log line and metrics record of this step (training speed, memory, the ACT and mHC figures), with the
-    evaluation when due; the heartbeat for `hrmctl top`."""
+    evaluation when due; the progress file for `hrmctl top`."""
     cfg, d, log, p, t, step = b.cfg, b.d, b.log, b.p, b.cfg.training, b.p.step
     unit = "tok/s" if p.train_set.unit == "tokens" else "puzzles/s"
     elapsed = time.perf_counter() - b.clock
@@ -566,7 +566,7 @@ def report(b: Books, loss: float, norm: torch.Tensor, evaluating: bool, final: b
     if evaluating:
         record.update(evaluation(b, final))
     log.metrics(record)
-    heartbeat.beat(d, record)  # every rank: its step, loss and rate for `hrmctl top` (auralm/training/heartbeat.py)
+    progress_file.write(d, record)  # every rank: its step, loss and rate for `hrmctl top` (auralm/training/progress_file.py)
     p.done, b.clock = 0, time.perf_counter()
 
 

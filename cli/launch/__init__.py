@@ -5,14 +5,14 @@ A launch flows one way, each stage given the one object the previous stage made 
   command  options.py     the command line read once into one LaunchOptions (the nodes selected, --env read), checked
            command.py     the commands' bodies: a guide's spellings read, the overrides checked; then the stages below
   plan     prepare.py     the preflight, at once over one connection per node, and the plan -> a LaunchPlan:
-             facts.py       each node's torch facts (probed with netcheck, or cached)
+             node_facts.py  each node's torch facts (probed with netcheck, or cached)
              storage.py     the data, run and checkpoint directories each node needs: writable, with room
              memory.py      the model's memory estimate (auralm.planning.sizing, as a process) against each node's
                             memory
-             links.py       test-ddp's figures for these nodes, and train's warning about the link
+             link_cache.py  test-ddp's figures for these nodes, and train's warning about the link
              timing.py      --dry-run's time: the trainer's probe and plan on this machine (auralm.planning.timing,
                             as a process); aside.py runs it and the link advice beside the rest
-             warm.py        on a Slurm allocation's nodes, torchrun started (held) while the preflight runs
+             prestart.py    on a Slurm allocation's nodes, torchrun started (held) while the preflight runs
              plan.py        each node's exact torchrun line and environment (the LaunchPlan, NodeLaunch); pure
   run      run.py         the plan run on every node: jobs started, watched, stopped everywhere (psutil on the
                           node); restarts from the last checkpoint; a failed rank named -> a RunResult

@@ -1,6 +1,6 @@
 """A planning process of the trainer's (``python -m auralm.planning.X ... `` printing one JSON document) started at
 once, beside the launch's own work (the preflight, the size estimate); ``result()`` waits for it, briefly: what the
-link advice (links.py) and the dry run's time (timing.py) run."""
+link advice (link_cache.py) and the dry run's time (timing.py) run."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from rich.markup import escape
 from auralm.models import guide_spellings
 from auralm.training.config import split_global_batch
 from cli.errors import HrmctlError
-from cli.launch import guide_options, links
+from cli.launch import guide_options, link_cache
 from cli.launch.options import TRAINER, LaunchOptions
 from cli.launch.overrides import check_trainer_args, expand_config_files
 
@@ -105,7 +105,7 @@ def _sync_data(opts: LaunchOptions, console: Console) -> None:
 
 
 def _dry_run(opts: LaunchOptions, as_json: bool, console: Console, err: Console | None = None,
-             advice: links.Advice | None = None, choice: str = "") -> int:
+             advice: link_cache.Advice | None = None, choice: str = "") -> int:
     from cli.launch import report
     from cli.launch.memory import model_size
     from cli.launch.prepare import prepare
@@ -116,7 +116,7 @@ def _dry_run(opts: LaunchOptions, as_json: bool, console: Console, err: Console 
     # the plan's estimate is for one rank (made beside the probes): for a world of one it is the run's own
     size = prep.size if prep.size and prep.world == 1 else model_size(opts, prep.world)
     return report.dry_run(prep, size, auto_batch_plan(size, prep), as_json=as_json, console=console, choice=choice,
-                          link=links.warn(advice, err or console), timing=time_summary(timing))
+                          link=link_cache.warn(advice, err or console), timing=time_summary(timing))
 
 
 def plan_then_run(opts: LaunchOptions, console: Console, before_run=None) -> tuple[LaunchPlan, RunResult]:
@@ -124,7 +124,7 @@ def plan_then_run(opts: LaunchOptions, console: Console, before_run=None) -> tup
     The run may ask for the plan again, once, when a first launch's guessed facts were wrong on a node.
     ``before_run()`` is called between the two (train's warning about the link). What the nodes reported of their
     torch is cached for the next launch."""
-    from cli.launch.facts import remember
+    from cli.launch.node_facts import remember
     from cli.launch.prepare import prepare
     from cli.launch.run import run
 
@@ -161,7 +161,7 @@ def train(opts: LaunchOptions, *, sync_data: bool, as_json: bool, console: Conso
     if opts.nodes[0].slurm_job:  # no --nodes, inside an allocation: a choice the user did not write, so said
         err.print(f"nodes: Slurm allocation {opts.nodes[0].slurm_job}: {', '.join(n.name for n in opts.nodes)} "
                   "(reached with srun)", markup=False, highlight=False, soft_wrap=True)
-    advice = links.start(opts)  # test-ddp's figures for these nodes, if any: sized beside the preflight
+    advice = link_cache.start(opts)  # test-ddp's figures for these nodes, if any: sized beside the preflight
     if opts.dry_run:
         return _dry_run(opts, as_json, console, err, advice, choice)
     opts.json_output = as_json
@@ -170,7 +170,7 @@ def train(opts: LaunchOptions, *, sync_data: bool, as_json: bool, console: Conso
     link: list[dict | None] = [None]
 
     def before_run() -> None:
-        link[0] = links.warn(advice, err)
+        link[0] = link_cache.warn(advice, err)
 
     from cli.launch import report
 
@@ -224,7 +224,7 @@ def test_ddp(opts: LaunchOptions, *, overrides: list[str] | None = None, as_json
     found = results[-1] if results else None
     if found is not None and not found.get("ok") and result.code == 0:
         result.code, result.reason = 1, "a collective gave a wrong result"
-    saved = links.remember(found, opts.nodes) if result.code == 0 else None
+    saved = link_cache.remember(found, opts.nodes) if result.code == 0 else None
     if saved and not as_json:
         console.print(f"[dim]saved for `hrmctl train --nodes {','.join(n.name for n in opts.nodes)}`: {escape(str(saved))}"
                       f"[/dim]", highlight=False, soft_wrap=True)

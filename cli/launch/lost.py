@@ -1,6 +1,6 @@
 """What a node that stopped answering shows, said in one phrase for the run's log and its reason.
 
-The launcher's heartbeat is an SSH keep-alive to every node every 2 s (cli/launch/run.py: _Heartbeat); a node that
+The launcher's keep-alive is an SSH request to every node every 2 s (cli/launch/run.py: _KeepAlive); a node that
 has not answered for 8 s, or whose job's SSH connection broke, is lost. Then, over a fresh connection, within a few
 seconds, hrmctl looks at what is there:
 

@@ -6,7 +6,7 @@ starts anywhere when something is wrong. It reads the LaunchOptions (cli/launch/
      facts.py), each node's directories (data and run directory writable, with room, the data prepared for the
      task: storage.py), the master port (free on the master, reachable from every worker: netcheck), and the
      model's memory estimate (auralm.planning.sizing, memory.py); on a Slurm allocation's nodes, torchrun itself
-     starts meanwhile and waits for its arguments (warm.py);
+     starts meanwhile and waits for its arguments (prestart.py);
   3. the plan (plan.py: each node's torchrun line and environment), each rank's planned memory against its
      node's (memory.py) -> a LaunchPlan, printed by --dry-run (report.py) or run on every node (run.py).
 """
@@ -24,12 +24,12 @@ from cli.errors import HrmctlError, InventoryError
 from cli.nodes.inventory import Node
 from cli.launch import memory
 from cli.launch.elastic import EXIT_BARRIER_S, in_place
-from cli.launch.facts import gather, remember
+from cli.launch.node_facts import gather, remember
 from cli.launch.options import TRAINER, LaunchOptions
 from cli.launch.overrides import check_trainer_args
 from cli.launch.plan import LaunchPlan, NodeFacts, build_plan, choose_backend, nproc_for
 from cli.launch.storage import DEFAULT_DATA_ENV, check_local, check_nodes, trainer_dirs
-from cli.launch.warm import hold_torchrun
+from cli.launch.prestart import hold_torchrun
 from cli.nodes.remote import Session, connect_all
 
 DEFAULT_PORTS = range(29500, 29510)  # torchrun's default first, then its neighbours
@@ -97,7 +97,7 @@ def _check_port_reachable(sessions: dict[str, Session], nodes: list[Node], addr:
 def prepare(opts: LaunchOptions, reported: dict[str, dict] | None = None, hold: bool = False) -> LaunchPlan:
     """The plan for ``opts`` (checked by the command: LaunchOptions.check). ``reported``: what nodes said of their
     torch in a first launch (cli.launch.node_torchrun), cached first so that the plan is made from it. ``hold``: on
-    a Slurm allocation's nodes, torchrun starts while the preflight runs (cli/launch/warm.py)."""
+    a Slurm allocation's nodes, torchrun starts while the preflight runs (cli/launch/prestart.py)."""
     nodes = opts.nodes
     if reported:
         remember(reported, nodes)

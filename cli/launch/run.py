@@ -1,7 +1,7 @@
 """Run a plan: torchrun on every node at once, watch them, and stop everything everywhere.
 
 One stop: the first node whose job ends with a non-zero code, a node whose SSH connection or
-heartbeat is lost, Ctrl-C (SIGINT), SIGTERM, SIGHUP, or the output's reader gone (a pipe's reader
+keep-alive is lost, Ctrl-C (SIGINT), SIGTERM, SIGHUP, or the output's reader gone (a pipe's reader
 exited: taken as a closed terminal), stops the job on every node. A stop asked for (a signal, the reader
 gone) ends with exit code 128 + the signal: 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP, 141 the reader gone (what
 SIGPIPE would give), the run recorded as stopped, and the nodes' lines from then on in their files only
@@ -45,7 +45,7 @@ from cli.launch.save_stop import save_then_wait, saves_first
 from cli.nodes.remote import Job, Session, connect_all, for_each
 from cli.runs.states import RunState
 
-HEARTBEAT_S = 2.0
+KEEPALIVE_S = 2.0
 HEARTBEAT_TIMEOUT_S = 8.0
 SETTLE_S = 1.5  # after the hang-up, what the job's processes get to end by themselves before the stop's SIGTERM
 TERM_GRACE_S = 3.0  # after the SIGTERM, before the SIGKILL
@@ -196,9 +196,9 @@ def clear_node(session: Session, tag: str) -> bool:
     return stop_tagged(session, tag) == 0
 
 
-class _Heartbeat(threading.Thread):
+class _KeepAlive(threading.Thread):
     """An SSH-level keep-alive request (`keepalive@openssh.com`, answered by sshd itself, so no
-    process is started on the node) every HEARTBEAT_S; `silent_for()` is how long the node has
+    process is started on the node) every KEEPALIVE_S; `silent_for()` is how long the node has
     not answered. The request blocks while the network is gone, hence the separate thread."""
 
     def __init__(self, session: Session):
@@ -208,7 +208,7 @@ class _Heartbeat(threading.Thread):
         self.halt = threading.Event()
 
     def run(self) -> None:
-        while not self.halt.wait(HEARTBEAT_S):
+        while not self.halt.wait(KEEPALIVE_S):
             t = self.transport
             if t is None or not t.is_active():
                 return
@@ -234,7 +234,7 @@ def run_once(plans: list[NodeLaunch], log: MergedLog, signals: _Signals, *, atte
     t0 = time.monotonic()
     sessions = sessions or connect_all([p.node for p in plans], accept_new_host_keys)
     jobs: dict[str, Job] = {}
-    beats: dict[str, _Heartbeat] = {}
+    beats: dict[str, _KeepAlive] = {}
     result: RunResult | None = None
     try:
         result = stop_asked(signals, log)  # asked before anything started: nothing starts
@@ -245,7 +245,7 @@ def run_once(plans: list[NodeLaunch], log: MergedLog, signals: _Signals, *, atte
                 ssh = p.node.reached_by == "ssh"  # srun's nodes are watched by Slurm: a lost node fails the step
                 jobs[p.node.name] = session.start(p.argv, log.handler(p), env=p.env, cwd=p.cwd, pty=ssh)
                 if ssh:
-                    beats[p.node.name] = _Heartbeat(session)
+                    beats[p.node.name] = _KeepAlive(session)
             for b in beats.values():
                 b.start()
             ooms = OomCounts(sessions, [p.node.name for p in plans],
@@ -281,7 +281,7 @@ def run_once(plans: list[NodeLaunch], log: MergedLog, signals: _Signals, *, atte
 
 
 def _watch(plans: list[NodeLaunch], log: MergedLog, signals: _Signals, jobs: dict[str, Job],
-           beats: dict[str, "_Heartbeat"], ooms: "OomCounts", seen: Callable[[NodeLaunch], str],
+           beats: dict[str, "_KeepAlive"], ooms: "OomCounts", seen: Callable[[NodeLaunch], str],
            members: Members | None = None) -> RunResult:
     """Wait for every node's job: the first failure, lost node or stop asked for is the result. A lost node (no
     keep-alive reply for HEARTBEAT_TIMEOUT_S, or its job's connection broken) is named with what ``seen(plan)``

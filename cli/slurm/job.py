@@ -56,9 +56,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def hold_first(run_id: str) -> None:
-    """torchrun held on every node of the allocation before anything else runs here (cli/launch/warm.py): its
+    """torchrun held on every node of the allocation before anything else runs here (cli/launch/prestart.py): its
     `import torch` starts as early as a hand-written script's srun would start it."""
-    from cli.launch.warm import hold_ahead
+    from cli.launch.prestart import hold_ahead
     from cli.slurm.allocation import allocation_id, allocation_nodes
 
     job = allocation_id()

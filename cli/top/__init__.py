@@ -8,5 +8,5 @@ command  the command's body: inventory -> watch -> a live view with single-key i
 
 Flow: command -> watch (sampler on every node) -> view. May import: cli.nodes, cli.errors.
 sampler.py imports nothing of this project: it runs on the node with the node's Python.
-The trainer's side is auralm/training/heartbeat.py (each rank's step, loss and rate in a small file).
+The trainer's side is auralm/training/progress_file.py (each rank's step, loss and rate in a small file).
 """

@@ -10,15 +10,15 @@ Each line: {"v", "t" (the node's time), "host", "cores", "cpu" (% of the whole m
 "mem_used", "mem_total" (bytes; used = total - available), "net_tx", "net_rx" (bytes/s, every
 interface but loopback), "gpus" (null, or [{"index", "name", "util", "mem_used", "mem_total"}]),
 "gpu_error", "ranks" (the trainer's processes of this user: pid, rank, local_rank, world, run, cwd,
-cpu (% of one core), rss, and from the rank's heartbeat file, auralm/training/heartbeat.py: step, loss,
+cpu (% of one core), rss, and from the rank's progress file, auralm/training/progress_file.py: step, loss,
 steps_per_s, rate, unit, age), "agent_cpu" (this agent's CPU time / wall time since its first
 line, %), "psutil" (whether psutil was used)}.
 
 A trainer process is one whose first `-m` module is auralm.training.train (torchrun's worker, or a plain
-`python -m auralm.training.train`), never torchrun itself; its rank and run come from its heartbeat, and before
+`python -m auralm.training.train`), never torchrun itself; its rank and run come from its progress file, and before
 its first from its environment (RANK, LOCAL_RANK, WORLD_SIZE, HRMCTL_RUN_ID), readable because it runs as the same
 user (a rank forked from torchrun's agent, cli/launch/forked_ranks.py, shows the agent's there: rank 0 until its
-first heartbeat).
+first progress file).
 """
 
 from __future__ import annotations
@@ -187,7 +187,7 @@ def _module(cmdline: list[str]) -> str | None:
 
 
 class Ranks:
-    """Finds this user's trainer processes and reads each one's heartbeat file."""
+    """Finds this user's trainer processes and reads each one's progress file."""
 
     def __init__(self) -> None:
         self.uid = os.getuid() if hasattr(os, "getuid") else None
@@ -308,9 +308,9 @@ class Ranks:
                 info = {"rank": _int(env.get("RANK"), 0), "local_rank": _int(env.get("LOCAL_RANK"), 0),
                         "world": _int(env.get("WORLD_SIZE"), 1), "run": env.get("HRMCTL_RUN_ID"),
                         "cwd": self._cwd(pid), "out_dir": out_dir,
-                        "heartbeat": os.path.join(base, f"hrmctl-top-{uid}", f"{pid}.json")}
+                        "progress": os.path.join(base, f"hrmctl-top-{uid}", f"{pid}.json")}
                 self.info[pid] = info
-            row = {"pid": pid, **{k: v for k, v in info.items() if k != "heartbeat"}}
+            row = {"pid": pid, **{k: v for k, v in info.items() if k != "progress"}}
             secs, rss, started = self._usage(pid)
             prev = self.cpu.get(pid)
             row["cpu"] = None
@@ -320,7 +320,7 @@ class Ranks:
                 self.cpu[pid] = (secs, now)
             row["rss"] = rss
             row.update(step=None, loss=None, steps_per_s=None, rate=None, unit=None, age=None)
-            text = _read(info["heartbeat"])
+            text = _read(info["progress"])
             if text:
                 try:
                     beat = json.loads(text)

@@ -1,7 +1,7 @@
 """What `hrmctl top` shows: a table of nodes and a table of the trainer's ranks, or the same as JSON.
 
 Input: the nodes' latest agent lines (cli/top/watch.py's NodeState; made-up ones in the tests).
-`slowest(ranks)` picks, per run, the rank with the lowest step rate (a rank whose heartbeat stopped
+`slowest(ranks)` picks, per run, the rank with the lowest step rate (a rank whose progress file stopped
 counts as rate 0: "stalled"); `render(states)` is a rich renderable; `snapshot_json(states)` the
 document of `--once --json` (and of each line of `--json` without --once).
 """
@@ -22,7 +22,7 @@ from rich.text import Text
 from .watch import NodeState
 
 SLOWEST = "◀ slowest"
-STALL_S = 10.0  # a heartbeat older than this (and than 5 steps at the rank's rate) is a stalled rank
+STALL_S = 10.0  # a progress file older than this (and than 5 steps at the rank's rate) is a stalled rank
 
 
 def human_bytes(n: float | None, per_s: bool = False) -> str:

@@ -123,12 +123,12 @@ def test_doctor_on_this_machine_fails_a_torch_still_importing_naming_the_timeout
 
 
 def test_the_launchers_preflight_says_a_torch_still_importing_and_its_fix(tmp_path, monkeypatch):
-    """`hrmctl train`'s preflight probe (cli/launch/facts.py) answers within its window too: a node whose torch is
+    """`hrmctl train`'s preflight probe (cli/launch/node_facts.py) answers within its window too: a node whose torch is
     still importing then is one line naming the node, the seconds and the fix, not a timeout that loses the probe."""
     from dataclasses import replace
 
     from cli.errors import HrmctlError
-    from cli.launch import facts
+    from cli.launch import node_facts
     from cli.nodes.inventory import local_node
     from cli.nodes.remote import LocalSession
 
@@ -136,9 +136,9 @@ def test_the_launchers_preflight_says_a_torch_still_importing_and_its_fix(tmp_pa
     wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={fake_torch(tmp_path, NEVER_ENDS)} exec {sys.executable} "$@"\n')
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IEXEC)
     node = replace(local_node("here"), python=str(wrapper), workdir=str(Path(__file__).resolve().parents[2]))
-    monkeypatch.setattr(facts, "PROBE_TIMEOUT_S", WITHIN_S + 2)  # probe_window(10) == 8
+    monkeypatch.setattr(node_facts, "PROBE_TIMEOUT_S", WITHIN_S + 2)  # probe_window(10) == 8
     with pytest.raises(HrmctlError) as err:
-        facts.gather({"here": LocalSession(node)}, [node], "127.0.0.1", use_cache=False)
+        node_facts.gather({"here": LocalSession(node)}, [node], "127.0.0.1", use_cache=False)
     assert re.fullmatch(r"here: torch was still importing after \d+ s, the preflight probe's window \(a cold or busy "
                         r"node's first import\); fix: `hrmctl doctor --nodes here --timeout 120` waits for it and "
                         r"warms it, then launch again", str(err.value)), err.value

@@ -116,10 +116,10 @@ def test_ranks_counted_out_end_their_torchrun_in_one_line_and_other_failures_kee
 
 
 def test_a_held_torchrun_runs_with_the_arguments_and_environment_sent_later_or_ends_with_nothing_started(tmp_path):
-    """cli/launch/warm.py on a Slurm allocation (without Slurm: the held process here, as srun's task would be):
+    """cli/launch/prestart.py on a Slurm allocation (without Slurm: the held process here, as srun's task would be):
     torchrun imported first, then its arguments and environment on stdin; a start it cannot serve is refused; a
     cancelled one ends before anything ran. The allocation itself: tests/cluster/test_slurm.py."""
-    from cli.launch.warm import HELD, takes
+    from cli.launch.prestart import HELD, takes
     from cli.nodes.srun import Held
     from lab.local import free_port
 
@@ -157,10 +157,10 @@ def test_a_held_torchrun_runs_with_the_arguments_and_environment_sent_later_or_e
 
 
 def test_torchrun_held_ahead_by_the_batch_job_is_taken_over_by_the_launchs_session(tmp_path, monkeypatch):
-    """cli/slurm/job.py holds torchrun before the launch's sessions exist (warm.hold_ahead); the session made for
+    """cli/slurm/job.py holds torchrun before the launch's sessions exist (prestart.hold_ahead); the session made for
     that node takes it over and the launch's hold_torchrun starts no second one. Without Slurm: `srun` here is a
     stand-in that runs its command in place (a real allocation: tests/cluster/test_slurm.py)."""
-    from cli.launch import warm
+    from cli.launch import prestart
     from cli.nodes import srun
 
     fake = tmp_path / "bin" / "srun"
@@ -170,11 +170,11 @@ def test_torchrun_held_ahead_by_the_batch_job_is_taken_over_by_the_launchs_sessi
     monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setattr(srun, "_AHEAD", {})
     n = Node(name="n1", host="10.0.0.1", user="u", python=sys.executable, workdir=str(ROOT), slurm_job="7")
-    warm.hold_ahead([n], "r1")
+    prestart.hold_ahead([n], "r1")
     held = srun._AHEAD["n1"]
     session = srun.SrunSession(n)
     assert session.held is held and not srun._AHEAD
-    warm.hold_torchrun({"n1": session}, [n], "r1")
+    prestart.hold_torchrun({"n1": session}, [n], "r1")
     assert session.held is held  # kept, not held again
     assert srun.SrunSession(n).held is None  # taken once
     assert held.proc.poll() is None

@@ -1,4 +1,4 @@
-"""auralm.planning.link_budget against figures worked by hand, the link cache of cli.launch.links (a real file under a
+"""auralm.planning.link_budget against figures worked by hand, the link cache of cli.launch.link_cache (a real file under a
 temporary HOME or XDG_CACHE_HOME), and hrmctl train's warning as `python -m auralm.planning.link_budget` gives it."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from rich.console import Console
 
 from auralm.planning import link_budget as lb
-from cli.launch import links
+from cli.launch import link_cache
 from cli.launch.options import LaunchOptions
 from cli.nodes.inventory import Node
 
@@ -306,20 +306,20 @@ def home(tmp_path, monkeypatch):
 def test_cache_round_trip_under_home_and_xdg(home, monkeypatch):
     model = {"name": "small", "task": "lm", "parameters": 14_000_000, "batch_size": 16, "grad_accum": 1,
              "tokens_per_sample": 256, "vocab": 8192, "spec": "s"}
-    path = links.save(links.entry_from_result(_result(14_000_000, 1.2, 0.025, model), ["node1", "node0"]))
+    path = link_cache.save(link_cache.entry_from_result(_result(14_000_000, 1.2, 0.025, model), ["node1", "node0"]))
     assert path == home / ".cache" / "hrmctl" / "links.json"
-    entry = links.load(["node0", "node1"])
+    entry = link_cache.load(["node0", "node1"])
     assert entry == json.loads(path.read_text())["node0,node1"]
     assert entry["busbw_GBps"] == 0.025 and entry["latency_us"] == 500.0 and entry["world"] == 2
     assert entry["compute"] == {"s_per_step": 1.2, "steps_timed": 3, "s_per_step_by_rank": [1.2, 1.08], **model}
-    assert links.load(["node0", "node2"]) is None
+    assert link_cache.load(["node0", "node2"]) is None
     monkeypatch.setenv("XDG_CACHE_HOME", str(home / "xdg"))
-    assert links.cache_path() == home / "xdg" / "hrmctl" / "links.json" and links.load(["node0", "node1"]) is None
+    assert link_cache.cache_path() == home / "xdg" / "hrmctl" / "links.json" and link_cache.load(["node0", "node1"]) is None
     # a result without a compute time (--no-bandwidth, a probe that failed) or of one rank is not cached
-    assert links.entry_from_result({"world_size": 2, "ok": True, "training": None}, ["a", "b"]) is None
+    assert link_cache.entry_from_result({"world_size": 2, "ok": True, "training": None}, ["a", "b"]) is None
     bad = _result(1000, 1.0, 0.025, model)
     bad["training"]["compute"]["s_per_step"] = None
-    assert links.entry_from_result(bad, ["a", "b"]) is None
+    assert link_cache.entry_from_result(bad, ["a", "b"]) is None
 
 
 def _nodes() -> list[Node]:
@@ -331,14 +331,14 @@ def test_train_warning_from_the_cache_end_to_end(home, monkeypatch):
     """A real cache file, the real `python -m auralm.planning.link_budget` sizing the run's model (model=small task=lm)."""
     # hrmctl train gives the advice 20 s and then goes on without it; on a loaded shared test machine the
     # subprocess (a torch import) took longer and the advice was None: this test waits for it
-    monkeypatch.setattr(links, "ADVICE_TIMEOUT_S", 180)
+    monkeypatch.setattr(link_cache, "ADVICE_TIMEOUT_S", 180)
     overrides = ["model=small", "task=lm", "training.batch_size=16"]
     model = {"name": "small", "task": "lm", "parameters": 13_891_584, "batch_size": 16, "grad_accum": 1,
              "tokens_per_sample": 256, "vocab": 8192, "spec": None}
-    links.save(links.entry_from_result(_result(13_891_584, 1.2, 0.025, model), ["node0", "node1"]))
+    link_cache.save(link_cache.entry_from_result(_result(13_891_584, 1.2, 0.025, model), ["node0", "node1"]))
     out = io.StringIO()
-    advice = links.start(LaunchOptions(nodes=_nodes(), args=overrides))
-    doc = links.warn(advice, Console(file=out, width=400))
+    advice = link_cache.start(LaunchOptions(nodes=_nodes(), args=overrides))
+    doc = link_cache.warn(advice, Console(file=out, width=400))
     assert doc["warn"] and doc["parameters"] == 13_891_584  # GPT small with the 8192 vocabulary
     # 55.6 MB at 25 MB/s = 2.22 s + 3 x 0.5 ms; the cached spec (None) differs: scaled by parameters x tokens (1.2 s)
     assert doc["comm_s"] == pytest.approx(13_891_584 * 4 / 25e6 + 0.0015) and doc["estimated"]
@@ -348,23 +348,23 @@ def test_train_warning_from_the_cache_end_to_end(home, monkeypatch):
     assert line.endswith("try training.sync=diloco training.diloco.inner_steps=20 training.diloco.overlap_steps=1")
     assert "\n" not in line
     # DiLoCo asked for: nothing to say of the communication, and the ranks' speeds (1.2 s, 1.08 s) are close
-    doc = links.warn(links.start(LaunchOptions(nodes=_nodes(), args=overrides + ["training.sync=diloco"])),
+    doc = link_cache.warn(link_cache.start(LaunchOptions(nodes=_nodes(), args=overrides + ["training.sync=diloco"])),
                      Console(file=io.StringIO()))
     assert doc is not None and doc["sync"] == "diloco" and not doc["warn"]
     # one node, or no entry for these nodes: nothing started, nothing printed
-    assert links.start(LaunchOptions(nodes=_nodes()[:1], args=overrides)) is None
-    assert links.start(LaunchOptions(nodes=[_nodes()[0], Node(name="x", host="h", user="u")], args=overrides)) is None
+    assert link_cache.start(LaunchOptions(nodes=_nodes()[:1], args=overrides)) is None
+    assert link_cache.start(LaunchOptions(nodes=[_nodes()[0], Node(name="x", host="h", user="u")], args=overrides)) is None
     # a fast link: the advice runs, but says nothing
-    links.save(links.entry_from_result(_result(13_891_584, 1.2, 2.0, model), ["node0", "node1"]))
+    link_cache.save(link_cache.entry_from_result(_result(13_891_584, 1.2, 2.0, model), ["node0", "node1"]))
     out = io.StringIO()
-    doc = links.warn(links.start(LaunchOptions(nodes=_nodes(), args=overrides)), Console(file=out))
+    doc = link_cache.warn(link_cache.start(LaunchOptions(nodes=_nodes(), args=overrides)), Console(file=out))
     assert doc is not None and not doc["warn"] and out.getvalue() == ""
 
 
 def test_advice_that_is_late_is_said_not_dropped_quietly(monkeypatch):
     """The advice process (an import of torch) not done within ADVICE_TIMEOUT_S: the launch goes on and says so."""
-    monkeypatch.setattr(links, "ADVICE_TIMEOUT_S", 0.01)
-    advice = links.Advice({"nodes": ["node0", "node1"]}, ["model=tiny"], None)
+    monkeypatch.setattr(link_cache, "ADVICE_TIMEOUT_S", 0.01)
+    advice = link_cache.Advice({"nodes": ["node0", "node1"]}, ["model=tiny"], None)
     out = io.StringIO()
-    assert links.warn(advice, Console(file=out, width=400)) is None and advice.late
+    assert link_cache.warn(advice, Console(file=out, width=400)) is None and advice.late
     assert out.getvalue().startswith("note: no advice from test-ddp's figures for these nodes: the estimate took over")

@@ -1,7 +1,7 @@
 """Every rank's latest progress in a small file on its own node, for `hrmctl top`.
 
 Only rank 0 logs (auralm/training/runlog.py), so nothing on disk tells another rank's step and loss;
-``beat(d, record)``, called at the log site with the record that rank 0 writes to metrics.jsonl
+``write(d, record)``, called at the log site with the record that rank 0 writes to metrics.jsonl
 (every rank builds it), fills that gap. It writes ``<dir>/<pid>.json``, where ``<dir>`` is
 ``$TMPDIR/hrmctl-top-<uid>`` (``/tmp/...`` without TMPDIR): one JSON object with the rank, world,
 step, loss, steps per second since the previous beat, the record's own throughput, and the time.
@@ -26,7 +26,7 @@ _last: dict = {}  # the previous beat that was written: {"step", "t", "path"}
 
 
 def directory() -> Path:
-    """Where this user's trainer processes keep their heartbeat files (cli/top/sampler.py looks here too)."""
+    """Where this user's trainer processes keep their progress files (cli/top/sampler.py looks here too)."""
     base = os.environ.get("TMPDIR") or ("/tmp" if os.path.isdir("/tmp") else tempfile.gettempdir())
     uid = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
     return Path(base) / f"hrmctl-top-{uid}"
@@ -52,7 +52,7 @@ def _clear_stale(folder: Path) -> None:
                 pass
 
 
-def beat(d, record: dict) -> None:
+def write(d, record: dict) -> None:
     """This rank's progress, from the log record (step, loss, train_s, samples_per_s or tokens_per_s)."""
     try:
         now, step = time.time(), int(record["step"])
