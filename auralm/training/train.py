@@ -41,8 +41,8 @@ from auralm.training.nan_guard import NanGuard
 from auralm.training.stop_request import StopRequest, stop_line
 from auralm.parallel import balance, strategy
 from auralm.parallel.strategy import Parts
-from auralm.training.precision import (autocast, bf16_compute, cpu_has_bf16, rng_state,  # noqa: F401 (re-exported)
-                                       set_rng_state)
+from auralm.training.precision import (autocast, bf16_compute, cpu_has_bf16, precision_said,  # noqa: F401
+                                       rng_state, set_rng_state)  # (autocast ... re-exported)
 from auralm.training.runlog import RunLog
 from auralm.training import progress_file
 
@@ -524,7 +524,8 @@ def say_start(b: Books, state: dict | None, said: list[tuple[str, str]] = ()) ->
         log.say(f"model: {cfg.model_choice}")
     if d.rank == 0 and not state:
         n = sum(q.numel() for q in p.model.parameters())
-        log.say(f"model {cfg.model.name} ({models.family_of(cfg.task, b.arch)}): {n / 1e6:.2f}M parameters")
+        log.say(f"model {cfg.model.name} ({models.family_of(cfg.task, b.arch)}): {n / 1e6:.2f}M parameters, in "
+                f"{precision_said(t, d.device)}")
     if d.world > 1:
         log.event(0, "backend", f"backend: {d.reason}; using {d.backend} on all {d.world} ranks, device "
                   f"{d.device.type}", backend=d.backend, requested=d.requested, reason=d.why)
