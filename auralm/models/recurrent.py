@@ -1,8 +1,15 @@
 """What HRM and TRM share in their declarations (``hrm/spec.py``, ``trm/spec.py``): the defaults of their sizes,
-the keys the HRM guides spell ``arch.<key>``, the values those keys take, and their checks. No torch."""
+the keys the HRM guides spell ``arch.<key>``, the values those keys take, and their checks. What a task's samples
+are (their length, values, classes, whether a position sees those after it) the task says (auralm.tasks). No torch.
+
+``model.pos_encodings=sudoku`` is a value of these families' own option, a kind of positions (a grid's rows,
+columns and boxes, and a learned bias per relation between two cells: auralm/models/act.py), spelled like the task
+it was made for; testing it is not a test of the task's name. It needs a task whose positions see each other
+(``Task.causal`` False), as does TRM's ``mlp_t``."""
 
 from __future__ import annotations
 
+from auralm import tasks
 from auralm.errors import UserError
 from auralm.models import registry
 
@@ -35,23 +42,24 @@ def check_values(task: str, name: str, arch: dict) -> None:
     one_of("model.pos_encodings", arch["pos_encodings"], POSITIONS)
     one_of("model.loss_type", arch["loss_type"], LOSS_TYPES)
     one_of("model.norm", arch["norm"], NORMS)
-    if task == "lm" and (arch["pos_encodings"] == "sudoku" or arch["mlp_t"]):
+    if tasks.get(task).causal and (arch["pos_encodings"] == "sudoku" or arch["mlp_t"]):
         what = "pos_encodings=sudoku" if arch["pos_encodings"] == "sudoku" else "mlp_t=true"
-        raise UserError(f"model={name} with {what} is for task=sudoku; on text use "
+        grids = " or ".join(f"task={n}" for n in tasks.names() if not tasks.get(n).causal)
+        raise UserError(f"model={name} with {what} is for {grids}; on task={task} use "
                         f"model.pos_encodings=rope and model.mlp_t=false")
     if arch["pos_encodings"] == "rope" and (arch["n_embd"] // arch["n_head"]) % 2:
         raise UserError(f"rotary positions need an even head size, not {arch['n_embd'] // arch['n_head']}")
 
 
 def build(core_module: str, family: str, task: str, arch: dict, vocab: int | None):
-    """The ACT model around the core that ``core_module``'s ``build`` makes: 9 digits out of 10 cell values over
-    81 cells on sudoku, the vocabulary over ``block_size`` tokens (causal) on text."""
+    """The ACT model around the core that ``core_module``'s ``build`` makes, of the task's shape: its input values,
+    classes and length, causal or not (9 digits out of 10 cell values over 81 cells on sudoku, the vocabulary over
+    ``block_size`` tokens, causal, on text)."""
     import importlib
 
-    sudoku = task == "sudoku"
-    return importlib.import_module(core_module).build(dict(arch, family=family), vocab=10 if sudoku else vocab,
-                                                      n_out=9 if sudoku else vocab,
-                                                      seq_len=81 if sudoku else arch["block_size"], causal=not sudoku)
+    t = tasks.get(task)
+    return importlib.import_module(core_module).build(dict(arch, family=family), vocab=t.values(vocab),
+                                                      n_out=t.classes(vocab), seq_len=t.length(arch), causal=t.causal)
 
 
 def act_class(task: str, arch: dict) -> type:

@@ -9,7 +9,8 @@ The built-in strategies are registered by where their class lives (``module:Clas
 config.py and link_budget.py which read the registry, import no torch; a strategy registered from elsewhere (a
 test, a plug-in) may hand its class itself. What the launcher and the config check must know of a mode without
 importing it (torch) is declared in its registration, its ``Entry``: whether a node may leave in place, the
-settings that are its alone, those it cannot be combined with, and why (``refusal``).
+settings that are its alone, those it cannot be combined with, and why (``refusal``), and how the link budget
+(auralm.planning.link_budget) says a suggestion of it and what work shares by speed do to its pace.
 
 Imports the standard library only.
 """
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 OPTIONS = ("sync", "parallel")  # the training.<option> keys whose values name a strategy
 DEFAULT = "ddp"  # both options' default: plain data parallel (a single process when alone)
@@ -91,6 +92,9 @@ class Entry:
     #                             than their default when another one is chosen)
     refuses: tuple[tuple[str, Any], ...] = ()  # (training.<key>, value) settings it cannot be combined with
     about: str = ""  # what it does, in the words its refusals end with
+    # the link budget's words for a suggestion of it, from the suggestion's settings: "DiLoCo with H=50"
+    named: Callable[[dict], str] | None = None
+    paced: str = ""  # what shares by speed do to its pace, formatted with the budget's times ({auto_s}, ...)
 
     @property
     def spelled(self) -> str:
@@ -108,7 +112,7 @@ _REGISTRY: dict[tuple[str, str], Entry] = {}
 
 def register(name: str, target: Any, option: str = "sync", **declared: Any) -> None:
     """Make ``training.<option>=<name>`` choose ``target`` (a Strategy class, or "module:Class"); ``declared``:
-    the Entry's other fields (in_place, owns, refuses, about)."""
+    the Entry's other fields (in_place, owns, refuses, about, named, paced)."""
     if option not in OPTIONS:
         raise ValueError(f"option {option!r}: one of {', '.join(OPTIONS)}")
     _REGISTRY[(option, name)] = Entry(name, option, target, **declared)
@@ -119,8 +123,9 @@ def unregister(name: str, option: str = "sync") -> None:
 
 
 def names(option: str) -> tuple[str, ...]:
-    """The values ``training.<option>`` takes."""
-    return tuple(n for o, n in _REGISTRY if o == option)
+    """The values ``training.<option>`` takes: the strategies registered for it, and both options' DEFAULT
+    (registered for training.sync; training.parallel at it leaves the choice to training.sync, chosen_name)."""
+    return tuple(dict.fromkeys([DEFAULT, *(n for o, n in _REGISTRY if o == option)]))
 
 
 def chosen_name(sync: str, parallel: str) -> tuple[str, str]:
@@ -188,11 +193,16 @@ def strategy_class(sync: str, parallel: str = DEFAULT) -> type:
     return _REGISTRY[chosen_name(sync, parallel)].load()
 
 
-_DDP = dict(owns=("ddp_comm_hook",))
-register("ddp", "auralm.parallel.ddp:DataParallel", **_DDP)
-register("ddp", "auralm.parallel.ddp:DataParallel", option="parallel", **_DDP)  # training.parallel's default
+def _ddp_named(s: dict) -> str:
+    return "plain DDP" if s["ddp_comm_hook"] == "none" else f"DDP with the {s['ddp_comm_hook']} hook"
+
+
+register("ddp", "auralm.parallel.ddp:DataParallel", owns=("ddp_comm_hook",), named=_ddp_named,
+         paced="a DDP step of the global batch would take {auto_s} instead of {equal_s}")
 register("diloco", "auralm.parallel.diloco_strategy:DiLoCoRounds", in_place=True,
-         about="its rounds are sent as training.diloco.comm_dtype (bf16 by default), not through DDP's comm hooks")
+         about="its rounds are sent as training.diloco.comm_dtype (bf16 by default), not through DDP's comm hooks",
+         named=lambda s: f"DiLoCo with H={s['inner_steps']}",
+         paced="DiLoCo's rounds would go at the fastest rank's {diloco_s} a local step, the slower ranks taking fewer")
 register("fsdp", "auralm.parallel.fsdp_strategy:Sharded", option="parallel", owns=("fsdp_cpu_offload",),
          refuses=(("dtype", "fp16"), ("ema", True)),
          about="FSDP shards the model and reduce-scatters full-precision gradients every step (no DiLoCo rounds, "

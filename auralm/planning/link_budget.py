@@ -27,8 +27,9 @@ when that brings it there, else DiLoCo with the smallest round H that brings its
 DILOCO_OK if the ranks wait for it, and with ``training.diloco.overlap_steps`` set to the local steps
 whose compute covers one synchronisation, so that they need not (its outer step is left to the trainer's
 default, ``training.diloco.outer_lr=auto``: the ranks' plain average for a run of fewer than FEW_ROUNDS
-rounds, the paper's step otherwise). Plain dicts in and out; no torch, but advise(), which asks the run's sync
-strategy (auralm.parallel.strategy) what it sends each step (its ``link_cost``) and so imports its class.
+rounds, the paper's step otherwise). The words for a suggested strategy, and for what work shares do to its pace,
+are its registration's (auralm.parallel.strategy: ``named``, ``paced``). Plain dicts in and out; no torch, but
+advise(), which asks the run's sync strategy what it sends each step (its ``link_cost``) and so imports its class.
 ``python -m auralm.planning.link_budget --link ENTRY key=value ...`` is hrmctl train's warning (see advise()).
 """
 
@@ -177,10 +178,7 @@ def suggest(b: dict) -> dict | None:
     if b["world"] > 1 and bal and bal["suggest"]:
         s["balance"] = "auto"
         s["overrides"] = ["training.balance=auto", *s["overrides"]]
-        pace = (f"a DDP step of the global batch would take {seconds(bal['auto_s'])} instead of "
-                f"{seconds(bal['equal_s'])}" if s["sync"] == "ddp" else
-                f"DiLoCo's rounds would go at the fastest rank's {seconds(bal['diloco_s'])} a local step, the slower "
-                f"ranks taking fewer")
+        pace = strategy.entry(s["sync"]).paced.format(**{k: seconds(v) for k, v in bal.items() if k.endswith("_s")})
         s["why"] += (f"; the ranks compute a step in {seconds(min(bal['s_by_rank']))} to "
                      f"{seconds(max(bal['s_by_rank']))}: with shares in proportion to their speed {pace} "
                      f"({bal['gain']:.2f}x the samples/s of equal shares)")
@@ -280,10 +278,9 @@ def suggestion_line(s: dict | None) -> str:
 
 
 def suggestion_name(s: dict) -> str:
-    """"plain DDP", "DDP with the bf16 hook" or "DiLoCo with H=50", with ", work shares by speed" when it has them."""
-    what = "plain DDP" if s["sync"] == "ddp" and s["ddp_comm_hook"] == "none" else \
-        f"DDP with the {s['ddp_comm_hook']} hook" if s["sync"] == "ddp" else f"DiLoCo with H={s['inner_steps']}"
-    return what + (", work shares by speed" if s.get("balance") == "auto" else "")
+    """"plain DDP", "DDP with the bf16 hook" or "DiLoCo with H=50" (as the suggested strategy's registration names
+    it), with ", work shares by speed" when it has them."""
+    return strategy.entry(s["sync"]).named(s) + (", work shares by speed" if s.get("balance") == "auto" else "")
 
 
 def shares_line(bal: dict) -> str:

@@ -1,6 +1,7 @@
 """The tasks a run trains on, each declared once: ``task=NAME`` looks its class up here.
 
-A task says what its samples are and how they are scored: the positions a sample holds, the model's output
+A task says what its samples are and how they are scored: the positions a sample holds, whether a position sees
+only those before it (text) or all of them (a grid), the values an input position takes, the model's output
 classes, whether a sample counts as solved only when every scored position is right (exact accuracy: sudoku's
 grids), whether its data holds a tokenizer (the vocabulary is the tokenizer's: text), whether
 ``training.augment`` applies, its data's splits as datasets, a random batch of its shape (the planners' probes),
@@ -30,6 +31,9 @@ class Task:
     #                       evaluation over the whole split and its line
     tokenized = False  # its data holds a tokenizer: the vocabulary is the tokenizer's (meta.json)
     augment = False  # training.augment applies (sudoku: digit, row and column permutations)
+    causal = True  # a position is predicted from those before it (text); False: every position of a sample sees
+    #                all of them (a grid: the recurrent models' grid options, model.pos_encodings=sudoku and mlp_t)
+    source = ""  # prepare-data's SOURCE in the lines that name the command ("corpus.txt"); "": its data are made
     default_vocab: int | None = None  # the size estimate's vocabulary before any data exist
     accuracy = "token_acc"  # the evaluation's per-position accuracy key
     train_metric = ("lm_loss", "lm_loss", 4)  # the recurrent models' meter key on the log line, its label, places
@@ -40,11 +44,20 @@ class Task:
         """The `hrmctl prepare-data` line that makes the data directory ``out`` for this task."""
         import shlex
 
-        return f"hrmctl prepare-data --task {self.name} --out {shlex.quote(out)}"
+        source = f"{shlex.quote(self.source)} " if self.source else ""
+        return f"hrmctl prepare-data {source}--task {self.name} --out {shlex.quote(out)}"
 
     def positions(self, arch: dict) -> int:
         """The positions of a sample the model is fed."""
         return arch["block_size"]
+
+    def length(self, arch: dict) -> int:
+        """The positions of a sample as its data hold them (``positions`` adds what a model puts before them)."""
+        return arch["block_size"]
+
+    def values(self, vocab: int | None) -> int | None:
+        """The values an input position takes: the model's input vocabulary."""
+        return vocab
 
     def classes(self, vocab: int | None) -> int | None:
         """The model's output classes."""

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from auralm import tasks
 from auralm.errors import UserError, exit_frozen
 
 
@@ -117,8 +118,9 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(message)
 
 
-def _tokenizer(data_dir: Path, explicit: bool):
-    """The tokenizer of the lm data in ``data_dir`` (its manifest names it), or a UserError saying what is missing."""
+def _tokenizer(data_dir: Path, explicit: bool, task: str):
+    """The tokenizer of the ``task`` data in ``data_dir`` (its manifest names it), or a UserError saying what is
+    missing."""
     from auralm.data import datadir
 
     if not (data_dir / "meta.json").is_file():
@@ -131,8 +133,8 @@ def _tokenizer(data_dir: Path, explicit: bool):
         path = data_dir / meta["tokenizer"]["path"]
     except (ValueError, KeyError, TypeError):
         raise UserError(f"{data_dir}/meta.json names no tokenizer: is it the run's lm data?") from None
-    if meta.get("task") != "lm":
-        raise UserError(f"{data_dir} holds {meta.get('task')!r} data, not the run's lm data")
+    if meta.get("task") != task:
+        raise UserError(f"{data_dir} holds {meta.get('task')!r} data, not the run's {task} data")
     if not path.exists():
         raise UserError(f"{data_dir} has no tokenizer at {path}: prepare or sync the data again")
     return datadir.load_tokenizer(path)
@@ -162,12 +164,12 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             raise UserError("--" + str(e).replace("_", "-")) from None
         loaded = load(Path(a.checkpoint))
-        if loaded.task != "lm":
+        if loaded.task not in tasks.names() or not tasks.get(loaded.task).tokenized:  # text: its data's tokenizer
             raise UserError(f"{loaded.path} is a task={loaded.task} model, not a language model: "
                             f"for sudoku use `hrmctl solve`")
         if not hasattr(loaded.model, "block_size") or getattr(loaded.model, "recurrent", False):
             raise UserError(f"{loaded.path}: generation supports the gpt and rlm families, not this model")
-        tokenizer = _tokenizer(Path(a.data) if a.data else loaded.data_dir, bool(a.data))
+        tokenizer = _tokenizer(Path(a.data) if a.data else loaded.data_dir, bool(a.data), loaded.task)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -4,7 +4,7 @@ One puzzle per line, 81 characters in row-major order, ``.`` or ``0`` for a blan
 lines starting with ``#`` are skipped). For each puzzle it prints the model's grid and whether it is
 a valid solution that keeps the givens, then a summary line. Exit 0 when every grid is a valid
 solution, 1 when some are not, 2 for bad input (a line that is not a puzzle, a checkpoint that is
-not a sudoku model).
+not a sudoku model: one whose task is sudoku's grids, auralm.tasks.sudoku).
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from pathlib import Path
 
 import torch
 
+from auralm import tasks
 from auralm.errors import UserError, exit_frozen
+from auralm.tasks.sudoku import Sudoku
 
 
 def parse_puzzles(lines, source: str) -> list[list[int]]:
@@ -70,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         a = p.parse_args(argv)
         loaded = load(Path(a.checkpoint))
-        if loaded.task != "sudoku":
+        if not isinstance(tasks.get(loaded.task) if loaded.task in tasks.names() else None, Sudoku):  # its grids
             raise UserError(f"{loaded.path} is a task={loaded.task} model, not a sudoku model")
         if a.file == "-":
             puzzles = parse_puzzles(sys.stdin, "standard input")

@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from auralm import models
+from auralm import models, tasks
 from auralm.planning import sizing
 from auralm.training import config
 from auralm.errors import UserError, exit_frozen
@@ -38,7 +38,7 @@ def build(overrides: list[str]) -> tuple[config.Config, dict, torch.nn.Module]:
     cfg = config.parse(DEFAULTS + overrides)
     arch = config.resolved_model(cfg.model)
     family = registry.of(cfg.task, arch)
-    if cfg.task != "lm" or not family.validates:
+    if not tasks.get(cfg.task).tokenized or not family.validates:  # a language model: text, and a family that takes it
         takes = " or ".join(f.name for f in registry.families() if f.validates)
         raise UserError(f"validate-model checks the language models (task=lm with the {takes} sizes), not "
                         f"task={cfg.task} model={cfg.model.name}; for sudoku models use `hrmctl train --dry-run`")
@@ -52,7 +52,7 @@ def build(overrides: list[str]) -> tuple[config.Config, dict, torch.nn.Module]:
                         f"{cfg.training.batch_size}), {have / 2**30:.1f} GiB are free: validate a smaller size "
                         f"(model=rlm-tiny) or lower training.batch_size")
     torch.manual_seed(cfg.training.seed)
-    return cfg, arch, models.build("lm", arch, vocab)
+    return cfg, arch, models.build(cfg.task, arch, vocab)
 
 
 def validate(cfg: config.Config, arch: dict, model: torch.nn.Module) -> list[dict]:

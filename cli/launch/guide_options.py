@@ -12,6 +12,7 @@ import os
 import shlex
 from dataclasses import dataclass, field
 
+from auralm import tasks
 from auralm.models import guide_spellings
 from auralm.models.guide_spellings import Spelling
 from auralm.training.config import key_names
@@ -22,6 +23,7 @@ from cli.errors import HrmctlError
 FLAGS = {"--dry-run": ("dry_run", bool), "--nproc": ("nproc", int), "--master-port": ("master_port", int),
          "--nodes": ("distributed", bool)}
 DATA_KEYS = ("data_dir", "data_path", "data_paths")  # where the line says its data is (the trainer's and the guides')
+PREPARED_TASK = "lm"  # the task `hrmctl prepare-data` prepares when its line gives no --task (its parser's default)
 
 
 @dataclass
@@ -114,14 +116,15 @@ def prepare_first(typed: list[tuple[Spelling, str]], args: list[str]) -> str:
         if extra.split()[0] not in ours:
             ours += extra.split()
     given = [a.partition("=")[2] for a in args if a.partition("=")[0].lstrip("+") in DATA_KEYS]
-    task = "sudoku" if "sudoku" in ours else "lm"
+    task = ours[ours.index("--task") + 1] if "--task" in ours else PREPARED_TASK
+    source = tasks.get(task).source if task in tasks.names() else ""  # what the task's data are made from
     out = given[-1] if given else f"data/{task}"
     if "--out" not in ours:
         ours += ["--out", out]
     else:
         out = ours[ours.index("--out") + 1]
-    if task == "lm" and not any(row.ours == guide_spellings.SOURCE for row, _ in typed):
-        ours.insert(0, "corpus.txt")  # --prepare alone: the text is the user's to name
+    if source and not any(row.ours == guide_spellings.SOURCE for row, _ in typed):
+        ours.insert(0, source)  # --prepare alone: the text is the user's to name
     guide = typed[0][0].guide
     them = " ".join(shlex.join([row.theirs] + ([] if row.flag else [value])) for row, value in typed)
     line = f"hrmctl prepare-data {shlex.join(ours)}"

@@ -193,6 +193,14 @@ def _task(args: list[str]) -> str | None:
         return None
 
 
+def _makes_its_data(task: str) -> bool:
+    """Whether the trainer makes ``task``'s data itself when its data directory is missing (sudoku's default data),
+    as the task declares (auralm.tasks: ``default_rows``)."""
+    from auralm import tasks  # no torch
+
+    return task in tasks.names() and tasks.get(task).default_rows() is not None
+
+
 def node_data_dir(node: Node, task: str) -> str:
     """The node's data directory for `task`: the inventory's data_dir (the root `hrmctl sync-data` fills, like
     ./data here) joined with the task, as the trainer's own default is data/<task>. Relative stays relative:
@@ -207,7 +215,7 @@ def _spec(node: Node, dirs: Dirs | None, master: bool) -> dict:
         if not dirs.train_path:  # data.train_path: the trainer makes its data directory from the file
             data = dirs.data_given or node_data_dir(node, dirs.task)
             wanted.append({"kind": "data", "path": data, "task": dirs.task, "format": DATA_FORMAT, "base": node.data_dir,
-                           "local": node.is_local, "generate": dirs.data_given is None and dirs.task == DEFAULT_TASK})
+                           "local": node.is_local, "generate": dirs.data_given is None and _makes_its_data(dirs.task)})
         if master and dirs.out_dir:
             wanted.append({"kind": "run", "path": dirs.out_dir})
     return {"workdir": node.workdir, "min_free": MIN_FREE_MB << 20, "dirs": wanted}

@@ -10,6 +10,7 @@ from auralm.models.registry import ModelFamily, check_result, register
 
 # the vocabulary is the data's unless model.vocab_size is set (the counts in docs/rlm.md are at 32000)
 _RLM = dict(family="rlm", mhc_enabled=True, mhc_flows=4, mhc_sinkhorn_iters=20, vocab_size=None, dropout=0.0)
+TASKS = ("lm",)  # the tasks it trains: a language model
 SIZES = {
     "rlm-tiny": dict(_RLM, n_embd=256, n_layer=4, n_head=4, head_dim=64, ffn_dim=688, block_size=256),  # a CPU
     "rlm-small": dict(_RLM, n_embd=768, n_layer=12, n_head=12, head_dim=64, ffn_dim=2048, block_size=1024),  # 125M
@@ -25,8 +26,9 @@ AMAX_LIMIT = 2.0
 
 
 def check(task: str, name: str, arch: dict) -> None:
-    if task != "lm":
-        raise UserError(f"model={arch.get('name', 'rlm')} is a language model: use it with task=lm")
+    if task not in TASKS:
+        raise UserError(f"model={arch.get('name', 'rlm')} is a language model: use it with "
+                        f"task={' or task='.join(TASKS)}")
     for key in ("head_dim", "ffn_dim", "mhc_flows", "mhc_sinkhorn_iters"):
         if arch[key] <= 0:
             raise UserError(f"model.{key}={arch[key]}: must be greater than 0")
@@ -83,6 +85,6 @@ def trained_stochastic(connections: list) -> dict:
 
 
 FAMILY = register(ModelFamily(
-    name="rlm", title="RLM (mHC)", sizes=SIZES, build=build, model_class=model_class, tasks=("lm",),
+    name="rlm", title="RLM (mHC)", sizes=SIZES, build=build, model_class=model_class, tasks=TASKS,
     select="model=rlm-tiny", smallest="rlm-tiny", check=check, validates=True, validate_checks=validate_checks,
     guide_size="rlm-tiny", guide_keys=GUIDE_KEYS))

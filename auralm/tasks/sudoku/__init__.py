@@ -16,6 +16,7 @@ class Sudoku(Task):
     unit = "puzzles"
     solved_whole = True
     augment = True
+    causal = False
     accuracy = "cell_acc"
     train_metric = ("train_exact_accuracy", "exact", 3)
     prepare_hint = ""  # generated: no SOURCE
@@ -35,6 +36,12 @@ class Sudoku(Task):
     def positions(self, arch: dict) -> int:
         d = arch["n_embd"]
         return CELLS + -(-(arch.get("puzzle_emb_ndim") or 0) // d)  # the puzzle embedding's positions before the grid
+
+    def length(self, arch: dict) -> int:
+        return CELLS
+
+    def values(self, vocab: int | None) -> int:
+        return DIGITS + 1  # 0, a blank, and the digits
 
     def classes(self, vocab: int | None) -> int:
         return DIGITS
