@@ -33,11 +33,11 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from auralm.data import sudoku
+from auralm.data.prepare_choices import PRESETS, SUDOKU_DEFAULTS
 from auralm.errors import UserError, exit_frozen
 
 FORMAT = "auralm-data/1"
 EOS = "<|endoftext|>"
-SUDOKU_DEFAULTS = dict(difficulty="medium", train=3000, test=1000, aug=0, seed=0)  # the embedded default
 
 
 def sha256_file(path: Path) -> str:
@@ -99,13 +99,6 @@ def _up_to_date(out: Path, fp: str) -> bool:
     except UserError:
         return False
     return True
-
-
-PRESETS = {  # named like the HRM guide's data sets; with --from-csv they are read from the public CSVs instead
-    "sudoku-extreme-1k-aug-1000": dict(difficulty="extreme", train=1000, test=1000, aug=1000),
-    "sudoku-extreme-small": dict(difficulty="extreme", train=200, test=100, aug=20),
-    "sudoku-medium": dict(SUDOKU_DEFAULTS),
-}
 
 
 def _without_leaks(train: list, test: list) -> tuple[list, int]:
