@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from cli.tools.common import Checkpoint, JsonOut, user_errors
+from cli.tools.common import Checkpoint, user_errors
 
 
 def solve(checkpoint: Checkpoint,
