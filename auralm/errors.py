@@ -32,7 +32,7 @@ def stop(line: str, rank: int) -> int:
 
 
 def exit_frozen(code: int) -> NoReturn:
-    """End a tool's process (``python -m auralm.tools.evaluate`` ...) with ``code``, what it made frozen first
+    """End a tool's process (``python -m auralm.planning.sizing`` ...) with ``code``, what it made frozen first
     (gc.freeze): the interpreter's collector passes at exit then skip it. With torch imported, most of the process's
     objects, that is about 0.4 s of CPU less (`python -c "import torch"`: 1.5-1.6 s, 1.1-1.3 s with the freeze,
     2026-11-28). A rank leaves with os._exit (training.distributed.exit_process) and needs none."""

@@ -86,6 +86,7 @@ def run(args: list[str], out: Path, nodes: int = 2, at: int = 0, seconds: float 
 
 def main() -> int:
     from auralm.data import datadir
+    from cli.app import main as cli_main  # hrmctl prepare-data, in this process
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--task", choices=sorted(TASKS), default="lm", help="lm (default): GPT tiny on Don Quijote, a "
@@ -103,7 +104,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / a.task
         if a.task == "lm":
-            if datadir.main([str(a.text), "--out", str(data), "--vocab-size", "1024"]) != 0:
+            if cli_main(["prepare-data", str(a.text), "--out", str(data), "--vocab-size", "1024"]) != 0:
                 raise SystemExit(f"{a.text}: could not be prepared (see above)")
         else:
             datadir.prepare_sudoku(data, **dict(datadir.SUDOKU_DEFAULTS, test=200))

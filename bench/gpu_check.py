@@ -6,7 +6,7 @@ Each check runs as a process of its own (`--one NAME`) with its own time cap, on
 at most what is left of the budget (300 s), so the whole ends within it, and one that would start with too little
 left is reported as not run (a failure: it was not verified). The checks, in order:
 
-  data        the text the runs train on: this repository's README and docs, prepared by auralm.data.datadir
+  data        the text the runs train on: this repository's README and docs, prepared by `hrmctl prepare-data`
   nvidia-smi  `nvidia-smi` read live by the project's own parser (cli/setup: nodeside.nvidia_smi, torch_build's
               parse_nvidia_smi, as `hrmctl setup` reads it; tests/recorded/ holds a recorded one) and by the node
               probe (netcheck.node_probe: the driver and GPU count), against what torch sees
@@ -212,11 +212,11 @@ def result(status: bool, detail: str, **figures) -> tuple[str, str, dict]:
 # ---------------------------------------------------------------- the checks
 
 def check_data(work: Path):
-    from auralm.data import datadir
+    from cli.app import main as cli_main  # hrmctl prepare-data, in this process
 
     corpus = work / "corpus.txt"
     corpus.write_text("\n\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]))
-    code = datadir.main([str(corpus), "--out", str(data_dir(work)), "--vocab-size", "4096"])
+    code = cli_main(["prepare-data", str(corpus), "--out", str(data_dir(work)), "--vocab-size", "4096"])
     return result(code == 0, f"{corpus.stat().st_size / 1e3:.0f} kB of text, vocabulary {vocab(work)}")
 
 

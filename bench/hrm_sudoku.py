@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 from auralm import models  # noqa: E402
 from auralm.data import datadir
 from auralm.planning import cpu_memory
+from cli.app import main as cli_main  # hrmctl prepare-data, in this process
 from auralm.training import config, optim, train
 from auralm import tasks  # noqa: E402
 from bench._lockstep import LockStep  # noqa: E402
@@ -78,7 +79,7 @@ def accuracy(a) -> None:
         data_dir = tmp / difficulty
         began = time.perf_counter()
         with contextlib.redirect_stdout(io.StringIO()):
-            assert datadir.main(["--task", "sudoku", *DATA[difficulty], "--out", str(data_dir)]) == 0
+            assert cli_main(["prepare-data", "--task", "sudoku", *DATA[difficulty], "--out", str(data_dir)]) == 0
         print(f"{difficulty}: data in {time.perf_counter() - began:.0f} s", file=sys.stderr)
         for model in a.models.split(","):
             common = [f"data_dir={data_dir}", f"model={model}", *a.overrides]
@@ -135,7 +136,7 @@ def overhead(a) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench-hrm-overhead-"))
     data_dir = tmp / "medium"
     with contextlib.redirect_stdout(io.StringIO()):
-        assert datadir.main(["--task", "sudoku", *DATA["medium"], "--out", str(data_dir)]) == 0
+        assert cli_main(["prepare-data", "--task", "sudoku", *DATA["medium"], "--out", str(data_dir)]) == 0
     meta = datadir.load_manifest(data_dir, "sudoku")
     train_set = tasks.open_split(data_dir, meta, "train", 81)
     warmup = 3

@@ -52,10 +52,11 @@ LINKS = {"LAN": (None, 0.0), "200M+3ms": (200, 3.0), "50M+20ms": (50, 20.0)}
 
 def prepare(lab: Lab, tmp: Path) -> None:
     """The same prepared text on every node (as `hrmctl sync-data` would leave it)."""
-    from auralm.data import datadir
+    from cli.app import main as cli_main  # hrmctl prepare-data, in this process
 
     local = tmp / "quijote"
-    assert datadir.main([str(QUIJOTE), "--out", str(local), "--vocab-size", "4096", "--max-tokens", "400000"]) == 0
+    assert cli_main(["prepare-data", str(QUIJOTE), "--out", str(local), "--vocab-size", "4096",
+                     "--max-tokens", "400000"]) == 0
     for node in lab.nodes:
         target = node.home / "hrmctl" / "data" / "quijote"
         shutil.rmtree(target, ignore_errors=True)

@@ -32,10 +32,10 @@ QUIJOTE = ROOT.parent / "shared" / "data" / "quijote" / "pg2000.txt"
 
 
 def prepare(tmp: Path) -> Path:
-    from auralm.data import datadir
+    from cli.app import main as cli_main  # hrmctl prepare-data, in this process
 
     out = tmp / "quijote"
-    assert datadir.main([str(QUIJOTE), "--out", str(out), "--vocab-size", "4096"]) == 0
+    assert cli_main(["prepare-data", str(QUIJOTE), "--out", str(out), "--vocab-size", "4096"]) == 0
     return out
 
 

@@ -42,6 +42,7 @@ from auralm.data import datadir
 from auralm import tasks
 from auralm.planning import cpu_memory
 from auralm.training import config, optim, train
+from cli.app import main as cli_main  # hrmctl prepare-data, in this process
 from bench._lockstep import LockStep  # noqa: E402
 
 QUIJOTE = Path(__file__).resolve().parents[2] / "shared" / "data" / "quijote" / "pg2000.txt"
@@ -181,7 +182,8 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench-train-"))
     data_dir = tmp / "quijote"
     with contextlib.redirect_stdout(io.StringIO()):
-        assert datadir.main([str(QUIJOTE), "--out", str(data_dir), "--vocab-size", "4096", "--max-tokens", "300000"]) == 0
+        assert cli_main(["prepare-data", str(QUIJOTE), "--out", str(data_dir), "--vocab-size", "4096",
+                         "--max-tokens", "300000"]) == 0
     meta = datadir.load_manifest(data_dir, "lm")
     vocab = meta["tokenizer"]["vocab_size"]
     rows = []

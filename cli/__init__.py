@@ -7,11 +7,13 @@ The rooms, one package per command, beside the shared one:
     doctor/    `hrmctl doctor`
     sync/      `hrmctl sync-data`
     launch/    `hrmctl train` and `hrmctl test-ddp`
+    tools/     the trainer's tools: `hrmctl prepare-data`, `eval`, `solve`, `generate`, `export`, `validate-model`
     errors.py  the one-line errors and their exit codes; fast_start.py: less fixed cost per process
 
-`prepare-data`, `eval` and `solve` are the trainer's own tools (auralm.data.datadir, auralm.tools.evaluate,
-auralm.tools.solve), run as processes. Arrows point one way: app -> a command's room -> nodes -> errors;
-rooms use netcheck; nothing here imports auralm (it is started as a process).
+The trainer's tools are hrmctl commands like the others (cli/tools/ holds their options); each runs auralm's typed
+function for it (auralm.data.datadir.prepare, auralm.tools.evaluate.evaluate_checkpoint ...) in this process, imported
+only when the command runs. Arrows point one way: app -> a command's room -> nodes -> errors; rooms use netcheck;
+training itself is auralm's, started as a process (torchrun), and what the rooms read of auralm imports no torch.
 """
 
 __version__ = "0.1.0"

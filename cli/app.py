@@ -1,7 +1,9 @@
 """The hrmctl command line (Typer). Each command is a function with type hints and help text; its body
-imports the room that holds its logic (cli/nodes, cli/setup, cli/doctor, cli/top, cli/sync, cli/launch, cli/runs)
-only when it runs, so `hrmctl --help` imports typer and rich but never paramiko, torch, auralm or the rooms
-(checked with `python -X importtime`), and `sync-data` never imports torch, auralm or the other rooms.
+imports the room that holds its logic (cli/nodes, cli/setup, cli/doctor, cli/top, cli/sync, cli/launch, cli/runs;
+the trainer's tools: auralm, through cli/tools) only when it runs, so `hrmctl --help` imports typer and rich but never
+paramiko, torch or the rooms, and of auralm only the standard-library tables prepare-data's options list
+(auralm/data/prepare_choices.py; checked with `python -X importtime`), and `sync-data` never imports torch, the rest
+of auralm or the other rooms.
 
 Every expected failure is one line on stderr (`error: ...`) and an exit code from the README's table:
 0 done, 1 a check or a node failed, 2 bad input, 3 a node unreachable or refused us, 130 interrupted.
@@ -442,33 +444,18 @@ def plot_cmd(runs: Annotated[list[str], typer.Argument(metavar="RUN...", show_de
     return plot(runs, runs_dir=runs_dir, metric=metric, x=x, out_file=out_file, console=out, err=err)
 
 
-def _trainer_tool(name: str, module: str, text: str) -> None:
-    """A command that is one of the trainer's own tools, run as a process (`python -m <module>`): its options,
-    --help and errors are the tool's own. (The cli imports of auralm only parts that need no torch: see
-    cli/launch/__init__.py and cli/runs.)"""
-    def tool(ctx: typer.Context) -> int:
-        import subprocess
-
-        return subprocess.call([sys.executable, "-m", module, *ctx.args],
-                               env=dict(os.environ, AURALM_PROG=f"hrmctl {name}"))
-    tool.__doc__ = text + f" Options: `hrmctl {name} --help`."
-    command(name, add_help_option=False,
-            context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(tool)
+# ---------------------------------------------------------------- the trainer's tools (cli/tools/: their options)
 
 
-_trainer_tool("prepare-data", "auralm.data.datadir",
-              "Turn a corpus (or generated sudoku puzzles) into training shards and a manifest.")
-_trainer_tool("eval", "auralm.tools.evaluate",
-              "Evaluate a checkpoint: exact and cell accuracy, halting, accuracy by number of segments.")
-_trainer_tool("solve", "auralm.tools.solve", "Solve sudoku puzzles (one per line, 81 characters) with a trained model.")
-_trainer_tool("generate", "auralm.tools.generate",
-              "Continue a prompt with a trained language model (KV cache; temperature, top-k, top-p sampling).")
-_trainer_tool("export", "auralm.tools.export",
-              "Gather a checkpoint (sharded by training.parallel=fsdp, or whole) into one model.safetensors and "
-              "config.yaml, loadable with from_pretrained.")
-_trainer_tool("validate-model", "auralm.tools.validate_model",
-              "Check a language model before training: forward, backward, parameters, mHC's doubly stochastic "
-              "matrices, a tiny batch overfit.")
+from cli.tools import evaluate, export, generate, prepare_data, solve, validate_model  # noqa: E402 - no torch
+
+command("prepare-data", cls=prepare_data.ReadGuides,
+        context_settings={"allow_extra_args": True})(prepare_data.prepare_data)
+command("eval")(evaluate.evaluate)
+command("solve")(solve.solve)
+command("generate")(generate.generate)
+command("export")(export.export)
+command("validate-model")(validate_model.validate_model)
 
 
 # ---------------------------------------------------------------- running it
@@ -535,6 +522,10 @@ def run() -> None:
     if _quick_exit:
         from cli.fast_start import quick_exit
         quick_exit(code)  # about 90 ms less than the interpreter's own teardown
+    if "torch" in sys.modules:  # a trainer's tool ran (eval, solve ...): what it made is left out of the
+        import gc  # collector's passes at exit (auralm.errors.exit_frozen: about 0.4 s of CPU with torch)
+
+        gc.freeze()
     sys.exit(code)
 
 

@@ -92,18 +92,17 @@ def made_once(name: str, args: tuple, make) -> Path:
 @pytest.fixture(scope="session")
 def quijote_data():
     """quijote_data(vocab_size, max_tokens): Don Quijote (../shared/data/quijote) prepared as `hrmctl prepare-data`
-    prepares a corpus (auralm.data.datadir.main: a byte-level BPE tokenizer trained here, uint16 shards), made once
+    prepares a corpus (in this process: a byte-level BPE tokenizer trained here, uint16 shards), made once
     for each size (``made_once``) and shared by every test that asks for that size. Read it; never write into it (copy
     it first). Tests of the preparing itself (tests/unit/test_trainer_data.py) make their own."""
-    from auralm.data import datadir
-    from tests.trainer.helpers import QUIJOTE
+    from tests.trainer.helpers import QUIJOTE, prepare_data
 
     made: dict[tuple[int, int], Path] = {}
 
     def get(vocab_size: int = 512, max_tokens: int = 40000) -> Path:
         if (vocab_size, max_tokens) not in made:
             def make(out: Path) -> None:
-                assert datadir.main([str(QUIJOTE), "--out", str(out), "--vocab-size", str(vocab_size),
+                assert prepare_data([str(QUIJOTE), "--out", str(out), "--vocab-size", str(vocab_size),
                                      "--max-tokens", str(max_tokens)]) == 0
 
             text = QUIJOTE.stat()

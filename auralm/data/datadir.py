@@ -1,8 +1,7 @@
 """Training data: prepared once into fixed-width binary shards with a manifest, read by the trainer.
 
-``python -m auralm.data.datadir SOURCE --out DIR [--vocab-size N]`` (task ``lm``) or
-``python -m auralm.data.datadir --task sudoku --out DIR [--count N]``; ``hrmctl prepare-data`` forwards
-its arguments to :func:`main`.
+``hrmctl prepare-data SOURCE --out DIR [--vocab-size N]`` (task ``lm``) or ``hrmctl prepare-data --task sudoku
+--out DIR [--count N]``: its options are declared in cli/tools/prepare_data.py, which calls :func:`prepare`.
 
 A data directory holds ``meta.json`` (the manifest: task, token or puzzle counts, every file's
 size and sha256, the source and the options) and the shards it names. ``lm`` shards are the token
@@ -14,17 +13,14 @@ failure never leaves a half-written or overwritten data directory.
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import hashlib
 import itertools
 import json
 import os
 import random
-import shlex
 import shutil
 import socket
-import sys
 import urllib.parse
 from pathlib import Path
 
@@ -33,11 +29,11 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from auralm.data import sudoku
-from auralm.errors import UserError, exit_frozen
+from auralm.data.prepare_choices import PRESETS, SUDOKU_DEFAULTS
+from auralm.errors import UserError
 
 FORMAT = "auralm-data/1"
 EOS = "<|endoftext|>"
-SUDOKU_DEFAULTS = dict(difficulty="medium", train=3000, test=1000, aug=0, seed=0)  # the embedded default
 
 
 def sha256_file(path: Path) -> str:
@@ -99,13 +95,6 @@ def _up_to_date(out: Path, fp: str) -> bool:
     except UserError:
         return False
     return True
-
-
-PRESETS = {  # named like the HRM guide's data sets; with --from-csv they are read from the public CSVs instead
-    "sudoku-extreme-1k-aug-1000": dict(difficulty="extreme", train=1000, test=1000, aug=1000),
-    "sudoku-extreme-small": dict(difficulty="extreme", train=200, test=100, aug=20),
-    "sudoku-medium": dict(SUDOKU_DEFAULTS),
-}
 
 
 def _without_leaks(train: list, test: list) -> tuple[list, int]:
@@ -666,146 +655,36 @@ def shared_batches(ds, sizes: list[int], rank: int, seed: int, start: int = 0, a
         epoch, first = epoch + 1, 0
 
 
-# ---------------------------------------------------------------- command line
+# ---------------------------------------------------------------- hrmctl prepare-data
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, not usage + message: what is wrong, and where the options are listed
-        raise UserError(f"{message}; `{self.prog} --help` lists the options")
-
-
-def parser() -> argparse.ArgumentParser:
-    """prepare-data's options (the guides' spellings of them are read first: ``guide_args``)."""
-    p = _Parser(prog=os.environ.get("AURALM_PROG", "python -m auralm.data.datadir"),
-                description="Prepare training data for auralm.", allow_abbrev=False)
-    p.add_argument("source", nargs="?", help="lm: a .txt/.jsonl/.parquet file, a directory of them, or a dataset name")
-    p.add_argument("--task", choices=("lm", "sudoku"), default="lm")
-    p.add_argument("--out", type=Path, help="the data directory to write (default: data/<task>, where hrmctl train "
-                   "looks for it)")
-    p.add_argument("--vocab-size", type=int, default=8192)
-    p.add_argument("--tokenizer", help="use this tokenizer (a directory transformers can load) instead of training one")
-    p.add_argument("--max-tokens", type=int)
-    p.add_argument("--min-text-length", type=int, default=0, help="drop texts shorter than this (characters)")
-    p.add_argument("--max-text-length", type=int, help="drop texts longer than this (characters)")
-    p.add_argument("--text-field", default="text")
-    p.add_argument("--split", default="train", help="split of a named dataset")
-    p.add_argument("--config", help="the configuration of a named dataset (or of a local dataset directory): C4's en, "
-                   "Wikipedia's 20231101.es")
-    p.add_argument("--streaming", action="store_true", help="read a dataset as it downloads, only until --max-tokens "
-                   "tokens (needs --max-tokens)")
-    p.add_argument("--dtype", choices=("auto", "uint16", "uint32"), default="auto", help="shard width")
-    p.add_argument("--shard-tokens", type=int, default=100_000_000)
-    p.add_argument("--difficulty", help="sudoku (default %s): " % SUDOKU_DEFAULTS["difficulty"] + ", ".join(
-        f"{k} ({lo}-{hi} givens{', needs search' if k == 'extreme' else ''})"
-        for k, (lo, hi) in sudoku.DIFFICULTIES.items()))
-    p.add_argument("--train", type=int, help="sudoku: train puzzles (default %d)" % SUDOKU_DEFAULTS["train"])
-    p.add_argument("--test", type=int, help="sudoku: held-out test puzzles, never augmented, no transform of a train "
-                   "puzzle (default %d; stored as the split 'val')" % SUDOKU_DEFAULTS["test"])
-    p.add_argument("--aug", type=int, default=0, help="sudoku: augmented copies of each train puzzle")
-    p.add_argument("--from-csv", help="sudoku: read puzzles from a CSV (source,question,answer,rating) instead")
-    p.add_argument("--test-csv", help="sudoku: the test puzzles from this CSV (with --from-csv)")
-    p.add_argument("--preset", choices=sorted(PRESETS), help="sudoku: a named data set of the HRM guides")
-    p.add_argument("--workers", type=int, default=2, help="sudoku: processes that generate puzzles")
-    p.add_argument("--count", type=int, help="sudoku: puzzles with a givens range instead of a difficulty")
-    p.add_argument("--min-givens", type=int)
-    p.add_argument("--max-givens", type=int)
-    p.add_argument("--seed", type=int, default=0)
-    return p
-
-
-def guide_args(argv: list[str]) -> tuple[list[str], list[str]]:
-    """``argv`` with the guides' spellings of prepare-data's options read as ours (AuraLM's ``--dataset-name X
-    --dataset-max-tokens N`` are ``X --max-tokens N``; the HRM guide's build_sudoku_dataset.py options imply
-    ``--task sudoku``), and what each was read as, for one line."""
-    from auralm.models import guide_spellings
-
-    out, said, implied, i = [], [], [], 0
-    while i < len(argv):
-        a = argv[i]
-        i += 1
-        name, eq, value = a.partition("=")
-        row = guide_spellings.option_row(name, guide_spellings.PREPARE)
-        if row is None:
-            out.append(a)
-            continue
-        if not row.flag and not eq:
-            if i >= len(argv) or argv[i].startswith("--"):
-                raise UserError(f"{name} needs a value ({row.guide}'s spelling of {row.ours})")
-            value, i = argv[i], i + 1
-        ours = guide_spellings.prepare_args(row, value)
-        said.append(f"{name} {value}".strip() + (f" is {shlex.join(ours)}" if ours else f" is accepted ({row.note})"))
-        out += ours
-        if row.implies and row.implies.split()[0] not in argv and row.implies not in implied:
-            implied.append(row.implies)
-    return out + [w for text in implied for w in text.split()], said
-
-
-def _parse(argv: list[str]) -> argparse.Namespace:
-    """The command line, every problem one UserError: an unknown option with the nearest of ours (or the guides'),
-    a second SOURCE."""
-    from auralm.models import guide_spellings
-
-    p = parser()
-    args, said = guide_args(argv)
-    a, extra = p.parse_known_args(args)
-    a.notes = [f"hrmctl: read as ours: {'; '.join(said)}"] if said else []
-    for x in extra:
-        if x.startswith("-"):
-            name = x.partition("=")[0]
-            hint = guide_spellings.suggest(name, list(p._option_string_actions), option=True,
-                                           command=guide_spellings.PREPARE)
-            raise UserError(f"unknown option {name}{hint or f'; `{p.prog} --help` lists the options'}")
-        raise UserError(f"unexpected argument {x!r}: prepare-data takes one SOURCE (a file, a directory of them, or a "
-                        f"dataset name{f', here {a.source!r}' if a.source else ''}); quote a path with spaces")
-    if a.out is None:
-        a.out = Path("data") / a.task
-        a.notes.append(f"out: {a.out} (no --out: the data directory hrmctl train reads for task={a.task})")
-    return a
-
-
-def main(argv: list[str] | None = None) -> int:
-    try:
-        a = _parse(sys.argv[1:] if argv is None else list(argv))
-        if a.task == "sudoku":
-            if a.config or a.streaming:
-                raise UserError("--config and --streaming read a text dataset: not for --task sudoku")
-            if a.source:
-                raise UserError("--task sudoku takes no SOURCE: the puzzles are generated (or --from-csv FILE)")
-            if a.workers < 1:
-                raise UserError("--workers must be at least 1")
-            if a.count is None and (a.min_givens is not None or a.max_givens is not None):
-                raise UserError("--min-givens/--max-givens go with --count N (or use --difficulty)")
-            opts = dict(PRESETS[a.preset]) if a.preset else dict(SUDOKU_DEFAULTS)
-            for key in ("train", "test"):
-                if getattr(a, key) is not None:
-                    opts[key] = getattr(a, key)
-            if a.aug:
-                opts["aug"] = a.aug
-            if a.difficulty:
-                opts["difficulty"] = a.difficulty
-            opts["seed"] = a.seed
-            if a.count is not None:
-                opts.update(count=a.count, min_givens=a.min_givens, max_givens=a.max_givens)
-            msg = prepare_sudoku(a.out, from_csv=a.from_csv, test_csv=a.test_csv, workers=a.workers, **opts)
-        else:
-            if not a.source:
-                raise UserError("missing SOURCE: give a .txt/.jsonl/.parquet file, a directory of them, or a dataset "
-                                "name in the Hugging Face cache (`hrmctl prepare-data corpus.txt`), or --task sudoku "
-                                "for generated puzzles")
-            for name in ("max_tokens", "shard_tokens"):
-                if getattr(a, name) is not None and getattr(a, name) <= 0:
-                    raise UserError(f"--{name.replace('_', '-')} must be greater than 0")
-            msg = prepare_lm(a.source, a.out, a.vocab_size, a.tokenizer, a.max_tokens, a.min_text_length,
-                             a.max_text_length, a.text_field, a.split, dtype=a.dtype, shard_tokens=a.shard_tokens,
-                             config=a.config, streaming=a.streaming)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        return 2
-    for note in a.notes:  # how the line was read: once it has worked (a bad input is one line, the error's)
-        print(note, file=sys.stderr, flush=True)
-    print(msg, flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    exit_frozen(main())
+def prepare(source: str | None, out: Path, task: str, *, vocab_size: int, tokenizer: str | None,
+            max_tokens: int | None, min_text_length: int, max_text_length: int | None, text_field: str, split: str,
+            config: str | None, streaming: bool, dtype: str, shard_tokens: int, difficulty: str | None,
+            train: int | None, test: int | None, aug: int, from_csv: str | None, test_csv: str | None,
+            preset: str | None, workers: int, count: int | None, min_givens: int | None, max_givens: int | None,
+            seed: int) -> str:
+    """What ``hrmctl prepare-data`` does with its options (declared once, with their defaults and help, in
+    cli/tools/prepare_data.py): ``out`` made for ``task`` from ``source`` (lm) or generated puzzles (sudoku); the
+    line that says what was written. A combination of options that does not go together is one UserError."""
+    if task == "sudoku":
+        if config or streaming:
+            raise UserError("--config and --streaming read a text dataset: not for --task sudoku")
+        if source:
+            raise UserError("--task sudoku takes no SOURCE: the puzzles are generated (or --from-csv FILE)")
+        if count is None and (min_givens is not None or max_givens is not None):
+            raise UserError("--min-givens/--max-givens go with --count N (or use --difficulty)")
+        opts = dict(PRESETS[preset]) if preset else dict(SUDOKU_DEFAULTS)
+        opts.update({k: v for k, v in dict(train=train, test=test, difficulty=difficulty).items() if v is not None})
+        if aug:
+            opts["aug"] = aug
+        opts["seed"] = seed
+        if count is not None:
+            opts.update(count=count, min_givens=min_givens, max_givens=max_givens)
+        return prepare_sudoku(out, from_csv=from_csv, test_csv=test_csv, workers=workers, **opts)
+    if not source:
+        raise UserError("missing SOURCE: give a .txt/.jsonl/.parquet file, a directory of them, or a dataset name in "
+                        "the Hugging Face cache (`hrmctl prepare-data corpus.txt`), or --task sudoku for generated "
+                        "puzzles")
+    return prepare_lm(source, out, vocab_size, tokenizer, max_tokens, min_text_length, max_text_length, text_field,
+                      split, dtype=dtype, shard_tokens=shard_tokens, config=config, streaming=streaming)

@@ -25,6 +25,8 @@ import random
 
 import numpy as np
 
+from auralm.data.prepare_choices import DIFFICULTIES  # name -> (min, max givens); extreme is also rated (make_puzzle)
+
 ALL = 0x3FE  # bits 1..9
 _ROW = [i // 9 for i in range(81)]
 _COL = [i % 9 for i in range(81)]
@@ -33,8 +35,6 @@ UNITS = ([[r * 9 + c for c in range(9)] for r in range(9)] + [[r * 9 + c for r i
          + [[(br * 3 + r) * 9 + bc * 3 + c for r in range(3) for c in range(3)] for br in range(3) for bc in range(3)])
 PEERS = [sorted({j for u in UNITS if i in u for j in u} - {i}) for i in range(81)]
 
-# name -> (min givens, max givens); extreme is also rated (see make_puzzle)
-DIFFICULTIES = {"easy": (50, 60), "medium": (30, 36), "hard": (26, 29), "extreme": (17, 25)}
 EXTREME_MIN_GUESSES = 2  # an extreme puzzle needs at least this many guesses of the rater's search
 
 

@@ -7,8 +7,8 @@ YAML files, the HRM distributed launcher's ``--options``, AuraLM's ``train_gpt2_
 ``SOURCE``, its positional argument), accepted as it is (``accepted``: what hrmctl does anyway, said), or nothing
 (then ``note`` says what to do instead). The trainer's config (auralm.training.config) takes the key spellings as
 aliases; ``hrmctl train`` takes the option spellings (cli/launch/guide_options.py), ``hrmctl prepare-data`` its own
-(auralm.data.datadir); all of them name their nearest row in a "did you mean" (:func:`suggest`). docs/guides.md is
-this table, per guide, with the lines it comes from.
+(cli/tools/prepare_data.py, before its options are parsed); all of them name their nearest row in a "did you mean"
+(:func:`suggest`). docs/guides.md is this table, per guide, with the lines it comes from.
 """
 
 from __future__ import annotations

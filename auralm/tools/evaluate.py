@@ -5,22 +5,19 @@ models run ``halt_max_steps`` segments from a fresh state; they also report what
 Q-head halting gives (``exact_accuracy_qhalt``, ``halt_steps``: mean segments at which it halts)
 and the exact accuracy after each number of segments (``exact_by_segments``).
 
-``python -m auralm.tools.evaluate CHECKPOINT [--data DIR] [--split val] [--batches N] [--segments N] [--json]``.
+``hrmctl eval CHECKPOINT [--data DIR] [--split val] [--batches N] [--segments N] [--json]`` (its options:
+cli/tools/evaluate.py) calls :func:`evaluate_checkpoint`.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import os
-import sys
 from pathlib import Path
 
 import torch
 
 from auralm import tasks
-from auralm.errors import UserError, exit_frozen
+from auralm.errors import UserError
 from auralm.models.layers import IGNORE, per_token_loss
 
 
@@ -94,53 +91,24 @@ def evaluate(model, val, task: str, batch_size: int, max_batches: int | None, de
         model.train(was)
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise UserError(message)
-
-
-def main(argv: list[str] | None = None) -> int:
+def evaluate_checkpoint(checkpoint: Path, data: Path | None, split: str, batches: int | None, batch_size: int,
+                        segments: int | None) -> dict:
+    """What ``hrmctl eval`` reports (its options: cli/tools/evaluate.py): the checkpoint, the data and split, the
+    examples seen and the split's metrics (:func:`evaluate`), on the CPU. Bad input is one UserError."""
     import contextlib
 
     from auralm.data import datadir
     from auralm.tools.inference import load
 
-    p = _Parser(prog=os.environ.get("AURALM_PROG", "python -m auralm.tools.evaluate"),
-                description="Evaluate a checkpoint on a data split.")
-    p.add_argument("checkpoint", help="a checkpoint-<step> directory, or a run directory (its best checkpoint)")
-    p.add_argument("--data", help="the data directory (default: the one the run trained on)")
-    p.add_argument("--split", default="val", help="the split to evaluate (default: val, the held-out puzzles)")
-    p.add_argument("--batches", type=int, default=None, help="evaluate only this many batches")
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--segments", type=int, default=None,
-                   help="HRM/TRM: segments to run (default: the model's halt_max_steps; more may solve more)")
-    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    try:
-        a = p.parse_args(argv)
-        if a.batch_size <= 0 or any(v is not None and v <= 0 for v in (a.batches, a.segments)):
-            raise UserError("--batch-size, --batches and --segments must be greater than 0")
-        loaded = load(Path(a.checkpoint))
-        data_dir = Path(a.data) if a.data else loaded.data_dir
-        meta = datadir.load_manifest(data_dir, loaded.task)
-        if a.split not in meta["splits"]:
-            raise UserError(f"--split {a.split}: {data_dir} has the splits {', '.join(meta['splits'])}")
-        val = tasks.open_split(data_dir, meta, a.split, loaded.arch["block_size"])
-        if len(val) == 0:
-            raise UserError(f"the {a.split} split of {data_dir} is empty")
-        out = evaluate(loaded.model, val, loaded.task, a.batch_size, a.batches, torch.device("cpu"),
-                       contextlib.nullcontext(), a.segments)
-        out = {"checkpoint": str(loaded.path), "data": str(data_dir), "split": a.split,
-               "examples": min(len(val), (a.batches or len(val)) * a.batch_size), **out}
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if a.json:
-        print(json.dumps(out))
-    else:
-        for k, v in out.items():
-            print(f"{k:22} {v:.4f}" if isinstance(v, float) else f"{k:22} {v}")
-    return 0
-
-
-if __name__ == "__main__":
-    exit_frozen(main())
+    loaded = load(Path(checkpoint))
+    data_dir = Path(data) if data else loaded.data_dir
+    meta = datadir.load_manifest(data_dir, loaded.task)
+    if split not in meta["splits"]:
+        raise UserError(f"--split {split}: {data_dir} has the splits {', '.join(meta['splits'])}")
+    val = tasks.open_split(data_dir, meta, split, loaded.arch["block_size"])
+    if len(val) == 0:
+        raise UserError(f"the {split} split of {data_dir} is empty")
+    out = evaluate(loaded.model, val, loaded.task, batch_size, batches, torch.device("cpu"), contextlib.nullcontext(),
+                   segments)
+    return {"checkpoint": str(loaded.path), "data": str(data_dir), "split": split,
+            "examples": min(len(val), (batches or len(val)) * batch_size), **out}

@@ -6,24 +6,21 @@ every new token is computed over the last ``block_size`` tokens, exactly as with
 such token costs a whole window, cache or not). Sampling draws from a ``torch.Generator`` of its own:
 the global random state, which training uses, is never touched. Temperature 0 is greedy.
 
-``python -m auralm.tools.generate CHECKPOINT --prompt TEXT [--max-new-tokens 64] [--temperature 0.8] [--top-k 50]
-[--top-p 1.0] [--seed 0] [--data DIR] [--json]`` (``hrmctl generate``). The tokenizer is the one of the data
-the run trained on (its data directory, or ``--data``).
+``hrmctl generate CHECKPOINT --prompt TEXT [--max-new-tokens 64] [--temperature 0.8] [--top-k 50] [--top-p 1.0]
+[--seed 0] [--data DIR] [--json]`` (its options: cli/tools/generate.py) calls :func:`continue_prompt`. The
+tokenizer is the one of the data the run trained on (its data directory, or ``--data``).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import sys
 import time
 from pathlib import Path
 
 import torch
 
 from auralm import tasks
-from auralm.errors import UserError, exit_frozen
+from auralm.errors import UserError
 
 
 def check_settings(temperature: float, top_k: int, top_p: float) -> None:
@@ -113,11 +110,6 @@ def generate(model, ids: torch.Tensor, max_new_tokens: int, temperature: float =
 # ---------------------------------------------------------------- the command
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise UserError(message)
-
-
 def _tokenizer(data_dir: Path, explicit: bool, task: str):
     """The tokenizer of the ``task`` data in ``data_dir`` (its manifest names it), or a UserError saying what is
     missing."""
@@ -140,56 +132,32 @@ def _tokenizer(data_dir: Path, explicit: bool, task: str):
     return datadir.load_tokenizer(path)
 
 
-def main(argv: list[str] | None = None) -> int:
+def continue_prompt(checkpoint: Path, prompt: str, max_new_tokens: int, temperature: float, top_k: int,
+                    top_p: float, seed: int, data: Path | None) -> dict:
+    """What ``hrmctl generate`` prints (its options: cli/tools/generate.py): ``prompt`` continued by the language
+    model of ``checkpoint`` with the tokenizer of its data (``data``, else the directory the run trained on): the
+    prompt, the new text, its tokens, the seconds and tokens/s, the checkpoint. Bad input is one UserError."""
     from auralm.tools.inference import load
 
-    p = _Parser(prog=os.environ.get("AURALM_PROG", "python -m auralm.tools.generate"),
-                description="Continue a prompt with a trained language model (task=lm).")
-    p.add_argument("checkpoint", help="a checkpoint-<step> directory, or a run directory (its newest checkpoint)")
-    p.add_argument("--prompt", required=True, help="the text to continue")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to add (default: 64)")
-    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default: 0.8)")
-    p.add_argument("--top-k", type=int, default=50, help="sample among the K most likely tokens; 0 = off (default: 50)")
-    p.add_argument("--top-p", type=float, default=1.0,
-                   help="sample among the most likely tokens that make up P of the probability; 1 = off (default: 1.0)")
-    p.add_argument("--seed", type=int, default=0, help="the sampling seed: the same seed, the same text (default: 0)")
-    p.add_argument("--data", help="the data directory with the tokenizer (default: the one the run trained on)")
-    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     try:
-        a = p.parse_args(argv)
-        if a.max_new_tokens < 1:
-            raise UserError(f"--max-new-tokens must be 1 or more, not {a.max_new_tokens}")
-        try:
-            check_settings(a.temperature, a.top_k, a.top_p)
-        except ValueError as e:
-            raise UserError("--" + str(e).replace("_", "-")) from None
-        loaded = load(Path(a.checkpoint))
-        if loaded.task not in tasks.names() or not tasks.get(loaded.task).tokenized:  # text: its data's tokenizer
-            raise UserError(f"{loaded.path} is a task={loaded.task} model, not a language model: "
-                            f"for sudoku use `hrmctl solve`")
-        if not hasattr(loaded.model, "block_size") or getattr(loaded.model, "recurrent", False):
-            raise UserError(f"{loaded.path}: generation supports the gpt and rlm families, not this model")
-        tokenizer = _tokenizer(Path(a.data) if a.data else loaded.data_dir, bool(a.data), loaded.task)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    prompt = tokenizer(a.prompt)["input_ids"] or [tokenizer.eos_token_id]  # nothing to continue: start a text
-    generator = torch.Generator().manual_seed(a.seed)
+        check_settings(temperature, top_k, top_p)
+    except ValueError as e:
+        raise UserError("--" + str(e).replace("_", "-")) from None
+    loaded = load(Path(checkpoint))
+    if loaded.task not in tasks.names() or not tasks.get(loaded.task).tokenized:  # text: its data's tokenizer
+        raise UserError(f"{loaded.path} is a task={loaded.task} model, not a language model: "
+                        f"for sudoku use `hrmctl solve`")
+    if not hasattr(loaded.model, "block_size") or getattr(loaded.model, "recurrent", False):
+        raise UserError(f"{loaded.path}: generation supports the gpt and rlm families, not this model")
+    tokenizer = _tokenizer(Path(data) if data else loaded.data_dir, bool(data), loaded.task)
+    ids = tokenizer(prompt)["input_ids"] or [tokenizer.eos_token_id]  # nothing to continue: start a text
+    generator = torch.Generator().manual_seed(seed)
     start = time.perf_counter()
-    out = generate(loaded.model, torch.tensor(prompt), a.max_new_tokens, a.temperature, a.top_k, a.top_p,
-                   generator, stop=[tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else None).tolist()
+    out = generate(loaded.model, torch.tensor(ids), max_new_tokens, temperature, top_k, top_p, generator,
+                   stop=[tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else None).tolist()
     seconds = time.perf_counter() - start
-    new = out[len(prompt):]
-    whole, head = tokenizer.decode(out), tokenizer.decode(prompt)
+    new = out[len(ids):]
+    whole, head = tokenizer.decode(out), tokenizer.decode(ids)
     text = whole[len(head):] if whole.startswith(head) else tokenizer.decode(new)
-    if a.json:
-        print(json.dumps({"prompt": a.prompt, "text": text, "tokens": len(new), "seconds": round(seconds, 4),
-                          "tokens_per_s": round(len(new) / seconds, 2) if seconds > 0 else None,
-                          "checkpoint": str(loaded.path)}, ensure_ascii=False))
-    else:
-        print(a.prompt + text)
-    return 0
-
-
-if __name__ == "__main__":
-    exit_frozen(main())
+    return {"prompt": prompt, "text": text, "tokens": len(new), "seconds": round(seconds, 4),
+            "tokens_per_s": round(len(new) / seconds, 2) if seconds > 0 else None, "checkpoint": str(loaded.path)}

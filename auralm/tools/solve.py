@@ -1,4 +1,4 @@
-"""Solve sudoku puzzles with a trained model: ``python -m auralm.tools.solve CHECKPOINT [FILE|-]``.
+"""Solve sudoku puzzles with a trained model: ``hrmctl solve CHECKPOINT [FILE|-]`` (cli/tools/solve.py).
 
 One puzzle per line, 81 characters in row-major order, ``.`` or ``0`` for a blank (blank lines and
 lines starting with ``#`` are skipped). For each puzzle it prints the model's grid and whether it is
@@ -9,16 +9,13 @@ not a sudoku model: one whose task is sudoku's grids, auralm.tasks.sudoku).
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import sys
 from pathlib import Path
 
 import torch
 
 from auralm import tasks
-from auralm.errors import UserError, exit_frozen
+from auralm.errors import UserError
 from auralm.tasks.sudoku import Sudoku
 
 
@@ -60,43 +57,26 @@ def solve(model, puzzles: list[list[int]], batch_size: int = 256) -> list[list[i
     return grids
 
 
-def main(argv: list[str] | None = None) -> int:
+def read_puzzles(file: str) -> list[list[int]]:
+    """The puzzles of ``file``, or of standard input for ``-``; one that cannot be read is one UserError."""
+    if file == "-":
+        return parse_puzzles(sys.stdin, "standard input")
+    try:
+        with open(file) as f:
+            return parse_puzzles(f, file)
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{file}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
+
+
+def solve_file(checkpoint: Path, file: str) -> tuple[Path, list[dict]]:
+    """What ``hrmctl solve`` prints (its options: cli/tools/solve.py): the checkpoint's path and, per puzzle of
+    ``file``, the puzzle, the model's grid and whether it is a valid solution keeping the givens."""
     from auralm.tools.inference import load
 
-    p = argparse.ArgumentParser(prog=os.environ.get("AURALM_PROG", "python -m auralm.tools.solve"),
-                                description="Solve sudoku puzzles with a trained model.")
-    p.add_argument("checkpoint", help="a checkpoint-<step> directory or a run directory")
-    p.add_argument("file", nargs="?", default="-", help="puzzles, one per line (- or nothing: standard input)")
-    p.add_argument("--json", action="store_true", help="one JSON object per puzzle, then a summary object")
-    p.error = lambda message: (_ for _ in ()).throw(UserError(message))  # one line, not usage + message
-    try:
-        a = p.parse_args(argv)
-        loaded = load(Path(a.checkpoint))
-        if not isinstance(tasks.get(loaded.task) if loaded.task in tasks.names() else None, Sudoku):  # its grids
-            raise UserError(f"{loaded.path} is a task={loaded.task} model, not a sudoku model")
-        if a.file == "-":
-            puzzles = parse_puzzles(sys.stdin, "standard input")
-        else:
-            try:
-                with open(a.file) as f:
-                    puzzles = parse_puzzles(f, a.file)
-            except (OSError, UnicodeDecodeError) as e:
-                raise UserError(f"{a.file}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    loaded = load(Path(checkpoint))
+    if not isinstance(tasks.get(loaded.task) if loaded.task in tasks.names() else None, Sudoku):  # its grids
+        raise UserError(f"{loaded.path} is a task={loaded.task} model, not a sudoku model")
+    puzzles = read_puzzles(file)
     grids = solve(loaded.model, puzzles)
-    solved = 0
-    for puzzle, grid in zip(puzzles, grids):
-        ok = is_solution(grid, puzzle)
-        solved += ok
-        text = "".join(map(str, grid))
-        print(json.dumps({"puzzle": "".join(str(v) if v else "." for v in puzzle), "grid": text, "valid": ok})
-              if a.json else f"{text} {'valid' if ok else 'INVALID'}")
-    summary = {"puzzles": len(puzzles), "solved": solved, "checkpoint": str(loaded.path)}
-    print(json.dumps(summary) if a.json else f"{solved} of {len(puzzles)} solved ({loaded.path})")
-    return 0 if solved == len(puzzles) else 1
-
-
-if __name__ == "__main__":
-    exit_frozen(main())
+    return loaded.path, [{"puzzle": "".join(str(v) if v else "." for v in puzzle), "grid": "".join(map(str, grid)),
+                          "valid": is_solution(grid, puzzle)} for puzzle, grid in zip(puzzles, grids)]

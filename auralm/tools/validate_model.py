@@ -1,5 +1,5 @@
-"""Check a language model before training it: ``python -m auralm.tools.validate_model [--json] [key=value ...]``
-(``hrmctl validate-model``), the RLM-mHC guide's ``validate_model.py``.
+"""Check a language model before training it: ``hrmctl validate-model [--json] [key=value ...]`` (its options:
+cli/tools/validate_model.py), the RLM-mHC guide's ``validate_model.py``.
 
 Builds the model the keys describe (default ``task=lm model=rlm-tiny``, vocabulary ``model.vocab_size``
 or 512) and checks, each as a line with ok or FAIL: the forward pass (shape, a finite loss near
@@ -15,10 +15,7 @@ Exit 0 when every check passes, 1 when one fails, 2 for bad keys or a model this
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import sys
 import time
 
 import torch
@@ -26,7 +23,7 @@ import torch
 from auralm import models, tasks
 from auralm.planning import sizing
 from auralm.training import config
-from auralm.errors import UserError, exit_frozen
+from auralm.errors import UserError
 from auralm.models import registry
 from auralm.models.registry import check_result as _check
 
@@ -103,34 +100,11 @@ def validate(cfg: config.Config, arch: dict, model: torch.nn.Module) -> list[dic
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else list(argv)
-    prog = os.environ.get("AURALM_PROG", "python -m auralm.tools.validate_model")
-    if any(a in ("-h", "--help") for a in args):
-        print(__doc__.strip().replace("python -m auralm.tools.validate_model", prog, 1))
-        return 0
-    as_json = "--json" in args
-    args = [a for a in args if a != "--json"]
-    odd = [a for a in args if a.startswith("-")]
-    try:
-        if odd:
-            raise UserError(f"unknown option {odd[0]} (options: --json; everything else is key=value)")
-        cfg, arch, model = build(args)
-        results = validate(cfg, arch, model)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    ok = all(r["ok"] for r in results)
-    if as_json:
-        print(json.dumps({"model": cfg.model.name, "ok": ok, "checks": results}))
-    else:
-        print(f"model {cfg.model.name} ({models.family_of(cfg.task, arch)}"
-              f"{', mHC n=' + str(arch['mhc_flows']) if arch.get('mhc_enabled') else ''})")
-        for r in results:
-            print(f"  {'ok  ' if r['ok'] else 'FAIL'} {r['check']}: {r['detail']}")
-        print("all checks passed" if ok else "some checks failed")
-    return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    exit_frozen(main())
+def check(overrides: list[str]) -> dict:
+    """What ``hrmctl validate-model`` reports (its options: cli/tools/validate_model.py): the model the keys describe,
+    built and checked (:func:`validate`); its name, family, whether every check passed, and the checks."""
+    cfg, arch, model = build(overrides)
+    results = validate(cfg, arch, model)
+    mhc = f", mHC n={arch['mhc_flows']}" if arch.get("mhc_enabled") else ""
+    return {"model": cfg.model.name, "family": f"{models.family_of(cfg.task, arch)}{mhc}",
+            "ok": all(r["ok"] for r in results), "checks": results}

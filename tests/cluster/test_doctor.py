@@ -243,8 +243,8 @@ def test_two_nodes_holding_different_data_fail_the_dataset_check(lab3, hrmctl, t
     node1 copy was made with other options (fail, naming node1 and its sync-data), node2 lacking it."""
     import shutil
 
-    from auralm.data import datadir
     from lab.nodes import sh
+    from tests.trainer.helpers import prepare_data
 
     code, doc, err = doctor_json(hrmctl, lab3.inventory)
     assert doc["cluster"]["dataset"]["status"] == "ok", doc["cluster"]["dataset"]
@@ -252,7 +252,7 @@ def test_two_nodes_holding_different_data_fail_the_dataset_check(lab3, hrmctl, t
     made = {}
     for name, train in (("node0", "20"), ("node1", "21")):
         made[name] = tmp_path / name / "issue33"
-        assert datadir.main(["--task", "sudoku", "--out", str(made[name]), "--train", train, "--test", "5"]) == 0
+        assert prepare_data(["--task", "sudoku", "--out", str(made[name]), "--train", train, "--test", "5"]) == 0
     targets = []
     try:
         for name, src in made.items():

@@ -473,11 +473,11 @@ def test_data_missing_on_a_node_is_refused_before_launch_with_the_command_that_m
     """issue 33, item 8: the HRM guide's data_path on node0 but not on node1. The dry run and the launch refuse in
     one line naming node1, the path and the prepare-data line with its --preset; nothing starts on any node. Once
     this machine's ./data has it, the line names `hrmctl sync-data node1`, and after that sync the dry run passes."""
-    from auralm.data import datadir
+    from tests.trainer.helpers import prepare_data
 
     node0, node1 = lab3.nodes[:2]
     made = tmp_path / "made" / "sudoku-extreme-small"
-    assert datadir.main(["--task", "sudoku", "--out", str(made), "--train", "12", "--test", "4"]) == 0
+    assert prepare_data(["--task", "sudoku", "--out", str(made), "--train", "12", "--test", "4"]) == 0
     on_node0 = node0.home / "hrmctl" / "data" / "sudoku-extreme-small"
     on_node1 = node1.home / "hrmctl" / "data" / "sudoku-extreme-small"
     shutil.copytree(made, on_node0)

@@ -24,6 +24,14 @@ REPO = Path(__file__).resolve().parents[2]
 QUIJOTE = REPO.parent / "shared" / "data" / "quijote" / "pg2000.txt"
 
 
+def prepare_data(args: list[str]) -> int:
+    """``hrmctl prepare-data ARGS`` in this process: its exit code (its lines go to this process's stdout and
+    stderr, as the command prints them)."""
+    from cli.app import main
+
+    return main(["prepare-data", *args])
+
+
 def small_sudoku(out: Path, count: int = 1200) -> Path:
     from auralm.data.datadir import prepare_sudoku
 

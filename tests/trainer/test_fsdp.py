@@ -51,10 +51,10 @@ def _same_state(a: dict, b: dict) -> bool:
 
 
 def _export(ckpt, out):
-    from auralm.tools import export
     from auralm.models import Pretrained
+    from cli.app import main
 
-    assert export.main([str(ckpt), "--out", str(out)]) == 0
+    assert main(["export", str(ckpt), "--out", str(out)]) == 0
     return Pretrained.from_pretrained(out)
 
 
@@ -233,10 +233,10 @@ def test_recurrent_families_train_evaluate_save_and_resume_exactly_under_torchru
     assert _same_state(_export(run / "checkpoint-4", tmp_path / "a").state_dict(),
                        _export(resumed / "checkpoint-4", tmp_path / "b").state_dict())
     # hrmctl eval: the whole model in one process gives the figures of the run's final evaluation (all of val)
-    from auralm.tools import evaluate, solve
+    from cli.app import main
 
     capsys.readouterr()
-    assert evaluate.main([str(run / "checkpoint-4"), "--batch-size", "8", "--json"]) == 0
+    assert main(["eval", str(run / "checkpoint-4"), "--batch-size", "8", "--json"]) == 0
     ev = json.loads(capsys.readouterr().out)
     assert ev["val_loss"] == pytest.approx(a[4]["val_loss"], rel=1e-5)
     assert ev["exact_by_segments"] == a[4]["exact_by_segments"] and ev["cell_acc"] == pytest.approx(a[4]["cell_acc"])
@@ -244,6 +244,6 @@ def test_recurrent_families_train_evaluate_save_and_resume_exactly_under_torchru
     puzzles = tmp_path / "puzzles.txt"
     x, _ = tasks.open_split(sudoku_dir, datadir.load_manifest(sudoku_dir, "sudoku"), "val", 81).batch([0, 1])
     puzzles.write_text("".join("".join(map(str, row)) + "\n" for row in x.tolist()))
-    assert solve.main([str(run / "checkpoint-4"), str(puzzles), "--json"]) in (0, 1)
+    assert main(["solve", str(run / "checkpoint-4"), str(puzzles), "--json"]) in (0, 1)
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert len(lines) == 3 and all(len(line["grid"]) == 81 for line in lines[:2]) and lines[2]["puzzles"] == 2

@@ -1,4 +1,5 @@
-"""`hrmctl prepare-data` forwards to the trainer's data tool, as a process."""
+"""`hrmctl prepare-data`: a Typer command of hrmctl (cli/tools/prepare_data.py) that runs the trainer's preparer
+(auralm.data.datadir.prepare); the guides' spellings of its options read as ours before they are parsed."""
 
 from __future__ import annotations
 
@@ -33,14 +34,15 @@ def test_bad_input_is_one_line(tmp_path):
     assert res.stderr.startswith("error: ") and res.stderr.count("\n") == 1 and "missing.txt" in res.stderr
     assert not (tmp_path / "x").exists()
     res = hrmctl("--task", "sudoku", "--workers", "0", cwd=tmp_path)  # no --out: data/sudoku, as train reads it
-    assert res.returncode == 2 and res.stderr == "error: --workers must be at least 1\n"
+    assert res.returncode == 2 and res.stderr == ("error: Invalid value for '--workers': 0 is not in the range x>=1. "
+                                                  "(see `hrmctl prepare-data --help`)\n")
 
 
 @pytest.mark.parametrize("args, line", [
-    (["--task", "sudok"], "error: argument --task: invalid choice: 'sudok' (choose from 'lm', 'sudoku'); `hrmctl "
-                          "prepare-data --help` lists the options"),
-    (["--max-tokens", "many", "x.txt"], "error: argument --max-tokens: invalid int value: 'many'; `hrmctl "
-                                        "prepare-data --help` lists the options"),
+    (["--task", "sudok"], "error: Invalid value for '--task': 'sudok' is not one of 'lm', 'sudoku'. (see `hrmctl "
+                          "prepare-data --help`)"),
+    (["--max-tokens", "many", "x.txt"], "error: Invalid value for '--max-tokens': 'many' is not a valid int range. (see "
+                                        "`hrmctl prepare-data --help`)"),
     (["a.txt", "b.txt"], "error: unexpected argument 'b.txt': prepare-data takes one SOURCE (a file, a directory of "
                          "them, or a dataset name, here 'a.txt'); quote a path with spaces"),
     (["--max_tokens", "5", "x.txt"], "error: unknown option --max_tokens (did you mean --max-tokens?)"),
@@ -54,31 +56,41 @@ def test_bad_input_is_one_line(tmp_path):
                                          "them, or a dataset name in the Hugging Face cache (`hrmctl prepare-data "
                                          "corpus.txt`), or --task sudoku for generated puzzles"),
     (["--prepare", "--dataset-name", "missing.txt", "--dataset-max-tokens", "0"],
-     "error: --max-tokens must be greater than 0"),
-    (["--out"], "error: argument --out: expected one argument; `hrmctl prepare-data --help` lists the options"),
+     "error: Invalid value for '--max-tokens': 0 is not in the range x>=1. (see `hrmctl prepare-data --help`)"),
+    (["--out"], "error: Option '--out' requires an argument."),
+    (["--nope"], "error: unknown option --nope; `hrmctl prepare-data --help` lists the options"),
 ])
 def test_every_bad_input_is_one_line_in_hrmctls_style(tmp_path, args, line):
-    """Issue 63, item 6: no argparse usage, no traceback: `error: ` what is wrong and what to do, exit code 2."""
+    """Issue 63, item 6, and issue 64, item 11: no usage block, no traceback: `error: ` what is wrong and what to do,
+    exit code 2, as every hrmctl command says a usage error (Typer's words for a value it checks)."""
     res = hrmctl(*args, cwd=tmp_path)
     assert (res.returncode, res.stdout, res.stderr) == (2, "", line + "\n"), res
     assert not (tmp_path / "data").exists()
 
 
-def test_the_guides_options_are_read_as_ours():
+def test_the_guides_options_are_read_as_ours(monkeypatch, capsys):
     from auralm.data import datadir
+    from cli.app import main
+    from cli.tools.prepare_data import read_guides
 
-    assert datadir.guide_args(["--prepare", "--dataset-name", "wikipedia", "--dataset-max-tokens=500000"]) == (
+    assert read_guides(["--prepare", "--dataset-name", "wikipedia", "--dataset-max-tokens=500000"]) == (
         ["wikipedia", "--max-tokens", "500000"],
         ["--prepare is accepted (what hrmctl prepare-data does: hrmctl train refuses it with the prepare-data line to "
          "run first)", "--dataset-name wikipedia is wikipedia", "--dataset-max-tokens 500000 is --max-tokens 500000"])
-    args, said = datadir.guide_args(["--output-dir", "data/sudoku-extreme-1k-aug-1000", "--subsample-size", "1000",
-                                     "--num-aug", "1000"])  # the HRM guide's build_sudoku_dataset.py line
+    args, said = read_guides(["--output-dir", "data/sudoku-extreme-1k-aug-1000", "--subsample-size", "1000",
+                             "--num-aug", "1000"])  # the HRM guide's build_sudoku_dataset.py line
     assert args == ["--out", "data/sudoku-extreme-1k-aug-1000", "--train", "1000", "--aug", "1000", "--task", "sudoku"]
-    assert datadir.guide_args(["--task", "sudoku", "--num-aug", "3"])[0] == ["--task", "sudoku", "--aug", "3"]
-    assert datadir.guide_args(["--dataset_name", "x.txt"])[0] == ["x.txt"]  # other dashes: the same option
-    a = datadir._parse(["--dataset-name", "es.txt", "--dataset-max-tokens", "500"])
-    assert (a.source, a.max_tokens, a.out, a.task) == ("es.txt", 500, Path("data/lm"), "lm")
-    assert a.notes[-1] == "out: data/lm (no --out: the data directory hrmctl train reads for task=lm)"
+    assert read_guides(["--task", "sudoku", "--num-aug", "3"])[0] == ["--task", "sudoku", "--aug", "3"]
+    assert read_guides(["--dataset_name", "x.txt"])[0] == ["x.txt"]  # other dashes: the same option
+    got = {}
+    monkeypatch.setattr(datadir, "prepare", lambda source, out, task, **options: got.update(
+        source=source, out=out, task=task, **options) or "prepared")
+    assert main(["prepare-data", "--dataset-name", "es.txt", "--dataset-max-tokens", "500"]) == 0
+    assert (got["source"], got["max_tokens"], got["out"], got["task"]) == ("es.txt", 500, Path("data/lm"), "lm")
+    said = capsys.readouterr()
+    assert said.out == "prepared\n" and said.err.splitlines() == [
+        "hrmctl: read as ours: --dataset-name es.txt is es.txt; --dataset-max-tokens 500 is --max-tokens 500",
+        "out: data/lm (no --out: the data directory hrmctl train reads for task=lm)"]
 
 
 @pytest.mark.slow  # a tokenizer trained and a text tokenized: seconds of real work

@@ -1,4 +1,5 @@
-"""`hrmctl eval` and `hrmctl solve` (auralm.tools.evaluate, auralm.tools.solve) on a checkpoint of a real short HRM run."""
+"""`hrmctl eval` and `hrmctl solve` (cli/tools/, running auralm.tools.evaluate and auralm.tools.solve) on a checkpoint
+of a real short HRM run."""
 
 from __future__ import annotations
 
@@ -35,17 +36,18 @@ def cli(module: str, *args: str, stdin: str | None = None, cwd=None):
 
 @pytest.fixture
 def tool(monkeypatch, capsys):
-    """tool(module, *args, stdin=None): the trainer's tool's main() in this process, as ``python -m module`` runs it
-    (its exit code, stdout, stderr) without a new Python and torch import per call. The processes themselves:
+    """tool(command, *args, stdin=None): ``hrmctl command args`` in this process (its exit code, stdout, stderr)
+    without a new Python and torch import per call. The processes themselves:
     test_hrmctl_eval_and_solve_run_the_trainers_tools."""
-    import importlib
     import io
     from types import SimpleNamespace
 
-    def call(module: str, *args: str, stdin: str | None = None):
+    from cli.app import main
+
+    def call(command: str, *args: str, stdin: str | None = None):
         capsys.readouterr()
         monkeypatch.setattr(sys, "stdin", io.StringIO(stdin or ""))
-        code = importlib.import_module(module).main(list(args))
+        code = main([command, *args])
         got = capsys.readouterr()
         return SimpleNamespace(returncode=code, stdout=got.out, stderr=got.err)
 
@@ -54,7 +56,7 @@ def tool(monkeypatch, capsys):
 
 def test_eval_reports_exact_and_cell_accuracy_halting_and_accuracy_by_segments(run, tool):
     base, out = run
-    res = tool("auralm.tools.evaluate", str(out), "--json")
+    res = tool("eval", str(out), "--json")
     assert res.returncode == 0, res.stderr
     r = json.loads(res.stdout)
     assert r["checkpoint"].endswith("checkpoint-4") and r["split"] == "val" and r["examples"] == 30
@@ -67,12 +69,14 @@ def test_eval_reports_exact_and_cell_accuracy_halting_and_accuracy_by_segments(r
     (["nowhere"], "nowhere: no such checkpoint or run directory"),
     (["{data}"], "no whole checkpoint-<step> directory there"),
     (["{out}", "--split", "test"], "--split test: "),
-    (["{out}", "--batches", "0"], "must be greater than 0"),
-    (["{out}", "--segments", "0"], "must be greater than 0"),
+    (["{out}", "--batches", "0"], "Invalid value for '--batches': 0 is not in the range x>=1"),
+    (["{out}", "--segments", "0"], "Invalid value for '--segments': 0 is not in the range x>=1"),
+    (["{out}", "--batch-size", "0"], "Invalid value for '--batch-size': 0 is not in the range x>=1"),
+    ([], "Missing argument 'CHECKPOINT'"),
 ])
 def test_eval_bad_input_is_one_line_and_exit_2(run, tool, args, expected):
     data, out = run
-    res = tool("auralm.tools.evaluate", *[a.format(data=data, out=out) for a in args])
+    res = tool("eval", *[a.format(data=data, out=out) for a in args])
     assert res.returncode == 2 and res.stdout == ""
     assert res.stderr.startswith("error: ") and expected in res.stderr and len(res.stderr.splitlines()) == 1
 
@@ -80,14 +84,14 @@ def test_eval_bad_input_is_one_line_and_exit_2(run, tool, args, expected):
 def test_solve_prints_a_grid_per_puzzle_its_validity_and_a_summary(run, tool):
     base, out = run
     puzzle = "53..7....6..195....98....6.8...6...34..8.3..17...2...6.6....28....419..5....8..79"
-    res = tool("auralm.tools.solve", str(out), "-", stdin=f"# a comment\n{puzzle}\n\n{puzzle.replace('.', '0')}\n")
+    res = tool("solve", str(out), "-", stdin=f"# a comment\n{puzzle}\n\n{puzzle.replace('.', '0')}\n")
     lines = res.stdout.splitlines()
     assert len(lines) == 3 and lines[-1].startswith(("0 of 2 solved", "1 of 2 solved", "2 of 2 solved"))
     for line in lines[:2]:
         grid, verdict = line.split()
         assert len(grid) == 81 and set(grid) <= set("123456789") and verdict in ("valid", "INVALID")
     assert res.returncode == (0 if lines[-1].startswith("2 of 2") else 1)
-    js = tool("auralm.tools.solve", str(out), "--json", stdin=puzzle + "\n")
+    js = tool("solve", str(out), "--json", stdin=puzzle + "\n")
     assert json.loads(js.stdout.splitlines()[0])["puzzle"] == puzzle
 
 
@@ -110,7 +114,7 @@ def test_a_solution_must_keep_the_givens_and_be_a_valid_grid():
     ("\n# nothing\n", "no puzzle in it"),
 ])
 def test_solve_names_the_line_that_is_not_a_puzzle(run, tool, stdin, expected):
-    res = tool("auralm.tools.solve", str(run[1]), stdin=stdin)
+    res = tool("solve", str(run[1]), stdin=stdin)
     assert res.returncode == 2 and res.stdout == "" and expected in res.stderr
     assert len(res.stderr.splitlines()) == 1
 
@@ -119,14 +123,14 @@ def test_solve_refuses_a_checkpoint_that_is_not_a_sudoku_model(tmp_path, tool, q
     data_dir = quijote_data(300, 20000)  # the session's text data (read only: the run writes under tmp_path)
     train.run(parse(["task=lm", f"data_dir={data_dir}", f"out_dir={tmp_path / 'lm'}", "model=tiny",
                      "training.max_steps=1", "training.eval_interval=0", "training.sample_tokens=0"]))
-    res = tool("auralm.tools.solve", str(tmp_path / "lm"), stdin="." * 81 + "\n")
+    res = tool("solve", str(tmp_path / "lm"), stdin="." * 81 + "\n")
     assert res.returncode == 2 and "is a task=lm model, not a sudoku model" in res.stderr
-    missing = tool("auralm.tools.solve", str(tmp_path / "lm"), str(tmp_path / "none.txt"))
+    missing = tool("solve", str(tmp_path / "lm"), str(tmp_path / "none.txt"))
     assert missing.returncode == 2
 
 
 def test_hrmctl_eval_and_solve_run_the_trainers_tools(run):
-    """The same tools through the hrmctl command line: its options and errors are the tool's, under hrmctl's name."""
+    """The same tools through hrmctl's own process: Typer's help, hrmctl's one-line errors."""
     base, out = run
     res = cli("cli", "eval", str(out), "--json")
     assert res.returncode == 0, res.stderr
@@ -134,7 +138,7 @@ def test_hrmctl_eval_and_solve_run_the_trainers_tools(run):
     res = cli("cli", "solve", str(out), "-", stdin="1" * 80 + "\n")
     assert res.returncode == 2 and res.stderr.startswith("error: standard input line 1:")
     res = cli("cli", "eval", "--help")
-    assert res.returncode == 0 and res.stdout.startswith("usage: hrmctl eval")
+    assert res.returncode == 0 and "Usage: hrmctl eval [OPTIONS] {CHECKPOINT}" in res.stdout and "usage:" not in res.stdout
 
 
 @pytest.mark.parametrize("overrides, parameters, text", [(["model=hrm-27m"], "27.2", False),

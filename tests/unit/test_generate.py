@@ -1,6 +1,6 @@
 """Generation (auralm.tools.generate): the KV cache gives the tokens recomputation gives, past block_size too; top-k and
 top-p keep the right tokens; a seed makes the text; the evaluation sample leaves training's RNG alone; and
-`python -m auralm.tools.generate` continues a prompt with a tiny model trained on the Quijote."""
+`hrmctl generate` continues a prompt with a tiny model trained on the Quijote."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from auralm import models
 from auralm.data import datadir
 from auralm import tasks
 from auralm.training import config, train
-from auralm.tools.generate import filter_logits, generate, main, sample
+from auralm.tools.generate import filter_logits, generate, sample
+from cli.app import main as hrmctl
 from tests.trainer.helpers import PYTHON, REPO, python_env
 
 VOCAB = 97
@@ -179,7 +180,7 @@ def test_an_rlm_run_prints_an_evaluation_sample(lm_run):
 
 
 def _generate(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, "-m", "auralm.tools.generate", *args], capture_output=True, text=True,
+    return subprocess.run([PYTHON, "-m", "cli", "generate", *args], capture_output=True, text=True,
                           env=python_env(), cwd=REPO, timeout=120)
 
 
@@ -194,16 +195,18 @@ def test_generate_continues_the_prompt_and_says_what_is_wrong_in_one_line(lm_run
     assert res.returncode == 2 and res.stdout == ""
     assert res.stderr.count("\n") == 1 and res.stderr.startswith("error: --top-p") and "Traceback" not in res.stderr
     # in this process: --json, the seed, and the other wrong uses
-    assert main([str(lm_run), "--prompt", "En un lugar", "--max-new-tokens", "8", "--seed", "1", "--json"]) == 0
+    assert hrmctl(["generate", str(lm_run), "--prompt", "En un lugar", "--max-new-tokens", "8", "--seed", "1",
+                   "--json"]) == 0
     one = json.loads(capsys.readouterr().out)
     assert set(one) >= {"prompt", "text", "tokens", "seconds", "tokens_per_s"}
     assert one["prompt"] == "En un lugar" and 1 <= one["tokens"] <= 8
-    assert main([str(lm_run), "--prompt", "En un lugar", "--max-new-tokens", "8", "--seed", "1", "--json"]) == 0
+    assert hrmctl(["generate", str(lm_run), "--prompt", "En un lugar", "--max-new-tokens", "8", "--seed", "1",
+                   "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["text"] == one["text"]
     for bad, words in [(["--temperature", "-1"], "--temperature"), (["--top-k", "-2"], "--top-k"),
                        (["--top-p", "1.5"], "--top-p"), (["--max-new-tokens", "0"], "--max-new-tokens"),
                        (["--data", str(lm_run / "nowhere")], "nowhere")]:
-        assert main([str(lm_run), "--prompt", "x", *bad]) == 2
+        assert hrmctl(["generate", str(lm_run), "--prompt", "x", *bad]) == 2
         err = capsys.readouterr().err
         assert err.startswith("error: ") and err.count("\n") == 1 and words in err, err
 

@@ -10,7 +10,7 @@ import pytest
 from auralm.data import datadir
 from auralm.training import config
 from auralm.errors import UserError
-from tests.trainer.helpers import PYTHON, REPO, python_env
+from tests.trainer.helpers import PYTHON, REPO, prepare_data, python_env
 
 
 def _get(cfg, key: str):
@@ -188,7 +188,7 @@ def test_a_bad_jsonl_line_is_one_error_naming_its_line(tmp_path, capsys, line3, 
     src = tmp_path / "corpus.jsonl"
     good = [json.dumps({"text": f"línea número {i} del texto"}, ensure_ascii=False) for i in range(4)]
     src.write_text("\n".join(good[:2] + [line3] + good[2:]) + "\n")
-    assert datadir.main([str(src), "--out", str(tmp_path / "out"), "--vocab-size", "300"]) == 2
+    assert prepare_data([str(src), "--out", str(tmp_path / "out"), "--vocab-size", "300"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {src}, {message}") and err.count("\n") == 1
     assert not (tmp_path / "out").exists()

@@ -115,12 +115,16 @@ def test_did_you_mean_names_the_key_the_guide_means(override, meant):
 
 
 def test_one_table_every_spelling_points_at_a_key_or_option_of_ours():
-    from auralm.data import datadir
+    import typer
+
+    from cli.app import app
     from cli.launch import guide_options
+    from cli.tools.prepare_data import own_options
 
     keys = set(config.key_names())
+    prepare = typer.main.get_command(app).commands["prepare-data"]
     options = {guide_spellings.TRAIN: set(guide_options.FLAGS),
-               guide_spellings.PREPARE: set(datadir.parser()._option_string_actions) | {guide_spellings.SOURCE}}
+               guide_spellings.PREPARE: set(own_options(prepare)) | {guide_spellings.SOURCE}}
     for s in guide_spellings.TABLE:
         ours = (keys if s.command == guide_spellings.TRAIN else set()) | options[s.command]
         assert s.ours in ours or (not s.ours and s.note), s
@@ -179,12 +183,11 @@ def hrmctl(*args, cwd):
 
 @pytest.mark.slow  # seconds of real work (a training, hrmctl train, a compile): not in --fast (issue 35, item 6)
 def test_the_launchers_options_are_read_as_ours(tmp_path):
-    from auralm.data import datadir
-    from tests.trainer.helpers import QUIJOTE
+    from tests.trainer.helpers import QUIJOTE, prepare_data
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(QUIJOTE.read_text(encoding="utf-8-sig")[20000:60000], encoding="utf-8")
-    assert datadir.main([str(corpus), "--out", str(tmp_path / "data" / "lm"), "--vocab-size", "300"]) == 0  # the preflight's
+    assert prepare_data([str(corpus), "--out", str(tmp_path / "data" / "lm"), "--vocab-size", "300"]) == 0  # the preflight's
     res = hrmctl("train", "--model", "50m", "task=lm", "--batch_size", "2", "--learning_rate=3e-4", "--dry_run",
                  "--eval_steps", "50", "--run-id", "g1", "--json", cwd=tmp_path)
     assert res.returncode == 0, res.stderr

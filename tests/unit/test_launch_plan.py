@@ -317,10 +317,11 @@ def test_data_not_prepared_for_the_task_is_one_line_with_the_command_that_makes_
     and the line: prepare-data with the --preset a directory named like one needs, or sync-data when this
     machine's ./data has it (sync-data sends ./data to the node's data_dir)."""
     from auralm.data import datadir
+    from tests.trainer.helpers import prepare_data
 
     work, here = tmp_path / "work", tmp_path / "here"
     good = work / "data" / "sudoku-extreme-small"
-    assert datadir.main(["--task", "sudoku", "--out", str(good), "--train", "12", "--test", "4"]) == 0
+    assert prepare_data(["--task", "sudoku", "--out", str(good), "--train", "12", "--test", "4"]) == 0
     (work / "hrm").mkdir()
     (work / "hrm" / "dataset.json").write_text("{}")  # the HRM repository's own layout: not ours
     form = {"format": storage.DATA_FORMAT, "base": "data"}
@@ -347,7 +348,7 @@ def test_data_not_prepared_for_the_task_is_one_line_with_the_command_that_makes_
     line = storage.problem_line("node1", {**lost, "local": False}, "u", False)
     assert line.endswith("fix: `hrmctl prepare-data --task sudoku --preset sudoku-extreme-small --out "
                          "data/sudoku-extreme-small` here, then `hrmctl sync-data node1`"), line
-    assert datadir.main(["--task", "sudoku", "--out", "data/sudoku-extreme-small", "--train", "12", "--test", "4"]) == 0
+    assert prepare_data(["--task", "sudoku", "--out", "data/sudoku-extreme-small", "--train", "12", "--test", "4"]) == 0
     line = storage.problem_line("node1", {**lost, "local": False}, "u", False)
     assert line.endswith("fix: `hrmctl sync-data node1` (this machine's data/sudoku-extreme-small has it)"), line
     line = storage.problem_line("localhost", {**lost, "local": True}, "u", False)

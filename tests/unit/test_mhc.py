@@ -214,14 +214,17 @@ def test_training_logs_amax_every_record_and_the_plain_model_none(tmp_path, quij
 def test_validate_model_says_what_is_wrong_in_one_line(capsys):
     """Bad keys and a model that is not a language model: one line, exit 2, before any model is built. (A
     healthy model passing every check: test_validate_model_passes_at_its_default_and_the_guides_size.)"""
-    from auralm.tools import validate_model
+    from cli.app import main
 
     small = ["model.hidden_dim=64", "model.num_heads=2", "model.head_dim=32", "model.ffn_dim=128",
              "model.num_layers=2", "model.max_seq_len=32"]
-    assert validate_model.main([*small, "model.num_layers=0"]) == 2  # bad keys: one line, exit 2
-    assert "model.n_layer=0" in capsys.readouterr().err
-    assert validate_model.main(["task=sudoku", "model=tiny"]) == 2
+    assert main(["validate-model", *small, "model.num_layers=0"]) == 2  # bad keys: one line, exit 2
+    err = capsys.readouterr().err
+    assert "model.n_layer=0" in err and err.startswith("error: ") and err.count("\n") == 1
+    assert main(["validate-model", "task=sudoku", "model=tiny"]) == 2
     assert "language models" in capsys.readouterr().err
+    assert main(["validate-model", "--nope"]) == 2
+    assert capsys.readouterr().err == "error: No such option: --nope (see `hrmctl validate-model --help`)\n"
 
 
 def test_after_training_the_check_holds_what_sinkhorn_guarantees_and_reports_the_rows():
@@ -253,11 +256,12 @@ def test_validate_model_passes_at_its_default_and_the_guides_size(capsys, one_th
     import json
 
     from auralm.tools import validate_model
+    from cli.app import main
 
     guide = validate_model.DEFAULTS + ["model.hidden_dim=256", "model.num_layers=4", "model.num_heads=4"]
     assert config.resolved_model(config.parse(guide).model) == \
         config.resolved_model(config.parse(validate_model.DEFAULTS).model)
-    assert validate_model.main(["--json"]) == 0, capsys.readouterr().out
+    assert main(["validate-model", "--json"]) == 0, capsys.readouterr().out
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] and all(c["ok"] for c in report["checks"]), report
     assert {c["check"] for c in report["checks"]} >= {

@@ -129,12 +129,12 @@ def test_the_dataset_check_reads_what_prepare_data_writes(tmp_path):
     Real data directories made by prepare-data (sudoku), one changed on the second node, one missing on the third."""
     import shutil
 
-    from auralm.data import datadir
     from netcheck.consistency_checks import dataset_check
     from netcheck.node_probe import disk_facts
+    from tests.trainer.helpers import prepare_data
 
     roots = [tmp_path / f"n{i}" for i in range(3)]
-    assert datadir.main(["--task", "sudoku", "--out", str(roots[0] / "sudoku"), "--train", "20", "--test", "5"]) == 0
+    assert prepare_data(["--task", "sudoku", "--out", str(roots[0] / "sudoku"), "--train", "20", "--test", "5"]) == 0
     shutil.copytree(roots[0] / "sudoku", roots[1] / "sudoku")
     shutil.copytree(roots[0] / "sudoku", roots[2] / "sudoku")
     held = {f"n{i}": disk_facts(str(r))["datasets"] for i, r in enumerate(roots)}
@@ -142,7 +142,7 @@ def test_the_dataset_check_reads_what_prepare_data_writes(tmp_path):
     assert dataset_check(held).status == OK
     assert disk_facts(str(roots[0] / "sudoku"))["datasets"].keys() == {"."}  # data_dir itself a data directory
     # n1's data made again with other options: another meta.json
-    assert datadir.main(["--task", "sudoku", "--out", str(roots[1] / "sudoku"), "--train", "21", "--test", "5"]) == 0
+    assert prepare_data(["--task", "sudoku", "--out", str(roots[1] / "sudoku"), "--train", "21", "--test", "5"]) == 0
     held["n1"] = disk_facts(str(roots[1]))["datasets"]
     check = dataset_check(held)
     assert check.status == FAIL and "sudoku: " in check.detail and "on n1" in check.detail, check

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from auralm.data import datadir
-from tests.trainer.helpers import QUIJOTE
+from tests.trainer.helpers import QUIJOTE, prepare_data
 
 README = """\
 ---
@@ -73,7 +73,7 @@ def test_a_configuration_streamed_up_to_a_token_budget(dataset, tmp_path, monkey
 
     monkeypatch.setattr(datadir, "_streamed", counting)
     out = tmp_path / "es"
-    assert datadir.main([str(root), "--config", "20231101.es", "--streaming", "--max-tokens", "3000", "--vocab-size", "400",
+    assert prepare_data([str(root), "--config", "20231101.es", "--streaming", "--max-tokens", "3000", "--vocab-size", "400",
                       "--out", str(out)]) == 0
     said = capsys.readouterr().out
     meta = json.loads((out / "meta.json").read_text())
@@ -89,7 +89,7 @@ def test_a_configuration_streamed_up_to_a_token_budget(dataset, tmp_path, monkey
 def test_another_configuration_of_the_same_dataset_is_its_own_text(dataset, tmp_path, capsys):
     root, english, _ = dataset
     out = tmp_path / "en"
-    assert datadir.main([str(root), "--config", "en", "--vocab-size", "300", "--out", str(out)]) == 0
+    assert prepare_data([str(root), "--config", "en", "--vocab-size", "300", "--out", str(out)]) == 0
     text = _decoded(out)
     assert "Gutenberg" in text and "Sancho" not in text
     meta = json.loads((out / "meta.json").read_text())
@@ -104,7 +104,7 @@ def test_another_configuration_of_the_same_dataset_is_its_own_text(dataset, tmp_
 ])
 def test_bad_dataset_options_are_one_line(dataset, tmp_path, capsys, args, line):
     root, *_ = dataset
-    assert datadir.main([str(root), *args, "--out", str(tmp_path / "x")]) == 2
+    assert prepare_data([str(root), *args, "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
     assert err.startswith(line.format(root=root)) and err.count("\n") == 1, err
     assert not (tmp_path / "x").exists()

@@ -83,6 +83,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from auralm.data import datadir  # noqa: E402
+from tests.trainer.helpers import prepare_data  # noqa: E402
 
 # Arto Inkala's "hardest sudoku": 21 givens, needs search
 INKALA = [int(c) for c in "800000000003600000070090200050007000000045700000100030001000068008500010090000400"]
@@ -214,22 +215,23 @@ def test_a_bad_csv_line_is_one_error_naming_the_line(tmp_path, capsys, bad, expe
     bad = bad.replace("KEEP", q).replace("OTHER", "".join(map(str, other)))
     bad = bad.replace("GOOD", q).replace("ANSWER", "".join(map(str, solution)))
     path = _csv(tmp_path / "x.csv", [_row(puzzle, solution), bad])
-    assert datadir.main(["--task", "sudoku", "--from-csv", str(path), "--out", str(tmp_path / "d")]) == 2
+    assert prepare_data(["--task", "sudoku", "--from-csv", str(path), "--out", str(tmp_path / "d")]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {path} ") and expected in err and err.count("\n") == 1
     assert not (tmp_path / "d").exists()
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["--difficulty", "insane"], "--difficulty insane: expected one of easy, medium, hard, extreme"),
-    (["--train", "0"], "--train must be at least 1"),
-    (["--aug", "-1"], "--aug must not be negative"),
+    (["--difficulty", "insane"], "Invalid value for '--difficulty': 'insane' is not one of 'easy', 'medium', 'hard', "
+                                 "'extreme'"),
+    (["--train", "0"], "Invalid value for '--train': 0 is not in the range x>=1"),
+    (["--aug", "-1"], "Invalid value for '--aug': -1 is not in the range x>=0"),
     (["--from-csv", "nowhere.csv"], "nowhere.csv: no such file"),
     (["--test-csv", "t.csv"], "t.csv: no such file"),
     (["--min-givens", "20"], "--min-givens/--max-givens go with --count N"),
-    (["--preset", "sudoku-hard-9"], "invalid choice"),
+    (["--preset", "sudoku-hard-9"], "Invalid value for '--preset': 'sudoku-hard-9' is not one of"),
 ])
 def test_prepare_data_bad_sudoku_options_are_one_line(tmp_path, capsys, args, expected):
-    assert datadir.main(["--task", "sudoku", *args, "--out", str(tmp_path / "d")]) == 2
+    assert prepare_data(["--task", "sudoku", *args, "--out", str(tmp_path / "d")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and expected in err and err.count("\n") == 1

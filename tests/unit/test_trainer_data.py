@@ -10,7 +10,7 @@ import pytest
 
 from auralm.data import datadir
 from auralm.errors import UserError
-from tests.trainer.helpers import QUIJOTE, small_sudoku
+from tests.trainer.helpers import QUIJOTE, prepare_data, small_sudoku
 
 LM_ARGS = ["--vocab-size", "512", "--max-tokens", "40000"]
 
@@ -18,7 +18,7 @@ LM_ARGS = ["--vocab-size", "512", "--max-tokens", "40000"]
 @pytest.fixture(scope="module")
 def quijote(tmp_path_factory):
     out = tmp_path_factory.mktemp("lm") / "quijote"
-    assert datadir.main([str(QUIJOTE), "--out", str(out), *LM_ARGS]) == 0
+    assert prepare_data([str(QUIJOTE), "--out", str(out), *LM_ARGS]) == 0
     return out
 
 
@@ -72,11 +72,11 @@ def test_a_tokenizer_that_asks_to_clean_up_spaces_is_left_to_transformers(quijot
 
 def test_prepare_is_deterministic_and_a_rerun_is_a_no_op(quijote, tmp_path, capsys):
     again = tmp_path / "again"
-    assert datadir.main([str(QUIJOTE), "--out", str(again), *LM_ARGS]) == 0
+    assert prepare_data([str(QUIJOTE), "--out", str(again), *LM_ARGS]) == 0
     assert (again / "meta.json").read_bytes() == (quijote / "meta.json").read_bytes()
     before = {p.name: p.stat().st_mtime_ns for p in again.rglob("*")}
     capsys.readouterr()
-    assert datadir.main([str(QUIJOTE), "--out", str(again), *LM_ARGS]) == 0
+    assert prepare_data([str(QUIJOTE), "--out", str(again), *LM_ARGS]) == 0
     assert capsys.readouterr().out.startswith("up to date")
     assert {p.name: p.stat().st_mtime_ns for p in again.rglob("*")} == before
 
@@ -85,8 +85,8 @@ def test_text_length_filters_and_jsonl_input(tmp_path):
     lines = [{"text": "corto"}, {"text": "una línea bastante más larga que la otra, " * 3}] * 50
     src = tmp_path / "docs.jsonl"
     src.write_text("\n".join(json.dumps(x, ensure_ascii=False) for x in lines))
-    assert datadir.main([str(src), "--out", str(tmp_path / "all"), "--vocab-size", "300"]) == 0
-    assert datadir.main([str(src), "--out", str(tmp_path / "long"), "--vocab-size", "300", "--min-text-length", "10"]) == 0
+    assert prepare_data([str(src), "--out", str(tmp_path / "all"), "--vocab-size", "300"]) == 0
+    assert prepare_data([str(src), "--out", str(tmp_path / "long"), "--vocab-size", "300", "--min-text-length", "10"]) == 0
     tokens = {n: sum(s["tokens"] for s in json.loads((tmp_path / n / "meta.json").read_text())["splits"].values())
               for n in ("all", "long")}
     assert 0 < tokens["long"] < tokens["all"]
@@ -113,7 +113,7 @@ def test_bad_input_is_one_line_exit_2_and_overwrites_nothing(quijote, tmp_path, 
     (tmp_path / "EMPTY").mkdir()
     args = [{"EMPTY": str(tmp_path / "EMPTY"), "QUIJOTE": str(QUIJOTE)}.get(a, a) for a in args]
     before = {p.name: p.read_bytes() for p in quijote.rglob("*") if p.is_file()}
-    assert datadir.main([*args, "--out", str(quijote)]) == 2
+    assert prepare_data([*args, "--out", str(quijote)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and message in err
     assert {p.name: p.read_bytes() for p in quijote.rglob("*") if p.is_file()} == before
@@ -121,7 +121,7 @@ def test_bad_input_is_one_line_exit_2_and_overwrites_nothing(quijote, tmp_path, 
 
 def test_a_directory_that_is_not_data_is_not_overwritten(tmp_path, capsys):
     (tmp_path / "mine.txt").write_text("keep me")
-    assert datadir.main(["--task", "sudoku", "--count", "20", "--out", str(tmp_path)]) == 2
+    assert prepare_data(["--task", "sudoku", "--count", "20", "--out", str(tmp_path)]) == 2
     assert "not a data directory" in capsys.readouterr().err
     assert (tmp_path / "mine.txt").read_text() == "keep me"
 

@@ -1,6 +1,6 @@
 """task=sudoku: 9x9 grids, 81 cells of 0 (blank) to 9; the targets are the blanks' digits minus 1 (9 classes),
 -100 on the givens. A grid counts as solved when every blank is right. A run with no data_dir makes the embedded
-default data (auralm.data.datadir.SUDOKU_DEFAULTS)."""
+default data (auralm.data.prepare_choices.SUDOKU_DEFAULTS)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ class Sudoku(Task):
         import os
         import shlex
 
-        from auralm.data.datadir import PRESETS
+        from auralm.data.prepare_choices import PRESETS
 
         name = os.path.basename(out.rstrip("/"))
         preset = f" --preset {name}" if name in PRESETS else ""
@@ -47,7 +47,7 @@ class Sudoku(Task):
         return DIGITS
 
     def default_rows(self) -> tuple[int, int]:
-        from auralm.data.datadir import SUDOKU_DEFAULTS
+        from auralm.data.prepare_choices import SUDOKU_DEFAULTS
 
         return SUDOKU_DEFAULTS["train"], SUDOKU_DEFAULTS["test"]
 
