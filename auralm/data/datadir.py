@@ -29,7 +29,7 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from auralm.data import sudoku
-from auralm.data.prepare_choices import PRESETS, SUDOKU_DEFAULTS
+from auralm.data.prepare_choices import SUDOKU_DEFAULTS
 from auralm.errors import UserError
 
 FORMAT = "auralm-data/1"
@@ -658,33 +658,11 @@ def shared_batches(ds, sizes: list[int], rank: int, seed: int, start: int = 0, a
 # ---------------------------------------------------------------- hrmctl prepare-data
 
 
-def prepare(source: str | None, out: Path, task: str, *, vocab_size: int, tokenizer: str | None,
-            max_tokens: int | None, min_text_length: int, max_text_length: int | None, text_field: str, split: str,
-            config: str | None, streaming: bool, dtype: str, shard_tokens: int, difficulty: str | None,
-            train: int | None, test: int | None, aug: int, from_csv: str | None, test_csv: str | None,
-            preset: str | None, workers: int, count: int | None, min_givens: int | None, max_givens: int | None,
-            seed: int) -> str:
+def prepare(source: str | None, out: Path, task: str, **options) -> str:
     """What ``hrmctl prepare-data`` does with its options (declared once, with their defaults and help, in
-    cli/tools/prepare_data.py): ``out`` made for ``task`` from ``source`` (lm) or generated puzzles (sudoku); the
-    line that says what was written. A combination of options that does not go together is one UserError."""
-    if task == "sudoku":
-        if config or streaming:
-            raise UserError("--config and --streaming read a text dataset: not for --task sudoku")
-        if source:
-            raise UserError("--task sudoku takes no SOURCE: the puzzles are generated (or --from-csv FILE)")
-        if count is None and (min_givens is not None or max_givens is not None):
-            raise UserError("--min-givens/--max-givens go with --count N (or use --difficulty)")
-        opts = dict(PRESETS[preset]) if preset else dict(SUDOKU_DEFAULTS)
-        opts.update({k: v for k, v in dict(train=train, test=test, difficulty=difficulty).items() if v is not None})
-        if aug:
-            opts["aug"] = aug
-        opts["seed"] = seed
-        if count is not None:
-            opts.update(count=count, min_givens=min_givens, max_givens=max_givens)
-        return prepare_sudoku(out, from_csv=from_csv, test_csv=test_csv, workers=workers, **opts)
-    if not source:
-        raise UserError("missing SOURCE: give a .txt/.jsonl/.parquet file, a directory of them, or a dataset name in "
-                        "the Hugging Face cache (`hrmctl prepare-data corpus.txt`), or --task sudoku for generated "
-                        "puzzles")
-    return prepare_lm(source, out, vocab_size, tokenizer, max_tokens, min_text_length, max_text_length, text_field,
-                      split, dtype=dtype, shard_tokens=shard_tokens, config=config, streaming=streaming)
+    cli/tools/prepare_data.py): ``out`` made for ``task`` by the task's own preparing (its ``prepare``: text
+    tokenized from ``source``, puzzles generated); the line that says what was written. Options that do not go
+    together are one UserError."""
+    from auralm import tasks
+
+    return tasks.get(task).prepare(source, out, options)

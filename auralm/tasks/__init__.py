@@ -47,6 +47,14 @@ class Task:
         source = f"{shlex.quote(self.source)} " if self.source else ""
         return f"hrmctl prepare-data {source}--task {self.name} --out {shlex.quote(out)}"
 
+    def prepare(self, source: str | None, out: Path, options: dict) -> str:
+        """`hrmctl prepare-data` for this task: the data directory ``out`` made from ``source`` with prepare-data's
+        options (``options``, by name); the line that says what was written. Options that do not go together are one
+        UserError."""
+        from auralm.errors import UserError
+
+        raise UserError(f"task={self.name} has no prepare-data: its data are made another way")
+
     def positions(self, arch: dict) -> int:
         """The positions of a sample the model is fed."""
         return arch["block_size"]

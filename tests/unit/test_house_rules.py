@@ -91,9 +91,6 @@ NAMES_ALLOWED = {
     ("auralm/models/act.py", "self.positions == 'sudoku'"),
     ("auralm/models/act.py", "self.positions != 'sudoku'"),
     ("auralm/models/recurrent.py", "arch['pos_encodings'] == 'sudoku'"),
-    # hrmctl prepare-data's body (datadir.prepare): the two preparers, sudoku's generator and the text tokenizer,
-    # chosen by --task; still to move into each task's folder (a Task's own prepare)
-    ("auralm/data/datadir.py", "task == 'sudoku'"),
     # the strategies' registry asks whether an option is at the default both options share (strategy.DEFAULT, the
     # name of DDP's registration): training.parallel at it leaves the choice to training.sync
     ("auralm/parallel/strategy.py", "parallel != DEFAULT"),

@@ -33,6 +33,30 @@ class Sudoku(Task):
         preset = f" --preset {name}" if name in PRESETS else ""
         return f"hrmctl prepare-data --task sudoku{preset} --out {shlex.quote(out)}"
 
+    def prepare(self, source: str | None, out: Path, options: dict) -> str:
+        """Puzzles generated (a preset, a difficulty, or a count of givens) or read from a CSV, split into train and
+        held-out test puzzles."""
+        from auralm.data import datadir
+        from auralm.data.prepare_choices import PRESETS, SUDOKU_DEFAULTS
+        from auralm.errors import UserError
+
+        o = options
+        if o["config"] or o["streaming"]:
+            raise UserError("--config and --streaming read a text dataset: not for --task sudoku")
+        if source:
+            raise UserError("--task sudoku takes no SOURCE: the puzzles are generated (or --from-csv FILE)")
+        if o["count"] is None and (o["min_givens"] is not None or o["max_givens"] is not None):
+            raise UserError("--min-givens/--max-givens go with --count N (or use --difficulty)")
+        opts = dict(PRESETS[o["preset"]]) if o["preset"] else dict(SUDOKU_DEFAULTS)
+        opts.update({k: o[k] for k in ("train", "test", "difficulty") if o[k] is not None})
+        if o["aug"]:
+            opts["aug"] = o["aug"]
+        opts["seed"] = o["seed"]
+        if o["count"] is not None:
+            opts.update(count=o["count"], min_givens=o["min_givens"], max_givens=o["max_givens"])
+        return datadir.prepare_sudoku(out, from_csv=o["from_csv"], test_csv=o["test_csv"], workers=o["workers"],
+                                      **opts)
+
     def positions(self, arch: dict) -> int:
         d = arch["n_embd"]
         return CELLS + -(-(arch.get("puzzle_emb_ndim") or 0) // d)  # the puzzle embedding's positions before the grid
