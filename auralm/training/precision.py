@@ -26,7 +26,7 @@ def cpu_has_bf16() -> bool:
     """Whether bf16 autocast beats fp32 on this CPU: where it has AMX (``amx_bf16``). AVX512-BF16 alone is not
     enough: on an AMD EPYC with it (Zen 4, 2 cores, torch 2.13, 2026-12-06) its bf16 matrix products were twice
     fp32's speed, but ``trm-tiny``'s training step took 1.77 s in bf16 against 0.88 s in fp32 and its evaluation
-    about 10 times as long (attention, softmax and the reductions run their bf16 paths through conversions)."""
+    about 10 times as long (py-spy put most of the time in the attention's forward)."""
     return "amx_bf16" in _cpu_flags()
 
 
