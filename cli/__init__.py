@@ -11,7 +11,7 @@ The rooms, one package per command, beside the shared one:
     errors.py  the one-line errors and their exit codes; fast_start.py: less fixed cost per process
 
 The trainer's tools are hrmctl commands like the others (cli/tools/ holds their options); each runs auralm's typed
-function for it (auralm.data.datadir.prepare, auralm.tools.evaluate.evaluate_checkpoint ...) in this process, imported
+function for it (a task's prepare, auralm.tools.evaluate.evaluate_checkpoint ...) in this process, imported
 only when the command runs. Arrows point one way: app -> a command's room -> nodes -> errors; rooms use netcheck;
 training itself is auralm's, started as a process (torchrun), and what the rooms read of auralm imports no torch.
 """

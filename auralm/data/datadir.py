@@ -653,16 +653,3 @@ def shared_batches(ds, sizes: list[int], rank: int, seed: int, start: int = 0, a
             else:
                 yield ds.batch(rows)
         epoch, first = epoch + 1, 0
-
-
-# ---------------------------------------------------------------- hrmctl prepare-data
-
-
-def prepare(source: str | None, out: Path, task: str, **options) -> str:
-    """What ``hrmctl prepare-data`` does with its options (declared once, with their defaults and help, in
-    cli/tools/prepare_data.py): ``out`` made for ``task`` by the task's own preparing (its ``prepare``: text
-    tokenized from ``source``, puzzles generated); the line that says what was written. Options that do not go
-    together are one UserError."""
-    from auralm import tasks
-
-    return tasks.get(task).prepare(source, out, options)

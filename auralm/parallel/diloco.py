@@ -32,7 +32,6 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from auralm.training import optim
 from auralm.training.config import DilocoConfig
 from auralm.training.distributed import Dist
 from auralm.planning.link_budget import AVERAGE, FEW_ROUNDS
@@ -122,7 +121,7 @@ class DiLoCo:
         self.d, self.weight, self.cfg = d, weight, cfg
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.shared = [p.detach().clone() for p in self.params]  # the weights every rank agreed on last
-        self.outer = optim.SGD(self.shared, lr=cfg.outer_lr, momentum=cfg.outer_momentum,
+        self.outer = torch.optim.SGD(self.shared, lr=cfg.outer_lr, momentum=cfg.outer_momentum,
                                nesterov=cfg.outer_momentum > 0)
         self.wire = torch.bfloat16 if cfg.comm_dtype == "bf16" else torch.float32
         self.in_flight: _InFlight | None = None  # a round sent and not yet finished (overlap)

@@ -38,9 +38,6 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
         g["lr"] = lr * g.get("lr_scale", 1.0)
 
 
-AdamW = torch.optim.AdamW
-SGD = torch.optim.SGD
-
 
 def make_optimizer(model: torch.nn.Module, t: config.TrainingConfig, device: torch.device) -> torch.optim.Optimizer:
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -59,4 +56,4 @@ def make_optimizer(model: torch.nn.Module, t: config.TrainingConfig, device: tor
             raise UserError("training.optimizer=adam_atan2 needs the package adam-atan2-pytorch: "
                             "pip install adam-atan2-pytorch (on every node)") from None
         return AdamAtan2(groups, lr=t.lr, betas=(t.beta1, t.beta2))
-    return AdamW(groups, lr=t.lr, betas=(t.beta1, t.beta2), fused=device.type == "cuda")
+    return torch.optim.AdamW(groups, lr=t.lr, betas=(t.beta1, t.beta2), fused=device.type == "cuda")

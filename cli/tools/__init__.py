@@ -1,7 +1,7 @@
 """The trainer's tools as hrmctl commands: prepare-data, eval, solve, generate, export, validate-model.
 
 One module per command holds its options, declared once with their help (Typer, as every command of cli/app.py,
-which registers them); its body calls the typed function of auralm that does the work (auralm.data.datadir.prepare,
+which registers them); its body calls the typed function of auralm that does the work (a task's prepare in auralm.tasks,
 auralm.tools.evaluate.evaluate_checkpoint, ...), imported only when the command runs: `hrmctl --help` and the other
 commands never import torch. auralm's one-line UserError becomes hrmctl's (common.user_errors): `error: ...`, exit
 code 2, as a usage error of any command.

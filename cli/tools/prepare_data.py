@@ -2,7 +2,8 @@
 parsed (``ReadGuides``): AuraLM's ``--dataset-name X --dataset-max-tokens N`` are ``X --max-tokens N``, the HRM
 guide's build_sudoku_dataset.py options imply ``--task sudoku`` (auralm/models/guide_spellings.py, its PREPARE rows).
 What each was read as is said on stderr once the data is written; an unknown option is one line naming the nearest
-of ours or of the guides'. The work is auralm.data.datadir.prepare's (it imports torch: only when the command runs).
+of ours or of the guides'. The work is the task's own ``prepare`` (auralm.tasks; it imports torch: only when the
+command runs).
 """
 
 from __future__ import annotations
@@ -158,14 +159,14 @@ def prepare_data(
         out = Path("data") / task
         notes.append(f"out: {out} (no --out: the data directory hrmctl train reads for task={task})")
     with user_errors():
-        from auralm.data import datadir
+        from auralm import tasks
 
-        line = datadir.prepare(
-            source, out, task, vocab_size=vocab_size, tokenizer=tokenizer, max_tokens=max_tokens,
+        line = tasks.get(task).prepare(source, out, dict(
+            vocab_size=vocab_size, tokenizer=tokenizer, max_tokens=max_tokens,
             min_text_length=min_text_length, max_text_length=max_text_length, text_field=text_field, split=split,
             config=config, streaming=streaming, dtype=dtype, shard_tokens=shard_tokens, difficulty=difficulty,
             train=train, test=test, aug=aug, from_csv=from_csv, test_csv=test_csv, preset=preset, workers=workers,
-            count=count, min_givens=min_givens, max_givens=max_givens, seed=seed)
+            count=count, min_givens=min_givens, max_givens=max_givens, seed=seed))
     for note in notes:  # how the line was read: once it has worked (a bad input is one line, the error's)
         print(note, file=sys.stderr, flush=True)
     print(line, flush=True)

@@ -1,5 +1,5 @@
 """`hrmctl prepare-data`: a Typer command of hrmctl (cli/tools/prepare_data.py) that runs the trainer's preparer
-(auralm.data.datadir.prepare); the guides' spellings of its options read as ours before they are parsed."""
+(the task's prepare, auralm.tasks); the guides' spellings of its options read as ours before they are parsed."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def test_every_bad_input_is_one_line_in_hrmctls_style(tmp_path, args, line):
 
 
 def test_the_guides_options_are_read_as_ours(monkeypatch, capsys):
-    from auralm.data import datadir
+    from auralm import tasks
     from cli.app import main
     from cli.tools.prepare_data import read_guides
 
@@ -83,8 +83,9 @@ def test_the_guides_options_are_read_as_ours(monkeypatch, capsys):
     assert read_guides(["--task", "sudoku", "--num-aug", "3"])[0] == ["--task", "sudoku", "--aug", "3"]
     assert read_guides(["--dataset_name", "x.txt"])[0] == ["x.txt"]  # other dashes: the same option
     got = {}
-    monkeypatch.setattr(datadir, "prepare", lambda source, out, task, **options: got.update(
-        source=source, out=out, task=task, **options) or "prepared")
+    text = tasks.get("lm")
+    monkeypatch.setattr(type(text), "prepare", lambda self, source, out, options: got.update(
+        source=source, out=out, task=self.name, **options) or "prepared")
     assert main(["prepare-data", "--dataset-name", "es.txt", "--dataset-max-tokens", "500"]) == 0
     assert (got["source"], got["max_tokens"], got["out"], got["task"]) == ("es.txt", 500, Path("data/lm"), "lm")
     said = capsys.readouterr()

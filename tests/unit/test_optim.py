@@ -14,10 +14,10 @@ def test_a_ddp_run_and_an_outer_step_save_load_and_keep_the_ranks_in_step(sudoku
     AdamW's steps, gradient clipping, a checkpoint with the optimizer's state), then DiLoCo's outer SGD on each."""
     args = tiny_args(sudoku_data(200), tmp_path / "run", "training.max_steps=3", "training.checkpoint_interval=3")
     code = ("import sys, torch\n"
-            "from auralm.training import train, optim\n"
+            "from auralm.training import train\n"
             f"assert train.main({args!r}) == 0\n"
             "p = torch.nn.Parameter(torch.ones(3)); p.grad = torch.ones(3)\n"
-            "outer = optim.SGD([p], lr=0.7, momentum=0.9, nesterov=True); outer.step(); outer.zero_grad()\n"
+            "outer = torch.optim.SGD([p], lr=0.7, momentum=0.9, nesterov=True); outer.step(); outer.zero_grad()\n"
             "outer.load_state_dict(outer.state_dict())\n"
             "print('matplotlib imported:', 'matplotlib' in sys.modules)\n")
     world = dict(WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
