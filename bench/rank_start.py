@@ -1,5 +1,5 @@
-"""What forking the ranks from torchrun's agent saves (cli/launch/forked_ranks.py), against the peer it replaced in
-the same run: torchrun's own way, a new interpreter a rank (HRMCTL_FORK_RANKS=0).
+"""What forking the ranks from torchrun's agent saves the suite (lab/forked_ranks.py, the suite's start-up), against
+the product's way in the same run: torchrun's own, a new interpreter a rank (the checkout alone on PYTHONPATH).
 
 Each launch is what a node runs: ``python -m cli.launch.node_torchrun -- --standalone --nproc_per_node N -m
 auralm.training.train`` on the tiny sudoku model for one step, on this machine. The two ways alternate, REPEAT
@@ -31,7 +31,8 @@ TRAIN = ["model=tiny", "training.max_steps=1", "training.batch_size=8", "trainin
 
 def launch(ranks: int, data: Path, out: Path, forked: bool) -> tuple[float, float]:
     """(CPU seconds, wall seconds) of one launch."""
-    env = dict(os.environ, PYTHONPATH=str(REPO), HRMCTL_BACKEND="gloo", HRMCTL_FORK_RANKS="1" if forked else "0")
+    path = [str(REPO), str(REPO / "lab" / "site")] if forked else [str(REPO)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), HRMCTL_BACKEND="gloo")
     cmd = [sys.executable, "-m", "cli.launch.node_torchrun", "--", "--standalone", "--nproc_per_node", str(ranks),
            "-m", "auralm.training.train", *TRAIN, f"data_dir={data}", f"out_dir={out}"]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)

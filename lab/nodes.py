@@ -138,13 +138,33 @@ def ensure_node_venv() -> Path:
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with open(lock_path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if _venv_ready(NODE_VENV, made_with, "import torch, numpy, safetensors, yaml"):
-            return python
-        sh([SYSTEM_PYTHON, "-m", "venv", "--clear", str(NODE_VENV)])
-        sh([str(python), "-m", "pip", "install", "-q", *NODE_REQUIREMENTS], timeout=1800)
-        os.chmod(NODE_VENV, 0o755)
-        _stamp(NODE_VENV, made_with)
+        if not _venv_ready(NODE_VENV, made_with, "import torch, numpy, safetensors, yaml"):
+            sh([SYSTEM_PYTHON, "-m", "venv", "--clear", str(NODE_VENV)])
+            sh([str(python), "-m", "pip", "install", "-q", *NODE_REQUIREMENTS], timeout=1800)
+            os.chmod(NODE_VENV, 0o755)
+            _stamp(NODE_VENV, made_with)
+        _hook_forked_ranks(python)
     return python
+
+
+# a .pth file's line that starts with "import" is run as the interpreter starts: the module only in a torchrun agent
+PTH_LINE = ("import sys; any(a in ('cli.launch.node_torchrun', 'torch.distributed.run') for a in "
+            "getattr(sys, 'orig_argv', [])[:4]) and __import__('hrmlab_forked_ranks').activate()\n")
+
+
+def _hook_forked_ranks(python: Path) -> None:
+    """lab/forked_ranks.py in the nodes' venv, activated as each of its interpreters starts (a .pth file's import
+    line): the lab's torchrun agents fork their ranks (the suite's start-up, never the product's). Written anew each
+    time (the venv outlives checkouts)."""
+    site = Path(sh([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip())
+    source = (Path(__file__).with_name("forked_ranks.py")).read_text()
+    for name, text in (("hrmlab_forked_ranks.py", source),
+                       ("hrmlab_forked_ranks.pth", PTH_LINE)):
+        if not (site / name).exists() or (site / name).read_text() != text:
+            tmp = site / (name + ".tmp")
+            tmp.write_text(text)
+            tmp.chmod(0o644)
+            tmp.rename(site / name)
 
 
 CLI_VENV = Path(os.environ.get("HRMCTL_NODE_CLI_VENV", "/opt/hrmctl-nodecli"))

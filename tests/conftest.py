@@ -12,12 +12,17 @@ from pathlib import Path
 
 import pytest
 
+from lab import SITE_DIR
 from lab.nodes import Lab, missing_capability, remove_stale
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 REPO = Path(__file__).resolve().parents[1]
 DATA_CACHE = Path(tempfile.gettempdir()) / "hrmctl-test-data"
 
+
+# the suite's processes (and what they start) fork torchrun's ranks from its agent: lab/forked_ranks.py, the suite's
+# start-up, never the product's
+os.environ["PYTHONPATH"] = os.pathsep.join([str(SITE_DIR), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 LAB_MISSING = missing_capability()  # no root, or no ip/sshd/iptables on this machine: the reason, else None
 

@@ -25,8 +25,7 @@ A launch flows one way, each stage given the one object the previous stage made 
   report   report.py      --dry-run's plan, the run's last line or --json document; ddp_report.py: test-ddp's table
 
 On the node: node_torchrun.py (checks a first launch's guessed facts, or waits held for its arguments, then torchrun
-in-process), forked_ranks.py (where torch sees no GPU, torchrun's ranks forked from that process, torch imported
-once) and nolibuv/ (put on PYTHONPATH where torch's TCPStore has no libuv).
+in-process) and nolibuv/ (put on PYTHONPATH where torch's TCPStore has no libuv).
 
 A stage imports the ones before it (for their types) and never a later one. May import: cli.nodes, cli.sync
 (train --sync-data), cli.runs.catalog (detach.py: status.json read), cli.runs.states (status.json's state),

@@ -1,9 +1,8 @@
 """Runs on a node in place of `python -m torch.distributed.run`: torchrun's own main, in this process.
 
 Every launch on a node whose project has this module starts torchrun through it, for what it adds: the check of a
-first launch's guess (below), a shorter exit barrier, ranks forked from this process where the node has no GPU
-(cli/launch/forked_ranks.py: one import of torch for the agent and its ranks), and a cheaper end. torch's objects
-are left out of the collector's passes once torchrun has imported them (gc.freeze), so the agent's exit skips them:
+first launch's guess (below), a shorter exit barrier, and a cheaper end; torchrun starts the ranks its own way.
+torch's objects are left out of the collector's passes once torchrun has imported them (gc.freeze), so the agent's exit skips them:
 about 0.4 s of CPU an agent, which plain torchrun spends at every launch on every node (`python -c "import torch"`:
 1.58 CPU-s, 1.22 with the freeze; 2026-11-29). A node with an older copy of hrmctl's project gets plain torchrun.
 
@@ -140,10 +139,6 @@ def main(argv: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
-    from cli.launch import forked_ranks
-
-    if forked_ranks.can_fork():
-        forked_ranks.install()  # no GPU here: the ranks forked from this process, torch imported already
     gc.freeze()  # torch's objects left out of the collector's passes (auralm/errors.py exit_frozen: 0.4 s of CPU)
     try:
         torchrun(rest)

@@ -3,7 +3,7 @@ shell; or a user's), and on SIGTERM inside a Slurm job (scancel, scontrol requeu
 the ranks write a checkpoint before it stops the job:
 
   - SIGUSR1: sent on to every rank on every node (the children of the job's torchrun agent, the process tagged with
-    this job's HRMCTL_JOB that runs torchrun: a rank forked from it (cli/launch/forked_ranks.py) shows the agent's
+    this job's HRMCTL_JOB that runs torchrun: a rank forked from it (lab/forked_ranks.py, the suite's) shows the agent's
     environment in /proc, not its LOCAL_RANK; the agent itself would die of the signal); under Slurm's SIGTERM Slurm has
     signalled every process of the job itself, and a new job step could not start anyway;
   - the ranks agree on a step, save there and end with exit 0 (auralm/training/stop_request.py);

@@ -17,7 +17,7 @@ line, %), "psutil" (whether psutil was used)}.
 A trainer process is one whose first `-m` module is auralm.training.train (torchrun's worker, or a plain
 `python -m auralm.training.train`), never torchrun itself; its rank and run come from its progress file, and before
 its first from its environment (RANK, LOCAL_RANK, WORLD_SIZE, HRMCTL_RUN_ID), readable because it runs as the same
-user (a rank forked from torchrun's agent, cli/launch/forked_ranks.py, shows the agent's there: rank 0 until its
+user (a rank forked from torchrun's agent, lab/forked_ranks.py, the suite's, shows the agent's there: rank 0 until its
 first progress file).
 """
 

@@ -94,7 +94,7 @@ def test_auto_batch_is_smaller_under_a_memory_cap_and_a_too_large_batch_says_the
 # about 96M parameters (GPT, n_embd 1152, 6 blocks): under DDP each rank holds the weights, their gradients
 # (in DDP's buckets), AdamW's two moments and (rank 0) the NaN guard's copy; under FSDP over two ranks each
 # holds half of most of it (1.7 GB resident on rank 0). Since the ranks are forked from torchrun's agent
-# (cli/launch/forked_ranks.py: torch's pages shared with it), DDP fits in 2.1 GiB a node and not in 2.03, and FSDP
+# (lab/forked_ranks.py, the suite's: torch's pages shared with it), DDP fits in 2.1 GiB a node and not in 2.03, and FSDP
 # fits in 1.75 and not in 1.5 (2026-11-29, on this lab): 1.9 GiB is between. One step: DDP's peak (its buckets and
 # AdamW's moments) comes in the first, and FSDP's run shows training, evaluation and saving on the shards with it
 BIG = ["model=small", "model.n_embd=1152", "model.block_size=64", "training.batch_size=2", "training.max_steps=1",

@@ -20,6 +20,8 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 import torch.multiprocessing as mp
 
+from lab import SITE_DIR
+
 REPO = Path(__file__).resolve().parents[2]
 QUIJOTE = REPO.parent / "shared" / "data" / "quijote" / "pg2000.txt"
 
@@ -186,7 +188,7 @@ def _forked():
 
 def python_env(**extra: str) -> dict:
     """The environment for a trainer subprocess: this checkout importable, one thread per process."""
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", **extra)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(SITE_DIR)]), OMP_NUM_THREADS="1", **extra)
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "HRMCTL_BACKEND"):
         if k not in extra:
             env.pop(k, None)

@@ -1,9 +1,10 @@
-"""cli/launch/forked_ranks.py with real torchrun: on this machine (a CPU build of torch) the ranks are forked from
-cli.launch.node_torchrun's agent, which has torch imported, and see what a new interpreter would give them: their
-own session, torchrun's environment for them (and torch's threads set from it), no file of the agent's, the
-default signal handlers, their own command line and exit handlers, unbuffered output; their ends (an exit code, a
-message, an exception, an interrupt) reach torchrun as a new interpreter's would. HRMCTL_FORK_RANKS=0 starts them
-as torchrun does. The ranks here are tests/rank_probe.py."""
+"""lab/forked_ranks.py (the suite's start-up) with real torchrun: in the suite's processes (lab.SITE_DIR on their
+PYTHONPATH) on this machine (a CPU build of torch) the ranks are forked from cli.launch.node_torchrun's agent, which
+has torch imported, and see what a new interpreter would give them: their own session, torchrun's environment for
+them (and torch's threads set from it), no file of the agent's, the default signal handlers, their own command line
+and exit handlers, unbuffered output; their ends (an exit code, a message, an exception, an interrupt) reach torchrun
+as a new interpreter's would. HRMCTL_FORK_RANKS=0 starts them as torchrun does, and so does the product alone (no
+lab on the path): it never patches torch. The ranks here are tests/rank_probe.py."""
 
 from __future__ import annotations
 
@@ -18,12 +19,15 @@ from tests.trainer.helpers import PYTHON, REPO, python_env
 MODULE = "tests.rank_probe"
 
 
-def _launch(out, end: str, **env) -> tuple[subprocess.Popen, str, str]:
-    """Two ranks of the probe under cli.launch.node_torchrun; OMP_NUM_THREADS left for torchrun to set."""
+def _launch(out, end: str, product_alone: bool = False, **env) -> tuple[subprocess.Popen, str, str]:
+    """Two ranks of the probe under cli.launch.node_torchrun; OMP_NUM_THREADS left for torchrun to set.
+    ``product_alone``: the checkout on PYTHONPATH and nothing of the lab's, as a user runs it."""
     cmd = [PYTHON, "-m", "cli.launch.node_torchrun", "--", "--standalone", "--nproc_per_node", "2", "--tee", "3",
            "-m", MODULE, str(out), end]
     base = python_env(**env)
     base.pop("OMP_NUM_THREADS")
+    if product_alone:
+        base["PYTHONPATH"] = str(REPO)
     proc = subprocess.Popen(cmd, cwd=REPO, env=base, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stdout, stderr = proc.communicate(timeout=120)
     return proc, stdout, stderr
@@ -53,8 +57,9 @@ def test_ranks_are_forked_from_the_agent_and_see_what_a_new_interpreter_would(tm
     assert ranks[0]["pid"] != ranks[1]["pid"]
 
 
-def test_turned_off_the_ranks_are_new_interpreters(tmp_path):
-    proc, out, err = _launch(tmp_path, "ok", HRMCTL_FORK_RANKS="0")
+@pytest.mark.parametrize("how", [{"HRMCTL_FORK_RANKS": "0"}, {"product_alone": True}], ids=["off", "product-alone"])
+def test_turned_off_or_without_the_lab_the_ranks_are_new_interpreters(tmp_path, how):
+    proc, out, err = _launch(tmp_path, "ok", **how)
     assert proc.returncode == 0, err[-3000:]
     for r in _reports(tmp_path):
         assert not r["forked"] and r["ppid"] == proc.pid and r["threads"] == 1, r
@@ -83,7 +88,7 @@ def test_a_node_whose_torch_sees_a_gpu_starts_its_ranks_as_torchrun_does(monkeyp
 
     import torch
 
-    from cli.launch import forked_ranks
+    from lab import forked_ranks
 
     monkeypatch.delenv("HRMCTL_FORK_RANKS", raising=False)
     assert forked_ranks.can_fork()  # a CPU build: forked

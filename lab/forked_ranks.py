@@ -1,13 +1,17 @@
-"""On a node without a GPU: torchrun's ranks forked from its agent, which has torch imported already.
+"""The suite's start-up, got in the suite: torchrun's ranks forked from its agent on the lab's nodes and this machine.
 
 torchrun starts each rank as a new interpreter (``python -u -m auralm.training.train ...``) that imports torch again:
-about 1.3 s of CPU a rank on a small machine (`python -c "import torch"`, 2026-11-29), paid at every launch and
-every restart, on top of the agent's own import. cli.launch.node_torchrun imports torch once for torchrun; where the
-node has no CUDA device (a CPU build of torch, or a CUDA build that finds no GPU), ``install()`` makes torchrun's
-SubprocessHandler fork that process for a rank instead of starting a new one, and the rank runs its module there as
-``python -u -m`` would. CUDA is never forked (it cannot be used in a child forked after it started), so a GPU node's
-ranks start as torchrun starts them. ``HRMCTL_FORK_RANKS=0`` in the agent's environment (`hrmctl train --env
-HRMCTL_FORK_RANKS=0`) turns this off.
+about 1.3 s of CPU a rank on a small machine (`python -c "import torch"`, 2026-11-29), paid at every launch and every
+restart. On a user's run that is nothing beside its minutes of training, and hrmctl's product lets torchrun start its
+ranks its own way. The suite starts a few hundred ranks on two cores, so here, in the suite's processes only, the agent
+(``python -m cli.launch.node_torchrun`` or ``python -m torch.distributed.run``), which has torch imported, forks each
+rank instead, and the rank runs its module there as ``python -u -m`` would. How it gets there: ``activate()``, run as
+an interpreter starts (lab/site/sitecustomize.py on the PYTHONPATH of the suite's processes, tests/conftest.py; a
+.pth file in the lab nodes' venv, lab/nodes.py), does nothing in any other process; in an agent it waits for torchrun's
+SubprocessHandler to be imported and makes it fork a ``python -u -m MODULE`` rank (a private method of torch's: this
+patch is the suite's, never the product's). CUDA is never forked (it cannot be used in a child forked after it
+started), so a GPU's ranks start as torchrun starts them. ``HRMCTL_FORK_RANKS=0`` in the agent's environment turns it
+off.
 
 What the rank sees is what a new interpreter would give it: its own session (torchrun signals the group),
 the environment torchrun made for it (os.environ; torch's threads set from its OMP_NUM_THREADS), its output files
@@ -17,12 +21,14 @@ of the rank's), and its command line (``ps``, `hrmctl top`) rewritten to the ran
 shows the agent's environment: what reads a rank's rank finds it in its progress file (cli/top/sampler.py), and a stop
 finds ranks as the children of torchrun's agent (cli/launch/save_stop.py).
 
-Standard library and torch only: it runs on the node, from the project in its workdir.
+Standard library and torch only, and importable alone (the lab nodes' venv has a copy of it, not the checkout).
 """
 
 from __future__ import annotations
 
 import ctypes
+import importlib.abc
+import importlib.util
 import io
 import os
 import signal
@@ -31,6 +37,8 @@ import sys
 import time
 
 OFF_ENV = "HRMCTL_FORK_RANKS"  # "0": ranks start as new interpreters (torchrun's own way)
+AGENTS = ("cli.launch.node_torchrun", "torch.distributed.run")  # ``python -m`` of a torchrun agent
+HANDLER = "torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler"
 RESET_SIGNALS = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGCHLD", "SIGALRM")
 IGNORED_SIGNALS = ("SIGPIPE", "SIGXFSZ")  # as Python's start-up leaves them: a closed pipe raises BrokenPipeError
 
@@ -85,16 +93,46 @@ def can_fork() -> bool:
         return False
 
 
-def install() -> None:
-    """torchrun's SubprocessHandler forks a ``python -u -m MODULE`` rank from this process."""
-    from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
+def activate() -> None:
+    """In a torchrun agent (and not turned off): torchrun's SubprocessHandler forks its ranks once it is imported.
+    Anything else returns at once (every Python process of the suite runs this as it starts)."""
+    argv = getattr(sys, "orig_argv", [])
+    if os.environ.get(OFF_ENV) == "0" or "-m" not in argv[:3] or argv[argv.index("-m") + 1:][:1] not in (
+            [a] for a in AGENTS):
+        return
+    sys.meta_path.insert(0, _PatchOnImport())
 
-    handler = subprocess_handler.SubprocessHandler
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Finds torchrun's subprocess_handler module as the other finders do, and patches it once it has run."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != HANDLER:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            install(module.SubprocessHandler)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def install(handler) -> None:
+    """torchrun's SubprocessHandler forks a ``python -u -m MODULE`` rank from this process."""
     popen = handler._popen
+    forkable: list[bool] = []  # can_fork(), asked at the first rank's start (torch is imported whole by then)
 
     def forking(self, args: tuple, env: dict):
         module = _module_of(args)
-        if module is None:
+        if not forkable:
+            forkable.append(can_fork())
+        if module is None or not forkable[0]:
             return popen(self, args, env)
         return fork_rank(module, list(args[4:]), env, self._stdout, self._stderr)
 
