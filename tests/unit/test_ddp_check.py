@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from lab import SITE_DIR
+
 pytestmark = pytest.mark.slow  # real torchrun processes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,7 +44,7 @@ def _result(p: subprocess.CompletedProcess) -> tuple[int, dict | None, str]:
 
 def run(*args: str, entry: tuple[str, ...] = ("-m", "auralm.planning.ddp_check"), env: dict | None = None):
     full_env = {k: v for k, v in os.environ.items() if k != "HRMCTL_BACKEND"}
-    full_env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **(env or {}))
+    full_env.update(PYTHONPATH=os.pathsep.join([str(ROOT), str(SITE_DIR)]), OMP_NUM_THREADS="1", **(env or {}))
     return _result(subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
                                    "--standalone", *entry, "--no-table", *args],
                                   capture_output=True, text=True, cwd=ROOT, timeout=180, env=full_env))
