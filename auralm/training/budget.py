@@ -29,6 +29,7 @@ from auralm.training.precision import autocast, rng_state, set_rng_state
 MARGIN = 0.85  # of the budget, the share a run plans to use
 HOUR = 3600.0  # a run longer than this says so, with the override that shortens it
 PROBE_PASSES = 4  # measure_rate's forward and backward passes (one untimed, then three timed)
+PROBE_ENOUGH_S = 1.0  # timed passes stop once they add up to this: a large model's one pass says its pace
 LENGTH_KEYS = ("training.epochs", "training.max_steps")  # a run's length, when given, is not the budget's to set
 # (epochs first: when both are given, epochs sets max_steps)
 
@@ -80,7 +81,9 @@ def since_start() -> float:
 
 def measure_rate(step_kind, model, train_set, t: config.TrainingConfig, device: torch.device) -> float:
     """This rank's training speed in rows/s: a few forward and backward passes on the first rows of the
-    split, timed after one untimed pass; the weights, gradients, carries and random state are left as found."""
+    split, timed after one untimed pass (three, or fewer once PROBE_ENOUGH_S is timed: hrm-50m's pass takes seconds
+    here, and a second and third of them only made `--dry-run` and a run's start longer); the weights, gradients,
+    carries and random state are left as found."""
     rng = rng_state(device)
     x, y = train_set.batch(list(range(min(t.batch_size, len(train_set)))))
     x, y = x.to(device), y.to(device)
@@ -92,6 +95,8 @@ def measure_rate(step_kind, model, train_set, t: config.TrainingConfig, device: 
             loss, _ = step_kind.loss(model, x, y, 0)
         loss.backward()
         timed += i >= 1
+        if timed and time.perf_counter() - began >= PROBE_ENOUGH_S:
+            break
     seconds = time.perf_counter() - began
     model.zero_grad(set_to_none=True)
     step_kind.reset()
