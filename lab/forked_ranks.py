@@ -7,9 +7,9 @@ ranks its own way. The suite starts a few hundred ranks on two cores, so here, i
 (``python -m cli.launch.node_torchrun`` or ``python -m torch.distributed.run``), which has torch imported, forks each
 rank instead, and the rank runs its module there as ``python -u -m`` would. How it gets there: ``activate()``, run as
 an interpreter starts (lab/site/sitecustomize.py on the PYTHONPATH of the suite's processes, tests/conftest.py; a
-.pth file in the lab nodes' venv, lab/nodes.py), does nothing in any other process; in an agent it waits for torchrun's
-SubprocessHandler to be imported and makes it fork a ``python -u -m MODULE`` rank (a private method of torch's: this
-patch is the suite's, never the product's). CUDA is never forked (it cannot be used in a child forked after it
+.pth file in the lab nodes' venv, lab/nodes.py), does nothing in any other process; in an agent it makes torchrun's
+SubprocessHandler fork a ``python -u -m MODULE`` rank (a private method of torch's: this patch is the suite's, never
+the product's). CUDA is never forked (it cannot be used in a child forked after it
 started), so a GPU's ranks start as torchrun starts them. ``HRMCTL_FORK_RANKS=0`` in the agent's environment turns it
 off.
 
@@ -27,8 +27,6 @@ Standard library and torch only, and importable alone (the lab nodes' venv has a
 from __future__ import annotations
 
 import ctypes
-import importlib.abc
-import importlib.util
 import io
 import os
 import signal
@@ -38,7 +36,6 @@ import time
 
 OFF_ENV = "HRMCTL_FORK_RANKS"  # "0": ranks start as new interpreters (torchrun's own way)
 AGENTS = ("cli.launch.node_torchrun", "torch.distributed.run")  # ``python -m`` of a torchrun agent
-HANDLER = "torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler"
 RESET_SIGNALS = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGCHLD", "SIGALRM")
 IGNORED_SIGNALS = ("SIGPIPE", "SIGXFSZ")  # as Python's start-up leaves them: a closed pipe raises BrokenPipeError
 
@@ -94,33 +91,16 @@ def can_fork() -> bool:
 
 
 def activate() -> None:
-    """In a torchrun agent (and not turned off): torchrun's SubprocessHandler forks its ranks once it is imported.
-    Anything else returns at once (every Python process of the suite runs this as it starts)."""
+    """In a torchrun agent (and not turned off): torchrun's SubprocessHandler forks its ranks. It imports torchrun's
+    process handling (torch with it) here, as the interpreter starts, which the agent does next anyway. Anything else
+    returns at once (every Python process of the suite runs this as it starts)."""
     argv = getattr(sys, "orig_argv", [])
     if os.environ.get(OFF_ENV) == "0" or "-m" not in argv[:3] or argv[argv.index("-m") + 1:][:1] not in (
             [a] for a in AGENTS):
         return
-    sys.meta_path.insert(0, _PatchOnImport())
+    from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
 
-
-class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """Finds torchrun's subprocess_handler module as the other finders do, and patches it once it has run."""
-
-    def find_spec(self, name, path=None, target=None):
-        if name != HANDLER:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.loader is None:
-            return spec
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            install(module.SubprocessHandler)
-
-        spec.loader.exec_module = exec_module
-        return spec
+    install(subprocess_handler.SubprocessHandler)
 
 
 def install(handler) -> None:
