@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from cli.errors import RemoteTimeout, UnreachableError
+from cli.launch.options import resume_latest
 from cli.nodes.inventory import Node
 from cli.nodes.remote import connect
 
@@ -199,8 +200,7 @@ class Members:
         whole world kept by gradient accumulation."""
         from auralm.training import config
 
-        kept = [a for a in args if not a.startswith("resume=") and a != "--resume"
-                and not a.lstrip("+").startswith("training.grad_accum=")]
+        kept = [a for a in args if not a.lstrip("+").startswith("training.grad_accum=")]
         t = config.parse([a for a in args if not a.startswith("-")]).training
         accum = t.grad_accum
         if not t.global_batch_size and world_now != world_all:  # a global batch is split over any world by the trainer
@@ -209,4 +209,4 @@ class Members:
             else:
                 log.note(f"the global batch changes: {world_all} ranks' worth of training.grad_accum={accum} does "
                          f"not split over {world_now} ranks; give training.global_batch_size to keep it")
-        return kept + [f"training.grad_accum={accum}", "resume=latest"]
+        return resume_latest([*kept, f"training.grad_accum={accum}"])

@@ -22,6 +22,12 @@ TRAINER = "auralm.training.train"  # the module torchrun starts for `hrmctl trai
 BACKENDS = ("auto", "gloo", "nccl")
 
 
+def resume_latest(args: list[str]) -> list[str]:
+    """The trainer's overrides resuming from the run's last checkpoint (a restart, a regroup): ``resume=latest`` in
+    place of any resume they had."""
+    return [a for a in args if not a.startswith("resume=") and a != "--resume"] + ["resume=latest"]
+
+
 @dataclass
 class LaunchOptions:
     nodes: list[Node]

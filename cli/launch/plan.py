@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import json
 import re
+import dataclasses
 from dataclasses import dataclass, field
 
-from cli.launch.options import LaunchOptions
+from cli.launch.options import LaunchOptions, resume_latest
 from cli.nodes.inventory import Node
 from cli.nodes.remote import Session, command_line
 
@@ -65,10 +66,16 @@ class NodeLaunch:
     env: dict[str, str]
     cwd: str
     notes: list[str] = field(default_factory=list)
+    args_at: int = 0  # argv[args_at:] are the module's own arguments (the trainer's overrides), as the plan made them
 
     @property
     def ranks(self) -> range:
         return range(self.first_rank, self.first_rank + self.nproc)
+
+    def resumed(self) -> "NodeLaunch":
+        """The same launch resuming from the run's last checkpoint (a restart): its module's arguments with
+        ``resume=latest`` in place of any resume of theirs."""
+        return dataclasses.replace(self, argv=self.argv[:self.args_at] + resume_latest(self.argv[self.args_at:]))
 
     def shell_line(self, redact: bool = False) -> str:
         """The exact line the node's shell runs (over SSH) - or its equivalent locally."""
@@ -168,6 +175,7 @@ def build_plan(nodes: list[Node], facts: dict[str, NodeFacts], *, master_addr: s
                 "--max-restarts=0", "--tee=3", "--monitor-interval=0.5",
                 f"--shutdown-timeout={SHUTDOWN_TIMEOUT_S}", *node_entry]
         plans.append(NodeLaunch(node=node, node_rank=rank, nproc=count, first_rank=first, argv=argv, env=env,
+                                args_at=len(argv) - len(node_entry) + 2,  # after `-m MODULE`
                                 cwd=node.workdir, notes=notes))
         first += count
     return plans

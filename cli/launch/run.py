@@ -465,10 +465,7 @@ def run(prep: LaunchPlan, console: Console, replan: Callable[[dict[str, dict]], 
                 attempt += 1
                 log.note(f"{result.reason}; restart {attempt - 1} of {opts.max_restarts} from the last checkpoint")
                 if opts.module == TRAINER:  # same arguments (out_dir too), resuming from the run's last checkpoint
-                    for p in plans:
-                        start = p.argv.index("-m", 2) + 2  # after `-m auralm.training.train`
-                        p.argv = p.argv[:start] + [a for a in p.argv[start:] if not a.startswith("resume=")
-                                                   and a != "--resume"] + ["resume=latest"]
+                    plans = [p.resumed() for p in plans]
             return result
         except BaseException as exc:
             error = exc

@@ -48,6 +48,20 @@ def test_each_node_gets_its_rank_nproc_and_interface():
     assert a.env["HRMCTL_JOB"] != b.env["HRMCTL_JOB"]
 
 
+def test_a_restart_resumes_from_the_latest_checkpoint_with_the_rest_of_the_line_unchanged():
+    """run.py's restart: the module's own arguments get resume=latest in place of theirs; torchrun's and the
+    environment stay as planned (a torchrun option is never read as the trainer's)."""
+    a, b = plan(entry={"a": ["-m", "auralm.training.train", "x=1", "resume=runs/r0/checkpoint-2"],
+                       "b": ["-m", "auralm.training.train", "x=1", "--resume"]})
+    for p in (a, b):
+        again = p.resumed()
+        assert again.argv[:p.args_at] == p.argv[:p.args_at] and p.argv[p.args_at - 2:p.args_at] == [
+            "-m", "auralm.training.train"]
+        assert again.argv[p.args_at:] == ["x=1", "resume=latest"] and again.env == p.env
+        assert again.resumed().argv == again.argv  # twice is once
+    assert a.argv[-1] == "resume=runs/r0/checkpoint-2"  # the plan itself is not changed
+
+
 def test_the_inventorys_threads_win_over_the_usable_cpus_per_process():
     a, b = plan(nodes=[node("a", "10.0.0.1", threads=3), node("b", "10.0.0.2")])
     assert a.env["OMP_NUM_THREADS"] == "3" and b.env["OMP_NUM_THREADS"] == "2"  # b: 4 usable CPUs, 2 processes
