@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 from auralm import tasks
 from auralm.models import guide_spellings
 from auralm.models.guide_spellings import Spelling
-from auralm.training.config import key_names
+from auralm.errors import UserError
+from auralm.training import config
 from cli.errors import HrmctlError
 
 # hrmctl train's options a guide's spelling can stand for, as LaunchOptions' fields and their types (--nodes:
 # --distributed, a flag the command reads with the inventory)
 FLAGS = {"--dry-run": ("dry_run", bool), "--nproc": ("nproc", int), "--master-port": ("master_port", int),
          "--nodes": ("distributed", bool)}
-DATA_KEYS = ("data_dir", "data_path", "data_paths")  # where the line says its data is (the trainer's and the guides')
 PREPARED_TASK = "lm"  # the task `hrmctl prepare-data` prepares when its line gives no --task (its parser's default)
 
 
@@ -52,7 +52,7 @@ def read(args: list[str], what: str, own: list[str]) -> Read:
         name, eq, value = a.partition("=")
         row = guide_spellings.option_row(name) or guide_spellings.option_row(name, guide_spellings.PREPARE)
         if row is None or not (row.ours or row.accepted):
-            hint = guide_spellings.suggest(name, own + key_names(), option=True)
+            hint = guide_spellings.suggest(name, own + config.key_names(), option=True)
             raise HrmctlError(f"unknown option {name}{hint or f'; {what}, and hrmctl options are listed by --help'}")
         if not row.flag and not eq:
             if i >= len(args) or args[i].startswith("--"):
@@ -115,10 +115,14 @@ def prepare_first(typed: list[tuple[Spelling, str]], args: list[str]) -> str:
     for extra in sorted(implied):
         if extra.split()[0] not in ours:
             ours += extra.split()
-    given = [a.partition("=")[2] for a in args if a.partition("=")[0].lstrip("+") in DATA_KEYS]
+    try:  # where the line says its data is, as the trainer reads it (a guide's data_path, data_paths=[DIR] too)
+        cfg = config.parse(args)
+        given = cfg.data_dir if "data_dir" in cfg.given_keys else ""
+    except (UserError, ValueError):  # refused: the trainer's check says why, after this
+        given = ""
     task = ours[ours.index("--task") + 1] if "--task" in ours else PREPARED_TASK
     source = tasks.get(task).source if task in tasks.names() else ""  # what the task's data are made from
-    out = given[-1] if given else f"data/{task}"
+    out = given or f"data/{task}"
     if "--out" not in ours:
         ours += ["--out", out]
     else:

@@ -29,9 +29,6 @@ from cli.nodes.remote import Session
 
 MIN_FREE_MB = 300  # below this, a run directory (checkpoints) or generated data is refused
 CHECK_TIMEOUT_S = 30
-DATA_KEYS = ("data_dir", "data_path", "data_paths")  # the trainer's key and its aliases (auralm/training/config.py)
-OUT_KEYS = ("out_dir", "checkpoint_path")
-DEFAULT_TASK = "sudoku"
 DEFAULT_DATA_ENV = "HRMCTL_DEFAULT_DATA_DIR"  # tells the trainer: data_dir is the node's default, not the user's
 
 DATA_FORMAT = "auralm-data/1"  # auralm.data.datadir.FORMAT (the snippet runs without the project; a test keeps them equal)
@@ -144,53 +141,36 @@ LABELS = {"data": "data directory", "run": "run directory (out_dir: logs and che
 class Dirs:
     """What the trainer reads and writes, before the nodes are asked (paths as the trainer gets them)."""
 
-    task: str = DEFAULT_TASK
+    task: str  # the trainer's task, as its parser reads the overrides
     data_given: str | None = None  # data_dir= (or an alias) given by the user: passed unchanged
     out_dir: str | None = None  # the run directory rank 0 writes (relative: to the master's workdir)
     data: dict[str, str] = field(default_factory=dict)  # node -> data_dir for the trainer (filled by check)
     train_path: str | None = None  # data.train_path=FILE: the trainer prepares its own data directory from it
 
 
-def given(args: list[str], keys: tuple[str, ...]) -> str | None:
-    """The value of the last `key=value` (or `+key=value`) override among `keys`, or None."""
-    value = None
-    for a in args:
-        key, eq, text = a.partition("=")
-        if eq and key.strip().lstrip("+") in keys:
-            text = text.strip()
-            if key.strip().lstrip("+") == "data_paths":  # data_paths=[DIR] (the guides' spelling)
-                text = text.strip("[]").strip().strip("'\"")
-            value = text
-    return value
-
-
 def trainer_dirs(args: list[str], run_id: str) -> tuple[Dirs, list[str]]:
-    """The trainer's directories under hrmctl, and the overrides hrmctl adds (out_dir=runs/<run-id> when the
-    user gave neither out_dir nor run_name; data_dir per node is added once the nodes have answered)."""
-    train_path = given(args, ("data.train_path",))
-    dirs = Dirs(task=_task(args) or given(args, ("task",)) or ("lm" if train_path else DEFAULT_TASK),
-                data_given=given(args, DATA_KEYS), out_dir=given(args, OUT_KEYS), train_path=train_path)
+    """The trainer's directories under hrmctl, read by the trainer's own parser (a guide's spelling, a config file's
+    keys and the task a model implies, as the trainer reads them), and the overrides hrmctl adds (out_dir=runs/<run-id>
+    when the user gave neither out_dir nor run_name; data_dir per node is added once the nodes have answered).
+    Overrides the trainer refuses give the defaults here: its check, beside this one, says why."""
+    from auralm.errors import UserError
+    from auralm.training import config  # no torch: a few milliseconds
+
+    try:
+        cfg = config.parse(args)
+    except (UserError, ValueError):
+        cfg = config.Config()
+    given = set(cfg.given_keys)
+    dirs = Dirs(task=cfg.task, data_given=cfg.data_dir if "data_dir" in given else None,
+                out_dir=cfg.out_dir if "out_dir" in given else None, train_path=cfg.data.train_path or None)
     extra = []
     if dirs.out_dir is None:
-        run_name = given(args, ("run_name",))
-        if run_name:
-            dirs.out_dir = f"runs/{run_name}"
+        if cfg.run_name:
+            dirs.out_dir = f"runs/{cfg.run_name}"
         else:
             dirs.out_dir = f"runs/{run_id}"  # checkpoints beside the logs; restarts resume from there
             extra.append(f"out_dir={dirs.out_dir}")
     return dirs, extra
-
-
-def _task(args: list[str]) -> str | None:
-    """The task the trainer's parser makes of the overrides (model.hidden_dim=... is an RLM on text: task lm), or
-    None when it refuses them (its check, beside this one, says why)."""
-    from auralm.training import config  # no torch: a few milliseconds
-    from auralm.errors import UserError
-
-    try:
-        return config.parse(args).task
-    except (UserError, ValueError):
-        return None
 
 
 def _makes_its_data(task: str) -> bool:
