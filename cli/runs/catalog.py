@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from auralm.parallel import strategy
 from auralm.training.curves import CURVES, number, read_metrics
 
 # The module names that runs recorded before auralm was split into rooms (#35) carry in their status.json.
@@ -292,7 +293,7 @@ def load_run(path: str | Path, now: float | None = None) -> Run:
     training = cfg.get("training") if isinstance(cfg.get("training"), dict) else {}
     run.max_steps = training.get("max_steps") if isinstance(training.get("max_steps"), int) else None
     if cfg:
-        run.sync = training.get("sync") if isinstance(training.get("sync"), str) else "ddp"
+        run.sync = training.get("sync") if isinstance(training.get("sync"), str) else strategy.DEFAULT
 
     try:
         run.checkpoints = sorted(int(m.group(1)) for p in trainer_dir.iterdir()
