@@ -115,12 +115,3 @@ def local_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None = None
                                     if isinstance(v, torch.Tensor))
     out["total"] = out["params"] + out["grads"] + out["optimizer"]
     return out
-
-
-def full_state_dict(model: nn.Module) -> dict:
-    """The whole model's state dict on CPU on every rank (all-gathered from the shards: a collective)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    if not is_sharded(model):
-        return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))

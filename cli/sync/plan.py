@@ -40,10 +40,6 @@ class Source:
     dirs: list[str]                              # parents before children
     skipped: list[tuple[str, str]] = field(default_factory=list)   # (relpath, why)
 
-    @property
-    def total_bytes(self) -> int:
-        return sum(f.size for f in self.files.values())
-
 
 @dataclass
 class Transfer:
