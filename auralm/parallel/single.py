@@ -10,10 +10,6 @@ these steps. The interface is auralm.parallel.strategy.Strategy. Imports torch a
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
-import sys
-import time
 from pathlib import Path
 
 import torch
@@ -109,12 +105,9 @@ class Single(Strategy):
 
     def local_step(self, at: int):
         """Forward and backward over the micro-batches, clipping: (loss, grad norm) of this rank."""
-        p, t, d, fault = self.p, self.t, self.d, self.cfg.fault
-        if d.rank == fault.kill_rank and at in fault.kill_at_step and not p.resumed:  # not after a resume
-            print(f"fault: killing rank {d.rank} at step {at}", file=sys.stderr, flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
-        if fault.step_sleep > 0:
-            time.sleep(fault.step_sleep)
+        p, t, d = self.p, self.t, self.d
+        for hook in p.hooks:
+            hook.before_step(at)
         optim.set_lr(p.optimizer, self.lr(at))
         loss_sum = torch.zeros((), device=d.device)
         for micro in range(t.grad_accum):
@@ -129,10 +122,7 @@ class Single(Strategy):
             p.done += p.train_set.units(x) * self.samples_factor
         p.position += t.grad_accum // self.sources  # the position in each rank's batches, as if all were present
         self.scaler.unscale_(p.optimizer)  # fp16: the true gradients, for the check below and the clipping
-        nan_fault = d.rank == fault.nan_rank and at in fault.nan_at_step
-        if nan_fault:
-            print(f"fault: NaN in rank {d.rank}'s gradients at step {at}", file=sys.stderr, flush=True)
-            self.params[0].grad.fill_(float("nan"))
+        nan_fault = any([hook.after_backward(at, self.params) for hook in p.hooks])
         self.own_norm = self.shard_norm()
         if t.grad_clip > 0:
             norm = torch.nn.utils.clip_grad_norm_(self.params, t.grad_clip)

@@ -18,7 +18,7 @@ Imports the standard library only.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 OPTIONS = ("sync", "parallel")  # the training.<option> keys whose values name a strategy
@@ -40,6 +40,9 @@ class Parts:
     train_set: Any
     shares: Any  # auralm.parallel.balance.Shares
     meter: Any  # auralm.training.objective.Meter
+    # called by the step: before_step(at), and after_backward(at, params) -> whether it made the gradients non-finite
+    # on purpose (auralm.training.faults: a test's fault injection); none in a user's run
+    hooks: list = field(default_factory=list)
     resumed: bool = False
     step: int = 0
     position: int = 0

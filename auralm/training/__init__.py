@@ -6,6 +6,7 @@
 - ``distributed``: the process group, backend choice and collectives every rank calls together.
 - ``checkpoint``, ``nan_guard``, ``ema``, ``optim``, ``precision``, ``objective``: what a step and a saved
   run are made of.
+- ``faults``: the fault.* keys' injection (kill, sleep, NaN) as hooks around a strategy's step, for tests.
 - ``budget``: the run's time before its first step (the probes: training speed, an evaluation batch), the ETA,
   and ``training.time_budget``, which sizes a fresh run of no given length.
 - ``progress_file``, ``runlog``, ``tracking``, ``curves``: what a run says: its log, the trackers, the loss curves.

@@ -30,7 +30,7 @@ import torch
 from auralm import errors, models, tasks
 from auralm.data import datadir
 from auralm.planning import autobatch, cpu_memory
-from auralm.training import budget, checkpoint, config, distributed, failure, objective, optim, tracking
+from auralm.training import budget, checkpoint, config, distributed, failure, faults, objective, optim, tracking
 from auralm.training.budget import measure_rate  # noqa: F401 (the probe the work shares and the run's time use)
 from auralm.training.config import Config
 from auralm.training.curves import write_run_curves
@@ -512,6 +512,7 @@ def resumed_parts(cfg: Config, state: dict | None, d: distributed.Dist, **parts)
     position = positions[d.rank] if positions and len(positions) == d.world else \
         (state["data_position"] if state else 0)  # batches this rank has consumed
     return Parts(cfg=cfg, shares=None, meter=objective.Meter(), resumed=state is not None,
+                 hooks=faults.hooks(cfg.fault, d.rank, resumed=state is not None),
                  step=state["step"] if state else 0, position=position, **parts)
 
 
