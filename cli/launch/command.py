@@ -52,15 +52,9 @@ def _read_guide_options(opts: LaunchOptions, err: Console, own_options: list[str
 def _model_choice(opts: LaunchOptions) -> str:
     """How the overrides chose the model when model= did not name it ("hrm-27m (HRM), chosen from arch=hrm_v1"),
     by the trainer's own parser; a bad override is refused here, before anything starts."""
-    if opts.module != TRAINER:
-        return ""
-    from auralm.training import config
-    from auralm.errors import UserError
-
-    try:
-        return config.parse(opts.args).model_choice
-    except UserError as e:
-        raise HrmctlError(f"trainer overrides rejected: {e}") from None
+    if opts.trainer_refusal:
+        raise HrmctlError(f"trainer overrides rejected: {opts.trainer_refusal}")
+    return opts.trainer.model_choice if opts.trainer else ""
 
 
 def auto_batch_plan(size: dict, prep: LaunchPlan) -> dict | None:

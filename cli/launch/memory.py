@@ -43,7 +43,7 @@ def model_size(opts, world: int, vocab: int | None = None) -> dict | None:
 
     cache = cache_dir() / SIZING_CACHE_NAME
     argv = ["--json", "--world", str(world), *(["--vocab", str(vocab)] if vocab else []), *opts.args]
-    key = _sizing_key(opts.args, world, vocab)
+    key = _sizing_key(opts.trainer, world, vocab)
     known = load_cache(cache).get(key) if key else None
     if known is not None:  # the same trainer source, Python and what the estimate reads: the same estimate
         return known
@@ -60,18 +60,19 @@ def model_size(opts, world: int, vocab: int | None = None) -> dict | None:
     return size
 
 
-def _sizing_key(args: list[str], world: int, vocab: int | None) -> str | None:
-    """What the estimate reads of the trainer's config (auralm.planning.sizing.inputs: not the steps, intervals,
-    paths or rates, so a run that changes only those reuses it) and the world, under the trainer's source
-    (overrides.trainer_key). None when the overrides do not parse (the estimate's own process then says why)."""
-    from auralm.errors import UserError
+def _sizing_key(cfg, world: int, vocab: int | None) -> str | None:
+    """What the estimate reads of the trainer's config (``cfg``, LaunchOptions.trainer; auralm.planning.sizing.inputs:
+    not the steps, intervals, paths or rates, so a run that changes only those reuses it) and the world, under the
+    trainer's source (overrides.trainer_key). None when the overrides do not parse (the estimate's own process then
+    says why)."""
     from auralm.planning.sizing import inputs
-    from auralm.training.config import parse_command_line
     from cli.launch.overrides import trainer_key
 
+    if cfg is None:
+        return None
     try:
-        read = inputs(parse_command_line(args)[0], vocab)
-    except (UserError, ValueError, TypeError, KeyError):
+        read = inputs(cfg, vocab)
+    except (ValueError, TypeError, KeyError):
         return None
     return trainer_key("model size", world, read)
 

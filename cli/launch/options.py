@@ -52,6 +52,33 @@ class LaunchOptions:
     nodes_given: bool = False  # --nodes was given (else this machine alone, or the Slurm allocation's nodes)
     gpus: int | None = None  # a guide's --gpus N: --nproc N, each process on a GPU of its own (the preflight checks)
     distributed: bool = False  # a guide's --distributed: a run across machines (cli/launch/guide_options.py)
+    _read: tuple | None = field(default=None, init=False, repr=False, compare=False)  # (args, config, refusal)
+
+    @property
+    def trainer(self):
+        """The trainer's reading of ``args`` by its own parser (auralm.training.config, no torch): its Config, made
+        once for these args and read by every stage; None for another module, or when the trainer refuses them
+        (``trainer_refusal`` says why)."""
+        return self._trainer_read()[0]
+
+    @property
+    def trainer_refusal(self) -> str:
+        """Why the trainer refuses ``args`` ("" when it takes them, or for another module)."""
+        return self._trainer_read()[1]
+
+    def _trainer_read(self) -> tuple:
+        if self._read is None or self._read[0] != tuple(self.args):  # the command reads a guide's spellings into args
+            read: tuple = (None, "")
+            if self.module == TRAINER:
+                from auralm.errors import UserError
+                from auralm.training import config
+
+                try:
+                    read = (config.parse_command_line(self.args)[0], "")
+                except (UserError, ValueError) as e:
+                    read = (None, str(e))
+            self._read = (tuple(self.args), *read)
+        return self._read[1:]
 
     def check(self) -> None:
         """The numbers a launch cannot start with: one line each, exit code 2."""

@@ -109,7 +109,7 @@ def prepare(opts: LaunchOptions, reported: dict[str, dict] | None = None, hold: 
         raise HrmctlError(str(exc)) from None
     run_id = opts.run_id or new_run_id()
     trainer = opts.module == TRAINER
-    dirs, extra = trainer_dirs(opts.args, run_id) if trainer else (None, [])
+    dirs, extra = trainer_dirs(opts.trainer, run_id) if trainer else (None, [])
     if not opts.dry_run:
         check_local(str(opts.runs_dir / run_id))  # hrmctl's own logs, here
     # One connection per node serves the whole preflight. Four things run at once: the trainer's
@@ -135,7 +135,7 @@ def prepare(opts: LaunchOptions, reported: dict[str, dict] | None = None, hold: 
             size = size_f.result()
         _check_nproc(nodes, facts, opts.nproc, opts.gpus)
         if trainer:
-            _check_packages(opts.args, master, probed.get(master.name))
+            _check_packages(opts.trainer, master, probed.get(master.name))
         backend, why = choose_backend(opts.backend, facts)
         entry, node_env = {}, {}
         for node in nodes:
@@ -181,17 +181,15 @@ def _check_nproc(nodes: list[Node], facts: dict[str, NodeFacts], nproc: int | No
                                  f"use --nproc {devices} or less")
 
 
-def _check_packages(args: list[str], master: Node, probe) -> None:
+def _check_packages(cfg, master: Node, probe) -> None:
     """What the run's logging.* needs on rank 0's node (W&B's wandb, TensorBoard's tensorboard), against what its
     probe found installed: one line before launch, not rank 0's error after it. A probe that did not look (an older
-    project there) is left to the trainer's own check at start."""
-    from auralm.training import config, tracking
-    from auralm.errors import UserError
+    project there), or overrides the trainer refuses (``cfg`` None: its check says why), are left to the trainer."""
+    from auralm.training import tracking
 
-    try:
-        needed = tracking.packages(config.parse(args).logging)
-    except (UserError, ValueError):
-        return  # the trainer's check of the overrides says why
+    if cfg is None:
+        return
+    needed = tracking.packages(cfg.logging)
     versions = ((probe.raw.get("project") or {}).get("versions") or {}) if probe is not None else {}
     missing = [(key, pkg) for key, pkg in needed if pkg in versions and versions[pkg] is None]
     if missing:

@@ -148,18 +148,14 @@ class Dirs:
     train_path: str | None = None  # data.train_path=FILE: the trainer prepares its own data directory from it
 
 
-def trainer_dirs(args: list[str], run_id: str) -> tuple[Dirs, list[str]]:
-    """The trainer's directories under hrmctl, read by the trainer's own parser (a guide's spelling, a config file's
-    keys and the task a model implies, as the trainer reads them), and the overrides hrmctl adds (out_dir=runs/<run-id>
-    when the user gave neither out_dir nor run_name; data_dir per node is added once the nodes have answered).
-    Overrides the trainer refuses give the defaults here: its check, beside this one, says why."""
-    from auralm.errors import UserError
+def trainer_dirs(cfg, run_id: str) -> tuple[Dirs, list[str]]:
+    """The trainer's directories under hrmctl, from its reading of the overrides (``cfg``, LaunchOptions.trainer: a
+    guide's spelling, a config file's keys and the task a model implies, as the trainer reads them; None when it
+    refuses them, whose check says why: the defaults here), and the overrides hrmctl adds (out_dir=runs/<run-id>
+    when the user gave neither out_dir nor run_name; data_dir per node is added once the nodes have answered)."""
     from auralm.training import config  # no torch: a few milliseconds
 
-    try:
-        cfg = config.parse(args)
-    except (UserError, ValueError):
-        cfg = config.Config()
+    cfg = cfg or config.Config()
     given = set(cfg.given_keys)
     dirs = Dirs(task=cfg.task, data_given=cfg.data_dir if "data_dir" in given else None,
                 out_dir=cfg.out_dir if "out_dir" in given else None, train_path=cfg.data.train_path or None)

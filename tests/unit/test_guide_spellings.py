@@ -429,7 +429,9 @@ def test_wandb_keys_are_refused_before_launch_where_rank_0s_node_lacks_the_packa
     def probe(**versions):
         return SimpleNamespace(raw={"project": {"versions": versions}})
 
-    args = ["logging.wandb.project=aura", "logging.wandb.mode=offline"]
+    from auralm.training.config import parse
+
+    args = parse(["logging.wandb.project=aura", "logging.wandb.mode=offline"])
     master = local_node()
     with pytest.raises(HrmctlError) as e:
         _check_packages(args, master, probe(wandb=None, torch="2.13.0"))
@@ -438,7 +440,8 @@ def test_wandb_keys_are_refused_before_launch_where_rank_0s_node_lacks_the_packa
                             f"pip install wandb`, or drop logging.wandb.project")
     _check_packages(args, master, probe(wandb="0.19.0"))  # installed
     _check_packages(args, master, probe(torch="2.13.0"))  # a probe that did not look: the trainer's own check
-    _check_packages(["model=tiny"], master, probe(wandb=None))  # not asked for
+    _check_packages(parse(["model=tiny"]), master, probe(wandb=None))  # not asked for
+    _check_packages(None, master, probe(wandb=None))  # overrides the trainer refuses: its own check says why
     assert {"wandb", "tensorboard"} <= set(node_probe.project_facts(None)["versions"])  # the probe looks
 
 

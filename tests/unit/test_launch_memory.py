@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from types import SimpleNamespace
 
 import pytest
 
 from auralm.training.config import split_global_batch
 from cli.errors import HrmctlError
 from cli.launch import memory
+from cli.launch.options import LaunchOptions
 from cli.launch.plan import NodeFacts
 
 GIB = 1 << 30
@@ -78,7 +78,7 @@ def test_batch_auto_is_left_to_the_ranks_and_a_model_with_no_room_for_a_row_says
     assert memory.verdict(auto, 4, memory.shares([("n", 1)], {"n": NodeFacts(mem_available_gb=0.5)}), fsdp=True) is None
 
 
-TRAINER_OPTS = SimpleNamespace(module="auralm.training.train", args=["model=50m", "task=lm"])
+TRAINER_OPTS = LaunchOptions(nodes=[], args=["model=50m", "task=lm"])
 
 
 def test_the_refusal_is_exit_1_and_HRMCTL_MEMORY_CHECK_0_only_warns(size, monkeypatch):
@@ -110,7 +110,9 @@ def test_a_refusal_is_judged_again_at_the_datas_vocabulary(size):
 def test_an_estimate_is_reused_across_overrides_it_does_not_read_and_made_again_for_those_it_does():
     """The cache of estimates is keyed by what auralm.planning.sizing reads (its ``inputs``), not by the whole
     command line: a first launch with another max_steps or data_dir skipped a 4-6 s estimate (bench/slurm.py)."""
-    key = memory._sizing_key
+    def key(args, world, vocab):  # the trainer's reading of the overrides, as the launch gives it (None: refused)
+        return memory._sizing_key(LaunchOptions(nodes=[], args=args).trainer, world, vocab)
+
     base = key(["model=tiny", "training.batch_size=8"], 2, None)
     assert base is not None
     assert key(["model=tiny", "training.batch_size=8", "training.max_steps=7", "data_dir=/elsewhere",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -385,11 +386,13 @@ def test_unwritable_seen_as_the_node_user_sees_it(tmp_path, monkeypatch):
 
 
 def test_the_trainers_directories_under_hrmctl():
-    dirs, extra = storage.trainer_dirs(["model=tiny"], "r1")
+    from auralm.training.config import parse
+
+    dirs, extra = storage.trainer_dirs(parse(["model=tiny"]), "r1")
     assert (dirs.task, dirs.data_given, dirs.out_dir, extra) == ("sudoku", None, "runs/r1", ["out_dir=runs/r1"])
-    dirs, extra = storage.trainer_dirs(["task=lm", "+data_paths=['/d/x']", "checkpoint_path=/o"], "r1")
+    dirs, extra = storage.trainer_dirs(parse(["task=lm", "+data_paths=['/d/x']", "checkpoint_path=/o"]), "r1")
     assert (dirs.task, dirs.data_given, dirs.out_dir, extra) == ("lm", "/d/x", "/o", [])
-    dirs, extra = storage.trainer_dirs(["run_name=mine", "data_path=d"], "r1")
+    dirs, extra = storage.trainer_dirs(parse(["run_name=mine", "data_path=d"]), "r1")
     assert (dirs.data_given, dirs.out_dir, extra) == ("d", "runs/mine", [])
     assert storage.node_data_dir(node("a", "h", data_dir="data"), "sudoku") == "data/sudoku"  # from workdir
     assert storage.node_data_dir(node("a", "h", data_dir="~/ds/"), "lm") == "~/ds/lm"
@@ -498,6 +501,7 @@ def test_the_stop_finds_the_jobs_processes_by_their_tag_and_leaves_the_rest(tmp_
 
 
 def test_a_config_file_is_spelled_out_here_and_data_train_path_leaves_the_data_directory_to_the_trainer(tmp_path):
+    from auralm.training.config import parse
     from cli.errors import HrmctlError
     from cli.launch.options import TRAINER
     from cli.launch.overrides import expand_config_files
@@ -509,7 +513,7 @@ def test_a_config_file_is_spelled_out_here_and_data_train_path_leaves_the_data_d
     assert args == ["model.name=rlm-tiny", "model.mhc_flows=2", "training.optimizer.lr=0.0003",
                     "data.train_path=/data/corpus.jsonl", "training.max_steps=5", "model.mhc_flows=4"]
     assert expand_config_files(TRAINER, ["model=tiny"]) == ["model=tiny"]  # no file: no process started
-    dirs, _ = storage.trainer_dirs(args, "r1")
+    dirs, _ = storage.trainer_dirs(parse(args), "r1")
     assert (dirs.task, dirs.train_path) == ("lm", "/data/corpus.jsonl")
     node = Node(name="n0", host="h", user="u", data_dir="/srv/data")
     assert storage._spec(node, dirs, master=True)["dirs"] == [{"kind": "run", "path": "runs/r1"}]
@@ -540,3 +544,25 @@ def test_the_port_of_a_run_on_one_node_is_free_and_not_an_ephemeral_one():
         busy.listen()
         taken = busy.getsockname()[1]
         assert pick(taken) != taken
+
+
+def test_the_trainers_reading_of_the_overrides_is_made_once_for_the_args_every_stage_reads(monkeypatch):
+    """LaunchOptions.trainer: the trainer's parser once for these args (the stages read the one Config), again when
+    the command has changed them (a guide's spellings read into them), never for another module."""
+    from auralm.training import config
+    from cli.launch.options import LaunchOptions
+
+    calls = []
+    parse = config.parse_command_line
+    monkeypatch.setattr(config, "parse_command_line", lambda args: calls.append(list(args)) or parse(args))
+    opts = LaunchOptions(nodes=[], args=["arch=hrm_v1", "data_path=d"])
+    assert opts.trainer.model.name == "hrm-27m" and opts.trainer.data_dir == "d" and opts.trainer_refusal == ""
+    assert opts.trainer is opts.trainer and len(calls) == 1
+    opts.args = [*opts.args, "training.max_steps=3"]
+    assert opts.trainer.training.max_steps == 3 and len(calls) == 2
+    again = dataclasses.replace(opts, args=["model=tiny"])
+    assert again.trainer.model.name == "tiny" and opts.trainer.model.name == "hrm-27m"
+    bad = LaunchOptions(nodes=[], args=["model=no-such-model"])
+    assert bad.trainer is None and bad.trainer_refusal.startswith("model='no-such-model': expected one of")
+    other = LaunchOptions(nodes=[], module="auralm.planning.ddp_check", args=["--seconds", "1"])
+    assert other.trainer is None and other.trainer_refusal == ""
