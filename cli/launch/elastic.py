@@ -43,16 +43,6 @@ JOIN_CODE = 254  # run_once's result when a lost node is back: not a failure, th
 EXIT_BARRIER_S = 10.0  # a rank's end waits for no other node: a short wait only delays the run's end
 
 
-def _training(args: list[str]):
-    from auralm.errors import UserError
-    from auralm.training import config
-
-    try:
-        return config.parse([a for a in args if not a.startswith("-")]).training
-    except UserError:
-        return None  # the trainer's own check says what is wrong with the overrides
-
-
 def _leaves_in_place(t) -> bool:
     """Whether the run's strategy lets a node leave while the others go on (its registration says: DiLoCo)."""
     from auralm.parallel import strategy
@@ -60,19 +50,20 @@ def _leaves_in_place(t) -> bool:
     return strategy.entry(t.sync, t.parallel).in_place
 
 
-def min_nodes(args: list[str], count: int) -> int:
-    """training.elastic.min_nodes as the trainer reads it (0: 1 under a strategy a node leaves in place, DiLoCo;
+def min_nodes(cfg, count: int) -> int:
+    """training.elastic.min_nodes of the trainer's reading of the overrides (``cfg``, LaunchOptions.trainer; None when
+    it refuses them, whose check says why: every node) (0: 1 under a strategy a node leaves in place, DiLoCo;
     else every node)."""
-    t = _training(args)
-    if t is None:
+    if cfg is None:
         return count
+    t = cfg.training
     return min(count, t.elastic.min_nodes or (1 if _leaves_in_place(t) else count))
 
 
-def in_place(args: list[str], count: int) -> bool:
+def in_place(cfg, count: int) -> bool:
     """Whether a node may leave a trainer run of ``count`` nodes without the others restarting (DiLoCo)."""
-    t = _training(args)
-    return count > 1 and t is not None and _leaves_in_place(t) and min(count, t.elastic.min_nodes or 1) < count
+    return count > 1 and cfg is not None and _leaves_in_place(cfg.training) and \
+        min(count, cfg.training.elastic.min_nodes or 1) < count
 
 
 def _clock(t: float) -> str:
@@ -124,12 +115,13 @@ class Members:
         """For a trainer run of several nodes whose min_nodes lets one go; else None (a lost node stops the run)."""
         opts = prep.options
         nodes = [p.node for p in prep.plans]
-        k = min_nodes(opts.args, len(nodes)) if len(nodes) > 1 else len(nodes)
+        cfg = opts.trainer
+        k = min_nodes(cfg, len(nodes)) if len(nodes) > 1 else len(nodes)
         if k >= len(nodes):
             return None
-        given = any(a.partition("=")[0].lstrip("+") == "training.elastic.min_nodes" for a in opts.args)
+        given = "training.elastic.min_nodes" in cfg.given_keys
         return cls(nodes, k, {p.node.name: p.env["HRMCTL_JOB"] for p in prep.plans}, clear, opts.accept_new_host_keys,
-                   "" if given else " (the default under training.sync=diloco)", in_place(opts.args, len(nodes)))
+                   "" if given else f" (the default under training.sync={cfg.training.sync})", in_place(cfg, len(nodes)))
 
     def said(self) -> str:
         """The run's rule, for the log's first lines."""

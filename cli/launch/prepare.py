@@ -144,7 +144,7 @@ def prepare(opts: LaunchOptions, reported: dict[str, dict] | None = None, hold: 
                 args.append(f"data_dir={dirs.data[node.name]}")
                 node_env[node.name] = {DEFAULT_DATA_ENV: dirs.data[node.name]}
             entry[node.name] = ["-m", opts.module, *args, *extra]
-        leaves = trainer and in_place(opts.args, len(nodes))  # a node may leave, the others not restarted: DiLoCo
+        leaves = trainer and in_place(opts.trainer, len(nodes))  # a node may leave, the others not restarted: DiLoCo
         plans = build_plan(nodes, facts, master_addr=addr, master_port=port, backend=backend, entry=entry,
                            run_id=run_id, user_env=opts.env, nproc=opts.nproc, node_env=node_env,
                            exit_barrier=EXIT_BARRIER_S if leaves else None)

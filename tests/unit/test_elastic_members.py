@@ -22,11 +22,11 @@ def _members(k: int, names=("node0", "node1", "node2")) -> Members:
 
 
 def test_min_nodes_defaults_to_one_under_diloco_and_every_node_otherwise():
-    assert min_nodes(["model=tiny"], 3) == 3
-    assert min_nodes(["model=tiny", "training.sync=diloco"], 3) == 1
-    assert min_nodes(["training.elastic.min_nodes=2"], 3) == 2
-    assert min_nodes(["training.elastic.min_nodes=9"], 3) == 3  # more than the run has: a lost node stops it
-    assert min_nodes(["training.max_stepz=3"], 3) == 3  # bad overrides: the trainer's check says so, nothing here
+    assert min_nodes(_trainer(["model=tiny"]), 3) == 3
+    assert min_nodes(_trainer(["model=tiny", "training.sync=diloco"]), 3) == 1
+    assert min_nodes(_trainer(["training.elastic.min_nodes=2"]), 3) == 2
+    assert min_nodes(_trainer(["training.elastic.min_nodes=9"]), 3) == 3  # more than the run has: a lost node stops
+    assert min_nodes(_trainer(["training.max_stepz=3"]), 3) == 3  # bad overrides: the trainer's check says so
 
 
 def test_the_master_never_leaves_and_min_nodes_holds():
@@ -84,3 +84,10 @@ def test_a_node_lost_again_while_the_run_is_planned_again_leaves_and_the_plan_is
             m.plan_present(changed_key, [], {"node0": 1, "node1": 1, "node2": 1}, log, lambda: None)
     finally:
         m.close()
+
+
+def _trainer(args: list[str]):
+    """The trainer's reading of ``args`` as a launch gives it to the stages (None: refused)."""
+    from cli.launch.options import LaunchOptions
+
+    return LaunchOptions(nodes=[], args=args).trainer

@@ -97,12 +97,17 @@ def test_what_a_mode_declares_in_its_registration_is_what_the_launcher_and_the_c
     """A new mode's traits are one registration: whether a node leaves it in place (the launcher's min_nodes and
     in-place leave), a key of its own (refused under another mode), a setting it refuses; no name is tested."""
     from cli.launch.elastic import in_place, min_nodes
+    from cli.launch.options import LaunchOptions
+
+    def trainer(args):  # the trainer's reading of the overrides, as a launch gives it to its stages
+        return LaunchOptions(nodes=[], args=args).trainer
 
     strategy.register("roaming", CountingSteps, in_place=True, owns=("powersgd_rank",), refuses=(("ema", True),),
                       about="it roams")
     try:
-        assert min_nodes(["training.sync=roaming"], 3) == 1 and in_place(["training.sync=roaming"], 3)
-        assert min_nodes(["training.sync=ddp"], 3) == 3 and not in_place(["training.sync=ddp"], 3)
+        roaming, ddp = trainer(["training.sync=roaming"]), trainer(["training.sync=ddp"])
+        assert min_nodes(roaming, 3) == 1 and in_place(roaming, 3)
+        assert min_nodes(ddp, 3) == 3 and not in_place(ddp, 3)
         assert config.parse(["training.sync=roaming", "training.ema=false"]).training.sync == "roaming"
         with pytest.raises(UserError, match=r"^training.sync=roaming cannot be combined with training.ema=true: it "
                                             r"roams \(drop training.ema, or choose another training.sync\)$"):
@@ -125,3 +130,4 @@ def test_what_a_mode_declares_in_its_registration_is_what_the_launcher_and_the_c
     for bad in ("training.dtype=fp16", "training.ema=true"):
         with pytest.raises(UserError, match=rf"^training.parallel=fsdp cannot be combined with {bad}: FSDP shards"):
             config.parse(["training.parallel=fsdp", bad])
+
