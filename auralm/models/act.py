@@ -165,6 +165,7 @@ class ACT(nn.Module, Pretrained):
         self.exploration = arch["halt_exploration_prob"]
         self.loss_type = arch.get("loss_type") or "softmax"
         self.family = arch["family"]
+        self.cycles = (arch["H_cycles"], arch["L_cycles"])
 
     def set_grad_checkpointing(self, on: bool) -> None:
         self.core.set_grad_checkpointing(on)
@@ -227,6 +228,20 @@ class ACT(nn.Module, Pretrained):
                        "q_halt_accuracy": (done & ((q[:, 0] > 0) == solved)).sum().float(),
                        "steps": torch.where(done, carry.steps, 0).sum().float()}
         return loss, metrics
+
+    def summarize(self, sums: dict, by_rank: dict, per_step: int) -> dict:
+        """The training metrics of a log line from ``loss``'s metrics summed over micro-steps and ranks (``sums``;
+        ``by_rank``: each rank's sum; ``per_step``: the micro-steps of all ranks): the losses per micro-step, the
+        accuracies and ponder per halted row, and each rank's halted rows (they differ between ranks)."""
+        halted = max(1.0, sums["halted"])
+        out = {k: sums[k] / per_step for k in ("lm_loss", "q_halt_loss", "q_continue_loss")}
+        out.update(train_accuracy=sums["accuracy"] / halted, train_exact_accuracy=sums["exact_accuracy"] / halted,
+                   q_halt_accuracy=sums["q_halt_accuracy"] / halted, ponder=sums["steps"] / halted)
+        # updates of each token's state per example: H_cycles H-updates and H_cycles x L_cycles L-steps a segment
+        out["h_updates"] = out["ponder"] * self.cycles[0]
+        out["l_steps"] = out["ponder"] * self.cycles[0] * self.cycles[1]
+        out["halted_by_rank"] = [int(h) for h in by_rank["halted"]]
+        return out
 
     @torch.no_grad()
     def solve(self, x: torch.Tensor, segments: int | None = None):

@@ -9,7 +9,8 @@ estimate, which batch_size=auto and the launcher's memory preflight use), how ma
 :meth:`ModelFamily.sent_shapes`), and what ``validate-model`` checks beyond the common checks.
 
 What ``build`` makes: an ``nn.Module`` with ``forward(x, y=None) -> (logits, loss)`` (the trainer's plain step;
-a model with ``recurrent = True`` is run as the ACT models are, auralm.training.objective),
+a model with ``recurrent = True`` is run as the ACT models are, auralm.training.objective: ``initial_carry``,
+``loss`` with its metrics and ``summarize`` of their sums for the log line, as auralm.models.act.ACT has them),
 ``set_grad_checkpointing(on)``
 (``training.grad_checkpoint``), and the :class:`auralm.models.pretrained.Pretrained` mixin (save_pretrained,
 from_pretrained); :func:`auralm.models.build` attaches its ``config``.

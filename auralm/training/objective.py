@@ -23,6 +23,9 @@ class Plain:
         _, loss = model(x, y)
         return loss, {}
 
+    def summarize(self, sums: dict, by_rank: dict, per_step: int) -> dict:
+        return {}  # no metrics of its own beside the loss
+
     def reset(self) -> None:
         pass
 
@@ -45,6 +48,10 @@ class Recurrent:
         self.carries[micro] = carry
         return self.raw.loss(carry, logits, q, target)
 
+    def summarize(self, sums: dict, by_rank: dict, per_step: int) -> dict:
+        """The log line's metrics from the summed ones: the model's own summary of what its loss measured."""
+        return self.raw.summarize(sums, by_rank, per_step)
+
     def reset(self) -> None:
         """Every row takes a fresh example and state at the next step (after a skipped or restored step,
         whose states may hold non-finite values or come from other weights)."""
@@ -66,7 +73,8 @@ def make(raw: torch.nn.Module, cfg):
 
 class Meter:
     """Sums the micro-steps' metric tensors between two log lines; ``read`` gathers them from every rank (one
-    all-reduce, at log steps only, which every rank reaches together) and turns the sums into rates."""
+    all-reduce, at log steps only, which every rank reaches together) and the step kind turns the sums into the
+    log line's figures (``summarize``: an ACT model's rates per halted row)."""
 
     def __init__(self):
         self.sums: dict[str, torch.Tensor] = {}
@@ -77,23 +85,16 @@ class Meter:
             self.sums[k] = self.sums.get(k, 0) + v.detach().float()
         self.n += bool(metrics)
 
-    def read(self, d: distributed.Dist, arch: dict) -> dict:
+    def read(self, d: distributed.Dist, summarize) -> dict:
+        """``summarize(sums, by_rank, per_step)`` of what every rank summed since the last read; {} when none."""
         if not self.sums:
             return {}
         keys = sorted(self.sums)
         table = torch.zeros(d.world, len(keys), device=d.device)  # each rank fills its own row: an all-gather
         table[d.rank] = torch.stack([self.sums[k] for k in keys]).to(d.device)
         table = distributed.all_reduce_(d, table)
-        s = dict(zip(keys, table.sum(dim=0).tolist()))
-        by_rank = table[:, keys.index("halted")].tolist()
+        sums = dict(zip(keys, table.sum(dim=0).tolist()))
+        by_rank = dict(zip(keys, table.t().tolist()))
         per_step = self.n * d.world
-        halted = max(1.0, s["halted"])
-        out = {k: s[k] / per_step for k in ("lm_loss", "q_halt_loss", "q_continue_loss")}
-        out.update(train_accuracy=s["accuracy"] / halted, train_exact_accuracy=s["exact_accuracy"] / halted,
-                   q_halt_accuracy=s["q_halt_accuracy"] / halted, ponder=s["steps"] / halted)
-        # updates of each token's state per example: H_cycles H-updates and H_cycles x L_cycles L-steps a segment
-        out["h_updates"] = out["ponder"] * arch["H_cycles"]
-        out["l_steps"] = out["ponder"] * arch["H_cycles"] * arch["L_cycles"]
-        out["halted_by_rank"] = [int(h) for h in by_rank]  # rows that finished, per rank: they differ between ranks
         self.sums, self.n = {}, 0
-        return out
+        return summarize(sums, by_rank, per_step)

@@ -551,7 +551,7 @@ def report(b: Books, loss: float, norm: torch.Tensor, evaluating: bool, final: b
     record = {"step": step, "train_s": round(b.train_s, 3), "loss": float(loss) if math.isfinite(loss) else None,
               "lr": lr, ("tokens_per_s" if unit == "tok/s" else "samples_per_s"): rate, **mem,
               "grad_norm": float(norm)}
-    act = p.meter.read(b.s.meter_group(), b.arch)
+    act = p.meter.read(b.s.meter_group(), p.step_kind.summarize)
     record.update(act)
     amax = mhc_metrics(p.model, log, step)
     record.update(amax)
