@@ -11,8 +11,8 @@ estimate, which batch_size=auto and the launcher's memory preflight use), how ma
 What ``build`` makes: an ``nn.Module`` with ``forward(x, y=None) -> (logits, loss)`` (the trainer's plain step;
 a model with ``recurrent = True`` is run as the ACT models are, auralm.training.objective: ``initial_carry``,
 ``loss`` with its metrics and ``summarize`` of their sums for the log line, as auralm.models.act.ACT has them),
-``set_grad_checkpointing(on)``
-(``training.grad_checkpoint``), and the :class:`auralm.models.pretrained.Pretrained` mixin (save_pretrained,
+``set_grad_checkpointing(on)`` (``training.grad_checkpoint``), optionally ``step_figures(step)`` (its own figures
+for each log line: RLM's mHC amax), and the :class:`auralm.models.pretrained.Pretrained` mixin (save_pretrained,
 from_pretrained); :func:`auralm.models.build` attaches its ``config``.
 
 The built-in families are the modules in :data:`BUILTIN`; more are imported from the module paths in the

@@ -323,21 +323,17 @@ def resolve_schedule(cfg: Config, d: distributed.Dist, n_train: int, log: RunLog
 # ---------------------------------------------------------------- the loop
 
 
-AMAX_WARN = 2.0  # the composite mixing of a healthy mHC model stays below this (about 1.6 in the paper)
-
-
-def mhc_metrics(model, log: RunLog, step: int) -> dict:
-    """``mhc/amax_pre`` and ``mhc/amax_post``, the largest over the layers of the last forward (this rank's),
-    with a warning when either passes AMAX_WARN; {} for a model without hyper-connections."""
-    per_layer = model.get_mhc_metrics() if hasattr(model, "get_mhc_metrics") else []
-    if not per_layer:
-        return {}
-    pre, post = max(p for p, _ in per_layer), max(q for _, q in per_layer)
-    if max(pre, post) > AMAX_WARN:
-        log.event(step, "mhc_amax", f"warning: mHC amax at step {step}: pre {pre:.2f}, post {post:.2f} (above "
-                  f"{AMAX_WARN}: the residual mixing amplifies signals; lower training.lr or raise "
-                  f"model.mhc_sinkhorn_iters)", pre=pre, post=post)
-    return {"mhc/amax_pre": pre, "mhc/amax_post": post}
+def model_figures(model, log: RunLog, step: int) -> tuple[dict, str]:
+    """A model's own figures of its last forward for the log line (``step_figures``, where its family has them:
+    RLM's mHC amax), its warning said as an event; ({}, "") for a model without."""
+    figures = getattr(model, "step_figures", None)
+    if figures is None:
+        return {}, ""
+    metrics, text, warning = figures(step)
+    if warning:
+        warning = dict(warning)
+        log.event(step, warning.pop("kind"), warning.pop("message"), **warning)
+    return metrics, text
 
 
 def probe_time(cfg: Config, d: distributed.Dist, step_kind, raw, train_set, val_set) -> tuple[float, float]:
@@ -539,8 +535,8 @@ def say_start(b: Books, state: dict | None, said: list[tuple[str, str]] = ()) ->
 
 
 def report(b: Books, loss: float, norm: torch.Tensor, evaluating: bool, final: bool) -> None:
-    """The log line and metrics record of this step (training speed, memory, the ACT and mHC figures), with the
-    evaluation when due; the progress file for `hrmctl top`."""
+    """The log line and metrics record of this step (training speed, memory, the ACT figures and the model's own:
+    mHC's amax), with the evaluation when due; the progress file for `hrmctl top`."""
     cfg, d, log, p, t, step = b.cfg, b.d, b.log, b.p, b.cfg.training, b.p.step
     unit = "tok/s" if p.train_set.unit == "tokens" else "puzzles/s"
     elapsed = time.perf_counter() - b.clock
@@ -553,12 +549,10 @@ def report(b: Books, loss: float, norm: torch.Tensor, evaluating: bool, final: b
               "grad_norm": float(norm)}
     act = p.meter.read(b.s.meter_group(), p.step_kind.summarize)
     record.update(act)
-    amax = mhc_metrics(p.model, log, step)
-    record.update(amax)
+    figures, text = model_figures(p.model, log, step)
+    record.update(figures)
     key, label, places = tasks.get(cfg.task).train_metric
-    extra = "" if not act else f" | ponder {act['ponder']:.2f} | {label} {act[key]:.{places}f}"
-    if amax:
-        extra += f" | amax {amax['mhc/amax_pre']:.3f}/{amax['mhc/amax_post']:.3f}"
+    extra = ("" if not act else f" | ponder {act['ponder']:.2f} | {label} {act[key]:.{places}f}") + text
     done = step - b.start_step  # this session's steps: the pace of the rest
     eta = budget.eta(b.timing, t, step, (b.train_s - b.start_train_s) / done if done > 0 else 0.0)
     log.say(f"step {step}/{t.max_steps} | loss {float(loss):.4f} | lr {lr:.1e} | {rate:.0f} {unit}"

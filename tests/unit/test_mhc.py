@@ -287,3 +287,25 @@ def test_collapse_is_the_streams_mean_in_float32_with_autograds_gradient(dtype):
     want.backward(grad)
     assert out.dtype == torch.float32 and torch.equal(out, want)
     assert x.grad.dtype == dtype and x.grad.is_contiguous() and torch.equal(x.grad, ref.grad)
+
+
+def test_the_models_own_figures_reach_the_log_line_and_an_amax_above_the_bound_is_a_warning_event(monkeypatch):
+    """step_figures: the RLM family's figures for the trainer's log line; the trainer logs what it is given (its
+    warning as an event with the figures) and nothing for a model without figures."""
+    from auralm.models.rlm import model as rlm_model
+    from auralm.training.train import model_figures
+
+    events = []
+    log = type("Log", (), {"event": lambda self, step, kind, message, **f: events.append((step, kind, message, f))})()
+    m = rlm()
+    m(tokens())
+    metrics, text, warning = m.step_figures(7)
+    assert set(metrics) == {"mhc/amax_pre", "mhc/amax_post"} and text.startswith(" | amax ") and warning is None
+    monkeypatch.setattr(m, "get_mhc_metrics", lambda: [(1.2, 1.0), (rlm_model.AMAX_WARN + 0.5, 1.1)])
+    assert model_figures(m, log, 7) == ({"mhc/amax_pre": 2.5, "mhc/amax_post": 1.1}, " | amax 2.500/1.100")
+    [(step, kind, message, fields)] = events
+    assert (step, kind, fields) == (7, "mhc_amax", {"pre": 2.5, "post": 1.1})
+    assert message.startswith("warning: mHC amax at step 7: pre 2.50, post 1.10 (above 2.0")
+    assert "lower training.lr" in message
+    assert model_figures(rlm("model.mhc_enabled=false"), log, 8) == ({}, "") and len(events) == 1
+    assert model_figures(torch.nn.Linear(2, 2), log, 9) == ({}, "")

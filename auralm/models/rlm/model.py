@@ -20,6 +20,8 @@ from auralm.models import mhc
 from auralm.models.layers import Rotary, apply_rotary, token_loss
 from auralm.models.pretrained import Pretrained
 
+AMAX_WARN = 2.0  # the composite mixing of a healthy mHC model stays below this (about 1.6 in the paper)
+
 
 class KVCache:
     """Keys and values of every layer for the tokens seen so far: ``layers[i] = (k, v)``, (B, heads, T, head_dim)."""
@@ -161,6 +163,22 @@ class RLMModel(nn.Module, Pretrained):
     def step(self, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """Logits (B, T, vocab) of ``ids`` following the tokens already in ``cache`` (which they join)."""
         return self.lm_head(self.hidden(ids, cache))
+
+    def step_figures(self, step: int) -> tuple[dict, str, dict | None]:
+        """What the trainer's log line says of this model's last forward (this rank's), at each log step: the
+        largest amax of the layers (``mhc/amax_pre``, ``mhc/amax_post``), their text, and a warning event when
+        either passes AMAX_WARN; nothing for a model without hyper-connections."""
+        per_layer = self.get_mhc_metrics()
+        if not per_layer:
+            return {}, "", None
+        pre, post = max(p for p, _ in per_layer), max(q for _, q in per_layer)
+        warning = None
+        if max(pre, post) > AMAX_WARN:
+            warning = {"kind": "mhc_amax", "pre": pre, "post": post,
+                       "message": f"warning: mHC amax at step {step}: pre {pre:.2f}, post {post:.2f} (above "
+                                  f"{AMAX_WARN}: the residual mixing amplifies signals; lower training.lr or raise "
+                                  f"model.mhc_sinkhorn_iters)"}
+        return {"mhc/amax_pre": pre, "mhc/amax_post": post}, f" | amax {pre:.3f}/{post:.3f}", warning
 
     def get_mhc_metrics(self) -> list[tuple[float, float]]:
         """Per layer: (pre_amax, post_amax) of the composite residual mixing through that layer's attention and
