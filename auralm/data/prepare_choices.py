@@ -2,7 +2,7 @@
 completion list them without importing numpy or torch (cli/tools/prepare_data.py), the preparer reads the same
 tables (``datadir``, ``sudoku``).
 
-- ``TASKS``: what prepare-data prepares (``--task``); ``DTYPES``: the token shards' widths (``--dtype``).
+- ``DTYPES``: the token shards' widths (``--dtype``). (``--task`` takes the registered tasks: auralm.tasks.)
 - ``DIFFICULTIES``: sudoku's difficulties, each with its range of givens (``extreme`` is also rated: sudoku.py).
 - ``SUDOKU_DEFAULTS``: the embedded default data set (a run with no data_dir makes it); ``PRESETS``: the named data
   sets of the HRM guides (``--preset``).
@@ -10,7 +10,6 @@ tables (``datadir``, ``sudoku``).
 
 from __future__ import annotations
 
-TASKS = ("lm", "sudoku")
 DTYPES = ("auto", "uint16", "uint32")
 
 # name -> (min givens, max givens); extreme is also rated (see sudoku.make_puzzle)

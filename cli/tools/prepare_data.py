@@ -16,7 +16,8 @@ import typer
 from typer._click.exceptions import NoSuchOption  # typer's own copy of click
 from typer.core import TyperCommand
 
-from auralm.data.prepare_choices import DIFFICULTIES, DTYPES, PRESETS, SUDOKU_DEFAULTS, TASKS
+from auralm import tasks
+from auralm.data.prepare_choices import DIFFICULTIES, DTYPES, PRESETS, SUDOKU_DEFAULTS
 from cli.errors import HrmctlError
 from cli.tools.common import user_errors
 
@@ -101,7 +102,8 @@ Source = Annotated[Optional[str], typer.Argument(
     metavar="SOURCE", show_default=False,
     help="lm: a .txt/.jsonl/.parquet file, a directory of them, or a dataset name (local, or in the Hugging Face "
          "cache).")]
-Task = Annotated[Literal[TASKS], typer.Option(help="What to prepare: a text's tokens, or sudoku puzzles.")]
+Task = Annotated[Literal[tuple(sorted(tasks.names()))], typer.Option(  # the registered tasks: each prepares its own
+    help="The task whose data to prepare (hrmctl train's task=): lm, a text's tokens; sudoku, puzzles.")]
 Out = Annotated[Optional[Path], typer.Option(
     metavar="DIR", show_default=False,
     help="The data directory to write (default: data/<task>, where hrmctl train looks for it).")]
