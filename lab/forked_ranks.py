@@ -26,11 +26,7 @@ Standard library and torch only, and importable alone (the lab nodes' venv has a
 
 from __future__ import annotations
 
-import ctypes
-import io
 import os
-import signal
-import subprocess
 import sys
 import time
 
@@ -61,6 +57,8 @@ class ForkedRank:
         end = None if timeout is None else time.monotonic() + timeout
         while self.poll() is None:
             if end is not None and time.monotonic() >= end:
+                import subprocess
+
                 raise subprocess.TimeoutExpired(f"rank {self.pid}", timeout)
             time.sleep(0.01)
         return self.returncode
@@ -70,9 +68,13 @@ class ForkedRank:
             os.kill(self.pid, sig)
 
     def terminate(self) -> None:
+        import signal
+
         self.send_signal(signal.SIGTERM)
 
     def kill(self) -> None:
+        import signal
+
         self.send_signal(signal.SIGKILL)
 
 
@@ -93,7 +95,8 @@ def can_fork() -> bool:
 def activate() -> None:
     """In a torchrun agent (and not turned off): torchrun's SubprocessHandler forks its ranks. It imports torchrun's
     process handling (torch with it) here, as the interpreter starts, which the agent does next anyway. Anything else
-    returns at once (every Python process of the suite runs this as it starts)."""
+    returns at once: every Python process of the suite imports this module and calls this as it starts, so the
+    module imports only what the interpreter has loaded already; the rest is imported where a rank is forked."""
     argv = getattr(sys, "orig_argv", [])
     if os.environ.get(OFF_ENV) == "0" or "-m" not in argv[:3] or argv[argv.index("-m") + 1:][:1] not in (
             [a] for a in AGENTS):
@@ -127,6 +130,8 @@ def _module_of(args: tuple) -> str | None:
 
 
 def fork_rank(module: str, argv: list[str], env: dict, stdout, stderr) -> ForkedRank:
+    import signal
+
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
@@ -149,6 +154,8 @@ def fork_rank(module: str, argv: list[str], env: dict, stdout, stderr) -> Forked
 def _become_rank(module: str, argv: list[str], env: dict, stdout, stderr) -> None:
     """What a new interpreter would have: see the module's docstring."""
     import atexit
+    import io
+    import signal
 
     os.setsid()
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
@@ -201,6 +208,8 @@ def _rewrite_command_line(argv: list[str]) -> None:
     """The process's command line (/proc/self/cmdline: ps, `hrmctl top`) made ``argv``, written over the agent's in
     place (the rank's arguments are part of the agent's, so it fits unless the interpreter's path is much longer than
     the agent's first argument); left as it was where it does not fit or cannot be written."""
+    import ctypes
+
     try:
         with open("/proc/self/stat", "rb") as fh:
             fields = fh.read().rsplit(b")", 1)[1].split()
@@ -217,6 +226,7 @@ def _run(module: str, argv: list[str]) -> int:
     """``module`` as ``python -m`` runs it; its exit code as the interpreter would give it."""
     import atexit
     import runpy
+    import signal
     import threading
     import traceback
 

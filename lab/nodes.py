@@ -52,6 +52,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lab import forked_ranks
+
 ROOT = Path(__file__).resolve().parents[1]
 STATE_DIR = Path("/run/hrmctl-lab")
 NODE_VENV = Path(os.environ.get("HRMCTL_NODE_VENV", "/opt/hrmctl-nodevenv"))
@@ -147,9 +149,10 @@ def ensure_node_venv() -> Path:
     return python
 
 
-# a .pth file's line that starts with "import" is run as the interpreter starts: the module only in a torchrun agent
-PTH_LINE = ("import sys; any(a in ('cli.launch.node_torchrun', 'torch.distributed.run') for a in "
-            "getattr(sys, 'orig_argv', [])[:4]) and __import__('hrmlab_forked_ranks').activate()\n")
+# a .pth file's line that starts with "import" is run as the interpreter starts: the module loaded in an agent only
+# (a cheap gate on the command line: every node process runs it), and its activate decides
+PTH_LINE = (f"import sys; any(a in {forked_ranks.AGENTS!r} for a in getattr(sys, 'orig_argv', [])[:4]) and "
+            f"__import__('hrmlab_forked_ranks').activate()\n")
 
 
 def _hook_forked_ranks(python: Path) -> None:
@@ -157,7 +160,7 @@ def _hook_forked_ranks(python: Path) -> None:
     line): the lab's torchrun agents fork their ranks (the suite's start-up, never the product's). Written anew each
     time (the venv outlives checkouts)."""
     site = Path(sh([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip())
-    source = (Path(__file__).with_name("forked_ranks.py")).read_text()
+    source = Path(forked_ranks.__file__).read_text()
     for name, text in (("hrmlab_forked_ranks.py", source),
                        ("hrmlab_forked_ranks.pth", PTH_LINE)):
         if not (site / name).exists() or (site / name).read_text() != text:
