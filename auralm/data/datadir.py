@@ -135,7 +135,7 @@ def prepare_sudoku(out: Path, train: int | None = None, test: int | None = None,
     sources = [f for f in (from_csv, test_csv) if f]
     for f in sources:
         if not Path(f).is_file():
-            raise UserError(f"{f}: no such file (a CSV of question,answer[,rating] rows)")
+            raise UserError(f"{f}: no such file (puzzles a line, or a CSV of question,answer[,rating] rows)")
     if test_csv and not from_csv:
         raise UserError("--test-csv needs --from-csv for the train puzzles")
     options = dict(train=train, test=test, difficulty=None if (custom or from_csv) else difficulty, aug=aug, seed=seed,
@@ -146,10 +146,12 @@ def prepare_sudoku(out: Path, train: int | None = None, test: int | None = None,
         return f"up to date: {out}"
 
     if from_csv:
+        from auralm.data.puzzle_file import PuzzleFileError, read_puzzles
+
         try:
-            rows = sudoku.read_csv(from_csv)
-            test_rows = sudoku.read_csv(test_csv) if test_csv else None
-        except sudoku.CSVError as e:
+            rows = read_puzzles(from_csv, workers)
+            test_rows = read_puzzles(test_csv, workers) if test_csv else None
+        except PuzzleFileError as e:
             raise UserError(str(e)) from None
         random.Random(seed).shuffle(rows)
         if test_rows is None:
@@ -588,6 +590,13 @@ class Puzzles:
         self.records = np.concatenate([np.fromfile(data_dir / f, dtype=np.uint8).reshape(-1, 2, 81)
                                        for f in meta["splits"][split]["files"]])
         self.unit = "puzzles"
+
+    @classmethod
+    def of(cls, records: np.ndarray) -> "Puzzles":
+        """Puzzles held in memory: (n, 2, 81) uint8, each puzzle and its solution."""
+        self = cls.__new__(cls)
+        self.records, self.unit = records, "puzzles"
+        return self
 
     def __len__(self) -> int:
         return len(self.records)

@@ -1,4 +1,5 @@
-"""Sudoku puzzles made offline: the generator, a rater, the validity-preserving transforms, and the CSV reader.
+"""Sudoku puzzles made offline: the generator, a rater, the validity-preserving transforms, the equivalence of two
+puzzles (the puzzle files' reader: auralm.data.puzzle_file).
 
 A grid is a list of 81 ints in row-major order, 0 for a blank cell.
 
@@ -14,12 +15,10 @@ A grid is a list of 81 ints in row-major order, 0 for a blank cell.
 - Equivalence: :func:`equivalent` tells whether one puzzle is a transform of another, exactly
   (invariants first, :func:`signature`, then a search over the symmetry group), so a test split can
   be kept free of every train puzzle's transforms.
-- :func:`read_csv`: the public Sudoku-Extreme CSV format.
 """
 
 from __future__ import annotations
 
-import csv
 import itertools
 import random
 
@@ -408,56 +407,3 @@ def equivalent(a: list[int], b: list[int]) -> bool:
                 if ok and len(set(mapping.values())) == len(mapping):
                     return True
     return False
-
-
-# ---------------------------------------------------------------- CSV
-
-
-class CSVError(ValueError):
-    """A line of a puzzle CSV that is not a puzzle; the message names the file and the line."""
-
-
-def _grid(text: str, blanks: str) -> list[int] | None:
-    text = text.strip()
-    if len(text) != 81 or any(ch not in "123456789" + blanks for ch in text):
-        return None
-    return [0 if ch in blanks else int(ch) for ch in text]
-
-
-def read_csv(path: str) -> list[tuple[list[int], list[int], float | None]]:
-    """(puzzle, solution, rating or None) per row of ``path``: the public Sudoku-Extreme format (a header
-    ``source,question,answer,rating``; question and answer of 81 characters, ``.`` or ``0`` for a blank),
-    or rows of ``question,answer[,rating]`` without a header. Every row is checked: CSVError names the line."""
-    out = []
-    with open(path, newline="") as f:
-        reader = csv.reader(f)
-        columns = None
-        for n, row in enumerate(reader, 1):
-            if not row or all(not c.strip() for c in row):
-                continue
-            if columns is None:
-                names = [c.strip().lower() for c in row]
-                if "question" in names and "answer" in names:
-                    columns = (names.index("question"), names.index("answer"),
-                               names.index("rating") if "rating" in names else None)
-                    continue
-                columns = (0, 1, 2 if len(row) > 2 else None)
-            q_at, a_at, r_at = columns
-            if len(row) <= max(q_at, a_at):
-                raise CSVError(f"{path} line {n}: expected a question and an answer column, got {len(row)} column(s)")
-            puzzle, solution = _grid(row[q_at], ".0"), _grid(row[a_at], "")
-            if puzzle is None:
-                raise CSVError(f"{path} line {n}: the question is not 81 characters of digits and '.' or '0'")
-            if solution is None or not is_valid_grid(solution):
-                raise CSVError(f"{path} line {n}: the answer is not a solved sudoku grid (81 digits 1-9, every row, "
-                               "column and box once each)")
-            if any(p and p != s for p, s in zip(puzzle, solution)):
-                raise CSVError(f"{path} line {n}: the answer does not keep the question's givens")
-            rating = None
-            if r_at is not None and r_at < len(row) and row[r_at].strip():
-                try:
-                    rating = float(row[r_at])
-                except ValueError:
-                    raise CSVError(f"{path} line {n}: the rating {row[r_at]!r} is not a number") from None
-            out.append((puzzle, solution, rating))
-    return out

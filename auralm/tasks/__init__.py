@@ -89,6 +89,12 @@ class Task:
 
         return datadir.TokenWindows(data_dir, meta, split, block_size)
 
+    def open_file(self, path: str):
+        """A file of samples in this task's text form (``hrmctl eval --puzzles``), read as a split."""
+        from auralm.errors import UserError
+
+        raise UserError(f"--puzzles FILE: task={self.name} has no file of samples to read: give --data DIR")
+
     def random_batch(self, arch: dict, vocab: int | None, batch: int, device):
         """Inputs and targets of the shape the trainer feeds, random (the planners' probes)."""
         import torch

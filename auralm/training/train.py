@@ -592,7 +592,9 @@ def evaluation(b: Books, final: bool) -> dict:
     log.say(f"eval {step}/{t.max_steps} | " + _format(ev))
     task = tasks.get(cfg.task)
     if final and task.solved_whole:
-        log.say(f"held-out exact accuracy {ev['exact_accuracy']:.3f} on all {len(b.val_set)} test {task.unit} "
+        lo, hi = ev["ci95"]["exact_accuracy"]
+        log.say(f"held-out exact accuracy {ev['exact_accuracy']:.3f} (95% interval {lo:.3f}-{hi:.3f}) on all "
+                f"{len(b.val_set)} test {task.unit} "
                 f"of {b.data_dir} ({task.accuracy.replace('_acc', '')} accuracy {ev[task.accuracy]:.3f}) after "
                 f"{b.train_s / 60:.1f} min of training")
     if "sample" in ev:

@@ -143,7 +143,9 @@ def prepare_data(
         test: Count(f"Held-out test puzzles, never augmented, no transform of a train puzzle (default "
                     f"{SUDOKU_DEFAULTS['test']}; stored as the split 'val').", SUDOKU) = None,
         aug: Aug = 0,
-        from_csv: Text("Read the puzzles from a CSV (source,question,answer,rating) instead.", SUDOKU, "FILE") = None,
+        from_csv: Text("Read the puzzles from a file instead: 81 characters a line (. or 0 a blank), its solution "
+                       "after a comma or found by the solver; or a CSV with a question column "
+                       "(source,question,answer,rating).", SUDOKU, "FILE") = None,
         test_csv: Text("The test puzzles from this CSV (with --from-csv).", SUDOKU, "FILE") = None,
         preset: Preset = None, workers: Workers = 2,
         count: Count("Puzzles with a givens range (--min-givens, --max-givens) instead of a difficulty.", SUDOKU,

@@ -4,6 +4,7 @@ of a real short HRM run."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -63,6 +64,78 @@ def test_eval_reports_exact_and_cell_accuracy_halting_and_accuracy_by_segments(r
     assert 0 <= r["exact_accuracy"] <= 1 and 0 < r["cell_acc"] <= 1
     assert len(r["exact_by_segments"]) == 3 and r["exact_by_segments"][-1] == r["exact_accuracy"]
     assert 1 <= r["halt_steps"] <= 3
+
+
+def test_each_accuracy_has_its_95_percent_interval_in_the_json_and_the_text(run, tool):
+    base, out = run
+    r = json.loads(tool("eval", str(out), "--json").stdout)
+    assert set(r["ci95"]) == {"exact_accuracy", "exact_accuracy_qhalt", "cell_acc"}
+    for key, (lo, hi) in r["ci95"].items():
+        assert 0 <= lo <= r[key] <= hi <= 1 and hi - lo > 0.01, (key, lo, hi)  # 30 puzzles: wide
+    text = tool("eval", str(out)).stdout
+    lo, hi = r["ci95"]["exact_accuracy"]
+    assert re.search(rf"^exact_accuracy +{r['exact_accuracy']:.4f}  \(95% interval {lo:.4f}-{hi:.4f}\)$", text, re.M)
+    assert "ci95" not in text
+
+
+def _val_records(data_dir):
+    from auralm.data import datadir
+
+    return datadir.Puzzles(data_dir, datadir.load_manifest(data_dir, "sudoku"), "val").records
+
+
+def _grid(cells, blank="."):
+    return "".join(str(v) if v else blank for v in cells)
+
+
+@pytest.mark.parametrize("form", ["lines", "zeros with solutions", "sudoku-extreme csv", "kaggle csv"])
+def test_eval_on_a_puzzle_file_in_each_common_form_equals_eval_on_the_same_puzzles_split(run, tool, tmp_path, form):
+    """The held-out split's own puzzles written as a file: the metrics are the split's (the solver finds the stored
+    solution where the file gives none: each puzzle has one)."""
+    data_dir, out = run
+    records = _val_records(data_dir)
+    lines = {
+        "lines": ["# the held-out puzzles, no solutions"] + [_grid(p) for p, _ in records],
+        "zeros with solutions": [f"{_grid(p, '0')},{_grid(s)}" for p, s in records],
+        "sudoku-extreme csv": ["source,question,answer,rating"] + [f"gen,{_grid(p)},{_grid(s)},3" for p, s in records],
+        "kaggle csv": ["quizzes,solutions"] + [f"{_grid(p, '0')},{_grid(s)}" for p, s in records],
+    }[form]
+    path = tmp_path / "puzzles.txt"
+    path.write_text("\n".join(lines) + "\n")
+    split = json.loads(tool("eval", str(out), "--json").stdout)
+    res = tool("eval", str(out), "--puzzles", str(path), "--json")
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout)
+    assert got["puzzles"] == str(path) and got["examples"] == len(records) == split["examples"]
+    for key in ("exact_accuracy", "cell_acc", "exact_accuracy_qhalt", "exact_by_segments", "ci95"):
+        assert got[key] == split[key], key
+    assert got["val_loss"] == pytest.approx(split["val_loss"], rel=1e-6)
+
+
+def test_eval_puzzle_file_bad_input_is_one_line(run, tool, tmp_path):
+    data_dir, out = run
+    (p, s), = _val_records(data_dir)[:1]
+    two = list(s)
+    two[:9] = [0] * 9  # a row of blanks only: its digits are still forced, one solution
+    empty = [0] * 81  # every grid solves it
+    cases = {
+        "1" * 80: "line 1: not a puzzle: expected 81 characters",
+        f"{_grid(p)}\n{_grid(empty)}": "line 2: the puzzle has more than one solution: give the one to score",
+        f"{_grid(two)}\n{'1' * 81}": "line 2: the puzzle has no solution",
+        f"{_grid(p)},{_grid(s)[::-1]}": "line 1: the answer does not keep the question's givens",
+        "# only a comment": "no puzzle in it",
+    }
+    for text, expected in cases.items():
+        path = tmp_path / "bad.txt"
+        path.write_text(text + "\n")
+        res = tool("eval", str(out), "--puzzles", str(path))
+        assert res.returncode == 2 and res.stdout == "", (text, res.stdout)
+        assert res.stderr.startswith(f"error: {path}") and expected in res.stderr, (expected, res.stderr)
+        assert len(res.stderr.splitlines()) == 1
+    res = tool("eval", str(out), "--puzzles", str(path), "--data", str(data_dir))
+    assert res.returncode == 2 and "--puzzles FILE and --data DIR each say what to evaluate on" in res.stderr
+    res = tool("eval", str(out), "--puzzles", str(tmp_path / "none.txt"))
+    assert res.returncode == 2 and "none.txt: cannot read it (No such file or directory)" in res.stderr
 
 
 @pytest.mark.parametrize("args, expected", [

@@ -83,6 +83,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from auralm.data import datadir  # noqa: E402
+from auralm.data.puzzle_file import read_puzzles  # noqa: E402
 from tests.trainer.helpers import prepare_data  # noqa: E402
 
 # Arto Inkala's "hardest sudoku": 21 givens, needs search
@@ -197,7 +198,7 @@ def test_the_csv_is_read_checked_and_split(tmp_path):
     assert meta["splits"]["train"]["puzzles"] == 16 and meta["splits"]["val"]["puzzles"] == 4, msg
     assert meta["source"] == {"csv": ["train.csv"]} and meta["rating"]["kind"] == "the CSV's rating"
     headerless = _csv(tmp_path / "plain.csv", [",".join(r.split(",")[1:3]) for r in rows], header=False)
-    assert len(sudoku.read_csv(str(headerless))) == 12
+    assert len(read_puzzles(str(headerless))) == 12
 
 
 @pytest.mark.parametrize("bad, expected", [
@@ -205,7 +206,7 @@ def test_the_csv_is_read_checked_and_split(tmp_path):
     ("gen," + "." * 81 + "," + "1" * 81 + ",1", "line 3: the answer is not a solved sudoku grid"),
     ("gen,KEEP,OTHER,1", "line 3: the answer does not keep the question's givens"),
     ("gen,GOOD,ANSWER,hard", "line 3: the rating 'hard' is not a number"),
-    ("lonely", "line 3: expected a question and an answer column"),
+    ("lonely", "line 3: expected the question in column 2, got 1 column(s)"),
 ])
 def test_a_bad_csv_line_is_one_error_naming_the_line(tmp_path, capsys, bad, expected):
     rng = random.Random(9)

@@ -176,7 +176,8 @@ def test_the_embedded_defaults_length_comes_from_the_budget_and_the_run_ends_wit
     assert re.search(rf"^time: {n} steps at 5 s/step = 50 s of training, ~\d+ s of evaluation: about \d+ s in all, "
                      r"until about \d\d:\d\d$", out, re.M)
     assert max(by_step(tmp_path)) == n and f"step {n}/{n} |" in out
-    assert re.search(rf"^held-out exact accuracy \d\.\d{{3}} on all \d+ test puzzles", out, re.M)
+    assert re.search(rf"^held-out exact accuracy \d\.\d{{3}} \(95% interval \d\.\d{{3}}-\d\.\d{{3}}\) on all \d+ test "
+                     "puzzles", out, re.M)
     assert all(re.search(r" \| eta \d+[smh]", l) for l in out.splitlines() if l.startswith("step "))
     [event] = [e for e in records(tmp_path, "events.jsonl") if e["kind"] == "time_budget"]
     assert event["max_steps"] == n and event["step_s"] == pytest.approx(5.0)

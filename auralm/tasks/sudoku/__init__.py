@@ -85,6 +85,20 @@ class Sudoku(Task):
 
         return datadir.Puzzles(data_dir, meta, split)
 
+    def open_file(self, path: str):
+        """Puzzles a line or a CSV (auralm.data.puzzle_file: the solver solves those given without a solution)."""
+        import numpy as np
+
+        from auralm.data import datadir
+        from auralm.data.puzzle_file import PuzzleFileError, read_puzzles
+        from auralm.errors import UserError
+
+        try:
+            rows = read_puzzles(path)
+        except PuzzleFileError as e:
+            raise UserError(str(e)) from None
+        return datadir.Puzzles.of(np.array([[p, s] for p, s, _ in rows], np.uint8))
+
     def random_batch(self, arch: dict, vocab: int | None, batch: int, device):
         """About half of the cells given; targets digit - 1, -100 on the givens, as auralm.data.datadir makes them."""
         import torch
