@@ -2,7 +2,9 @@
 
 Every rank trains its own copy with its own (inner) optimizer for H steps without talking to the
 others. Then the ranks all-reduce the pseudo-gradient, the shared weights of the last round minus
-their own, weighted by the rows each saw, sent as bf16 by default; an outer SGD with Nesterov
+their own, weighted by the rows each saw, sent as bf16 by default or quantised to int8 or int4 with the
+rounding's remainder carried to the next round (``training.diloco.compress``: auralm.parallel.compress);
+an outer SGD with Nesterov
 momentum (lr 0.7, momentum 0.9 as in the paper) steps the shared weights with it, and every rank
 continues from them. One collective per H steps instead of one per step. By default
 (``training.diloco.outer_lr=auto``) a run of fewer than FEW_ROUNDS rounds takes the ranks' plain average
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from auralm.parallel.compress import Wire, record_bytes, slices
 from auralm.training.config import DilocoConfig
 from auralm.training.distributed import Dist
 from auralm.planning.link_budget import AVERAGE, FEW_ROUNDS
@@ -104,9 +107,10 @@ class Round:
 
 @dataclass
 class _InFlight:
-    works: list  # the two all-reduces, to wait for
-    payload: torch.Tensor  # the pseudo-gradients, summed on arrival
-    dtype: torch.dtype  # the weights' type (payload's may be bf16)
+    works: list  # the two collectives, to wait for
+    payload: torch.Tensor | tuple  # the pseudo-gradients summed on arrival; int8, int4: (every rank's records of
+    #                                this rank's blocks, the ranks' slices of the blocks, this rank's place in them)
+    dtype: torch.dtype  # the weights' type (payload's may be bf16 or codes)
     flags: torch.Tensor
     at_start: list[torch.Tensor] | None  # the rank's weights when it sent them, when it steps on meanwhile
     end: int
@@ -123,7 +127,10 @@ class DiLoCo:
         self.shared = [p.detach().clone() for p in self.params]  # the weights every rank agreed on last
         self.outer = torch.optim.SGD(self.shared, lr=cfg.outer_lr, momentum=cfg.outer_momentum,
                                nesterov=cfg.outer_momentum > 0)
-        self.wire = torch.bfloat16 if cfg.comm_dtype == "bf16" else torch.float32
+        self.wire = Wire(cfg.compress, sum(p.numel() for p in self.params))
+        self.sent_bytes = 0  # what this rank sent, all rounds (an all-reduce: a ring's share; a resend counted again)
+        self.round_bytes = 0  # what it sent for the last round finished
+        self._round_from = 0
         self.in_flight: _InFlight | None = None  # a round sent and not yet finished (overlap)
 
     @torch.no_grad()
@@ -142,23 +149,68 @@ class DiLoCo:
         flags[-3] = self.weight  # the weights of the ranks present: 1 until one leaves
         if losses:
             flags[-2], flags[-1] = self.weight * loss_sum / losses, self.weight
-        payload = (delta * self.weight if finite else torch.zeros_like(delta)).to(self.wire)
+        payload = self.wire.encode(delta * self.weight if finite else torch.zeros_like(delta))
+        self._round_from = self.sent_bytes
         sent = (payload.clone(), flags.clone()) if d.members is not None else None  # to send again if a rank leaves
-        self.in_flight = _InFlight(self._send(payload, flags), payload, delta.dtype, flags,
+        works, received = self._send(payload, flags)
+        self.in_flight = _InFlight(works, received, delta.dtype, flags,
                                    [p.detach().clone() for p in self.params] if carry else None, end, sent, d.epoch)
 
-    def _send(self, payload: torch.Tensor, flags: torch.Tensor) -> list:
+    def _send(self, payload: torch.Tensor, flags: torch.Tensor) -> tuple[list, torch.Tensor | tuple]:
+        """The collectives of a round, and where the payload arrives: summed in place (an all-reduce), or, int8 and
+        int4, the first half of a reduce-scatter and all-gather: each present rank's records of the blocks this rank
+        owns (an all-to-all)."""
         d = self.d
+        if not self.wire.summed:
+            present = list(d.members.present) if d.members is not None else list(range(d.world))
+            bounds, me = slices(len(payload), len(present)), present.index(d.rank)
+            if d.world == 1:
+                return [], (payload, bounds, me)
+            start, end = bounds[me]
+            received = torch.empty(len(present) * (end - start), record_bytes(self.wire.kind), dtype=torch.uint8,
+                                   device=payload.device)
+            rec = record_bytes(self.wire.kind)
+            self.sent_bytes += payload.numel() - (end - start) * rec
+            work = dist.all_to_all_single(received.view(-1), payload.view(-1), [(end - start) * rec] * len(present),
+                                          [(b - a) * rec for a, b in bounds], group=d.group_for(payload), async_op=True)
+            return [work, dist.all_reduce(flags, group=d.objects_group, async_op=True)], (received, bounds, me)
         if d.world == 1:
-            return []
-        return [dist.all_reduce(payload, group=d.group_for(payload), async_op=True),
-                dist.all_reduce(flags, group=d.objects_group, async_op=True)]
+            return [], payload
+        k = d.present_count
+        self.sent_bytes += round(2 * (k - 1) / k * payload.numel() * payload.element_size())  # a ring's
+        work = dist.all_reduce(payload, group=d.group_for(payload), async_op=True)
+        return [work, dist.all_reduce(flags, group=d.objects_group, async_op=True)], payload
 
-    def _wait(self, sent: _InFlight) -> None:
-        """The round's all-reduces; sent again among the ranks present whenever one leaves meanwhile."""
-        while not self.d.wait(sent.works, sent.epoch):
-            sent.payload, sent.flags = sent.sent[0].clone(), sent.sent[1].clone()
-            sent.works, sent.epoch = self._send(sent.payload, sent.flags), self.d.epoch
+    def _gather(self, sent: _InFlight) -> torch.Tensor | None:
+        """int8, int4: the second half, once every rank's records of this rank's blocks are here: their sum,
+        quantised again and all-gathered; the fp32 average of every block. None when a rank left meanwhile (the
+        round is sent again among the ranks present)."""
+        d, wire = self.d, self.wire
+        received, bounds, me = sent.payload
+        start, end = bounds[me]
+        data, left_out = wire.reduce(list(received.view(len(bounds), end - start, -1)))
+        if d.world == 1:
+            parts = [data]
+        else:
+            width = max(b - a for a, b in bounds)
+            padded = torch.zeros(width, data.shape[1], dtype=torch.uint8, device=data.device)
+            padded[:end - start] = data
+            gathered = [torch.empty_like(padded) for _ in bounds]
+            epoch = d.epoch
+            self.sent_bytes += padded.numel() * (len(bounds) - 1)
+            if not d.wait([dist.all_gather(gathered, padded, group=d.group_for(padded), async_op=True)], epoch):
+                return None
+            parts = [g[:b - a] for g, (a, b) in zip(gathered, bounds)]
+        wire.keep(left_out, start)
+        return wire.decode(parts)
+
+    def _wait(self, sent: _InFlight, again: bool = False) -> None:
+        """The round's collectives (``again``: sent once more, first); sent again among the ranks present whenever
+        one leaves meanwhile."""
+        while again or not self.d.wait(sent.works, sent.epoch):
+            sent.flags = sent.sent[1].clone()
+            sent.works, sent.payload = self._send(sent.sent[0].clone(), sent.flags)
+            sent.epoch, again = self.d.epoch, False
 
     @torch.no_grad()
     def finish(self) -> Round:
@@ -167,23 +219,31 @@ class DiLoCo:
         d, sent = self.d, self.in_flight
         self.in_flight = None
         self._wait(sent)
-        flags = sent.flags
-        if flags[-4] != sent.end * d.present_count:  # a world of one: its own round, unsent
-            raise RuntimeError(
-                f"rank {d.rank}: the ranks present sent different rounds (this one ends at step {sent.end}; their "
-                f"steps sum to {flags[-4]:g} over {d.present_count} ranks): a rank left during the last moments of a "
-                "collective, and averaging them would be wrong; the run stops here (resume=latest goes on from the "
-                "last checkpoint)")
-        counts = [int(v) for v in flags[:d.world].tolist()]
-        broken = [r for r in range(d.world) if flags[d.world + r] > 0]
-        loss = float(flags[-2] / flags[-1]) if flags[-1] > 0 else float("nan")
-        if broken:
-            self.discard()  # the local steps since start go too: every rank back to the round's start
-            return Round(False, loss, counts, broken, sent.end)
+        averaged = None
+        while True:
+            flags = sent.flags
+            if flags[-4] != sent.end * d.present_count:  # a world of one: its own round, unsent
+                raise RuntimeError(
+                    f"rank {d.rank}: the ranks present sent different rounds (this one ends at step {sent.end}; their "
+                    f"steps sum to {flags[-4]:g} over {d.present_count} ranks): a rank left during the last moments "
+                    "of a collective, and averaging them would be wrong; the run stops here (resume=latest goes on "
+                    "from the last checkpoint)")
+            counts = [int(v) for v in flags[:d.world].tolist()]
+            broken = [r for r in range(d.world) if flags[d.world + r] > 0]
+            loss = float(flags[-2] / flags[-1]) if flags[-1] > 0 else float("nan")
+            if broken:
+                self.wire.undo()
+                self.discard()  # the local steps since start go too: every rank back to the round's start
+                return Round(False, loss, counts, broken, sent.end)
+            averaged = self.wire.decode(sent.payload) if self.wire.summed else self._gather(sent)
+            if averaged is not None:
+                break
+            self._wait(sent, again=True)  # a rank left during the all-gather: the round again among those present
         if sent.at_start is not None:  # the local steps since start: kept as a change, put back below
             for p, began in zip(self.params, sent.at_start):
                 p.sub_(began)
-        averaged = sent.payload.to(sent.dtype)
+        self.round_bytes = self.sent_bytes - self._round_from
+        averaged = averaged.to(sent.dtype)
         if d.members is not None and d.members.changed:  # over the ranks present: their weights no longer sum to 1
             averaged /= float(flags[-3])
         offset = 0
@@ -212,8 +272,10 @@ class DiLoCo:
         for s, p in zip(self.shared, self.params):
             s.copy_(p)
         self.outer.state.clear()
+        self.wire.reset()
 
     def state_dict(self) -> dict:
+        """The outer optimizer's state, every rank's (a rank's own remainder: ``wire.state_dict``, per rank)."""
         return {"outer": self.outer.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:

@@ -18,7 +18,9 @@ import torch
 from auralm.data import datadir
 from auralm.training import distributed
 from auralm.training.members import BROKEN_LOST_S, Membership
+from auralm.parallel.compress import BLOCK, sent_per_round
 from auralm.parallel.diloco import DiLoCo, choose_outer_step, few_rounds_note
+from auralm.planning.link_budget import human_bytes
 from auralm.parallel.single import Single
 from auralm.parallel.strategy import Parts
 
@@ -43,6 +45,8 @@ class DiLoCoRounds(Single):
             self.outer.load_state_dict(extras["diloco"])
         if "inner_optimizer" in extras:
             parts.optimizer.load_state_dict(extras["inner_optimizer"])
+        if "diloco_remainder" in extras:
+            self.outer.wire.load_state_dict(extras["diloco_remainder"])
         self.own_metrics = distributed.Dist(device=self.d.device)  # the metrics are this rank's: no collective in a round
         nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1"))  # torchrun's node count
         if self.d.world > 1 and nodes > 1 and (t.elastic.min_nodes or 1) < nodes:  # a node may leave: the others go on
@@ -53,8 +57,13 @@ class DiLoCoRounds(Single):
 
     def say_start(self, log, step: int) -> None:
         t = self.t
-        log.say(f"sync: diloco, {t.diloco.inner_steps} local steps a round, the change of the weights "
-                f"all-reduced as {t.diloco.comm_dtype}, {self.outer_step}" +
+        wire = self.outer.wire
+        sent = (f"all-reduced as {wire.kind}" if wire.kind != "none" else "all-reduced as fp32") if wire.summed else \
+            (f"quantised to {wire.kind} (blocks of {BLOCK}, the rounding's remainder carried to the next round) and "
+             "reduce-scattered and all-gathered as codes")
+        log.say(f"sync: diloco, {t.diloco.inner_steps} local steps a round, the change of the weights {sent}: "
+                f"{human_bytes(sent_per_round(wire.kind, wire.numel, self.d.world))} sent by each rank a round "
+                f"({human_bytes(sent_per_round('bf16', wire.numel, self.d.world))} as bf16), {self.outer_step}" +
                 (f"; each round's all-reduce overlaps the next round's first {t.diloco.overlap_steps} local "
                  f"steps" if t.diloco.overlap_steps else ""))
         if self.d.members is not None:
@@ -144,8 +153,14 @@ class DiLoCoRounds(Single):
     def meter_group(self) -> distributed.Dist:
         return self.own_metrics
 
+    def wire_figures(self) -> dict:
+        return {"round_bytes": self.outer.round_bytes, "sent_bytes": self.outer.sent_bytes}
+
     def rank_parts(self) -> dict:
-        return {"inner_optimizer": distributed.gather_object(self.d, self.p.optimizer.state_dict())}
+        parts = {"inner_optimizer": distributed.gather_object(self.d, self.p.optimizer.state_dict())}
+        if not self.outer.wire.summed:  # what each rank's rounding left out, for an exact resume
+            parts["diloco_remainder"] = distributed.gather_object(self.d, self.outer.wire.state_dict())
+        return parts
 
     def shared_parts(self) -> dict:
         return {"diloco": self.outer.state_dict()}

@@ -198,6 +198,11 @@ class Single(Strategy):
         """Each rank's own state for the checkpoint, gathered (a collective: every rank calls it)."""
         return {}
 
+    def wire_figures(self) -> dict:
+        """This rank's traffic for the step's record (``round_bytes``: what it sent for its last round), where the
+        strategy counts it."""
+        return {}
+
     def shared_parts(self) -> dict:
         """Rank 0: the strategy's shared state for the checkpoint."""
         return {}

@@ -203,7 +203,7 @@ def _ddp_named(s: dict) -> str:
 register("ddp", "auralm.parallel.ddp:DataParallel", owns=("ddp_comm_hook",), named=_ddp_named,
          paced="a DDP step of the global batch would take {auto_s} instead of {equal_s}")
 register("diloco", "auralm.parallel.diloco_strategy:DiLoCoRounds", in_place=True,
-         about="its rounds are sent as training.diloco.comm_dtype (bf16 by default), not through DDP's comm hooks",
+         about="its rounds are sent as training.diloco.compress says (bf16 by default), not through DDP's comm hooks",
          named=lambda s: f"DiLoCo with H={s['inner_steps']}",
          paced="DiLoCo's rounds would go at the fastest rank's {diloco_s} a local step, the slower ranks taking fewer")
 register("fsdp", "auralm.parallel.fsdp_strategy:Sharded", option="parallel", owns=("fsdp_cpu_offload",),

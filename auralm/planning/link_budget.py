@@ -14,7 +14,9 @@ algbw = bytes / time and busbw = algbw x 2(n-1)/n, so one all-reduce of ``B`` by
   bucket (the whole ones, then P, then Q). Only its bytes are modelled, not the compute its
   compression costs;
 - DiLoCo (``training.sync=diloco``) all-reduces the pseudo-gradient in bf16 (2 bytes a parameter)
-  once per ``H`` local steps (``training.diloco.inner_steps``), so its share per step is a 1/H of that.
+  once per ``H`` local steps (``training.diloco.inner_steps``), so its share per step is a 1/H of that;
+  quantised (``training.diloco.compress=int8|int4``: auralm.parallel.compress) a round sends about 1 or 1/2
+  byte a parameter through the same ring.
 
 When the ranks' compute times are known and differ, the work shares (``training.balance=auto``) are
 reckoned too: with equal shares a DDP step waits for the slowest rank, ``max(s_r)``; with shares in
@@ -24,7 +26,10 @@ round at the fastest rank's pace, ``min(s_r)`` a local step. When that gains at 
 
 The suggestion: plain DDP when its communication is at most DDP_OK of the compute, the bf16 hook
 when that brings it there, else DiLoCo with the smallest round H that brings its share to at most
-DILOCO_OK if the ranks wait for it, and with ``training.diloco.overlap_steps`` set to the local steps
+DILOCO_OK if the ranks wait for it, sent as the least compressed of bf16, int8 and int4 that reaches the smallest such
+H (``training.diloco.compress``: fewer local steps a round keep DiLoCo nearer DDP, and the rounding's remainder is
+carried to the next round, so compression costs the average little), and with ``training.diloco.overlap_steps`` set
+to the local steps
 whose compute covers one synchronisation, so that they need not (its outer step is left to the trainer's
 default, ``training.diloco.outer_lr=auto``: the ranks' plain average for a run of fewer than FEW_ROUNDS
 rounds, the paper's step otherwise). The words for a suggested strategy, and for what work shares do to its pace,
@@ -42,6 +47,7 @@ import time
 from pathlib import Path
 
 from auralm.parallel import strategy
+from auralm.parallel.compress import bytes_per_value
 
 DDP_BUCKET_BYTES = 25 * 1024 ** 2  # DistributedDataParallel's bucket_cap_mb=25
 DDP_OK = 0.15  # DDP's communication at most this share of the compute: hidden behind the backward pass
@@ -55,6 +61,7 @@ FEW_ROUNDS = 20  # a DiLoCo run of fewer rounds takes the ranks' plain average a
 AVERAGE = ("training.diloco.outer_lr=1", "training.diloco.outer_momentum=0")  # the outer step = the ranks' average
 PAPER_STEP = ("training.diloco.outer_lr=0.7", "training.diloco.outer_momentum=0.9")  # DiLoCo's paper: Nesterov SGD
 DEFAULT_LM_VOCAB = 8192  # hrmctl prepare-data's default --vocab-size
+WIRE_KINDS = ("bf16", "int8", "int4")  # DiLoCo's rounds as the budget may suggest them, least compressed first
 
 
 def ring_factor(world: int) -> float:
@@ -112,7 +119,7 @@ def shares(s_by_rank: list[float] | None) -> dict | None:
 
 
 def budget(*, busbw_GBps: float, latency_us: float, world: int, parameters: int, compute_s: float | None,
-           diloco_bytes_per_param: int = 2, powersgd: dict | None = None,
+           powersgd: dict | None = None,
            compute_by_rank: list[float] | None = None, max_steps: int | None = None) -> dict:
     """Per-step communication of DDP (fp32), DDP with the bf16 hook, with PowerSGD (``powersgd``: {"rank",
     "elements"} from powersgd_elements) and DiLoCo, against ``compute_s`` (seconds of compute per optimizer step on
@@ -125,8 +132,19 @@ def budget(*, busbw_GBps: float, latency_us: float, world: int, parameters: int,
     n_buckets = buckets(grad)
     ddp_s = allreduce_s(grad, world, busbw_GBps, lat, n_buckets)
     half_s = allreduce_s(grad / 2, world, busbw_GBps, lat, n_buckets)  # the hook compresses each fp32 bucket
-    pseudo = diloco_bytes_per_param * parameters
-    sync_s = allreduce_s(pseudo, world, busbw_GBps, lat, buckets(pseudo))
+    by_kind = {}
+    for kind in WIRE_KINDS:
+        sent = bytes_per_value(kind) * parameters
+        sync = allreduce_s(sent, world, busbw_GBps, lat, buckets(sent))
+        by_kind[kind] = {"bytes_per_sync": round(sent), "comm_s_per_sync": sync,
+                         "inner_steps": diloco_steps(sync, diloco_compute)}
+    def rank(kind: str) -> tuple:  # the smallest H; where no H is enough (the largest), the least time a round
+        h, sync = by_kind[kind]["inner_steps"] or 0, by_kind[kind]["comm_s_per_sync"]
+        short = h and sync / h > DILOCO_OK * diloco_compute
+        return h, sync if short else 0.0, WIRE_KINDS.index(kind)
+
+    compress = min(WIRE_KINDS, key=rank)
+    pseudo, sync_s = by_kind[compress]["bytes_per_sync"], by_kind[compress]["comm_s_per_sync"]
     out = {"world": world, "parameters": parameters, "busbw_GBps": busbw_GBps, "latency_us": latency_us,
            "compute_s": compute_s, "balance": bal, "max_steps": max_steps,
            "ddp": {"bytes": grad, "buckets": n_buckets, "comm_s": ddp_s, "compute_s": ddp_compute,
@@ -141,7 +159,8 @@ def budget(*, busbw_GBps: float, latency_us: float, world: int, parameters: int,
         out["ddp_powersgd"] = {"rank": powersgd["rank"], "bytes": low, "buckets": n_buckets, "comm_s": low_s,
                                "compute_s": ddp_compute, "ratio": _ratio(low_s, ddp_compute)}
     H = diloco_steps(sync_s, diloco_compute)
-    out["diloco"] = {"bytes_per_sync": pseudo, "comm_s_per_sync": sync_s, "inner_steps": H,
+    out["diloco"] = {"compress": compress, "by_compress": by_kind, "bytes_per_sync": pseudo,
+                     "comm_s_per_sync": sync_s, "inner_steps": H,
                      "comm_s_per_step": sync_s / H if H else None, "compute_s": diloco_compute,
                      "ratio": _ratio(sync_s / H, diloco_compute) if H else None,
                      "overlap_steps": overlap_steps(sync_s, diloco_compute, H)}
@@ -209,6 +228,12 @@ def _sync_suggestion(b: dict) -> dict | None:
     elif d["inner_steps"] > DILOCO_USUAL_MAX_H:
         why += f" (more inner steps than DiLoCo is usually run with, about {DILOCO_USUAL_MAX_H}: expect it to learn slower)"
     overrides = ["training.sync=diloco", f"training.diloco.inner_steps={d['inner_steps']}"]
+    if d["compress"] != "bf16":
+        bf16 = d["by_compress"]["bf16"]
+        overrides.append(f"training.diloco.compress={d['compress']}")
+        why += (f"; its rounds quantised to {d['compress']} ({human_bytes(d['bytes_per_sync'])} a round against "
+                f"{human_bytes(bf16['bytes_per_sync'])} as bf16, the rounding's remainder carried to the next round) "
+                f"need H={d['inner_steps']} where bf16's need {bf16['inner_steps']}")
     if d["overlap_steps"]:
         k = d["overlap_steps"]
         overrides.append(f"training.diloco.overlap_steps={k}")
@@ -219,7 +244,7 @@ def _sync_suggestion(b: dict) -> dict | None:
         why += (f"; this run has {rounds} round{'s' if rounds != 1 else ''}: with so few the default outer step "
                 f"(training.diloco.outer_lr=auto) is the ranks' plain average, which kept the loss within 2% of DDP's "
                 f"where the paper's outer step ended 5.4-7.1% above it (docs/lowcomm.md)")
-    return {"sync": "diloco", "ddp_comm_hook": "none", "inner_steps": d["inner_steps"],
+    return {"sync": "diloco", "ddp_comm_hook": "none", "inner_steps": d["inner_steps"], "compress": d["compress"],
             "overlap_steps": d["overlap_steps"], "overrides": overrides, "why": why}
 
 
@@ -263,7 +288,7 @@ def describe(b: dict) -> str:
     if low:
         text += (f"; PowerSGD at rank {low['rank']} sends {human_bytes(low['bytes'])}, {seconds(low['comm_s'])} "
                  f"({_pct(low['ratio'])}, plus the compute of its compression)")
-    text += (f"; DiLoCo with H={dl['inner_steps']} sends {human_bytes(dl['bytes_per_sync'])} of bf16 "
+    text += (f"; DiLoCo with H={dl['inner_steps']} sends {human_bytes(dl['bytes_per_sync'])} of {dl['compress']} "
              f"pseudo-gradient once per {dl['inner_steps']} steps, {seconds(dl['comm_s_per_step'])} per step "
              f"({_pct(dl['ratio'])}).")
     s = b["suggestion"]
@@ -298,7 +323,7 @@ def rows(b: dict) -> list[tuple[str, float, float | None, float | None, float | 
         parts.append((f"ddp + powersgd r={low['rank']}", low))
     out = [(label, p["bytes"], p["comm_s"], p["compute_s"], p["ratio"]) for label, p in parts]
     if dl.get("inner_steps"):
-        out.append((f"diloco H={dl['inner_steps']} (bf16, once per H)", dl["bytes_per_sync"] / dl["inner_steps"],
+        out.append((f"diloco H={dl['inner_steps']} ({dl['compress']}, once per H)", dl["bytes_per_sync"] / dl["inner_steps"],
                     dl["comm_s_per_step"], dl["compute_s"], dl["ratio"]))
     return out
 

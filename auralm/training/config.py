@@ -27,6 +27,7 @@ DTYPES = ("auto", "fp32", "bf16", "fp16")
 SIZES = registry.SIZES
 OPTIMIZERS = ("adamw", "adam_atan2")
 COMM_HOOKS = ("none", "bf16", "fp16", "powersgd")
+COMPRESS = ("none", "bf16", "int8", "int4")  # training.diloco.compress (auralm/parallel/compress.py)
 
 SCHEDULES = ("cosine", "linear", "constant")
 # The guides' spellings of our keys (and of hrmctl's options): one table, auralm/models/guide_spellings.py.
@@ -82,7 +83,9 @@ class DilocoConfig:
     # the paper's lr 0.7 momentum 0.9 for FEW_ROUNDS rounds or more, the ranks' plain average, lr 1 momentum 0, below)
     outer_lr: float | None = None
     outer_momentum: float | None = None
-    comm_dtype: str = "bf16"  # the pseudo-gradient's type on the wire: bf16 (half the bytes) or fp32
+    # the pseudo-gradient on the wire (auralm/parallel/compress.py): none (fp32), bf16 (half the bytes), int8 or int4
+    # (quantised in blocks, the rounding's remainder carried to the next round: about a quarter and an eighth of fp32)
+    compress: str = "bf16"
     overlap_steps: int = 0  # K > 0: the all-reduce travels during the next round's first K local steps
     # (Streaming DiLoCo's overlap); 0: every rank waits for it at the end of the round
 
@@ -557,7 +560,7 @@ def check(cfg: Config) -> None:
     _one_of("training.schedule", t.schedule, SCHEDULES)
     _one_of("training.sync", t.sync, strategy.names("sync"))  # the sync strategies registered (auralm.parallel)
     _one_of("training.ddp_comm_hook", t.ddp_comm_hook, COMM_HOOKS)
-    _one_of("training.diloco.comm_dtype", t.diloco.comm_dtype, ("bf16", "fp32"))
+    _one_of("training.diloco.compress", t.diloco.compress, COMPRESS)
     for key, value in {"training.diloco.inner_steps": t.diloco.inner_steps, "training.diloco.outer_lr":
                        t.diloco.outer_lr, "training.powersgd_rank": t.powersgd_rank}.items():
         if value is not None and value <= 0:  # outer_lr None: auto

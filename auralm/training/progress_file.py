@@ -4,7 +4,8 @@ Only rank 0 logs (auralm/training/runlog.py), so nothing on disk tells another r
 ``write(d, record)``, called at the log site with the record that rank 0 writes to metrics.jsonl
 (every rank builds it), fills that gap. It writes ``<dir>/<pid>.json``, where ``<dir>`` is
 ``$TMPDIR/hrmctl-top-<uid>`` (``/tmp/...`` without TMPDIR): one JSON object with the rank, world,
-step, loss, steps per second since the previous beat, the record's own throughput, and the time.
+step, loss, steps per second since the previous beat, the record's own throughput, the bytes it sent in its last
+round (DiLoCo's; else None), and the time.
 Keyed by the process id, so two runs in one directory never mix, and the reader (cli/top/sampler.py,
 run by the same user) goes straight from a trainer process it found to its file. Written to a
 temporary name and renamed, at most every MIN_GAP_S. A rank may end with os._exit (see
@@ -68,7 +69,8 @@ def write(d, record: dict) -> None:
         doc = {"pid": os.getpid(), "rank": d.rank, "world": d.world, "local_rank": d.local_rank, "step": step,
                "loss": loss if isinstance(loss, (int, float)) and math.isfinite(loss) else None,
                "steps_per_s": steps_per_s, "rate": record.get(f"{unit}_per_s"), "unit": unit,
-               "train_s": record.get("train_s"), "time": now, "run": os.environ.get("HRMCTL_RUN_ID")}
+               "train_s": record.get("train_s"), "time": now, "run": os.environ.get("HRMCTL_RUN_ID"),
+               "round_bytes": record.get("round_bytes")}
         path = _last.get("path")
         if path is None:
             folder = directory()

@@ -551,6 +551,7 @@ def report(b: Books, loss: float, norm: torch.Tensor, evaluating: bool, final: b
     record.update(act)
     figures, text = model_figures(p.model, log, step)
     record.update(figures)
+    record.update(b.s.wire_figures())
     key, label, places = tasks.get(cfg.task).train_metric
     extra = ("" if not act else f" | ponder {act['ponder']:.2f} | {label} {act[key]:.{places}f}") + text
     done = step - b.start_step  # this session's steps: the pace of the rest

@@ -319,7 +319,7 @@ class Ranks:
                     row["cpu"] = round(max(0.0, 100.0 * (secs - prev[0]) / (now - prev[1])), 1)
                 self.cpu[pid] = (secs, now)
             row["rss"] = rss
-            row.update(step=None, loss=None, steps_per_s=None, rate=None, unit=None, age=None)
+            row.update(step=None, loss=None, steps_per_s=None, rate=None, unit=None, age=None, round_bytes=None)
             text = _read(info["progress"])
             if text:
                 try:
@@ -328,7 +328,7 @@ class Ranks:
                     beat = None  # never half-written (renamed into place), but be safe
                 if isinstance(beat, dict) and beat.get("pid") == pid and \
                         (started is None or beat.get("time", 0) >= started - 1):
-                    for key in ("step", "loss", "steps_per_s", "rate", "unit"):
+                    for key in ("step", "loss", "steps_per_s", "rate", "unit", "round_bytes"):
                         row[key] = beat.get(key)
                     for key in ("rank", "local_rank", "world"):  # the trainer's own word
                         if isinstance(beat.get(key), int):

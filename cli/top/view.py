@@ -139,9 +139,11 @@ def node_table(states: list[NodeState], now: float, wide: bool = True) -> Table:
 def rank_table(ranks: list[dict], marks: dict[str, dict], wide: bool = True) -> Table:
     """One row per rank, the slowest of each run marked. Narrow: without rate and rss."""
     columns = [("run", "left"), ("node", "left"), ("rank", "right"), ("step", "right"), ("steps/s", "right"),
-               ("loss", "right"), ("rate", "right"), ("cpu", "right"), ("rss", "right"), ("beat", "right"),
-               ("", "left")]
-    keep = [wide or name not in ("rate", "rss") for name, _ in columns]
+               ("loss", "right"), ("rate", "right"), ("sent/round", "right"), ("cpu", "right"), ("rss", "right"),
+               ("beat", "right"), ("", "left")]
+    rounds = any(r.get("round_bytes") is not None for r in ranks)  # a run that sends rounds (DiLoCo's)
+    keep = [(wide or name not in ("rate", "rss", "sent/round")) and (rounds or name != "sent/round")
+            for name, _ in columns]
     t = _table([c for c, k in zip(columns, keep) if k])
     for r in ranks:
         rate = r.get("steps_per_s")
@@ -154,7 +156,7 @@ def rank_table(ranks: list[dict], marks: dict[str, dict], wide: bool = True) -> 
                  "starting" if r.get("step") is None else str(r["step"]),
                  "–" if rate is None else f"{rate:.2f}",
                  "–" if r.get("loss") is None else f"{r['loss']:.4f}",
-                 "–" if r.get("rate") is None else f"{r['rate']:.0f} {unit}",
+                 "–" if r.get("rate") is None else f"{r['rate']:.0f} {unit}", human_bytes(r.get("round_bytes")),
                  "–" if r.get("cpu") is None else f"{r['cpu']:.0f}%",
                  human_bytes(r.get("rss")), "–" if age is None else f"{age:.0f}s", mark]
         t.add_row(*[c for c, k in zip(cells, keep) if k], style="bold yellow" if mark else None)

@@ -108,15 +108,18 @@ def test_slow_link_makes_train_warn_with_the_suggested_overrides(lab3, hrmctl, t
     _check_section(tr)
     assert tr["busbw_GBps"] < 0.001  # below 1 MB/s: the shaping is what was measured
     assert tr["ddp"]["comm_s"] > tr["compute_s"] and tr["suggestion"]["sync"] == "diloco"
-    H, K = tr["suggestion"]["inner_steps"], tr["suggestion"]["overlap_steps"]
+    H, K, C = (tr["suggestion"][k] for k in ("inner_steps", "overlap_steps", "compress"))
     overlap = [f"training.diloco.overlap_steps={K}"] if K else []
+    compress = [f"training.diloco.compress={C}"] if C != "bf16" else []  # quantised where that takes fewer steps
+    assert C == tr["diloco"]["compress"] and H == tr["diloco"]["by_compress"][C]["inner_steps"]
+    assert H == min(entry["inner_steps"] for entry in tr["diloco"]["by_compress"].values())
     shares = ["training.balance=auto"] if tr["balance"]["suggest"] else []  # two namespaces of one machine: rarely
     # a run of the trainer's default 1000 steps: its outer step is left to the trainer's default (auto), which takes
     # the ranks' average for fewer than FEW_ROUNDS rounds of H (the reason says so), so no override of it
     assert tr["max_steps"] == 1000
     assert ("the default outer step (training.diloco.outer_lr=auto) is the ranks' plain average" in
             tr["suggestion"]["why"]) == (1000 // H < lb.FEW_ROUNDS)
-    sync = ["training.sync=diloco", f"training.diloco.inner_steps={H}", *overlap]
+    sync = ["training.sync=diloco", f"training.diloco.inner_steps={H}", *compress, *overlap]
     assert tr["suggestion"]["overrides"] == [*shares, *sync]
     assert tr["diloco"]["ratio"] <= lb.DILOCO_OK
     assert K == lb.overlap_steps(tr["diloco"]["comm_s_per_sync"], tr["diloco"]["compute_s"], H)

@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+from auralm.parallel.compress import bytes_per_value
 from auralm.planning.link_budget import PAPER_STEP
 from tests.trainer.helpers import records, run_ranks, tiny_args
 
@@ -60,7 +61,7 @@ def test_unequal_shares_give_the_gradient_of_one_process_on_the_union_of_the_bat
 def test_diloco_default_outer_step_on_a_short_run_is_the_average_of_the_ranks_weights(sudoku_dir, tmp_path, capfd):
     # one round: fewer than FEW_ROUNDS, so the default (training.diloco.outer_lr=auto) takes lr 1 and no momentum
     args = tiny_args(sudoku_dir, tmp_path / "run", "training.max_steps=4", "training.sync=diloco",
-                     "training.diloco.inner_steps=4", "training.diloco.comm_dtype=fp32", "training.eval_interval=0")
+                     "training.diloco.inner_steps=4", "training.diloco.compress=none", "training.eval_interval=0")
     r0, r1 = _ok(run_ranks(2, args, tmp_path, spy_sync=True))
     assert ("outer step: the ranks' plain average (lr 1, momentum 0), chosen by training.diloco.outer_lr=auto for "
             "1 round(s) of 4 local steps (fewer than 20") in capfd.readouterr().out  # the ranks' stdout
@@ -80,7 +81,7 @@ def test_diloco_default_outer_step_on_a_short_run_is_the_average_of_the_ranks_we
 def test_diloco_nesterov_outer_step_matches_its_formula_in_one_process(sudoku_dir, tmp_path):
     # one rank: the pseudo-gradient is the rank's own change d; Nesterov SGD's first step moves by lr * (1 + m) * d
     args = tiny_args(sudoku_dir, tmp_path / "run", "training.max_steps=3", "training.sync=diloco",
-                     "training.diloco.inner_steps=3", "training.diloco.comm_dtype=fp32", *PAPER_STEP)
+                     "training.diloco.inner_steps=3", "training.diloco.compress=none", *PAPER_STEP)
     (r,) = _ok(run_ranks(1, args, tmp_path, spy_sync=True))
     before = r["first_grads"]  # only to know the parameter count
     assert len(before) == len(r["synced"][0])
@@ -126,6 +127,37 @@ def test_diloco_with_overlap_keeps_the_ranks_equal_resumes_exactly_and_says_so(s
                                          "training.log_interval=5"), tmp_path / "rc"))
     assert not _equal_weights(waiting[0]["state"], straight[0]["state"])  # the overlapped steps began earlier
     assert "overlaps the next round's first 2 local steps" in capfd.readouterr().out  # the ranks' stdout
+
+
+@pytest.mark.parametrize("kind, ranks", [("int8", 2), ("int4", 3)])
+def test_quantised_rounds_keep_the_ranks_equal_resume_exactly_and_stay_near_fp32(sudoku_dir, tmp_path, capfd, kind,
+                                                                                ranks):
+    """int8 (two ranks) and int4 (three: owners of unequal slices of the blocks) through the real all-to-all and
+    all-gather, with overlap: every rank ends with the same weights, a resume from a checkpoint (each rank's
+    remainder in it) ends with the straight run's, and the weights stay near those of the same run sent in fp32."""
+    common = ["training.max_steps=20", "training.sync=diloco", "training.diloco.inner_steps=5",
+              "training.diloco.overlap_steps=1", "training.checkpoint_interval=10", "training.log_interval=5"]
+    straight = _ok(run_ranks(ranks, tiny_args(sudoku_dir, tmp_path / "a", *common,
+                                              f"training.diloco.compress={kind}"), tmp_path / "ra"))
+    assert all(_equal_weights(straight[0]["state"], r["state"]) for r in straight[1:])
+    assert (tmp_path / "a" / "checkpoint-10" / "diloco_remainder.pt").exists()
+    out = capfd.readouterr().out
+    assert f"the change of the weights quantised to {kind} (blocks of 256, the rounding's remainder carried to the " \
+           "next round) and reduce-scattered and all-gathered as codes" in out and "sent by each rank a round (" in out, out
+    resumed = _ok(run_ranks(ranks, tiny_args(sudoku_dir, tmp_path / "b", *common, f"training.diloco.compress={kind}",
+                                             f"resume={tmp_path / 'a' / 'checkpoint-10'}"), tmp_path / "rb"))
+    for a, b in zip(straight, resumed):
+        assert _equal_weights(a["state"], b["state"])
+    plain = _ok(run_ranks(ranks, tiny_args(sudoku_dir, tmp_path / "c", *common, "training.diloco.compress=none"),
+                          tmp_path / "rc"))
+    weights = [k for k, t in plain[0]["state"].items() if t.is_floating_point()]
+    drift = max(float((straight[0]["state"][k] - plain[0]["state"][k]).abs().max()) for k in weights)
+    moved = max(float(plain[0]["state"][k].abs().max()) for k in weights)
+    assert 0 < drift < 1e-3 * moved, (drift, moved)  # 1e-5 (int8) and 1e-4 (int4) of it, 2026-12-06
+    sent, fp32 = ([r["round_bytes"] for r in records(tmp_path / run)] for run in ("a", "c"))
+    assert sent[-1] > 0 and sent[-1] / fp32[-1] == pytest.approx(bytes_per_value(kind) / 4, rel=0.02), (sent, fp32)
+    losses = [r["loss"] for r in records(tmp_path / "a")]
+    assert losses[-1] == pytest.approx([r["loss"] for r in records(tmp_path / "c")][-1], rel=0.05)
 
 
 @pytest.mark.parametrize("overlap", [0, 2])

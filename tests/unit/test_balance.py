@@ -43,7 +43,7 @@ def test_the_node_comes_from_hrmctls_job_variable(monkeypatch):
 @pytest.mark.parametrize("bad", ["training.balance=node0", "training.balance=node0:0", "training.balance=:2",
                                  "training.balance=a:x", "training.balance=a:inf", "training.sync=local",
                                  "training.ddp_comm_hook=int8", "training.diloco.inner_steps=0",
-                                 "training.diloco.outer_momentum=1", "training.diloco.comm_dtype=fp8",
+                                 "training.diloco.outer_momentum=1", "training.diloco.compress=fp8",
                                  "training.diloco.overlap_steps=50", "training.diloco.overlap_steps=-1"])
 def test_bad_values_are_one_error_naming_the_key(bad):
     with pytest.raises(UserError) as e:

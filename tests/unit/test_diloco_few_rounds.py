@@ -79,13 +79,13 @@ def test_the_warning_is_for_a_given_momentum_on_a_short_run_only():
 def test_a_resume_takes_this_runs_outer_step_and_keeps_the_saved_momentum():
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)
-    first = DiLoCo(model, DilocoConfig(outer_lr=1.0, outer_momentum=0.9, comm_dtype="fp32"), Dist(), 1.0)
+    first = DiLoCo(model, DilocoConfig(outer_lr=1.0, outer_momentum=0.9, compress="none"), Dist(), 1.0)
     with torch.no_grad():
         model.weight.add_(0.1)
     first.start(0, 0.0, 0, carry=False)
     first.finish()  # one outer step: a momentum buffer
     saved = first.state_dict()
-    again = DiLoCo(model, DilocoConfig(outer_lr=0.7, outer_momentum=0.5, comm_dtype="fp32"), Dist(), 1.0)
+    again = DiLoCo(model, DilocoConfig(outer_lr=0.7, outer_momentum=0.5, compress="none"), Dist(), 1.0)
     again.load_state_dict(saved)
     group = again.outer.param_groups[0]
     assert (group["lr"], group["momentum"], group["nesterov"]) == (0.7, 0.5, True)

@@ -12,7 +12,7 @@ from auralm.parallel.diloco import DiLoCo
 def _setup(lr: float, momentum: float):
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)
-    outer = DiLoCo(model, DilocoConfig(outer_lr=lr, outer_momentum=momentum, comm_dtype="fp32"), Dist(), 1.0)
+    outer = DiLoCo(model, DilocoConfig(outer_lr=lr, outer_momentum=momentum, compress="none"), Dist(), 1.0)
     start = [p.detach().clone() for p in model.parameters()]
     return model, outer, start
 

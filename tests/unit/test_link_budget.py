@@ -29,20 +29,31 @@ def test_slow_link_ddp_step_and_diloco_h_worked_by_hand():
     # the bf16 hook: half the bytes, the same 2 buckets: 0.864 + 0.002
     assert b["ddp_bf16"]["comm_s"] == pytest.approx(0.866)
     assert b["ddp_bf16"]["ratio"] == pytest.approx(1.732)
-    # DiLoCo: 21.6 MB of bf16 in one message, 0.864 + 0.001 = 0.865 s per sync; at most 5% of 0.5 s = 0.025 s a
-    # step needs H >= 34.6, the smallest round H is 50: 0.0173 s per step, 3.46%
+    # DiLoCo in bf16: 21.6 MB in one message, 0.864 + 0.001 = 0.865 s per sync; at most 5% of 0.5 s = 0.025 s a
+    # step needs H >= 34.6, the smallest round H is 50. In int8, 1 + 4/256 bytes a parameter: 10.97 MB, 0.440 s, H >=
+    # 17.6: 20. In int4, 1/2 + 4/256: 5,568,750 bytes, 0.22375 s, H >= 8.95: 10, the smallest: int4
     d = b["diloco"]
-    assert d["bytes_per_sync"] == 21_600_000 and d["comm_s_per_sync"] == pytest.approx(0.865)
-    assert d["inner_steps"] == 50
-    assert d["comm_s_per_step"] == pytest.approx(0.0173) and d["ratio"] == pytest.approx(0.0346)
-    # the sync (0.865 s) is covered by ceil(0.865 / 0.5) = 2 local steps: overlap_steps=2
-    assert d["overlap_steps"] == 2
+    bf16, int8 = d["by_compress"]["bf16"], d["by_compress"]["int8"]
+    assert bf16["bytes_per_sync"] == 21_600_000 and bf16["comm_s_per_sync"] == pytest.approx(0.865)
+    assert (bf16["inner_steps"], int8["inner_steps"]) == (50, 20)
+    assert d["compress"] == "int4" and d["bytes_per_sync"] == 5_568_750 and d["inner_steps"] == 10
+    assert d["comm_s_per_sync"] == pytest.approx(0.22375)
+    assert d["comm_s_per_step"] == pytest.approx(0.022375) and d["ratio"] == pytest.approx(0.04475)
+    # the sync (0.224 s) is covered by ceil(0.224 / 0.5) = 1 local step: overlap_steps=1
+    assert d["overlap_steps"] == 1
     s = b["suggestion"]
-    assert (s["sync"], s["inner_steps"], s["overlap_steps"]) == ("diloco", 50, 2)
-    assert s["overrides"] == ["training.sync=diloco", "training.diloco.inner_steps=50",
-                              "training.diloco.overlap_steps=2"]
-    assert "1.73 s" in b["text"] and "H=50" in b["text"] and "training.diloco.overlap_steps=2" in b["text"]
-    assert "first 2 local steps" in s["why"]
+    assert (s["sync"], s["inner_steps"], s["compress"], s["overlap_steps"]) == ("diloco", 10, "int4", 1)
+    assert s["overrides"] == ["training.sync=diloco", "training.diloco.inner_steps=10",
+                              "training.diloco.compress=int4", "training.diloco.overlap_steps=1"]
+    assert "1.73 s" in b["text"] and "H=10" in b["text"] and "5.57 MB of int4 pseudo-gradient" in b["text"]
+    assert "quantised to int4 (5.57 MB a round against 21.6 MB as bf16" in s["why"]
+    assert "need H=10 where bf16's need 50" in s["why"] and "first 1 local step" in s["why"]
+    # a fast enough link keeps bf16 (the least compressed that reaches the smallest H): no override of it
+    b = lb.budget(busbw_GBps=0.1, latency_us=0, world=2, parameters=1_000_000, compute_s=0.12)
+    assert b["diloco"]["compress"] == "bf16" and not any("compress" in o for o in b["suggestion"]["overrides"])
+    # too slow for any H: the least time a round (int4), and the reason says the link is too slow
+    b = lb.budget(busbw_GBps=1e-6, latency_us=0, world=2, parameters=100_000_000, compute_s=0.01)
+    assert b["diloco"]["compress"] == "int4" and "too slow" in b["suggestion"]["why"]
     json.dumps(b)  # a plain, JSON-able dict
 
 
@@ -187,16 +198,17 @@ def test_work_shares_join_the_suggestion_when_the_ranks_differ():
     assert "1.50x the samples/s of equal shares" in s["why"]
     assert "plain DDP, work shares by speed: training.balance=auto" in b["text"]
     assert "0.133 s of compute with work shares (0.2 s with equal ones)" in b["text"]
-    # a slow link: DiLoCo's H from the fastest rank's 0.1 s: 2 MB at 25 MB/s = 80 ms a sync, 5% of 0.1 s needs
-    # H >= 16: 20; with the slowest rank's 0.2 s it would have been 10
+    # a slow link: DiLoCo's H from the fastest rank's 0.1 s: 2 MB of bf16 at 25 MB/s = 80 ms a sync, 5% of 0.1 s
+    # needs H >= 16: 20; int8's 1.02 MB (40.6 ms) H >= 8.1: 10; with the slowest rank's 0.2 s bf16's would be 10
     b = lb.budget(busbw_GBps=0.025, latency_us=0, world=2, parameters=1_000_000, compute_s=0.2,
                   compute_by_rank=[0.1, 0.2])
-    assert b["diloco"]["inner_steps"] == 20 and b["diloco"]["compute_s"] == 0.1
-    assert b["suggestion"]["overrides"][:3] == ["training.balance=auto", "training.sync=diloco",
-                                                "training.diloco.inner_steps=20"]
+    assert b["diloco"]["inner_steps"] == 10 and b["diloco"]["compute_s"] == 0.1
+    assert b["diloco"]["by_compress"]["bf16"]["inner_steps"] == 20
+    assert b["suggestion"]["overrides"][:4] == ["training.balance=auto", "training.sync=diloco",
+                                                "training.diloco.inner_steps=10", "training.diloco.compress=int8"]
     assert "fastest rank's 0.1 s a local step" in b["suggestion"]["why"]
-    assert lb.budget(busbw_GBps=0.025, latency_us=0, world=2, parameters=1_000_000,
-                     compute_s=0.2)["diloco"]["inner_steps"] == 10
+    b = lb.budget(busbw_GBps=0.025, latency_us=0, world=2, parameters=1_000_000, compute_s=0.2)
+    assert (b["diloco"]["inner_steps"], b["diloco"]["compress"]) == (10, "bf16")
     # equal enough: no shares suggested, nothing changes
     b = lb.budget(busbw_GBps=1.0, latency_us=0, world=2, parameters=1_000_000, compute_s=0.2,
                   compute_by_rank=[0.19, 0.2])
@@ -240,13 +252,13 @@ def test_advise_warns_only_when_communication_dominates():
     assert a["warn"] and a["comm_s"] == pytest.approx(2.2415) and not a["estimated"]
     assert a["line"].startswith("node0,node1: DDP would spend ~2.24 s per step communicating")
     assert "1.2 s of compute (measured by test-ddp)" in a["line"] and "3 h ago" in a["line"]
-    assert a["line"].endswith("try training.sync=diloco training.diloco.inner_steps=20 "
-                              "training.diloco.overlap_steps=1")
-    # a run of 100 steps has 5 rounds of 20: the trainer's default outer step (auto) is the ranks' average there, so
-    # no override joins the suggestion, and the reason says so; 400 steps (20 rounds) have no such reason
+    assert a["line"].endswith("try training.sync=diloco training.diloco.inner_steps=10 "
+                              "training.diloco.compress=int8 training.diloco.overlap_steps=1")
+    # a run of 100 steps has 10 rounds of 10: the trainer's default outer step (auto) is the ranks' average there, so
+    # no override joins the suggestion, and the reason says so; 400 steps (40 rounds) have no such reason
     short = lb.advise(link, dict(SMALL, max_steps=100), world=2)
     assert short["line"] == a["line"] and "outer_lr=1" not in short["line"]
-    assert "this run has 5 rounds: with so few the default outer step (training.diloco.outer_lr=auto) is the ranks' " \
+    assert "this run has 10 rounds: with so few the default outer step (training.diloco.outer_lr=auto) is the ranks' " \
            "plain average" in short["budget"]["suggestion"]["why"]
     assert "this run has" not in lb.advise(link, dict(SMALL, max_steps=400), world=2)["budget"]["suggestion"]["why"]
     assert lb.advise(link, dict(SMALL, max_steps=400), world=2)["line"] == a["line"]
@@ -345,7 +357,8 @@ def test_train_warning_from_the_cache_end_to_end(home, monkeypatch):
     line = out.getvalue().strip()
     assert line.startswith("warning: node0,node1: DDP would spend ~2.22 s per step communicating")
     assert "(estimate: scaled from the model small at batch 16 measured by test-ddp)" in line
-    assert line.endswith("try training.sync=diloco training.diloco.inner_steps=20 training.diloco.overlap_steps=1")
+    assert line.endswith("try training.sync=diloco training.diloco.inner_steps=10 training.diloco.compress=int8 "
+                         "training.diloco.overlap_steps=1")
     assert "\n" not in line
     # DiLoCo asked for: nothing to say of the communication, and the ranks' speeds (1.2 s, 1.08 s) are close
     doc = link_cache.warn(link_cache.start(LaunchOptions(nodes=_nodes(), args=overrides + ["training.sync=diloco"])),

@@ -286,3 +286,13 @@ def test_live_view_in_a_terminal_leaves_on_q_or_ctrl_c_and_restores_the_terminal
             proc.wait()
         os.close(master)
         os.close(slave)
+
+
+def test_the_bytes_a_rank_sent_for_its_last_round_are_a_column_only_when_a_run_sends_rounds():
+    plain = text_of(view.render([state("node0", [rank(0, 120, 4.0, 1.2)])]))
+    assert not any("sent/round" in l for l in plain)
+    diloco = [state("node0", [dict(rank(0, 120, 4.0, 1.2), round_bytes=105040)]),
+              state("node1", [dict(rank(1, 118, 3.1, 1.3), round_bytes=105040)])]
+    lines = text_of(view.render(diloco))
+    assert any("sent/round" in l for l in lines) and "105 KB" in row(lines, "node1", "r1")
+    assert view.snapshot_json(diloco)["ranks"][0]["round_bytes"] == 105040
