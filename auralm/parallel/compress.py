@@ -19,7 +19,12 @@ x (1/2 + 4/BLOCK) (int4): int8 about half of bf16's, int4 about a quarter, at an
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from auralm.training.config import COMPRESS as KINDS
+
+if TYPE_CHECKING:
+    import torch
 
 # torch is imported where a tensor is made: the byte model above the codec (bytes_per_value, sent_per_round) is read by
 # the link budget (auralm.planning.link_budget), which imports no torch
