@@ -5,6 +5,7 @@ and equal against measured shares with one node at half a core.
     [--links ...]
     python bench/lowcomm.py balance [--steps 40] [--model mini]
     python bench/lowcomm.py table   [--steps 24] [--model mini] [--inner 8]
+    python bench/lowcomm.py compress [--steps 48] [--model small] [--inner 8] [--link wifi]
 
 Every run is `hrmctl train` on lab nodes (lab/nodes.py: real sshd, real torchrun, gloo over the
 lab's bridge), task=lm on the Spanish text of ../shared/data, fp32. Each node is pinned to a core of
@@ -23,6 +24,10 @@ balance: node1 at 50% of its core; node0 alone, node1 alone, the pair with equal
          balance=auto, under DDP (and DiLoCo with auto).
 table:   mode x link (LAN, 200 Mbit/s +3 ms, 50 Mbit/s +20 ms) x nodes (1, 2, 3), every node at half a
          core (three nodes on two cores), speed-up over one node and final validation loss.
+compress: two nodes on a crowded Wi-Fi (each node's link 50 Mbit/s, 5 +- 2.5 ms and 1% of its arriving packets
+         lost: 10 +- 5 ms more round trip, 1% loss each way) under DDP and under DiLoCo with its rounds sent as
+         bf16, int8 and int4 (training.diloco.compress; the outer step the default's), against one node:
+         tokens/s, final validation loss against DDP's, and the bytes each rank sent for its last round.
 Root only. Figures go to stdout as markdown tables (docs/lowcomm.md has the last ones).
 """
 
@@ -47,7 +52,8 @@ from auralm.planning.link_budget import AVERAGE, PAPER_STEP  # noqa: E402
 from lab.nodes import Lab  # noqa: E402
 
 QUIJOTE = ROOT.parent / "shared" / "data" / "quijote" / "pg2000.txt"
-LINKS = {"LAN": (None, 0.0), "200M+3ms": (200, 3.0), "50M+20ms": (50, 20.0)}
+LINKS = {"LAN": (None, 0.0), "200M+3ms": (200, 3.0), "50M+20ms": (50, 20.0)}  # (Mbit/s, ms) on each node's link
+WIFI = {"wifi": (50, 5.0, 2.5, 0.01)}  # (Mbit/s, ms, +- ms, loss) on each node's link: a crowded 2.4 GHz Wi-Fi
 
 
 def prepare(lab: Lab, tmp: Path) -> None:
@@ -67,9 +73,9 @@ def prepare(lab: Lab, tmp: Path) -> None:
 
 
 def shape(lab: Lab, link: str) -> None:
-    rate, delay = LINKS[link]
+    rate, delay, jitter, loss = WIFI[link] if link in WIFI else (*LINKS[link], 0.0, 0.0)
     for node in lab.nodes:
-        node.shape_link(rate, delay) if rate or delay else node.shape_link(None)
+        node.shape_link(rate, delay, jitter, loss) if rate or delay else node.shape_link(None)
 
 
 def train(lab: Lab, nodes: list[str], run_id: str, args: list[str], cwd: Path) -> dict:
@@ -91,7 +97,7 @@ def train(lab: Lab, nodes: list[str], run_id: str, args: list[str], cwd: Path) -
     tokens = cfg["model"]["block_size"] * per_step
     rate = (last["step"] - first["step"]) * tokens / (last["train_s"] - first["train_s"])
     return {"tokens_per_s": rate, "val_loss": last.get("val_loss"), "wall_s": wall, "steps": last["step"],
-            "shares": shares and shares["message"]}
+            "shares": shares and shares["message"], "round_bytes": last.get("round_bytes")}
 
 
 def common(a) -> list[str]:
@@ -195,9 +201,33 @@ def table(lab: Lab, a, cwd: Path) -> None:
     print("\n".join(out))
 
 
+def compress(lab: Lab, a, cwd: Path) -> None:
+    lab.pin_cores()
+    out = ["| run | tokens/s | vs one node | final val loss | vs DDP | sent a round, each rank | wall |",
+           "|---|---|---|---|---|---|---|"]
+    shape(lab, "LAN")
+    one = train(lab, ["node0"], "c-one", common(a), cwd)
+    out.append(f"| node0 alone | {one['tokens_per_s']:.0f} | 1.00x | {one['val_loss']:.4f} | | | {one['wall_s']:.0f} s |")
+    shape(lab, a.link)
+    ddp = None
+    for label, extra in (("ddp", []), *((f"diloco H={a.inner}, {kind}", ["training.sync=diloco",
+                         f"training.diloco.inner_steps={a.inner}", f"training.diloco.compress={kind}"])
+                         for kind in ("bf16", "int8", "int4"))):
+        r = train(lab, ["node0", "node1"], "c-" + label.replace(" ", "").replace(",", "-").replace("=", ""),
+                  common(a) + extra, cwd)
+        ddp = ddp or r
+        sent = f"{r['round_bytes'] / 1e6:.2f} MB" if r["round_bytes"] else "-"
+        out.append(f"| 2 nodes, {label}, {a.link} | {r['tokens_per_s']:.0f} | {r['tokens_per_s'] / one['tokens_per_s']:.2f}x"
+                   f" | {r['val_loss']:.4f} | {(r['val_loss'] / ddp['val_loss'] - 1) * 100:+.2f}% | {sent} | "
+                   f"{r['wall_s']:.0f} s |")
+        print(out[-1], file=sys.stderr, flush=True)
+    shape(lab, "LAN")
+    print("\n".join(out))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=("targets", "balance", "table"))
+    p.add_argument("what", choices=("targets", "balance", "table", "compress"))
     p.add_argument("--steps", type=int, default=24)
     p.add_argument("--model", default=None)
     p.add_argument("--batch", type=int, default=16)
@@ -206,17 +236,18 @@ def main() -> None:
     p.add_argument("--modes", default="ceiling,ddp,ddp-bf16,diloco,diloco-overlap,diloco-avg,diloco-avg-overlap",
                    help="targets: which two-node rows to run (ceiling: the two nodes each alone at once)")
     p.add_argument("--links", default="LAN,200M+3ms", help="targets: the links to run the two-node rows on")
+    p.add_argument("--link", default="wifi", choices=[*LINKS, *WIFI], help="compress: the link of the two-node rows")
     p.add_argument("--ddp-loss", type=float, default=None,
                    help="targets: DDP's final val loss on the LAN from an earlier run, when ddp is not in --modes")
     a = p.parse_args()
     a.modes, a.links = a.modes.split(","), a.links.split(",")
-    a.model = a.model or ("small" if a.what == "targets" else "mini")
+    a.model = a.model or ("small" if a.what in ("targets", "compress") else "mini")
     tmp = Path(tempfile.mkdtemp(prefix="bench-lowcomm-"))
     with Lab(3 if a.what == "table" else 2) as lab:
         prepare(lab, tmp)
         print(f"{a.what}: model={a.model}, batch {a.batch} per rank, {a.steps} steps, DiLoCo H={a.inner}",
               file=sys.stderr, flush=True)
-        {"targets": targets, "balance": balance, "table": table}[a.what](lab, a, tmp)
+        {"targets": targets, "balance": balance, "table": table, "compress": compress}[a.what](lab, a, tmp)
     shutil.rmtree(tmp, ignore_errors=True)
 
 

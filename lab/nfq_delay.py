@@ -2,12 +2,14 @@
 
 This kernel has no netem qdisc. Packets that an iptables rule sends to NFQUEUE wait in the kernel
 until a user-space program gives a verdict; this one (pure Python, raw nfnetlink, no bindings)
-accepts each packet `delay_ms` after it arrived, or drops it with probability `loss`.
+accepts each packet `delay_ms` after it arrived (plus or minus up to `jitter_ms`, uniformly, as a crowded Wi-Fi's
+retries and contention vary it; never before the packet ahead of it, so the queue keeps its order as a Wi-Fi link's
+does), or drops it with probability `loss`.
 
 Run it as root inside a node's namespace with a rule that queues the packets ARRIVING at the
 node (holding outgoing ones stalls the sender's TCP):
     ip netns exec NS iptables -I INPUT -i eth0 -j NFQUEUE --queue-num 7 --queue-bypass
-    ip netns exec NS python lab/nfq_delay.py --queue 7 --delay-ms 80 [--loss 0.1]
+    ip netns exec NS python lab/nfq_delay.py --queue 7 --delay-ms 80 [--jitter-ms 10] [--loss 0.1]
 `--queue-bypass` lets traffic through untouched when no delayer is bound. `delayed_inbound(lab_node,
 ...)` does all of it as a context manager for tests.
 """
@@ -61,8 +63,9 @@ def _attrs(data: bytes):
 
 
 class Delayer:
-    def __init__(self, queue: int, delay_s: float, loss: float):
-        self.queue, self.delay_s, self.loss = queue, delay_s, loss
+    def __init__(self, queue: int, delay_s: float, loss: float, jitter_s: float = 0.0):
+        self.queue, self.delay_s, self.loss, self.jitter_s = queue, delay_s, loss, jitter_s
+        self.last = 0.0  # when the packet ahead is released: none goes before it
         self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
         self.sock.bind((0, 0))
@@ -111,8 +114,10 @@ class Delayer:
                         if kind == NFQA_PACKET_HDR:
                             (packet_id,) = struct.unpack_from(">I", payload)
                             verdict = NF_DROP if random.random() < self.loss else NF_ACCEPT
+                            at = time.monotonic() + self.delay_s + random.uniform(-self.jitter_s, self.jitter_s)
                             with self.cv:
-                                heapq.heappush(self.heap, (time.monotonic() + self.delay_s, packet_id, verdict))
+                                self.last = max(self.last, at)
+                                heapq.heappush(self.heap, (self.last, packet_id, verdict))
                                 self.cv.notify()
                 off += (length + 3) & ~3
 
@@ -146,9 +151,10 @@ def main() -> None:
     p.add_argument("--queue", type=int, default=7)
     p.add_argument("--delay-ms", type=float, default=50.0)
     p.add_argument("--loss", type=float, default=0.0)
+    p.add_argument("--jitter-ms", type=float, default=0.0)
     a = p.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-    Delayer(a.queue, a.delay_ms / 1000.0, a.loss).run()
+    Delayer(a.queue, a.delay_ms / 1000.0, a.loss, a.jitter_ms / 1000.0).run()
 
 
 if __name__ == "__main__":

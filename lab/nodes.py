@@ -217,6 +217,7 @@ class LabNode:
     cgroup: str = ""  # name of its cpuset/cpu cgroups: hrmlab-<token>-<node>
     delayer: subprocess.Popen | None = None  # shape_link's NFQUEUE delayer, when netem is missing
     delay_mechanism: str = ""  # "netem", "nfqueue", or "" (no delay)
+    impair: tuple = (0.0, 0.0)  # shape_link's (jitter_ms, loss) while it holds
 
     def netns(self, argv: list[str], check: bool = True, **kw) -> subprocess.CompletedProcess:
         """Run a command as root inside this node's network namespace."""
@@ -248,7 +249,8 @@ class LabNode:
         shutil.chown(env, self.user, self.user)
 
     # ------------------------------------------------------------ link shaping
-    def shape_link(self, rate_mbit: float | None, delay_ms: float = 0.0) -> None:
+    def shape_link(self, rate_mbit: float | None, delay_ms: float = 0.0, jitter_ms: float = 0.0,
+                   loss: float = 0.0) -> None:
         """Shape this node's link for real, in both directions; replaces any earlier shaping.
 
         rate_mbit: an HTB limit of rate_mbit x 10^6 bit/s on the node's egress (eth0 inside its
@@ -266,11 +268,18 @@ class LabNode:
         NFQUEUE delay, ping run ON the delayed node needs -U: its default RTT ends at the reply's
         kernel receive timestamp, taken before the packet is held, so it would not show the delay.
 
+        jitter_ms, loss: the delay varies by up to +-jitter_ms (uniformly; packets keep their order), and a share
+        ``loss`` of the arriving packets is dropped: a crowded Wi-Fi (netem's delay D J and loss P%, or the delayer's
+        --jitter-ms and --loss).
+
         shape_link(None) (no rate, no delay) removes all shaping.
         """
         self._unshape()
-        if rate_mbit is None and not delay_ms:
+        if rate_mbit is None and not delay_ms and not loss:
             return
+        if not 0 <= jitter_ms <= delay_ms or not 0 <= loss < 1:
+            raise ValueError(f"need 0 <= jitter_ms <= delay_ms and 0 <= loss < 1, not {jitter_ms}, {delay_ms}, {loss}")
+        self.impair = (jitter_ms, loss)
         if rate_mbit is not None and rate_mbit <= 0:
             raise ValueError(f"rate_mbit must be > 0 (or None), not {rate_mbit}")
         if delay_ms < 0:
@@ -278,16 +287,16 @@ class LabNode:
         try:
             if rate_mbit is not None:
                 self._htb(["ip", "netns", "exec", self.ns, "tc"], "eth0", rate_mbit)
-                self._htb(["tc"], self.veth, rate_mbit, netem_ms=delay_ms)
-            elif delay_ms:
+                self._htb(["tc"], self.veth, rate_mbit, netem=True, netem_ms=delay_ms)
+            elif delay_ms or loss:
                 self._netem(["root", "handle", "1:"], delay_ms)
-            if delay_ms and not self.delay_mechanism:
+            if (delay_ms or loss) and not self.delay_mechanism:
                 self._nfqueue_delay(delay_ms)
         except Exception:
             self._unshape()
             raise
 
-    def _htb(self, tc: list[str], dev: str, rate_mbit: float, netem_ms: float = 0.0) -> None:
+    def _htb(self, tc: list[str], dev: str, rate_mbit: float, netem: bool = False, netem_ms: float = 0.0) -> None:
         rate = f"{rate_mbit * 1000:.0f}kbit"  # tc: 1 kbit = 1000 bit/s
         byte_rate = rate_mbit * 1e6 / 8
         burst = max(64 * 1024, int(byte_rate * 0.004))
@@ -297,12 +306,14 @@ class LabNode:
         sh([*tc, "class", "add", "dev", dev, "parent", "1:", "classid", "1:10", "htb", "rate", rate, "ceil", rate,
             "burst", str(burst), "cburst", str(burst), "quantum", str(quantum)])
         leaf = ["parent", "1:10", "handle", "10:"]
-        if not (netem_ms and self._netem(leaf, netem_ms)):
+        if not (netem and (netem_ms or self.impair[1]) and self._netem(leaf, netem_ms)):
             sh([*tc, "qdisc", "add", "dev", dev, *leaf, "bfifo", "limit", str(limit)])
 
     def _netem(self, where: list[str], delay_ms: float) -> bool:
         """netem on the root-side veth (the node's ingress); False when the kernel has no netem."""
+        jitter_ms, loss = self.impair
         res = sh(["tc", "qdisc", "add", "dev", self.veth, *where, "netem", "delay", f"{delay_ms:g}ms",
+                  *([f"{jitter_ms:g}ms"] if jitter_ms else []), *(["loss", f"{loss * 100:g}%"] if loss else []),
                   "limit", "100000"], check=False)
         if res.returncode == 0:
             self.delay_mechanism = "netem"
@@ -316,7 +327,7 @@ class LabNode:
         with open(self.dir / "delay.log", "ab") as log:
             self.delayer = subprocess.Popen(
                 ["ip", "netns", "exec", self.ns, sys.executable, str(NFQ_DELAY), "--queue", str(DELAY_QUEUE),
-                 "--delay-ms", f"{delay_ms:g}"],
+                 "--delay-ms", f"{delay_ms:g}", "--jitter-ms", f"{self.impair[0]:g}", "--loss", f"{self.impair[1]:g}"],
                 stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True, start_new_session=True)
         line = self.delayer.stdout.readline().strip()
         if line != "ready":
@@ -335,7 +346,7 @@ class LabNode:
         while self.netns(["iptables", "-D", "INPUT", *self._delay_rule()], check=False).returncode == 0:
             pass
         self._stop_delayer()
-        self.delay_mechanism = ""
+        self.delay_mechanism, self.impair = "", (0.0, 0.0)
 
     def _stop_delayer(self) -> None:
         proc, self.delayer = self.delayer, None

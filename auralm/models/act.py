@@ -30,6 +30,7 @@ from torch.utils.checkpoint import checkpoint
 from auralm.models.layers import (IGNORE, SUDOKU_RELATIONS, Block, Rotary, lecun_, linear, per_token_loss, rms_norm,
                                  sudoku_positions, sudoku_relations)
 from auralm.models.pretrained import Pretrained
+from auralm.tasks import prefix_positions
 
 
 
@@ -84,9 +85,9 @@ class RecurrentCore(nn.Module):
         self.embed = nn.Embedding(vocab, d)
         lecun_(self.embed.weight.data, fan_in=d)  # std 1/sqrt(d), times sqrt(d) on the way in: unit scale
         ndim = arch.get("puzzle_emb_ndim") or 0
-        self.n_prefix = -(-ndim // d) if ndim else 0
+        self.n_prefix = prefix_positions(arch)  # puzzle_emb_len may add positions of zeros after the embedding's
         if self.n_prefix:  # one learned prefix per puzzle id, zero at init (own lr and weight decay)
-            self.puzzle_emb = nn.Embedding(num_puzzle_ids, self.n_prefix * d)
+            self.puzzle_emb = nn.Embedding(num_puzzle_ids, -(-ndim // d) * d)
             nn.init.zeros_(self.puzzle_emb.weight)
         self.positions = arch.get("pos_encodings") or "auto"
         if self.positions == "auto":  # a sudoku grid's own positions, else rotary
@@ -120,6 +121,7 @@ class RecurrentCore(nn.Module):
         e = self.embed(x)
         if self.n_prefix:
             prefix = self.puzzle_emb(torch.zeros(x.shape[0], dtype=torch.long, device=x.device))
+            prefix = F.pad(prefix, (0, self.n_prefix * self.d - prefix.shape[-1]))
             e = torch.cat([prefix.view(x.shape[0], self.n_prefix, self.d), e], dim=1)
         if self.positions == "learned":
             return 0.707106781 * (self.embed_scale * e + self.pos[: e.shape[1]] * self.embed_scale)

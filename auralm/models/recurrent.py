@@ -13,10 +13,11 @@ from auralm import tasks
 from auralm.errors import UserError
 from auralm.models import registry
 
-DEFAULTS = dict(expansion=4.0, halt_exploration_prob=0.1, puzzle_emb_ndim=0, pos_encodings="rope", mlp_t=False,
+DEFAULTS = dict(expansion=4.0, halt_exploration_prob=0.1, puzzle_emb_ndim=0, puzzle_emb_len=0, pos_encodings="rope",
+                mlp_t=False,
                 loss_type="softmax", norm="post", eval_segments=0, dropout=0.0)
 KEYS = ("expansion", "H_layers", "L_layers", "H_cycles", "L_cycles", "halt_max_steps", "halt_exploration_prob",
-        "puzzle_emb_ndim", "pos_encodings", "mlp_t", "loss_type", "norm", "eval_segments")
+        "puzzle_emb_ndim", "puzzle_emb_len", "pos_encodings", "mlp_t", "loss_type", "norm", "eval_segments")
 POSITIVE = ("L_layers", "H_cycles", "L_cycles", "halt_max_steps")
 NORMS = ("post", "pre")
 POSITIONS = ("auto", "rope", "learned", "sudoku", "none")
@@ -36,9 +37,14 @@ def check(task: str, name: str, arch: dict) -> None:
 
 def check_values(task: str, name: str, arch: dict) -> None:
     if arch["expansion"] <= 0 or not 0 <= arch["halt_exploration_prob"] <= 1 or arch["puzzle_emb_ndim"] < 0 \
-            or arch["eval_segments"] < 0:
+            or arch["eval_segments"] < 0 or arch["puzzle_emb_len"] < 0:
         raise UserError("model.expansion must be > 0, model.halt_exploration_prob in [0, 1], "
-                        "model.puzzle_emb_ndim and model.eval_segments >= 0")
+                        "model.puzzle_emb_ndim, model.puzzle_emb_len and model.eval_segments >= 0")
+    filled = -(-arch["puzzle_emb_ndim"] // arch["n_embd"])
+    if arch["puzzle_emb_len"] and not 0 < filled <= arch["puzzle_emb_len"]:
+        raise UserError(f"model.puzzle_emb_len={arch['puzzle_emb_len']}: the puzzle embedding's positions need "
+                        f"model.puzzle_emb_ndim > 0 and at least the {filled} position(s) its "
+                        f"{arch['puzzle_emb_ndim']} numbers fill")
     one_of("model.pos_encodings", arch["pos_encodings"], POSITIONS)
     one_of("model.loss_type", arch["loss_type"], LOSS_TYPES)
     one_of("model.norm", arch["norm"], NORMS)

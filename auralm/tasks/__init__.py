@@ -145,6 +145,13 @@ def get(name: str) -> Task:
     return _REGISTRY[name].load()
 
 
+def prefix_positions(arch: dict) -> int:
+    """The positions a model with a puzzle embedding puts before a sample's own (HRM, TRM): as many as the embedding's
+    ``puzzle_emb_ndim`` numbers fill, or ``puzzle_emb_len`` (TRM's 16: the embedding, then zeros)."""
+    ndim = arch.get("puzzle_emb_ndim") or 0
+    return max(-(-ndim // arch["n_embd"]), arch.get("puzzle_emb_len") or 0) if ndim else 0
+
+
 def open_split(data_dir: Path, meta: dict, split: str, block_size: int):
     """A split of a data directory (``meta``: its manifest), as the task it holds reads it."""
     return get(meta["task"]).open_split(data_dir, meta, split, block_size)

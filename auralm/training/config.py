@@ -17,6 +17,7 @@ from auralm import tasks
 from auralm.models import families, guide_spellings
 from auralm.models import registry
 from auralm.parallel import strategy
+from auralm.training import recipes
 from auralm.errors import UserError
 
 BACKENDS = ("auto", "nccl", "gloo")
@@ -25,7 +26,8 @@ DTYPES = ("auto", "fp32", "bf16", "fp16")
 # Named model sizes: every model family declares its own (auralm/models/<family>/spec.py) and registers it
 # (auralm.models.registry); this is the registry's table of them all, in the families' order.
 SIZES = registry.SIZES
-OPTIMIZERS = ("adamw", "adam_atan2")
+OPTIMIZERS = ("adamw", "adam_atan2", "adam_atan2_if_installed")  # the last: AdamW where the package is missing
+PUZZLE_EMB_OPTIMIZERS = ("same", "sign_sgd")  # the puzzle embedding in the optimizer's own group, or sign-SGD
 COMM_HOOKS = ("none", "bf16", "fp16", "powersgd")
 COMPRESS = ("none", "bf16", "int8", "int4")  # training.diloco.compress (auralm/parallel/compress.py)
 
@@ -52,6 +54,8 @@ class ModelConfig:
     halt_max_steps: int | None = None  # segments at most (1: ACT off)
     halt_exploration_prob: float | None = None
     puzzle_emb_ndim: int | None = None  # 0: no puzzle embedding
+    puzzle_emb_len: int | None = None  # positions in front of the grid (TRM's 16: the embedding, then zeros); 0: as
+    #                                    many as the embedding fills
     pos_encodings: str | None = None  # rope, learned, sudoku, none
     mlp_t: bool | None = None  # TRM: an MLP across the positions instead of attention
     loss_type: str | None = None  # softmax or stablemax cross-entropy
@@ -124,6 +128,7 @@ class TrainingConfig:
     optimizer: str = "adamw"  # or adam_atan2 (package adam-atan2-pytorch)
     puzzle_emb_lr: float | None = None  # None: lr
     puzzle_emb_weight_decay: float | None = None  # None: weight_decay
+    puzzle_emb_optimizer: str = "same"  # or sign_sgd (HRM's and TRM's: lr x sign of the gradient, decoupled decay)
     augment: bool = True  # sudoku: each training batch under random validity-preserving transforms
     ema: bool = False  # evaluate and save an exponential moving average of the weights (TRM)
     ema_decay: float = 0.999
@@ -193,6 +198,7 @@ class DataConfig:
 @dataclass
 class Config:
     task: str = "sudoku"
+    recipe: str = ""  # a paper's training (auralm/training/recipes.py): hrm-sudoku, trm-sudoku-mlp, trm-sudoku-att
     data_dir: str = ""  # "": data/<task>
     out_dir: str = ""  # "": runs/<run-id>
     run_name: str = ""  # "": a time stamp; the run directory is runs/<run_name> unless out_dir is given
@@ -208,6 +214,8 @@ class Config:
     # how the model was chosen when not by model=NAME itself ("hrm-27m (HRM) chosen from arch=hrm_v1"): said in the
     # log and by --dry-run; set by apply(), not a key
     model_choice: str = field(default="", metadata={"internal": True})
+    # the recipe the run follows and what it set ("recipe trm-sudoku-mlp: ..."): set by apply(), not a key
+    recipe_note: str = field(default="", metadata={"internal": True})
     # the keys of ours the overrides set (a config file, a guide's spelling included): set by apply(), not a key
     given_keys: tuple[str, ...] = field(default=(), metadata={"internal": True})
 
@@ -408,6 +416,9 @@ def apply(cfg: Config, overrides: list[str]) -> Config:
     items = [_split(item) for item in overrides]
     files = [text for key, text in items if key.lstrip("+") == "config"]
     typed: dict[str, str] = {}  # our key -> the key=value that set it, as typed (the last one)
+    recipe, how = recipes.chosen([*(kv for path in files for kv in read_config_file(path)), *items])
+    for item in recipes.overrides(recipe, how) if recipe else ():  # first: the files and the command line win
+        typed.update((k, f"recipe={recipe}") for k in _set(cfg, keys, *_split(item)))
     for path in files:
         for key, text in read_config_file(path):
             try:
@@ -417,6 +428,7 @@ def apply(cfg: Config, overrides: list[str]) -> Config:
     for key, text in items:
         if key.lstrip("+") != "config":
             typed.update((k, f"{key}={text}") for k in _set(cfg, keys, key, text))
+    cfg.recipe, cfg.recipe_note = recipe, recipes.describe(recipe, how) if recipe else ""
     if cfg.data.train_path and "task" not in typed:
         cfg.task = "lm"
     _choose_model(cfg, typed)
@@ -557,6 +569,7 @@ def check(cfg: Config) -> None:
         if value < 0:
             raise UserError(f"{key}={value}: must not be negative")
     _one_of("training.optimizer", t.optimizer, OPTIMIZERS)
+    _one_of("training.puzzle_emb_optimizer", t.puzzle_emb_optimizer, PUZZLE_EMB_OPTIMIZERS)
     _one_of("training.schedule", t.schedule, SCHEDULES)
     _one_of("training.sync", t.sync, strategy.names("sync"))  # the sync strategies registered (auralm.parallel)
     _one_of("training.ddp_comm_hook", t.ddp_comm_hook, COMM_HOOKS)

@@ -517,6 +517,8 @@ def say_start(b: Books, state: dict | None, said: list[tuple[str, str]] = ()) ->
     auralm.training.budget), and with several ranks the backend, the strategy's lines and the work shares."""
     cfg, d, log, p, t = b.cfg, b.d, b.log, b.p, b.cfg.training
     log.config(config.to_dict(cfg), p.step)  # from here on the run directory is written (and TensorBoard, W&B)
+    if d.rank == 0 and cfg.recipe_note:  # the paper's recipe the run follows (a pasted pretrain.py line implies one)
+        log.say(cfg.recipe_note)
     if d.rank == 0 and cfg.model_choice:  # a model the keys chose (arch=hrm_v1, model.hidden_dim=...): said
         log.say(f"model: {cfg.model_choice}")
     if d.rank == 0 and not state:

@@ -147,6 +147,8 @@ def train(opts: LaunchOptions, *, sync_data: bool, as_json: bool, console: Conso
     opts.check()
     opts.args = expand_config_files(opts.module, opts.args)
     choice = _model_choice(opts)
+    if opts.trainer and opts.trainer.recipe_note:  # a paper's recipe (a pasted pretrain.py line implies one): said
+        err.print(opts.trainer.recipe_note, markup=False, highlight=False, soft_wrap=True)
     if choice and not (opts.dry_run and not as_json):  # the dry run's text says it with the model's size
         err.print(f"model: {choice}", markup=False, highlight=False, soft_wrap=True)
     if slurm is not None:

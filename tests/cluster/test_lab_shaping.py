@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 import secrets
 import shlex
 import subprocess
@@ -173,6 +174,32 @@ def test_delay_adds_its_value_to_the_round_trip_and_replaces(lab3):
     assert 7.5 <= d8_ab - base_ab <= 13, (base_ab, d8_ab)  # 8, not 20 + 8
     assert 11.5 <= both - base_ab <= 17, (base_ab, both)  # 8 + 4
     assert after < base_ab + 2, (base_ab, after)
+
+
+def _pings(src, dst, count: int) -> list[float]:
+    res = src.netns(["ping", "-U", "-n", "-c", str(count), "-i", "0.01", "-W", "1", dst.ip], timeout=60, check=False)
+    return [float(t) for t in re.findall(r"time=([\d.]+) ms", res.stdout)]
+
+
+@pytest.mark.alone  # measures delays: nothing else on the cores
+def test_jitter_spreads_the_delay_and_loss_drops_its_share_of_packets(lab3):
+    """A crowded Wi-Fi: 20 +- 10 ms and 10% of the arriving packets lost (1% is the benchmarks', 10% counts here in
+    300 pings: 30 expected, the bounds below four standard deviations away)."""
+    a, b = lab3.nodes[:2]
+    try:
+        b.shape_link(None, delay_ms=20)
+        steady = _pings(a, b, 100)
+        b.shape_link(None, delay_ms=20, jitter_ms=10, loss=0.1)
+        shaky = _pings(a, b, 300)
+    finally:
+        b.shape_link(None)
+    spread = statistics.pstdev
+    print(f"\n+20 ms: {len(steady)}/100 back, stdev {spread(steady):.2f} ms; +20 +-10 ms, 10% loss: {len(shaky)}/300 "
+          f"back, stdev {spread(shaky):.2f} ms, {min(shaky):.1f}-{max(shaky):.1f} ms")
+    assert len(steady) >= 99 and 245 <= len(shaky) <= 290, (len(steady), len(shaky))
+    assert spread(shaky) > 2 * spread(steady) and spread(shaky) > 2.0, (spread(steady), spread(shaky))
+    assert min(shaky) >= 9 and 15 <= statistics.median(shaky) <= 30, sorted(shaky)
+    assert b.delayer is None and "NFQUEUE" not in b.netns(["iptables", "-S", "INPUT"]).stdout
 
 
 @pytest.mark.alone  # measures rates, delays or CPU shares: nothing else on the cores

@@ -58,8 +58,9 @@ class Sudoku(Task):
                                       **opts)
 
     def positions(self, arch: dict) -> int:
-        d = arch["n_embd"]
-        return CELLS + -(-(arch.get("puzzle_emb_ndim") or 0) // d)  # the puzzle embedding's positions before the grid
+        from auralm.tasks import prefix_positions
+
+        return CELLS + prefix_positions(arch)  # the puzzle embedding's positions before the grid
 
     def length(self, arch: dict) -> int:
         return CELLS

@@ -1,0 +1,98 @@
+"""The papers' training recipes as presets: ``recipe=NAME`` sets every hyper-parameter of the public configs, under
+the keys the command line gives (those win).
+
+HRM's and TRM's ``pretrain.py`` (github.com/sapientinc/HRM, github.com/SamsungSAILMontreal/TinyRecursiveModels) train
+with the defaults of their ``config/cfg_pretrain.yaml`` under the lines of their READMEs: AdamATan2 with betas 0.9 and
+0.95, 2000 warmup steps then a constant rate (``lr_min_ratio: 1.0``), no gradient clipping, a global batch of 768,
+the puzzle embedding under its own sign-SGD (``CastedSparseEmbeddingSignSGD``, ``puzzle_emb_lr``, decoupled weight
+decay ``puzzle_emb_weight_decay``) and, for TRM, 16 puzzle-embedding positions in front of the 81 cells (one holds
+the learned embedding, the rest start at zero: scratch space) and EMA 0.999 of the weights. The data is augmented
+once, when made (``--preset sudoku-extreme-1k-aug-1000``), not again on the fly.
+
+A pasted ``pretrain.py`` line implies its recipe: a line with one of that script's own keys (``arch=``, ``arch.*``,
+``data_path``, ``data_paths``, ``puzzle_emb_lr``, ``puzzle_emb_weight_decay``) and no ``model=`` of ours follows
+TRM's recipe when it says ``arch=trm`` (``arch.mlp_t=True``: the MLP variant), else HRM's (whose ``pretrain.py``
+trains ``hrm_v1`` by default); ``recipe=none`` keeps hrmctl's own defaults. The log says which recipe a run
+follows and what it set. Our tuned CPU defaults (``model=trm-tiny`` and the rest) are what a run without a recipe
+gets. Imports the standard library only.
+"""
+
+from __future__ import annotations
+
+from auralm.errors import UserError
+
+# cfg_pretrain.yaml's training, as both repositories have it
+PRETRAIN = ("training.optimizer=adam_atan2_if_installed", "training.beta1=0.9", "training.beta2=0.95",
+            "training.warmup_steps=2000", "training.min_lr_ratio=1.0", "training.grad_clip=0",
+            "training.global_batch_size=768", "training.puzzle_emb_optimizer=sign_sgd", "training.augment=false",
+            "training.lr=1e-4", "training.weight_decay=0.1", "training.puzzle_emb_lr=1e-2",
+            "training.puzzle_emb_weight_decay=0.1")
+# the READMEs' Sudoku-Extreme lines (sudoku-extreme-1k-aug-1000)
+SUDOKU = ("training.weight_decay=1.0", "training.puzzle_emb_weight_decay=1.0")
+TRM = ("model.puzzle_emb_len=16", "training.ema=true", "training.ema_decay=0.999", "model.H_cycles=3",
+       "model.L_layers=2", "training.lr=1e-4", "training.puzzle_emb_lr=1e-4")
+# the READMEs' lengths: set by recipe=NAME itself; a pasted line gives its own (or hrmctl's default length)
+LENGTHS = {"hrm-sudoku": ("training.epochs=20000", "training.eval_every_epochs=2000"),
+           "trm-sudoku-mlp": ("training.epochs=50000", "training.eval_every_epochs=5000"),
+           "trm-sudoku-att": ("training.epochs=50000", "training.eval_every_epochs=5000")}
+
+RECIPES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "hrm-sudoku": ("HRM's pretrain.py on Sudoku-Extreme (the HRM README's line: lr 7e-5, global batch 384, "
+                   "20000 epochs)",
+                   (*PRETRAIN, *SUDOKU, "model=hrm-27m", "training.lr=7e-5", "training.puzzle_emb_lr=7e-5",
+                    "training.global_batch_size=384")),
+    "trm-sudoku-mlp": ("TRM's pretrain.py on Sudoku-Extreme, the MLP variant (the TRM README's "
+                       "pretrain_mlp_t_sudoku: about 87% exact)",
+                       (*PRETRAIN, *SUDOKU, "model=trm-5m-mlp", *TRM, "model.L_cycles=6", "model.mlp_t=true",
+                        "model.pos_encodings=none")),
+    "trm-sudoku-att": ("TRM's pretrain.py on Sudoku-Extreme, the attention variant (the TRM README's "
+                       "pretrain_att_sudoku: about 75% exact)",
+                       (*PRETRAIN, *SUDOKU, "model=trm-7m", *TRM, "model.L_cycles=6")),
+}
+NONE = "none"
+PRETRAIN_KEYS = ("arch", "data_path", "data_paths", "puzzle_emb_lr", "puzzle_emb_weight_decay")  # pretrain.py's own
+
+
+def names() -> tuple[str, ...]:
+    return tuple(RECIPES)
+
+
+def chosen(items: list[tuple[str, str]]) -> tuple[str, str]:
+    """The recipe of the ``(key, text)`` overrides, and how it was chosen: ``recipe=NAME`` itself (the last), else
+    what a pasted ``pretrain.py`` line's ``arch=`` implies; ("", "") for none."""
+    given = [text for key, text in items if key.lstrip("+") == "recipe"]
+    if given:
+        name = given[-1].strip()
+        if name in ("", NONE):
+            return "", ""
+        if name not in RECIPES:
+            raise UserError(f"recipe={name}: expected one of {', '.join(RECIPES)} (or none: hrmctl's own defaults)")
+        return name, "recipe=" + name
+    keys = [key.lstrip("+") for key, _ in items]
+    signs = [k for k in keys if k in PRETRAIN_KEYS or k.startswith("arch.")]
+    if not signs or any(k in ("model", "model.name") for k in keys):
+        return "", ""
+    arch = [text.strip().lower() for key, text in items if key.lstrip("+") == "arch"]
+    mlp = any(key.lstrip("+") in ("arch.mlp_t", "model.mlp_t") and text.strip().lower() in ("true", "1", "yes")
+              for key, text in items)
+    family = arch[-1] if arch else "trm" if mlp else "hrm_v1"  # HRM's pretrain.py: hrm_v1 unless the line says
+    name = {"hrm_v1": "hrm-sudoku", "hrm": "hrm-sudoku", "trm": "trm-sudoku-mlp" if mlp else "trm-sudoku-att"}.get(
+        family, "")
+    sign = f"arch={arch[-1]}" if arch else next(f"{k}=" for k in keys if k in signs)
+    return (name, f"{sign} (a pretrain.py line; recipe=none keeps hrmctl's defaults)") if name else ("", "")
+
+
+def overrides(name: str, how: str) -> tuple[str, ...]:
+    """The keys the recipe sets: with its README length when asked for by name (``how``: chosen's)."""
+    return RECIPES[name][1] + (LENGTHS[name] if how.startswith("recipe=") else ())
+
+
+def describe(name: str, how: str) -> str:
+    """The log's line: the recipe, what it follows, how it was chosen and the keys it set (the command line's win)."""
+    title, keys = RECIPES[name][0], overrides(name, how)
+    final: dict[str, str] = {}
+    for item in keys:
+        key, _, value = item.partition("=")
+        final[key] = value
+    return (f"recipe {name}: {title}, from {how}; it sets " +
+            " ".join(f"{k}={v}" for k, v in final.items()) + " (the command line's keys win)")
