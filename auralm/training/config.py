@@ -198,7 +198,6 @@ class DataConfig:
 @dataclass
 class Config:
     task: str = "sudoku"
-    recipe: str = ""  # a paper's training (auralm/training/recipes.py): hrm-sudoku, trm-sudoku-mlp, trm-sudoku-att
     data_dir: str = ""  # "": data/<task>
     out_dir: str = ""  # "": runs/<run-id>
     run_name: str = ""  # "": a time stamp; the run directory is runs/<run_name> unless out_dir is given
@@ -211,6 +210,7 @@ class Config:
     guard: GuardConfig = field(default_factory=GuardConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    recipe: str = ""  # a paper's training (auralm/training/recipes.py): hrm-sudoku, trm-sudoku-mlp, trm-sudoku-att
     # how the model was chosen when not by model=NAME itself ("hrm-27m (HRM) chosen from arch=hrm_v1"): said in the
     # log and by --dry-run; set by apply(), not a key
     model_choice: str = field(default="", metadata={"internal": True})

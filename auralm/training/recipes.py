@@ -83,8 +83,11 @@ def chosen(items: list[tuple[str, str]]) -> tuple[str, str]:
 
 
 def overrides(name: str, how: str) -> tuple[str, ...]:
-    """The keys the recipe sets: with its README length when asked for by name (``how``: chosen's)."""
-    return RECIPES[name][1] + (LENGTHS[name] if how.startswith("recipe=") else ())
+    """The keys the recipe sets (``how``: chosen's). By name: its model and its README's length too; implied by a
+    pasted line: the model is the one that line names (auralm.models.families chooses it, and says from which key)."""
+    if how.startswith("recipe="):
+        return RECIPES[name][1] + LENGTHS[name]
+    return tuple(item for item in RECIPES[name][1] if not item.startswith("model="))
 
 
 def describe(name: str, how: str) -> str:

@@ -60,15 +60,17 @@ def test_a_task_reads_its_splits_and_scores_by_what_it_declares(sudoku_data, tmp
     assert toy_task.Grids.opened == ["val"]
     model = toy_task.toy_family.build("grids", dict(toy_task.toy_family.SIZES["toy-tiny"]), None)
     ev = evaluate(model, val, "grids", 16, 2, torch.device("cpu"), torch.autocast("cpu", enabled=False))
-    assert set(ev) == {"val_loss", "grid_cell_acc", "exact_accuracy"}
+    assert set(ev) == {"val_loss", "grid_cell_acc", "exact_accuracy", "ci95"}
+    assert set(ev["ci95"]) == {"grid_cell_acc", "exact_accuracy"}  # each accuracy's interval, by the task's names
     ev = evaluate(model, val, "sudoku", 16, 2, torch.device("cpu"), torch.autocast("cpu", enabled=False))
-    assert set(ev) == {"val_loss", "cell_acc", "exact_accuracy"}
+    assert set(ev) == {"val_loss", "cell_acc", "exact_accuracy", "ci95"}
 
 
 def test_the_built_in_tasks_declare_what_the_trainer_and_the_planners_ask():
     sudoku, text = tasks.get("sudoku"), tasks.get("lm")
     arch = {"n_embd": 64, "block_size": 128, "puzzle_emb_ndim": 64}
     assert (sudoku.positions(arch), sudoku.classes(None), sudoku.solved_whole, sudoku.augment) == (82, 9, True, True)
+    assert sudoku.positions(dict(arch, puzzle_emb_len=16)) == 97  # TRM's: the embedding, then 15 of zeros
     assert (text.positions(arch), text.classes(4096), text.solved_whole, text.tokenized) == (128, 4096, False, True)
     assert text.vocab({"tokenizer": {"vocab_size": 4096}}) == 4096 and sudoku.vocab({}) is None
     x, y = sudoku.random_batch(arch, None, 4, torch.device("cpu"))
