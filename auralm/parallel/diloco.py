@@ -166,10 +166,8 @@ class DiLoCo:
             bounds, me = slices(len(payload), len(present)), present.index(d.rank)
             if d.world == 1:
                 return [], (payload, bounds, me)
-            start, end = bounds[me]
-            received = torch.empty(len(present) * (end - start), record_bytes(self.wire.kind), dtype=torch.uint8,
-                                   device=payload.device)
-            rec = record_bytes(self.wire.kind)
+            (start, end), rec = bounds[me], record_bytes(self.wire.kind)
+            received = torch.empty(len(present) * (end - start), rec, dtype=torch.uint8, device=payload.device)
             self.sent_bytes += payload.numel() - (end - start) * rec
             work = dist.all_to_all_single(received.view(-1), payload.view(-1), [(end - start) * rec] * len(present),
                                           [(b - a) * rec for a, b in bounds], group=d.group_for(payload), async_op=True)
@@ -219,7 +217,6 @@ class DiLoCo:
         d, sent = self.d, self.in_flight
         self.in_flight = None
         self._wait(sent)
-        averaged = None
         while True:
             flags = sent.flags
             if flags[-4] != sent.end * d.present_count:  # a world of one: its own round, unsent
