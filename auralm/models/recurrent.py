@@ -14,8 +14,7 @@ from auralm.errors import UserError
 from auralm.models import registry
 
 DEFAULTS = dict(expansion=4.0, halt_exploration_prob=0.1, puzzle_emb_ndim=0, puzzle_emb_len=0, pos_encodings="rope",
-                mlp_t=False,
-                loss_type="softmax", norm="post", eval_segments=0, dropout=0.0)
+                mlp_t=False, loss_type="softmax", norm="post", eval_segments=0, dropout=0.0)
 KEYS = ("expansion", "H_layers", "L_layers", "H_cycles", "L_cycles", "halt_max_steps", "halt_exploration_prob",
         "puzzle_emb_ndim", "puzzle_emb_len", "pos_encodings", "mlp_t", "loss_type", "norm", "eval_segments")
 POSITIVE = ("L_layers", "H_cycles", "L_cycles", "halt_max_steps")
