@@ -75,7 +75,7 @@ def prepare(lab: Lab, tmp: Path) -> None:
 def shape(lab: Lab, link: str) -> None:
     rate, delay, jitter, loss = WIFI[link] if link in WIFI else (*LINKS[link], 0.0, 0.0)
     for node in lab.nodes:
-        node.shape_link(rate, delay, jitter, loss) if rate or delay else node.shape_link(None)
+        node.shape_link(rate, delay, jitter, loss)  # the LAN's (None, 0, ...): no shaping
 
 
 def train(lab: Lab, nodes: list[str], run_id: str, args: list[str], cwd: Path) -> dict:

@@ -217,7 +217,7 @@ class LabNode:
     cgroup: str = ""  # name of its cpuset/cpu cgroups: hrmlab-<token>-<node>
     delayer: subprocess.Popen | None = None  # shape_link's NFQUEUE delayer, when netem is missing
     delay_mechanism: str = ""  # "netem", "nfqueue", or "" (no delay)
-    impair: tuple = (0.0, 0.0)  # shape_link's (jitter_ms, loss) while it holds
+    impair: tuple = (0.0, 0.0, 0.0)  # shape_link's (delay_ms, jitter_ms, loss) while it holds
 
     def netns(self, argv: list[str], check: bool = True, **kw) -> subprocess.CompletedProcess:
         """Run a command as root inside this node's network namespace."""
@@ -277,26 +277,25 @@ class LabNode:
         self._unshape()
         if rate_mbit is None and not delay_ms and not loss:
             return
-        if not 0 <= jitter_ms <= delay_ms or not 0 <= loss < 1:
-            raise ValueError(f"need 0 <= jitter_ms <= delay_ms and 0 <= loss < 1, not {jitter_ms}, {delay_ms}, {loss}")
-        self.impair = (jitter_ms, loss)
         if rate_mbit is not None and rate_mbit <= 0:
             raise ValueError(f"rate_mbit must be > 0 (or None), not {rate_mbit}")
-        if delay_ms < 0:
-            raise ValueError(f"delay_ms must be >= 0, not {delay_ms}")
+        if not 0 <= jitter_ms <= delay_ms or not 0 <= loss < 1:
+            raise ValueError(f"need 0 <= jitter_ms <= delay_ms and 0 <= loss < 1, not {jitter_ms}, {delay_ms}, {loss}")
+        self.impair = (delay_ms, jitter_ms, loss)
+        impaired = bool(delay_ms or loss)
         try:
             if rate_mbit is not None:
                 self._htb(["ip", "netns", "exec", self.ns, "tc"], "eth0", rate_mbit)
-                self._htb(["tc"], self.veth, rate_mbit, netem=True, netem_ms=delay_ms)
-            elif delay_ms or loss:
-                self._netem(["root", "handle", "1:"], delay_ms)
-            if (delay_ms or loss) and not self.delay_mechanism:
-                self._nfqueue_delay(delay_ms)
+                self._htb(["tc"], self.veth, rate_mbit, netem=impaired)
+            elif impaired:
+                self._netem(["root", "handle", "1:"])
+            if impaired and not self.delay_mechanism:
+                self._nfqueue_delay()
         except Exception:
             self._unshape()
             raise
 
-    def _htb(self, tc: list[str], dev: str, rate_mbit: float, netem: bool = False, netem_ms: float = 0.0) -> None:
+    def _htb(self, tc: list[str], dev: str, rate_mbit: float, netem: bool = False) -> None:
         rate = f"{rate_mbit * 1000:.0f}kbit"  # tc: 1 kbit = 1000 bit/s
         byte_rate = rate_mbit * 1e6 / 8
         burst = max(64 * 1024, int(byte_rate * 0.004))
@@ -306,12 +305,12 @@ class LabNode:
         sh([*tc, "class", "add", "dev", dev, "parent", "1:", "classid", "1:10", "htb", "rate", rate, "ceil", rate,
             "burst", str(burst), "cburst", str(burst), "quantum", str(quantum)])
         leaf = ["parent", "1:10", "handle", "10:"]
-        if not (netem and (netem_ms or self.impair[1]) and self._netem(leaf, netem_ms)):
+        if not (netem and self._netem(leaf)):
             sh([*tc, "qdisc", "add", "dev", dev, *leaf, "bfifo", "limit", str(limit)])
 
-    def _netem(self, where: list[str], delay_ms: float) -> bool:
-        """netem on the root-side veth (the node's ingress); False when the kernel has no netem."""
-        jitter_ms, loss = self.impair
+    def _netem(self, where: list[str]) -> bool:
+        """netem with ``impair`` on the root-side veth (the node's ingress); False when the kernel has no netem."""
+        delay_ms, jitter_ms, loss = self.impair
         res = sh(["tc", "qdisc", "add", "dev", self.veth, *where, "netem", "delay", f"{delay_ms:g}ms",
                   *([f"{jitter_ms:g}ms"] if jitter_ms else []), *(["loss", f"{loss * 100:g}%"] if loss else []),
                   "limit", "100000"], check=False)
@@ -322,12 +321,13 @@ class LabNode:
             raise RuntimeError(f"tc netem on {self.veth}: {res.stderr.strip()}")
         return False
 
-    def _nfqueue_delay(self, delay_ms: float) -> None:
-        """No netem in this kernel: hold the arriving packets in user space (iptables NFQUEUE)."""
+    def _nfqueue_delay(self) -> None:
+        """No netem in this kernel: hold (and drop) the arriving packets in user space (iptables NFQUEUE)."""
+        delay_ms, jitter_ms, loss = self.impair
         with open(self.dir / "delay.log", "ab") as log:
             self.delayer = subprocess.Popen(
                 ["ip", "netns", "exec", self.ns, sys.executable, str(NFQ_DELAY), "--queue", str(DELAY_QUEUE),
-                 "--delay-ms", f"{delay_ms:g}", "--jitter-ms", f"{self.impair[0]:g}", "--loss", f"{self.impair[1]:g}"],
+                 "--delay-ms", f"{delay_ms:g}", "--jitter-ms", f"{jitter_ms:g}", "--loss", f"{loss:g}"],
                 stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True, start_new_session=True)
         line = self.delayer.stdout.readline().strip()
         if line != "ready":
@@ -346,7 +346,7 @@ class LabNode:
         while self.netns(["iptables", "-D", "INPUT", *self._delay_rule()], check=False).returncode == 0:
             pass
         self._stop_delayer()
-        self.delay_mechanism, self.impair = "", (0.0, 0.0)
+        self.delay_mechanism, self.impair = "", (0.0, 0.0, 0.0)
 
     def _stop_delayer(self) -> None:
         proc, self.delayer = self.delayer, None

@@ -80,10 +80,6 @@ def _row(row: list[str], columns, where: str) -> tuple[list[int], list[int] | No
     return puzzle, solution, rating
 
 
-def _solve(puzzle: list[int]) -> tuple[int, list[int] | None]:
-    return sudoku.count_solutions(puzzle, limit=2)
-
-
 def read_puzzles(path: str, workers: int | None = None) -> list[Row]:
     """(puzzle, solution, rating or None) for every puzzle of ``path``; those without a solution solved here (on
     ``workers`` processes when there are many; None: every core)."""
@@ -114,9 +110,9 @@ def read_puzzles(path: str, workers: int | None = None) -> list[Row]:
             import multiprocessing
 
             with multiprocessing.get_context("spawn").Pool(workers) as pool:
-                found = pool.map(_solve, puzzles, chunksize=256)
+                found = pool.map(sudoku.count_solutions, puzzles, chunksize=256)  # up to 2: proves one
         else:
-            found = [_solve(p) for p in puzzles]
+            found = [sudoku.count_solutions(p) for p in puzzles]
         for i, (count, solution) in zip(unsolved, found):
             if count != 1:
                 raise PuzzleFileError(f"{lines[i]}: the puzzle has " + (

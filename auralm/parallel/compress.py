@@ -35,7 +35,7 @@ LEVELS = {"int8": 127, "int4": 7}
 
 def bytes_per_value(kind: str) -> float:
     """What a rank's payload holds per parameter (the scales included)."""
-    return {"none": 4.0, "bf16": 2.0, "int8": 1 + 4 / BLOCK, "int4": 0.5 + 4 / BLOCK}[kind]
+    return {"none": 4.0, "bf16": 2.0}.get(kind) or record_bytes(kind) / BLOCK
 
 
 def sent_per_round(kind: str, parameters: int, world: int) -> float:
@@ -114,7 +114,7 @@ class Wire:
         if self.kind == "bf16":
             return payload.to(torch.bfloat16)
         self._before = self.residual
-        carried = payload.float() if self.residual is None else payload.float() + self.residual
+        carried = payload.float() + (0 if self.residual is None else self.residual)
         data = quantize(carried, self.kind)
         self.residual = carried - dequantize(data, self.kind, self.numel)
         return data

@@ -58,7 +58,7 @@ class DiLoCoRounds(Single):
     def say_start(self, log, step: int) -> None:
         t = self.t
         wire = self.outer.wire
-        sent = (f"all-reduced as {wire.kind}" if wire.kind != "none" else "all-reduced as fp32") if wire.summed else \
+        sent = "all-reduced as " + ("fp32" if wire.kind == "none" else wire.kind) if wire.summed else \
             (f"quantised to {wire.kind} (blocks of {BLOCK}, the rounding's remainder carried to the next round) and "
              "reduce-scattered and all-gathered as codes")
         log.say(f"sync: diloco, {t.diloco.inner_steps} local steps a round, the change of the weights {sent}: "

@@ -85,7 +85,7 @@ def _plain(model, val, task: tasks.Task, batch_size: int, max_batches, device, a
 @torch.no_grad()
 def _recurrent(model, val, task: tasks.Task, batch_size: int, max_batches, device, autocast, segments=None,
                progress=None) -> dict:
-    loss_sum, tokens, n, exact_q, halt_sum, rights, totals = 0.0, 0, 0, 0, 0, [], []
+    loss_sum, tokens, exact_q, halt_sum, rights, totals = 0.0, 0, 0, 0, [], []
     by_segment = None
     for x, y in _batches(val, batch_size, max_batches, progress):
         x, y = x.to(device), y.to(device)
@@ -104,8 +104,8 @@ def _recurrent(model, val, task: tasks.Task, batch_size: int, max_batches, devic
         scored = y != IGNORE  # sudoku: the blanks; lm: every target
         rights.append((right[-1] & scored).sum(dim=1).cpu())
         totals.append(scored.sum(dim=1).cpu())
-        n += x.shape[0]
     right, total = torch.cat(rights), torch.cat(totals)
+    n = len(total)
     out = {"val_loss": loss_sum / max(1, tokens), task.accuracy: int(right.sum()) / max(1, int(total.sum()))}
     ci = {task.accuracy: ratio_interval(right, total)}
     if task.solved_whole:

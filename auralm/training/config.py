@@ -414,13 +414,13 @@ def apply(cfg: Config, overrides: list[str]) -> Config:
     command line wins over the file. ``data.train_path`` is text, so it means ``task=lm`` unless task is given."""
     keys = _keys(cfg)
     items = [_split(item) for item in overrides]
-    files = [text for key, text in items if key.lstrip("+") == "config"]
+    files = [(text, read_config_file(text)) for key, text in items if key.lstrip("+") == "config"]
     typed: dict[str, str] = {}  # our key -> the key=value that set it, as typed (the last one)
-    recipe, how = recipes.chosen([*(kv for path in files for kv in read_config_file(path)), *items])
+    recipe, how = recipes.chosen([*(kv for _, settings in files for kv in settings), *items])
     for item in recipes.overrides(recipe, how) if recipe else ():  # first: the files and the command line win
         typed.update((k, f"recipe={recipe}") for k in _set(cfg, keys, *_split(item)))
-    for path in files:
-        for key, text in read_config_file(path):
+    for path, settings in files:
+        for key, text in settings:
             try:
                 typed.update((k, f"{key}={text}") for k in _set(cfg, keys, key, text))
             except UserError as e:

@@ -5,6 +5,7 @@ task's name)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import shutil
 import subprocess
@@ -25,6 +26,23 @@ def _grids_data(sudoku_dir, tmp_path):
     meta = json.loads((data / "meta.json").read_text())
     (data / "meta.json").write_text(json.dumps(dict(meta, task="grids")))  # its own data: a manifest of task=grids
     return data
+
+
+@pytest.fixture
+def toy_task():
+    """tests/toy_task.py registered in this process for one test only: the registries are as they were afterwards,
+    so that a later test of the same process that lists every family or task (test_guide_spellings') sees the
+    built-in ones alone."""
+    from auralm.models import registry
+
+    tables = (registry._FAMILIES, registry.SIZES, registry._SIZE_TASKS, tasks._REGISTRY)
+    saved = [{k: set(v) if isinstance(v, set) else v for k, v in t.items()} for t in tables]
+    sys.modules.pop("tests.toy_task", None)
+    yield importlib.import_module("tests.toy_task")  # imported anew: its registrations run
+    sys.modules.pop("tests.toy_task", None)
+    for table, before in zip(tables, saved):
+        table.clear()
+        table.update(before)
 
 
 def test_hrmctl_train_trains_a_task_registered_outside_the_package(sudoku_data, tmp_path):
@@ -49,10 +67,9 @@ def test_hrmctl_train_trains_a_task_registered_outside_the_package(sudoku_data, 
     assert res.returncode == 2 and res.stderr.strip() == "error: task='grids': expected one of sudoku, lm", res.stderr
 
 
-def test_a_task_reads_its_splits_and_scores_by_what_it_declares(sudoku_data, tmp_path, monkeypatch):
+def test_a_task_reads_its_splits_and_scores_by_what_it_declares(sudoku_data, tmp_path, monkeypatch, toy_task):
     from auralm.data import datadir
     from auralm.tools.evaluate import evaluate
-    from tests import toy_task
 
     toy_task.Grids.opened = []
     data = _grids_data(sudoku_data(1200), tmp_path)
