@@ -51,7 +51,7 @@ def fingerprint(obj) -> str:
 # ---------------------------------------------------------------- writing a data directory
 
 
-def _write_atomically(out: Path, fill) -> None:
+def write_atomically(out: Path, fill) -> None:
     """Call ``fill(tmp_dir)`` to write the data, then swap ``tmp_dir`` in as ``out``."""
     if out.exists() and any(out.iterdir()) and not (out / "meta.json").exists():
         raise UserError(f"{out} exists and is not a data directory (no meta.json): choose another --out")
@@ -74,7 +74,7 @@ def _write_atomically(out: Path, fill) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _manifest(tmp: Path, task: str, splits: dict, **extra) -> dict:
+def write_manifest(tmp: Path, task: str, splits: dict, **extra) -> dict:
     files = {p.relative_to(tmp).as_posix(): {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
              for p in sorted(tmp.rglob("*")) if p.is_file()}
     meta = {"format": FORMAT, "task": task, "splits": splits, "files": files, **extra}
@@ -82,7 +82,7 @@ def _manifest(tmp: Path, task: str, splits: dict, **extra) -> dict:
     return meta
 
 
-def _up_to_date(out: Path, fp: str) -> bool:
+def up_to_date(out: Path, fp: str) -> bool:
     """True when ``out`` already holds data made from the same input with the same options."""
     try:
         meta = json.loads((out / "meta.json").read_text())
@@ -95,6 +95,17 @@ def _up_to_date(out: Path, fp: str) -> bool:
     except UserError:
         return False
     return True
+
+
+def puzzle_files(from_csv: str | None, test_csv: str | None, what: str) -> list[str]:
+    """The files of ``--from-csv`` and ``--test-csv`` that are given, each there (``what``: "puzzles", "mazes")."""
+    sources = [f for f in (from_csv, test_csv) if f]
+    for f in sources:
+        if not Path(f).is_file():
+            raise UserError(f"{f}: no such file ({what} a line, or a CSV of question,answer[,rating] rows)")
+    if test_csv and not from_csv:
+        raise UserError(f"--test-csv needs --from-csv for the train {what}")
+    return sources
 
 
 def _without_leaks(train: list, test: list) -> tuple[list, int]:
@@ -132,17 +143,12 @@ def prepare_sudoku(out: Path, train: int | None = None, test: int | None = None,
             raise UserError(f"{name} must be at least 1")
     if aug < 0:
         raise UserError("--aug must not be negative")
-    sources = [f for f in (from_csv, test_csv) if f]
-    for f in sources:
-        if not Path(f).is_file():
-            raise UserError(f"{f}: no such file (puzzles a line, or a CSV of question,answer[,rating] rows)")
-    if test_csv and not from_csv:
-        raise UserError("--test-csv needs --from-csv for the train puzzles")
+    sources = puzzle_files(from_csv, test_csv, "puzzles")
     options = dict(train=train, test=test, difficulty=None if (custom or from_csv) else difficulty, aug=aug, seed=seed,
                    givens=[min_givens, max_givens] if custom else None,
                    csv=[(Path(f).name, sha256_file(Path(f))) for f in sources] or None)
     fp = fingerprint({"format": FORMAT, "task": "sudoku", "options": options})
-    if _up_to_date(out, fp):
+    if up_to_date(out, fp):
         return f"up to date: {out}"
 
     if from_csv:
@@ -190,10 +196,10 @@ def prepare_sudoku(out: Path, train: int | None = None, test: int | None = None,
         splits = {"train": {"files": ["train_000.bin"], "puzzles": len(base) * (aug + 1), "base_puzzles": len(base)},
                   "val": {"files": ["val_000.bin"], "puzzles": len(test_rows)}}
         source = {"csv": [Path(f).name for f in sources]} if from_csv else {"generator": "auralm.data.sudoku"}
-        _manifest(tmp, "sudoku", splits, dtype="uint8", record=[2, 81], options=options, source=source,
+        write_manifest(tmp, "sudoku", splits, dtype="uint8", record=[2, 81], options=options, source=source,
                   fingerprint=fp, difficulty=options["difficulty"], leaks_removed=leaks, **stats)
 
-    _write_atomically(out, fill)
+    write_atomically(out, fill)
     what = f"{difficulty} " if options["difficulty"] else ""
     copies = f" x {aug + 1} with augmented copies" if aug else ""
     dropped = f"; {leaks} test puzzles were transforms of train puzzles and are left out" if leaks else ""
@@ -201,16 +207,22 @@ def prepare_sudoku(out: Path, train: int | None = None, test: int | None = None,
             f"to {out}{dropped}")
 
 
-def ensure_sudoku(data_dir: Path) -> None:
-    """Generate the default sudoku data if ``data_dir`` has none; ranks sharing a disk wait on a lock."""
+def ensure(data_dir: Path, task: str, make) -> None:
+    """``make()`` (it writes ``data_dir`` and returns the line that says what) if ``data_dir`` has no data yet: the
+    default data of ``task``; ranks sharing a disk wait on a lock."""
     if (data_dir / "meta.json").exists():
         return
     data_dir.parent.mkdir(parents=True, exist_ok=True)
     with open(data_dir.parent / f".{data_dir.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (data_dir / "meta.json").exists():
-            print(f"generating the default sudoku data in {data_dir} ...", flush=True)
-            print(prepare_sudoku(data_dir, **SUDOKU_DEFAULTS), flush=True)
+            print(f"generating the default {task} data in {data_dir} ...", flush=True)
+            print(make(), flush=True)
+
+
+def ensure_sudoku(data_dir: Path) -> None:
+    """The default sudoku data in ``data_dir`` unless it is there (``ensure``)."""
+    ensure(data_dir, "sudoku", lambda: prepare_sudoku(data_dir, **SUDOKU_DEFAULTS))
 
 
 def train_path_dir(source: Path) -> tuple[Path, bool]:
@@ -437,7 +449,7 @@ def prepare_lm(source: str, out: Path, vocab_size: int, tokenizer: str | None, m
     if tokenizer is not None:
         src["tokenizer"] = {p.name: sha256_file(p) for p in sorted(Path(tokenizer).glob("*")) if p.is_file()}
     fp = fingerprint({"format": FORMAT, "task": "lm", "source": src, "options": options})
-    if files is not None and _up_to_date(out, fp):  # a hub dataset cannot be checked without fetching it
+    if files is not None and up_to_date(out, fp):  # a hub dataset cannot be checked without fetching it
         return f"up to date: {out}"
 
     kept = (t for t in _read_texts(source, files, text_field, split, config, streaming)
@@ -480,11 +492,11 @@ def prepare_lm(source: str, out: Path, vocab_size: int, tokenizer: str | None, m
                 names.append(f"{name}_{i // shard_tokens:03d}.bin")
                 part[i: i + shard_tokens].tofile(tmp / names[-1])
             splits[name] = {"files": names, "tokens": int(len(part))}
-        _manifest(tmp, "lm", splits, dtype=np.dtype(width).name, options=options, source=src, fingerprint=fp,
+        write_manifest(tmp, "lm", splits, dtype=np.dtype(width).name, options=options, source=src, fingerprint=fp,
                   tokenizer={"path": "tokenizer", "vocab_size": vocab, "eos_id": int(eos),
                              "from": tokenizer or "trained"})
 
-    _write_atomically(out, fill)
+    write_atomically(out, fill)
     meta = json.loads((out / "meta.json").read_text())
     read = f"; streamed {_dataset_name(source, config)} up to the budget of {max_tokens} tokens" if streaming else ""
     return (f"wrote {meta['splits']['train']['tokens']} train and {meta['splits']['val']['tokens']} validation "

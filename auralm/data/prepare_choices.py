@@ -6,6 +6,8 @@ tables (``datadir``, ``sudoku``).
 - ``DIFFICULTIES``: sudoku's difficulties, each with its range of givens (``extreme`` is also rated: sudoku.py).
 - ``SUDOKU_DEFAULTS``: the embedded default data set (a run with no data_dir makes it); ``PRESETS``: the named data
   sets of the HRM guides (``--preset``).
+- ``MAZE_DEFAULTS``: task=maze's data, named like the public Maze-Hard set (``MAZE_PRESETS``); ``PRESET_TASKS``: the
+  task each ``--preset`` is of (prepare-data's ``--task`` when the line gives none).
 """
 
 from __future__ import annotations
@@ -22,3 +24,9 @@ PRESETS = {  # named like the HRM guide's data sets; with --from-csv they are re
     "sudoku-extreme-small": dict(difficulty="extreme", train=200, test=100, aug=20),
     "sudoku-medium": dict(SUDOKU_DEFAULTS),
 }
+
+# like the public Maze-Hard set: 30x30 mazes whose shortest path is longer than 110 moves, 1000 train and 1000 test
+# (auralm/tasks/maze/mazes.py); aug: rotated or reflected copies of each train maze (at most 7)
+MAZE_DEFAULTS = dict(train=1000, test=1000, min_path=111, loops=10, aug=0, seed=0)
+MAZE_PRESETS = {"maze-30x30-hard-1k": dict(MAZE_DEFAULTS)}
+PRESET_TASKS = {**{name: "sudoku" for name in PRESETS}, **{name: "maze" for name in MAZE_PRESETS}}

@@ -21,6 +21,7 @@ POSITIVE = ("L_layers", "H_cycles", "L_cycles", "halt_max_steps")
 NORMS = ("post", "pre")
 POSITIONS = ("auto", "rope", "learned", "sudoku", "none")
 LOSS_TYPES = ("softmax", "stablemax")
+TASKS = ("sudoku", "maze", "lm")  # the tasks HRM and TRM train on
 
 
 def one_of(key: str, value: str, allowed) -> None:
@@ -52,6 +53,9 @@ def check_values(task: str, name: str, arch: dict) -> None:
         grids = " or ".join(f"task={n}" for n in tasks.names() if not tasks.get(n).causal)
         raise UserError(f"model={name} with {what} is for {grids}; on task={task} use "
                         f"model.pos_encodings=rope and model.mlp_t=false")
+    if arch["pos_encodings"] == "sudoku" and tasks.get(task).length(arch) != 81:
+        raise UserError(f"model={name} with pos_encodings=sudoku needs a sudoku grid's 81 cells; on task={task} use "
+                        f"model.pos_encodings=rope (or auto)")
     if arch["pos_encodings"] == "rope" and (arch["n_embd"] // arch["n_head"]) % 2:
         raise UserError(f"rotary positions need an even head size, not {arch['n_embd'] // arch['n_head']}")
 

@@ -109,6 +109,20 @@ class Task:
         return y
 
 
+class Grid(Task):
+    """A puzzle on a grid (sudoku, maze): every cell sees every other, a puzzle is solved when each scored cell is
+    right, and the recurrent models put their puzzle embedding's positions before the cells."""
+
+    unit = "puzzles"
+    solved_whole = True
+    causal = False
+    accuracy = "cell_acc"
+    train_metric = ("train_exact_accuracy", "exact", 3)
+
+    def positions(self, arch: dict) -> int:
+        return self.length(arch) + prefix_positions(arch)
+
+
 class Entry:
     def __init__(self, target: Any):
         self.target, self.task = target, None
@@ -159,3 +173,4 @@ def open_split(data_dir: Path, meta: dict, split: str, block_size: int):
 
 register("sudoku", "auralm.tasks.sudoku:Sudoku")
 register("lm", "auralm.tasks.lm:Text")
+register("maze", "auralm.tasks.maze:Maze")

@@ -12,7 +12,9 @@ once, when made (``--preset sudoku-extreme-1k-aug-1000``), not again on the fly.
 A pasted ``pretrain.py`` line implies its recipe: a line with one of that script's own keys (``arch=``, ``arch.*``,
 ``data_path``, ``data_paths``, ``puzzle_emb_lr``, ``puzzle_emb_weight_decay``) and no ``model=`` of ours follows
 TRM's recipe when it says ``arch=trm`` (``arch.mlp_t=True``: the MLP variant), else HRM's (whose ``pretrain.py``
-trains ``hrm_v1`` by default); ``recipe=none`` keeps hrmctl's own defaults. The log says which recipe a run
+trains ``hrm_v1`` by default), on Maze-Hard when its data path names a maze set (``hrm-maze``, ``trm-maze``: the
+task, the READMEs' weight decay, and the eight symmetries of each maze drawn on the fly); ``recipe=none`` keeps
+hrmctl's own defaults. The log says which recipe a run
 follows and what it set. Our tuned CPU defaults (``model=trm-tiny`` and the rest) are what a run without a recipe
 gets. Imports the standard library only.
 """
@@ -24,17 +26,23 @@ from auralm.errors import UserError
 # cfg_pretrain.yaml's training, as both repositories have it
 PRETRAIN = ("training.optimizer=adam_atan2_if_installed", "training.beta1=0.9", "training.beta2=0.95",
             "training.warmup_steps=2000", "training.min_lr_ratio=1.0", "training.grad_clip=0",
-            "training.global_batch_size=768", "training.puzzle_emb_optimizer=sign_sgd", "training.augment=false",
+            "training.global_batch_size=768", "training.batch_size=auto", "training.puzzle_emb_optimizer=sign_sgd",
+            "training.augment=false",
             "training.lr=1e-4", "training.weight_decay=0.1", "training.puzzle_emb_lr=1e-2",
             "training.puzzle_emb_weight_decay=0.1")
 # the READMEs' Sudoku-Extreme lines (sudoku-extreme-1k-aug-1000)
 SUDOKU = ("training.weight_decay=1.0", "training.puzzle_emb_weight_decay=1.0")
 TRM = ("model.puzzle_emb_len=16", "training.ema=true", "training.ema_decay=0.999", "model.H_cycles=3",
        "model.L_layers=2", "training.lr=1e-4", "training.puzzle_emb_lr=1e-4")
+# the READMEs' Maze-Hard lines (maze-30x30-hard-1k): the task, and the eight symmetries of each maze (TRM's data is
+# made with them, --aug 7 here; on the fly they are the same draws)
+MAZE = ("task=maze", "training.weight_decay=1.0", "training.puzzle_emb_weight_decay=1.0", "training.augment=true")
 # the READMEs' lengths: set by recipe=NAME itself; a pasted line gives its own (or hrmctl's default length)
 LENGTHS = {"hrm-sudoku": ("training.epochs=20000", "training.eval_every_epochs=2000"),
            "trm-sudoku-mlp": ("training.epochs=50000", "training.eval_every_epochs=5000"),
-           "trm-sudoku-att": ("training.epochs=50000", "training.eval_every_epochs=5000")}
+           "trm-sudoku-att": ("training.epochs=50000", "training.eval_every_epochs=5000"),
+           "hrm-maze": ("training.epochs=20000", "training.eval_every_epochs=2000"),
+           "trm-maze": ("training.epochs=50000", "training.eval_every_epochs=5000")}
 
 RECIPES: dict[str, tuple[str, tuple[str, ...]]] = {
     "hrm-sudoku": ("HRM's pretrain.py on Sudoku-Extreme (the HRM README's line: lr 7e-5, global batch 384, "
@@ -48,7 +56,15 @@ RECIPES: dict[str, tuple[str, tuple[str, ...]]] = {
     "trm-sudoku-att": ("TRM's pretrain.py on Sudoku-Extreme, the attention variant (the TRM README's "
                        "pretrain_att_sudoku: about 75% exact)",
                        (*PRETRAIN, *SUDOKU, "model=trm-7m", *TRM, "model.L_cycles=6")),
+    "hrm-maze": ("HRM's pretrain.py on Maze-Hard (the HRM README's line: lr 1e-4, global batch 768, 20000 epochs)",
+                 (*PRETRAIN, *MAZE, "model=hrm-27m", "training.puzzle_emb_lr=1e-4")),
+    "trm-maze": ("TRM's pretrain.py on Maze-Hard (the TRM README's pretrain_att_maze30x30: about 85% exact)",
+                 (*PRETRAIN, *MAZE, "model=trm-7m", *TRM, "model.L_cycles=4")),
 }
+# what a pasted line trains: (its arch=, the task its data holds) -> the recipe; with arch.mlp_t=True, MLP's
+PASTED = {("hrm_v1", "sudoku"): "hrm-sudoku", ("hrm", "sudoku"): "hrm-sudoku", ("trm", "sudoku"): "trm-sudoku-att",
+          ("hrm_v1", "maze"): "hrm-maze", ("hrm", "maze"): "hrm-maze", ("trm", "maze"): "trm-maze"}
+MLP = {"trm-sudoku-att": "trm-sudoku-mlp"}
 NONE = "none"
 PRETRAIN_KEYS = ("arch", "data_path", "data_paths", "puzzle_emb_lr", "puzzle_emb_weight_decay")  # pretrain.py's own
 
@@ -76,10 +92,31 @@ def chosen(items: list[tuple[str, str]]) -> tuple[str, str]:
     mlp = any(key.lstrip("+") in ("arch.mlp_t", "model.mlp_t") and text.strip().lower() in ("true", "1", "yes")
               for key, text in items)
     family = arch[-1] if arch else "trm" if mlp else "hrm_v1"  # HRM's pretrain.py: hrm_v1 unless the line says
-    name = {"hrm_v1": "hrm-sudoku", "hrm": "hrm-sudoku", "trm": "trm-sudoku-mlp" if mlp else "trm-sudoku-att"}.get(
-        family, "")
+    paths = [text for key, text in items if key.lstrip("+") in ("data_path", "data_paths")]
+    task = data_task(paths[-1]) if paths else ""
+    name = PASTED.get((family, task or "sudoku"), "")
+    name = MLP.get(name, name) if mlp else name
     sign = f"arch={arch[-1]}" if arch else next(f"{k}=" for k in keys if k in signs)
     return (name, f"{sign} (a pretrain.py line; recipe=none keeps hrmctl's defaults)") if name else ("", "")
+
+
+def data_task(path: str) -> str:
+    """The task of the data a pasted line's ``data_path`` names: its manifest's when it is here, else the task of
+    the preset it is named after (data/maze-30x30-hard-1k), else ""."""
+    import json
+    import os
+
+    from auralm.data.prepare_choices import PRESET_TASKS
+
+    path = path.strip().strip("[]").strip("'\"")
+    try:
+        with open(os.path.join(os.path.expanduser(path), "meta.json")) as f:
+            task = json.load(f).get("task")
+            if isinstance(task, str):
+                return task
+    except (OSError, ValueError, AttributeError):
+        pass
+    return PRESET_TASKS.get(os.path.basename(path.rstrip("/")), "")
 
 
 def overrides(name: str, how: str) -> tuple[str, ...]:

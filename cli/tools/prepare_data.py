@@ -17,12 +17,12 @@ from typer._click.exceptions import NoSuchOption  # typer's own copy of click
 from typer.core import TyperCommand
 
 from auralm import tasks
-from auralm.data.prepare_choices import DIFFICULTIES, DTYPES, PRESETS, SUDOKU_DEFAULTS
+from auralm.data.prepare_choices import DIFFICULTIES, DTYPES, MAZE_DEFAULTS, PRESET_TASKS, SUDOKU_DEFAULTS
 from cli.errors import HrmctlError
 from cli.tools.common import user_errors
 
 SAID = "hrmctl.read_as_ours"  # the context's meta: what the guides' spellings were read as
-TEXT, SUDOKU = "Text (--task lm)", "Sudoku (--task sudoku)"
+TEXT, SUDOKU = "Text (--task lm)", "Sudoku and mazes (--task sudoku, --task maze)"
 
 
 def read_guides(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -102,8 +102,10 @@ Source = Annotated[Optional[str], typer.Argument(
     metavar="SOURCE", show_default=False,
     help="lm: a .txt/.jsonl/.parquet file, a directory of them, or a dataset name (local, or in the Hugging Face "
          "cache).")]
-Task = Annotated[Literal[tuple(sorted(tasks.names()))], typer.Option(  # the registered tasks: each prepares its own
-    help="The task whose data to prepare (hrmctl train's task=): lm, a text's tokens; sudoku, puzzles.")]
+Task = Annotated[Optional[Literal[tuple(sorted(tasks.names()))]], typer.Option(  # the registered tasks: each prepares
+    show_default=False,  # its own
+    help="The task whose data to prepare (hrmctl train's task=): lm, a text's tokens (the default); sudoku, puzzles; "
+         "maze, 30x30 mazes. A --preset implies its task.")]
 Out = Annotated[Optional[Path], typer.Option(
     metavar="DIR", show_default=False,
     help="The data directory to write (default: data/<task>, where hrmctl train looks for it).")]
@@ -119,15 +121,16 @@ Streaming = Annotated[bool, typer.Option(
 Difficulty = Annotated[Optional[Literal[tuple(DIFFICULTIES)]], typer.Option(
     rich_help_panel=SUDOKU, show_default=False,
     help=f"The puzzles' difficulty (default {SUDOKU_DEFAULTS['difficulty']}): {_difficulties()}.")]
-Preset = Annotated[Optional[Literal[tuple(sorted(PRESETS))]], typer.Option(
-    rich_help_panel=SUDOKU, show_default=False, help="A named data set of the HRM guides.")]
-Aug = Annotated[int, typer.Option(min=0, rich_help_panel=SUDOKU, help="Augmented copies of each train puzzle.")]
+Preset = Annotated[Optional[Literal[tuple(sorted(PRESET_TASKS))]], typer.Option(
+    rich_help_panel=SUDOKU, show_default=False, help="A named data set of the HRM and TRM guides (implies its --task).")]
+Aug = Annotated[int, typer.Option(min=0, rich_help_panel=SUDOKU, help="Augmented copies of each train puzzle (a "
+                                                                      "maze's: rotations and reflections, at most 7).")]
 Workers = Annotated[int, typer.Option(min=1, rich_help_panel=SUDOKU, help="Processes that generate puzzles.")]
 Seed = Annotated[int, typer.Option(help="The seed of everything drawn at random.")]
 
 
 def prepare_data(
-        ctx: typer.Context, source: Source = None, task: Task = "lm", out: Out = None,
+        ctx: typer.Context, source: Source = None, task: Task = None, out: Out = None,
         vocab_size: VocabSize = 8192,
         tokenizer: Text("Use this tokenizer (a directory transformers can load) instead of training one.",
                         metavar="DIR") = None,
@@ -139,7 +142,7 @@ def prepare_data(
                      "Wikipedia's 20231101.es.") = None,
         streaming: Streaming = False, dtype: Dtype = "auto", shard_tokens: ShardTokens = 100_000_000,
         difficulty: Difficulty = None,
-        train: Count(f"Train puzzles (default {SUDOKU_DEFAULTS['train']}).", SUDOKU) = None,
+        train: Count(f"Train puzzles (default {SUDOKU_DEFAULTS['train']}; mazes {MAZE_DEFAULTS['train']}).", SUDOKU) = None,
         test: Count(f"Held-out test puzzles, never augmented, no transform of a train puzzle (default "
                     f"{SUDOKU_DEFAULTS['test']}; stored as the split 'val').", SUDOKU) = None,
         aug: Aug = 0,
@@ -153,12 +156,15 @@ def prepare_data(
         min_givens: Count("The fewest givens (with --count).", SUDOKU, None) = None,
         max_givens: Count("The most givens (with --count).", SUDOKU, None) = None,
         seed: Seed = 0) -> int:
-    """Turn a corpus (or generated sudoku puzzles) into training shards and a manifest.
+    """Turn a corpus (or generated sudoku puzzles or mazes) into training shards and a manifest.
 
-    `hrmctl prepare-data corpus.txt` (into data/lm), `hrmctl prepare-data --task sudoku` (into data/sudoku).
+    `hrmctl prepare-data corpus.txt` (into data/lm), `hrmctl prepare-data --task sudoku` (into data/sudoku),
+    `hrmctl prepare-data --preset maze-30x30-hard-1k --out data/maze-30x30-hard-1k` (Maze-Hard's like).
     The guides' spellings are read as ours: AuraLM's `--dataset-name X --dataset-max-tokens N`, the HRM guide's options.
     Nothing is written unless everything is; the same input with the same options is no work."""
     notes = [f"hrmctl: read as ours: {'; '.join(ctx.meta[SAID])}"] if ctx.meta.get(SAID) else []
+    if task is None:
+        task = PRESET_TASKS.get(preset, "lm")
     if out is None:
         out = Path("data") / task
         notes.append(f"out: {out} (no --out: the data directory hrmctl train reads for task={task})")

@@ -39,7 +39,7 @@ def test_bad_input_is_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("args, line", [
-    (["--task", "sudok"], "error: Invalid value for '--task': 'sudok' is not one of 'lm', 'sudoku'. (see `hrmctl "
+    (["--task", "sudok"], "error: Invalid value for '--task': 'sudok' is not one of 'lm', 'maze', 'sudoku'. (see `hrmctl "
                           "prepare-data --help`)"),
     (["--max-tokens", "many", "x.txt"], "error: Invalid value for '--max-tokens': 'many' is not a valid int range. (see "
                                         "`hrmctl prepare-data --help`)"),

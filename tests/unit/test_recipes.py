@@ -21,6 +21,12 @@ TRM_MLP = ("arch=trm data_paths=[data/sudoku-extreme-1k-aug-1000] evaluators=[] 
 TRM_ATT = TRM_MLP.replace(" arch.mlp_t=True arch.pos_encodings=none", "")
 HRM = ("data_path=data/sudoku-extreme-1k-aug-1000 epochs=20000 eval_interval=2000 global_batch_size=384 lr=7e-5 "
        "puzzle_emb_lr=7e-5 weight_decay=1.0 puzzle_emb_weight_decay=1.0")
+# the READMEs' Maze-Hard lines
+TRM_MAZE = ("arch=trm data_paths=[data/maze-30x30-hard-1k] evaluators=[] epochs=50000 eval_interval=5000 lr=1e-4 "
+            "puzzle_emb_lr=1e-4 weight_decay=1.0 puzzle_emb_weight_decay=1.0 arch.L_layers=2 arch.H_cycles=3 "
+            "arch.L_cycles=4 +run_name=maze ema=True")
+HRM_MAZE = ("data_path=data/maze-30x30-hard-1k epochs=20000 eval_interval=2000 lr=1e-4 puzzle_emb_lr=1e-4 "
+            "weight_decay=1.0 puzzle_emb_weight_decay=1.0")
 
 
 def _common(t: config.TrainingConfig) -> None:
@@ -47,6 +53,23 @@ def test_a_pasted_pretrain_line_follows_its_papers_recipe_and_says_so(line, reci
         "defaults)" in cfg.recipe_note and "training.warmup_steps=2000" in cfg.recipe_note
 
 
+@pytest.mark.parametrize("line, recipe, model, ema", [(TRM_MAZE, "trm-maze", "trm-7m", True),
+                                                    (HRM_MAZE, "hrm-maze", "hrm-27m", False)])
+def test_a_pasted_maze_line_trains_the_maze_task_under_its_papers_recipe(line, recipe, model, ema):
+    cfg = config.parse(line.split())
+    t, arch = cfg.training, config.resolved_model(cfg.model)
+    assert (cfg.recipe, cfg.task, cfg.model.name, t.ema) == (recipe, "maze", model, ema)
+    assert cfg.data_dir == "data/maze-30x30-hard-1k" and t.global_batch_size == 768 and t.augment is True
+    assert (t.optimizer, t.warmup_steps, t.grad_clip, t.lr, t.puzzle_emb_lr) == \
+        ("adam_atan2_if_installed", 2000, 0, 1e-4, 1e-4)
+    assert (t.weight_decay, t.puzzle_emb_weight_decay, t.puzzle_emb_optimizer) == (1.0, 1.0, "sign_sgd")
+    if recipe == "trm-maze":
+        assert (arch["L_cycles"], arch["H_cycles"], arch["L_layers"], arch["puzzle_emb_len"]) == (4, 3, 2, 16)
+    assert "task=maze" in cfg.recipe_note
+    named = config.parse([f"recipe={recipe}"])  # by name: the same settings, the README's length
+    assert (named.task, named.model.name, named.training.epochs) == ("maze", model, t.epochs)
+
+
 def test_recipe_by_name_sets_the_readmes_length_and_the_command_line_wins():
     cfg = config.parse(["recipe=trm-sudoku-mlp", "training.lr=3e-4", "model.L_cycles=4"])
     t, arch = cfg.training, config.resolved_model(cfg.model)
@@ -63,7 +86,7 @@ def test_no_recipe_keeps_our_defaults_and_a_bad_one_is_one_line():
         assert cfg.recipe == "" and cfg.recipe_note == "" and cfg.training.warmup_steps == 30, line
         assert cfg.training.optimizer == "adamw" and cfg.training.grad_clip == 1.0
     with pytest.raises(UserError, match=r"^recipe=trm-sudoku: expected one of hrm-sudoku, trm-sudoku-mlp, "
-                                        r"trm-sudoku-att \(or none: hrmctl's own defaults\)$"):
+                                        r"trm-sudoku-att, hrm-maze, trm-maze \(or none: hrmctl's own defaults\)$"):
         config.parse(["recipe=trm-sudoku"])
 
 

@@ -64,7 +64,7 @@ def test_hrmctl_train_trains_a_task_registered_outside_the_package(sudoku_data, 
     # without the plugin the name is refused before anything runs, in one line
     res = subprocess.run([sys.executable, "-m", "auralm.training.config", "task=grids"], capture_output=True,
                          text=True, timeout=120, env=python_env())
-    assert res.returncode == 2 and res.stderr.strip() == "error: task='grids': expected one of sudoku, lm", res.stderr
+    assert res.returncode == 2 and res.stderr.strip() == "error: task='grids': expected one of sudoku, lm, maze", res.stderr
 
 
 def test_a_task_reads_its_splits_and_scores_by_what_it_declares(sudoku_data, tmp_path, monkeypatch, toy_task):

@@ -47,7 +47,7 @@ def passes(arch: dict) -> float:
 
 FAMILY = register(ModelFamily(
     name="hrm", title="HRM", sizes=SIZES, build=partial(recurrent.build, "auralm.models.hrm.model", "hrm"),
-    model_class=recurrent.act_class, select="model=hrm-tiny (or arch=hrm_v1)", smallest="hrm-tiny",
+    model_class=recurrent.act_class, tasks=recurrent.TASKS, select="model=hrm-tiny (or arch=hrm_v1)", smallest="hrm-tiny",
     unread=frozenset({"mlp_t"}), positive=recurrent.POSITIVE, check=check, blocks_in_graph=blocks_in_graph,
     passes=passes, guide_arch_keys=recurrent.KEYS,
     # the HRM repository's pretrain.py: arch.* and its puzzle embedding's optimizer; its default arch is hrm_v1,

@@ -34,7 +34,7 @@ def passes(arch: dict) -> float:
 
 FAMILY = register(ModelFamily(
     name="trm", title="TRM", sizes=SIZES, build=partial(recurrent.build, "auralm.models.trm.model", "trm"),
-    model_class=recurrent.act_class, select="model=trm-tiny (or arch=trm)", smallest="trm-tiny",
+    model_class=recurrent.act_class, tasks=recurrent.TASKS, select="model=trm-tiny (or arch=trm)", smallest="trm-tiny",
     unread=frozenset({"H_layers"}), positive=recurrent.POSITIVE, check=recurrent.check,
     blocks_in_graph=blocks_in_graph, passes=passes, guide_arch_keys=recurrent.KEYS,
     guide_size=guide_spellings.ARCH_NAMES["trm"], guide_keys=frozenset({"arch.mlp_t"})))  # a key only TRM reads

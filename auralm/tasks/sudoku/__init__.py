@@ -6,19 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from auralm.tasks import Task
+from auralm.tasks import Grid
 
 CELLS, DIGITS = 81, 9
 
 
-class Sudoku(Task):
+class Sudoku(Grid):
     name = "sudoku"
-    unit = "puzzles"
-    solved_whole = True
     augment = True
-    causal = False
-    accuracy = "cell_acc"
-    train_metric = ("train_exact_accuracy", "exact", 3)
     prepare_hint = ""  # generated: no SOURCE
 
     def prepare_command(self, out: str) -> str:
@@ -37,10 +32,12 @@ class Sudoku(Task):
         """Puzzles generated (a preset, a difficulty, or a count of givens) or read from a CSV, split into train and
         held-out test puzzles."""
         from auralm.data import datadir
-        from auralm.data.prepare_choices import PRESETS, SUDOKU_DEFAULTS
+        from auralm.data.prepare_choices import PRESET_TASKS, PRESETS, SUDOKU_DEFAULTS
         from auralm.errors import UserError
 
         o = options
+        if o["preset"] and o["preset"] not in PRESETS:
+            raise UserError(f"--preset {o['preset']} is task {PRESET_TASKS[o['preset']]}'s data: drop --task sudoku")
         if o["config"] or o["streaming"]:
             raise UserError("--config and --streaming read a text dataset: not for --task sudoku")
         if source:
@@ -56,11 +53,6 @@ class Sudoku(Task):
             opts.update(count=o["count"], min_givens=o["min_givens"], max_givens=o["max_givens"])
         return datadir.prepare_sudoku(out, from_csv=o["from_csv"], test_csv=o["test_csv"], workers=o["workers"],
                                       **opts)
-
-    def positions(self, arch: dict) -> int:
-        from auralm.tasks import prefix_positions
-
-        return CELLS + prefix_positions(arch)  # the puzzle embedding's positions before the grid
 
     def length(self, arch: dict) -> int:
         return CELLS
