@@ -74,8 +74,11 @@ def solve_file(checkpoint: Path, file: str) -> tuple[Path, list[dict]]:
     from auralm.tools.inference import load
 
     loaded = load(Path(checkpoint))
-    if not isinstance(tasks.get(loaded.task) if loaded.task in tasks.names() else None, Sudoku):  # its grids
-        raise UserError(f"{loaded.path} is a task={loaded.task} model, not a sudoku model")
+    task = tasks.get(loaded.task) if loaded.task in tasks.names() else None
+    if not isinstance(task, Sudoku):  # its grids
+        other = (f" (`hrmctl eval {loaded.path} --puzzles FILE` scores it on a file of its puzzles)"
+                 if task is not None and task.solved_whole else "")
+        raise UserError(f"{loaded.path} is a task={loaded.task} model, not a sudoku model{other}")
     puzzles = read_puzzles(file)
     grids = solve(loaded.model, puzzles)
     return loaded.path, [{"puzzle": "".join(str(v) if v else "." for v in puzzle), "grid": "".join(map(str, grid)),

@@ -137,9 +137,7 @@ def test_a_trm_run_trains_on_mazes_and_eval_scores_its_split_and_a_public_form_f
     assert split["examples"] == 8 and set(split["ci95"]) >= {"exact_accuracy", "cell_acc"}
     assert 0 < split["cell_acc"] <= 1 and 0 <= split["exact_accuracy"] <= 1
     # the same mazes as a file: the public set's CSV with answers, and lines without (the solver answers them)
-    from auralm.data import datadir
-
-    records = tasks_split(data).records
+    records = _val(data).records
     rows = [(mazes.decode(q), mazes.decode(a)) for q, a in records.tolist()]
     public = tmp_path / "test.csv"
     public.write_text("source,question,answer,rating\n" + "".join(f"gen,{q},{a},{random.randint(111, 200)}\n"
@@ -157,10 +155,12 @@ def test_a_trm_run_trains_on_mazes_and_eval_scores_its_split_and_a_public_form_f
     code, stdout, stderr = tool("eval", str(out), "--puzzles", str(bad))
     assert code != 0 and stderr.strip() == (f"error: {bad} line 2: the answer is not its question with the path marked "
                                             "o: another cell differs"), stderr
-    assert datadir.load_manifest(data, "maze")["task"] == "maze"
+    code, stdout, stderr = tool("solve", str(out), str(bare))  # sudoku's grids only: it says what scores a maze
+    assert code == 2 and "is a task=maze model, not a sudoku model (`hrmctl eval" in stderr and "--puzzles FILE` " \
+        "scores it on a file of its puzzles)" in stderr, stderr
 
 
-def tasks_split(data):
+def _val(data):
     from auralm import tasks
     from auralm.data import datadir
 
