@@ -161,3 +161,18 @@ def test_where_adam_atan2_is_missing_the_recipe_falls_back_to_adamw_and_says_so(
     assert "optimizer: AdamW (the recipe's AdamATan2 needs the package adam-atan2-pytorch" in capsys.readouterr().err
     with pytest.raises(UserError, match="training.optimizer=adam_atan2 needs the package adam-atan2-pytorch"):
         optim.make_optimizer(model, config.parse(["training.optimizer=adam_atan2"]).training, torch.device("cpu"))
+
+
+def test_a_pasted_lines_data_tells_its_task_by_its_manifest_else_by_the_preset_it_is_named_after(tmp_path):
+    from auralm.training import recipes
+
+    mine = tmp_path / "my-mazes"
+    mine.mkdir()
+    (mine / "meta.json").write_text('{"task": "maze"}')
+    assert recipes.data_task(str(mine)) == "maze"  # its manifest, whatever its name
+    assert recipes.data_task(f"[{mine}]") == "maze"  # data_paths=[DIR]
+    assert recipes.data_task("data/maze-30x30-hard-1k") == "maze"  # not here: the preset it is named after
+    assert recipes.data_task("data/sudoku-extreme-1k-aug-1000") == "sudoku"
+    assert recipes.data_task(str(tmp_path / "elsewhere")) == ""
+    cfg = config.parse(["arch=trm", f"data_paths=[{mine}]"])
+    assert (cfg.recipe, cfg.task) == ("trm-maze", "maze")
