@@ -52,7 +52,7 @@ def test_bash_completion_completes_commands_and_options(words, cword, expected):
     (["train", "--nproc", "two"], "Invalid value for '--nproc'"),
     (["nodes", "--json", "--check", "--nope"], "No such option: --nope"),
     (["test-ddp", "--seconds", "-1"], "Invalid value for '--seconds'"),
-    (["prepare-data", "--task", "nope"], "Invalid value for '--task': 'nope' is not one of 'lm', 'sudoku'."),
+    (["prepare-data", "--task", "nope"], "Invalid value for '--task': 'nope' is not one of 'lm', 'maze', 'sudoku'."),
     (["prepare-data", "--task", "sudoku", "--workers", "0"], "Invalid value for '--workers'"),
     (["eval", "runs/r1", "--batch-size", "0"], "Invalid value for '--batch-size': 0 is not in the range x>=1."),
     (["eval"], "Missing argument 'CHECKPOINT'."),
