@@ -94,17 +94,17 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + rotated * sin
 
 
-def swiglu_width(d: int, expansion: float) -> int:
+def swiglu_width(d: int, expansion: float, multiple: int | None = None) -> int:
     """The hidden width of a SwiGLU with the parameters of a ``expansion``x MLP, rounded up to a multiple of 64
-    (256 from width 512 on, as in the HRM code)."""
-    multiple = 256 if d >= 512 else 64
+    (256 from width 512 on, as in the HRM code), or of ``multiple``."""
+    multiple = multiple or (256 if d >= 512 else 64)
     return -(-round(expansion * d * 2 / 3) // multiple) * multiple
 
 
 class SwiGLU(nn.Module):
-    def __init__(self, d: int, expansion: float):
+    def __init__(self, d: int, expansion: float, multiple: int | None = None):
         super().__init__()
-        inter = swiglu_width(d, expansion)
+        inter = swiglu_width(d, expansion, multiple)
         self.gate_up, self.down = linear(d, 2 * inter), linear(inter, d)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -136,13 +136,15 @@ class Attention(nn.Module):
 class Block(nn.Module):
     """HRM's post-norm block, ``x = norm(x + mix(x)); x = norm(x + mlp(x))``, or with ``pre_norm`` the
     pre-norm order, ``x = x + mix(norm(x)); x = x + mlp(norm(x))``. ``mix`` is attention, or (TRM's
-    ``mlp_t``) a SwiGLU across the sequence positions, for a fixed-length input such as a sudoku grid."""
+    ``mlp_t``) a SwiGLU across the sequence positions, for a fixed-length input such as a sudoku grid; post-norm,
+    the norm after it is then taken over the positions, as the TRM code takes it (bench/reference_check.py)."""
 
     def __init__(self, d: int, n_head: int, expansion: float, causal: bool, mlp_t_len: int = 0,
                  pre_norm: bool = False):
         super().__init__()
         self.attn = Attention(d, n_head, causal) if not mlp_t_len else None
-        self.mix_t = SwiGLU(mlp_t_len, expansion) if mlp_t_len else None
+        # over the positions, rounded to 256 as the TRM code rounds it (16 + 81 positions: 512 wide, not 320)
+        self.mix_t = SwiGLU(mlp_t_len, expansion, multiple=256) if mlp_t_len else None
         self.mlp = SwiGLU(d, expansion)
         self.pre_norm = pre_norm
 
@@ -155,7 +157,10 @@ class Block(nn.Module):
         if self.pre_norm:
             x = x + self.mix(rms_norm(x), rope, bias)
             return x + self.mlp(rms_norm(x))
-        x = rms_norm(x + self.mix(x, rope, bias))
+        if self.mix_t is not None:  # as the TRM code: the norm after the MLP over the positions is over the positions
+            x = rms_norm((x + self.mix(x, rope, bias)).transpose(1, 2)).transpose(1, 2)
+        else:
+            x = rms_norm(x + self.mix(x, rope, bias))
         return rms_norm(x + self.mlp(x))
 
 
