@@ -82,10 +82,9 @@ def tool(monkeypatch, capsys):
     return call
 
 
-def test_prepare_data_preset_writes_maze_data_and_refuses_what_is_not_for_mazes(tool, tmp_path, monkeypatch):
+def test_prepare_data_preset_writes_maze_data_and_refuses_what_is_not_for_mazes(tool, tmp_path):
     from auralm.data import datadir
 
-    monkeypatch.setattr(mazes, "HARD_PATH", 60)  # not the preset's figure: the test's mazes come quicker
     out = tmp_path / "maze-30x30-hard-1k"
     code, stdout, stderr = tool("prepare-data", "--preset", "maze-30x30-hard-1k", "--train", "12", "--test", "6",
                                 "--aug", "3", "--out", str(out))  # the preset implies --task maze

@@ -16,7 +16,7 @@ start and the goal on the shortest path marked ``o``; its length is the path's m
 - Symmetries: rotations and reflections keep a maze a maze and its answer its answer (:func:`transform_batch`, the
   trainer's augmentation on the fly; :func:`canonical`, so that no test maze is a transform of a train maze).
 
-numpy and the standard library only.
+numpy and the standard library only (and prepare_choices' table of the data's defaults).
 """
 
 from __future__ import annotations
@@ -26,11 +26,13 @@ from collections import deque
 
 import numpy as np
 
+from auralm.data.prepare_choices import MAZE_DEFAULTS
+
 CHARSET = "# SGo"
 WALL, OPEN, START, GOAL, PATH = range(5)
 SIZE = 30
 CELLS = SIZE * SIZE
-HARD_PATH = 111  # the public Maze-Hard set's filter: a shortest path longer than 110 moves
+HARD_PATH = MAZE_DEFAULTS["min_path"]  # the public Maze-Hard set's filter: a shortest path longer than 110 moves
 
 
 class MazeError(ValueError):
