@@ -164,3 +164,13 @@ def _val(data):
     from auralm.data import datadir
 
     return tasks.open_split(data, datadir.load_manifest(data, "maze"), "val", 0)
+
+
+def test_the_sudoku_positions_on_a_maze_are_refused_in_one_line():
+    from auralm.errors import UserError
+    from auralm.training import config
+
+    with pytest.raises(UserError, match=r"^model=trm-tiny with pos_encodings=sudoku needs a sudoku grid's 81 cells; on "
+                                        r"task=maze use model.pos_encodings=rope \(or auto\)$"):
+        config.parse(["task=maze", "model=trm-tiny", "model.pos_encodings=sudoku"])
+    assert config.parse(["task=maze", "model=trm-tiny"]).task == "maze"  # auto: rotary on a maze
