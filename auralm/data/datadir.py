@@ -108,6 +108,31 @@ def puzzle_files(from_csv: str | None, test_csv: str | None, what: str) -> list[
     return sources
 
 
+def read_splits(from_csv: str, test_csv: str | None, train: int | None, test: int | None, seed: int, workers: int,
+                form, what: str) -> tuple[list, list]:
+    """(train rows, test rows) of the puzzle files ``--from-csv`` and ``--test-csv`` (auralm.data.puzzle_file, in
+    ``form``), each shuffled by ``seed``: ``test`` rows (default: those of ``test_csv``, else a tenth of the file)
+    and ``train`` of the rest (default: all). Too few for both is one UserError (``what``: "puzzles", "mazes")."""
+    from auralm.data.puzzle_file import PuzzleFileError, read_puzzles
+
+    try:
+        rows = read_puzzles(from_csv, workers, form)
+        test_rows = read_puzzles(test_csv, workers, form) if test_csv else None
+    except PuzzleFileError as e:
+        raise UserError(str(e)) from None
+    random.Random(seed).shuffle(rows)
+    if test_rows is None:
+        test = test or max(1, len(rows) // 10)
+        test_rows, rows = rows[:test], rows[test:]
+    else:
+        random.Random(seed + 1).shuffle(test_rows)
+        test_rows = test_rows[:test] if test else test_rows
+    train_rows = rows[:train] if train else rows
+    if not train_rows or not test_rows:
+        raise UserError(f"{from_csv}: {len(rows) + len(test_rows)} {what} are too few for a train and a test split")
+    return train_rows, test_rows
+
+
 def _without_leaks(train: list, test: list) -> tuple[list, int]:
     """The test puzzles that are no transform of any train puzzle (invariants, then an exact check)."""
     by_signature: dict[tuple, list] = {}
@@ -152,24 +177,9 @@ def prepare_sudoku(out: Path, train: int | None = None, test: int | None = None,
         return f"up to date: {out}"
 
     if from_csv:
-        from auralm.data.puzzle_file import PuzzleFileError, read_puzzles
+        from auralm.data.puzzle_file import SUDOKU
 
-        try:
-            rows = read_puzzles(from_csv, workers)
-            test_rows = read_puzzles(test_csv, workers) if test_csv else None
-        except PuzzleFileError as e:
-            raise UserError(str(e)) from None
-        random.Random(seed).shuffle(rows)
-        if test_rows is None:
-            test = test or max(1, len(rows) // 10)
-            test_rows, rows = rows[:test], rows[test:]
-        else:
-            random.Random(seed + 1).shuffle(test_rows)
-            test_rows = test_rows[:test] if test else test_rows
-        train_rows = rows[:train] if train else rows
-        if not train_rows or not test_rows:
-            raise UserError(f"{from_csv}: {len(rows) + len(test_rows or [])} puzzles are too few for a train and a "
-                            "test split")
+        train_rows, test_rows = read_splits(from_csv, test_csv, train, test, seed, workers, SUDOKU, "puzzles")
     elif custom:
         puzzles, solutions = sudoku.generate(train + test, seed, min_givens, max_givens)
         made = [(p, s, None) for p, s in zip(puzzles, solutions)]
@@ -178,6 +188,9 @@ def prepare_sudoku(out: Path, train: int | None = None, test: int | None = None,
         made = sudoku.generate_rated(train + test, seed, difficulty, workers)
         test_rows, train_rows = made[:test], made[test:]
     test_rows, leaks = _without_leaks(train_rows, test_rows)
+    if not test_rows:
+        raise UserError(f"every one of the {leaks} test puzzles is a train puzzle or a transform of one: give test "
+                        f"puzzles of their own (--test-csv) or fewer train puzzles (--train)")
 
     def fill(tmp: Path) -> None:
         base = np.array([[p, s] for p, s, _ in train_rows], np.uint8)

@@ -416,7 +416,9 @@ def apply(cfg: Config, overrides: list[str]) -> Config:
     items = [_split(item) for item in overrides]
     files = [(text, read_config_file(text)) for key, text in items if key.lstrip("+") == "config"]
     typed: dict[str, str] = {}  # our key -> the key=value that set it, as typed (the last one)
-    recipe, how = recipes.chosen([*(kv for _, settings in files for kv in settings), *items])
+    given = [*(kv for _, settings in files for kv in settings), *items]
+    data = [text for key, text in (_canonical(k, t) for k, t in given) if ALIASES.get(key, key) == "data_dir"]
+    recipe, how = recipes.chosen(given, data[-1] if data else "")
     for item in recipes.overrides(recipe, how) if recipe else ():  # first: the files and the command line win
         typed.update((k, f"recipe={recipe}") for k in _set(cfg, keys, *_split(item)))
     for path, settings in files:

@@ -73,9 +73,10 @@ def names() -> tuple[str, ...]:
     return tuple(RECIPES)
 
 
-def chosen(items: list[tuple[str, str]]) -> tuple[str, str]:
+def chosen(items: list[tuple[str, str]], data_dir: str = "") -> tuple[str, str]:
     """The recipe of the ``(key, text)`` overrides, and how it was chosen: ``recipe=NAME`` itself (the last), else
-    what a pasted ``pretrain.py`` line's ``arch=`` implies; ("", "") for none."""
+    what a pasted ``pretrain.py`` line's ``arch=`` implies on the task of its data (``data_dir``: the data directory
+    the line names, as config reads its data_path or data_paths); ("", "") for none."""
     given = [text for key, text in items if key.lstrip("+") == "recipe"]
     if given:
         name = given[-1].strip()
@@ -92,23 +93,20 @@ def chosen(items: list[tuple[str, str]]) -> tuple[str, str]:
     mlp = any(key.lstrip("+") in ("arch.mlp_t", "model.mlp_t") and text.strip().lower() in ("true", "1", "yes")
               for key, text in items)
     family = arch[-1] if arch else "trm" if mlp else "hrm_v1"  # HRM's pretrain.py: hrm_v1 unless the line says
-    paths = [text for key, text in items if key.lstrip("+") in ("data_path", "data_paths")]
-    task = data_task(paths[-1]) if paths else ""
-    name = PASTED.get((family, task or "sudoku"), "")
+    name = PASTED.get((family, data_task(data_dir) if data_dir else "sudoku"), "")
     name = MLP.get(name, name) if mlp else name
     sign = f"arch={arch[-1]}" if arch else next(f"{k}=" for k in keys if k in signs)
     return (name, f"{sign} (a pretrain.py line; recipe=none keeps hrmctl's defaults)") if name else ("", "")
 
 
 def data_task(path: str) -> str:
-    """The task of the data a pasted line's ``data_path`` names: its manifest's when it is here, else the task of
-    the preset it is named after (data/maze-30x30-hard-1k), else ""."""
+    """The task of the data in the directory ``path``: its manifest's when it is here, else the task of the preset
+    it is named after (data/maze-30x30-hard-1k), else sudoku (pretrain.py's)."""
     import json
     import os
 
     from auralm.data.prepare_choices import PRESET_TASKS
 
-    path = path.strip().strip("[]").strip("'\"")
     try:
         with open(os.path.join(os.path.expanduser(path), "meta.json")) as f:
             task = json.load(f).get("task")
@@ -116,7 +114,7 @@ def data_task(path: str) -> str:
                 return task
     except (OSError, ValueError, AttributeError):
         pass
-    return PRESET_TASKS.get(os.path.basename(path.rstrip("/")), "")
+    return PRESET_TASKS.get(os.path.basename(path.rstrip("/")), "sudoku")
 
 
 def overrides(name: str, how: str) -> tuple[str, ...]:

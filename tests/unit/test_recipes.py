@@ -170,9 +170,9 @@ def test_a_pasted_lines_data_tells_its_task_by_its_manifest_else_by_the_preset_i
     mine.mkdir()
     (mine / "meta.json").write_text('{"task": "maze"}')
     assert recipes.data_task(str(mine)) == "maze"  # its manifest, whatever its name
-    assert recipes.data_task(f"[{mine}]") == "maze"  # data_paths=[DIR]
     assert recipes.data_task("data/maze-30x30-hard-1k") == "maze"  # not here: the preset it is named after
     assert recipes.data_task("data/sudoku-extreme-1k-aug-1000") == "sudoku"
-    assert recipes.data_task(str(tmp_path / "elsewhere")) == ""
-    cfg = config.parse(["arch=trm", f"data_paths=[{mine}]"])
-    assert (cfg.recipe, cfg.task) == ("trm-maze", "maze")
+    assert recipes.data_task(str(tmp_path / "elsewhere")) == "sudoku"  # pretrain.py's own
+    for line in (["arch=trm", f"data_paths=[{mine}]"], ["arch=trm", f"data_path={mine}"], ["arch=trm", f"data_dir={mine}"]):
+        cfg = config.parse(line)
+        assert (cfg.recipe, cfg.task) == ("trm-maze", "maze"), line

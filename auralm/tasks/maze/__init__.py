@@ -80,7 +80,10 @@ class Maze(Grid):
         if o["preset"] and o["preset"] not in MAZE_PRESETS:
             raise UserError(f"--preset {o['preset']} is task {PRESET_TASKS[o['preset']]}'s data: drop --task maze")
         opts = dict(MAZE_PRESETS[o["preset"]] if o["preset"] else MAZE_DEFAULTS)
-        opts.update({k: o[k] for k in ("train", "test") if o[k] is not None})
+        if o["from_csv"]:  # the file's mazes: the test split of --test-csv, else a tenth, unless a count is given
+            opts.update(train=o["train"], test=o["test"])
+        else:
+            opts.update({k: o[k] for k in ("train", "test") if o[k] is not None})
         if o["aug"]:
             opts["aug"] = o["aug"]
         return prepare(out, from_csv=o["from_csv"], test_csv=o["test_csv"], workers=o["workers"],
@@ -161,13 +164,11 @@ class Mazes:
         return x.shape[0]
 
 
-def prepare(out: Path, train: int, test: int, min_path: int, loops: int, aug: int = 0, seed: int = 0,
+def prepare(out: Path, train: int | None, test: int | None, min_path: int, loops: int, aug: int = 0, seed: int = 0,
             from_csv: str | None = None, test_csv: str | None = None, workers: int = 2) -> str:
     """Write a maze data directory: ``train`` mazes (each with ``aug`` rotated or reflected copies) and ``test``
     held-out ones (the split ``val``), generated or read from ``from_csv`` (and ``test_csv``). No test maze is a
     rotation or reflection of a train maze."""
-    import random
-
     import numpy as np
 
     from auralm.data import datadir
@@ -182,28 +183,16 @@ def prepare(out: Path, train: int, test: int, min_path: int, loops: int, aug: in
     if datadir.up_to_date(out, fp):
         return f"up to date: {out}"
     if from_csv:
-        from auralm.data.puzzle_file import PuzzleFileError, read_puzzles
-
-        try:
-            rows = read_puzzles(from_csv, workers, file_form())
-            test_rows = read_puzzles(test_csv, workers, file_form()) if test_csv else None
-        except PuzzleFileError as e:
-            raise UserError(str(e)) from None
-        random.Random(seed).shuffle(rows)
-        if test_rows is None:
-            test_rows, rows = rows[:test], rows[test:]
-        else:
-            random.Random(seed + 1).shuffle(test_rows)
-            test_rows = test_rows[:test]
-        train_rows = rows[:train]
-        if not train_rows or not test_rows:
-            raise UserError(f"{from_csv}: {len(rows) + len(test_rows)} mazes are too few for a train and a test split")
+        train_rows, test_rows = datadir.read_splits(from_csv, test_csv, train, test, seed, workers, file_form(), "mazes")
     else:
         made = mazes.generate(train + test, seed, min_path, loops)
         test_rows, train_rows = made[:test], made[test:]
     seen = {mazes.canonical(np.array(q, np.uint8)) for q, *_ in train_rows}
     kept = [r for r in test_rows if mazes.canonical(np.array(r[0], np.uint8)) not in seen]
     leaks, test_rows = len(test_rows) - len(kept), kept
+    if not test_rows:
+        raise UserError(f"every one of the {leaks} test mazes is a train maze, or one turned or mirrored: give test "
+                        f"mazes of their own (--test-csv) or fewer train mazes (--train)")
 
     def fill(tmp: Path) -> None:
         base = np.array([[q, a] for q, a, _ in train_rows], np.uint8)
