@@ -25,12 +25,43 @@ fi
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-# --no-compile: pip writes each package's bytecode on one core as it installs; here torch's is written on the other
-# core while pip installs the rest, and the rest's on every core at the end (compiled): 143 -> 90-110 s for a fresh
-# `install.sh test` on this 2-core machine (2026-11-28). Without bytecode, every process would compile what it imports
+# The installer: uv (installed into .venv by pip, 17 MB) where it runs, else pip. uv unpacks into its cache once and
+# links from it: a warm `install.sh test` into a new clone 66 -> 30 s here, 22 s of it the bytecode below (2026-12-07;
+# docs/setup.md has the cold figures). uv does not read pip's configuration: its sources (index-url, extra-index-url,
+# find-links, constraint, no-index; config files and PIP_* variables) are handed to it here, and a package uv
+# cannot install is installed by pip after all.
+# --no-compile (pip; uv compiles nothing by default): bytecode is written below, torch's beside the rest's install,
+# the rest's on every core at the end (compiled). Without bytecode, every process would compile what it imports
 # again where PYTHONDONTWRITEBYTECODE is set, 10 s and more for `import torch`.
 PIP=(.venv/bin/pip install -q --disable-pip-version-check --no-compile)
 quiet() { grep -v "^WARNING: Location" || true; }
+UV=() UV_VERSION=$(sed -n 's/^UV_VERSION = "\([^"]*\)".*/\1/p' cli/setup/local.py)  # the one hrmctl setup sends
+if [ "${HRMCTL_INSTALLER:-uv}" = uv ] && { [ -x .venv/bin/uv ] || "${PIP[@]}" "uv==$UV_VERSION" 2>/dev/null | quiet; } \
+   && .venv/bin/uv --version >/dev/null 2>&1; then
+  UV=(.venv/bin/uv pip install -q --python .venv/bin/python --index-strategy unsafe-best-match)
+  while IFS= read -r line; do  # pip config list: `global.find-links='/opt/wheels'`, `:env:.index-url='...'`
+    key=${line%%=*} value=${line#*=}
+    value=${value#\'} value=${value%\'}
+    case "${key#*.}" in
+      index-url) UV+=(--index-url "$value") ;;
+      extra-index-url) for v in $value; do UV+=(--extra-index-url "$v"); done ;;
+      find-links) for v in $value; do UV+=(--find-links "$v"); done ;;
+      constraint|constraints) for v in $value; do UV+=(--constraint "$v"); done ;;
+      no-index) case "$value" in 1|true|yes|on) UV+=(--no-index) ;; esac ;;
+    esac
+  done < <(.venv/bin/pip config list 2>/dev/null)
+fi
+install() {  # pip install's arguments: by uv where it is here, else (or when uv fails) by pip
+  if [ ${#UV[@]} -gt 0 ]; then
+    local log
+    log=$(mktemp)
+    if "${UV[@]}" "$@" >"$log" 2>&1; then rm -f "$log"; return 0; fi
+    echo "uv could not install $*: pip instead ($(tail -n 1 "$log"))"
+    rm -f "$log"
+  fi
+  "${PIP[@]}" "$@" 2>&1 | quiet
+  return "${PIPESTATUS[0]}"
+}
 SITE=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 # bytecode for a directory, on $2 cores (0: all); a file that does not compile is the package's own (pip ignores it too).
 # Not for transformers' 400-odd model folders (2,700 of its 2,900 files; 7 CPU-s): hrmctl uses its tokenizers, which
@@ -48,12 +79,12 @@ import sys, urllib.request
 urllib.request.urlopen(sys.argv[1], timeout=float(sys.argv[2])).close()
 EOF
     echo "torch from $index"
-    "${PIP[@]}" --extra-index-url "$index" "torch==$TORCH_VERSION+$tag" 2>&1 | quiet
+    install --extra-index-url "$index" "torch==$TORCH_VERSION+$tag"
   else
     echo "torch from the configured index ($index cannot be reached within ${INDEX_TIMEOUT}s)"
-    "${PIP[@]}" "torch==$TORCH_VERSION+$tag" 2>&1 | quiet \
+    install "torch==$TORCH_VERSION+$tag" \
       || { echo "torch $TORCH_VERSION+$tag is not in the configured index: torch==$TORCH_VERSION from it instead"
-           "${PIP[@]}" "torch==$TORCH_VERSION" 2>&1 | quiet; }
+           install "torch==$TORCH_VERSION"; }
   fi
   # its files are there (imported once compiled, below): else the rest's install would pull torch from PyPI
   .venv/bin/python -c "import importlib.metadata as m; m.version('torch')" 2>/dev/null \
@@ -62,9 +93,9 @@ EOF
   torch_new=$!
 fi
 if [ "$EXTRAS" = test ]; then
-  "${PIP[@]}" -e '.[test]' 2>&1 | quiet
+  install -e '.[test]'
 else
-  "${PIP[@]}" -e . 2>&1 | quiet
+  install -e .
 fi
 [ -z "$torch_new" ] || wait "$torch_new"
 compiled "$SITE"
