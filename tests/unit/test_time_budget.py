@@ -8,8 +8,10 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import time
 
 import pytest
+import torch
 
 from auralm.errors import UserError
 from auralm.training import budget, config, train
@@ -246,3 +248,28 @@ def test_a_run_shorter_than_the_probe_is_not_timed_beforehand(sudoku_dir, tmp_pa
     assert not budget.worth_probing(cfg)
     assert budget.worth_probing(config.parse(tiny_args(sudoku_dir, tmp_path, f"training.max_steps={n + 1}")))
     assert budget.worth_probing(config.parse([]))  # the budget's own run: its length comes from the probe
+
+
+def test_a_recurrent_models_evaluation_batch_is_timed_on_one_segment_times_its_segments():
+    """time_eval_batch runs one segment of a recurrent model's solve (each is the same forward) and multiplies by
+    the segments an evaluation runs; a model without eval_segments is timed on its whole solve, a plain one on its
+    forward. The segments here sleep, so the figures have a floor whatever the machine."""
+    calls = []
+
+    class Recurrent(torch.nn.Module):
+        recurrent = True
+        eval_segments = 8
+
+        def solve(self, x, segments=None):
+            calls.append(segments)
+            time.sleep(0.05 * (segments or 3))
+
+    class Whole(Recurrent):
+        eval_segments = 0
+
+    t = config.Config().training
+    x = torch.zeros(2, 4, dtype=torch.long)
+    seconds = budget.time_eval_batch(Recurrent(), x, x, t, torch.device("cpu"))
+    assert calls == [1] and seconds >= 8 * 0.05, (calls, seconds)
+    seconds = budget.time_eval_batch(Whole(), x, x, t, torch.device("cpu"))
+    assert calls == [1, None] and seconds >= 3 * 0.05, (calls, seconds)
