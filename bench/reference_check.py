@@ -2,7 +2,7 @@
 implementations and to ours, on the CPU, step by step (issue 66, item 2).
 
     python bench/reference_check.py --hrm DIR --trm DIR [--steps 200] [--family hrm|trm|both] [--json]
-                                    [--classes published|matched|both] [--no-floor] [--decay-vectors] [--out FILE]
+                                    [--classes published|matched|both] [--no-floor] [--out FILE]
                                     [--width 96] [--batch 32] [--halt-max-steps 8] [--lr 1e-4] [--threads 1]
 
 DIR is a checkout of github.com/sapientinc/HRM (``--hrm``) or github.com/SamsungSAILMontreal/TinyRecursiveModels
@@ -31,19 +31,21 @@ under a tenth over 200 steps); halting exploration on (0.1, the papers') with th
 ``randint_like`` draw the same numbers). Our side is our own code: ``auralm.models.build``, the trainer's
 ``objective`` (carry, targets, loss) and ``optim.make_optimizer``/``lr_at``.
 
-``--classes``: ``published`` compares their model as published, whose head has 11 classes (PAD, blank, the digits)
-where ours has the 9 digits; ``matched`` (a diagnostic) holds their two never-target logits at -1e12 so that both
-normalise over the same 9 classes, to see whether everything else agrees. ``both`` (the default) runs each.
+``--classes``: ``published`` compares their model as published, whose head has 11 classes (PAD, blank, the digits),
+against ours under the recipes' ``model.extra_classes=2`` (the 9 digits, then two classes no target has: their rows
+PAD and blank copied there); ``matched`` (a diagnostic) holds their two never-target logits at -1e12 and gives ours
+``model.extra_classes=0``, so that both normalise over the same 9 classes. ``both`` (the default) runs each.
 The noise floor (``--no-floor`` skips it): their code against itself, the second copy's initial weights multiplied by
 (1 + 1e-7 N(0, 1)), on the same batches: how far float32 rounding alone carries the losses apart over the same steps.
-``--decay-vectors`` (a diagnostic) weight-decays our biases as their optimizer does (see below).
 
 Differences found (issue 66; docs/hrm.md "Checked against the public code"):
-  - their head has 11 classes, ours 9 (dataset/build_sudoku_dataset.py ``vocab_size=10 + 1``, ``arr + 1``;
-    models/*: ``lm_head = CastedLinear(hidden_size, vocab_size)``; ours auralm/tasks/sudoku ``classes()`` 9): a gap,
-    no setting of ours gives their two never-target classes; ``--classes published`` shows its size;
+  - their head has 11 classes, ours the task's 9 (dataset/build_sudoku_dataset.py ``vocab_size=10 + 1``, ``arr + 1``;
+    models/*: ``lm_head = CastedLinear(hidden_size, vocab_size)``; ours auralm/tasks/sudoku ``classes()`` 9): the
+    recipes now set ``model.extra_classes=2`` (two outputs after the digits that no target has, as their PAD and
+    blank), which closed the 8.8-14.6% gap of ``--classes published``;
   - their AdamATan2 takes ``model.parameters()`` with weight decay on all (pretrain.py ``create_model``), ours none on
-    vectors (auralm/training/optim.py ``make_optimizer``: here the Q-head's bias): a gap; ``--decay-vectors``;
+    vectors (auralm/training/optim.py ``make_optimizer``: here the Q-head's bias): the recipes now set
+    ``training.decay_vectors=true``;
   - TRM's MLP over the positions (``mlp_t``): its hidden width rounded to 256 (models/layers.py ``SwiGLU``), ours to
     64 below 512 (97 positions: 512 against 320), and its post-norm taken over the positions (trm.py, the block's
     ``rms_norm`` between the two transposes), ours over the channels: both fixed in auralm/models/layers.py;
@@ -162,12 +164,14 @@ def their_config(arch: dict, batch: int) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------------- name map
-def name_map(theirs: dict[str, torch.Tensor], ours: dict[str, torch.Tensor], trm: bool):
+def name_map(theirs: dict[str, torch.Tensor], ours: dict[str, torch.Tensor], trm: bool, extra: int):
     """[(their name, their rows, our name, our index)] for every persistent tensor of theirs, and the problems: a name
     of either side not covered, a shape that differs. Their embedding's row v + 1 is our cell value v (their 0 is PAD);
-    their class c + 2 is our digit class c (their 0 and 1, PAD and blank, are never targets)."""
+    their class c + 2 is our digit class c (their 0 and 1, PAD and blank, are never targets), and with ``extra`` (our
+    model.extra_classes) 2 their classes 0 and 1 are our 9 and 10."""
+    head = slice(0, 9) if extra else None
     fixed = {"inner.embed_tokens.embedding_weight": ("core.embed.weight", slice(1, None), None),
-             "inner.lm_head.weight": ("core.head.weight", slice(2, None), None),
+             "inner.lm_head.weight": ("core.head.weight", slice(2, None), head),
              "inner.q_head.weight": ("core.q_head.weight", None, None),
              "inner.q_head.bias": ("core.q_head.bias", None, None),
              "inner.puzzle_emb.weights": ("core.puzzle_emb.weight", None, None),
@@ -195,7 +199,13 @@ def name_map(theirs: dict[str, torch.Tensor], ours: dict[str, torch.Tensor], trm
             problems.append(f"their {name}{'' if rows is None else f'[{rows.start}:]'} {tuple(a.shape)} vs our "
                             f"{mine}{'' if index is None else f'[{index}]'} {tuple(b.shape)}")
         entries.append((name, rows, mine, index))
-        covered.add((mine, index))
+        covered.add((mine, None if isinstance(index, slice) else index))
+        if name == "inner.lm_head.weight" and extra:
+            if extra != 2 or ours[mine].shape[0] != 11:
+                problems.append(f"our {mine} {tuple(ours[mine].shape)} with model.extra_classes={extra}: their head's "
+                                "PAD and blank need 2")
+                continue
+            entries.append((name, slice(0, 2), mine, slice(9, 11)))
     for mine, t in ours.items():
         wanted = {(mine, i) for i in range(t.shape[0])} if mine == "core.z_init" else {(mine, None)}
         for left in sorted(wanted - covered, key=str):
@@ -253,8 +263,9 @@ class Theirs:
         return float(loss.detach()) / B, {k: float(v) / B for k, v in metrics.items()}, out["logits"], lrs[1]
 
 
-def settings(v: dict, args):
-    cfg = config.parse(v["ours"] + ["training.optimizer=adamw", f"training.lr={args.lr}",
+def settings(v: dict, args, classes: str):
+    extra = [] if classes == "published" else ["model.extra_classes=0"]  # published: the recipe's
+    cfg = config.parse(v["ours"] + extra + ["training.optimizer=adamw", f"training.lr={args.lr}",
                                     f"training.puzzle_emb_lr={args.lr}", "training.weight_decay=1.0",
                                     "training.puzzle_emb_weight_decay=1.0", "training.warmup_steps=0",
                                     f"training.max_steps={args.steps}", "training.grad_clip=0"])
@@ -263,18 +274,18 @@ def settings(v: dict, args):
 
 
 def run_variant(name: str, v: dict, mods: dict, args, puzzles: Puzzles, classes: str) -> dict:
-    cfg, t, arch, tcfg = settings(v, args)
+    cfg, t, arch, tcfg = settings(v, args, classes)
     theirs = Theirs(mods, v, tcfg, arch, t, classes, args.seed)
     ours = models.build(cfg.task, arch)
     their_sd, our_sd = theirs.model.state_dict(), ours.state_dict()
-    entries, problems = name_map(their_sd, our_sd, trm=v["repo"] == "trm")
+    entries, problems = name_map(their_sd, our_sd, trm=v["repo"] == "trm", extra=arch["extra_classes"])
     inner = theirs.model.inner
     res = {"variant": name, "classes": classes, "our_settings": v["ours"], "their_config": tcfg,
            "parameters": {"theirs": sum(p.numel() for p in theirs.model.parameters())
                           + inner.puzzle_emb.weights.numel(),
                           "ours": sum(p.numel() for p in ours.parameters()),
                           "theirs_without_counterpart": inner.embed_tokens.embedding_weight[:1].numel()
-                          + inner.lm_head.weight[:2].numel()},
+                          + (0 if arch["extra_classes"] else inner.lm_head.weight[:2].numel())},
            "name_map": {"tensors": len(entries), "problems": problems}}
     p = res["parameters"]
     p["equal_but_for_their_extra_rows"] = p["theirs"] - p["theirs_without_counterpart"] == p["ours"]
@@ -311,10 +322,8 @@ def batches(puzzles: Puzzles, args):
 def train(theirs: Theirs, ours, cfg, t, args, puzzles: Puzzles) -> dict:
     """Their train_batch and our trainer's step, side by side, on the same batches; the losses and halting per step."""
     our_opt = optim.make_optimizer(ours, t, torch.device("cpu"))
-    if args.decay_vectors:  # a diagnostic: the biases decayed as their AdamATan2(model.parameters()) decays them
-        for g in our_opt.param_groups:
-            if not g.get("sign_sgd") and g["weight_decay"] == 0:
-                g["weight_decay"] = t.weight_decay
+    theirs_as_ours = torch.tensor([*range(2, 11), 0, 1]) if ours.core.head.weight.shape[0] == 11 else \
+        torch.arange(2, 11)  # their logits in our classes' order
     step_kind = objective.make(ours, cfg)
     ours.train()
     rows, first_logits, B = [], None, args.batch
@@ -324,7 +333,7 @@ def train(theirs: Theirs, ours, cfg, t, args, puzzles: Puzzles) -> dict:
         if first_logits is None:  # the first forward, before any update: the same weights, the same inputs
             with torch.no_grad():
                 _, logits, _ = ours.core(tuple(ours.core.initial_states(B, 81)), x)
-                first_logits = float((logits - logits_t[..., 2:]).abs().max())
+                first_logits = float((logits - logits_t[..., theirs_as_ours]).abs().max())
         torch.manual_seed(seed)
         our_loss, m = step_kind.loss(ours, x, y, 0)
         our_loss.backward()
@@ -374,12 +383,13 @@ def their_lr(base: float, step: int, t) -> float:
 # ------------------------------------------------------------------------------------------------------------ output
 def say(res: dict) -> None:
     p = res["parameters"]
-    mode = "their 11 classes as published" if res["classes"] == "published" else \
-        "classes matched: their PAD and blank logits held out"
+    mode = "their 11 classes as published, ours with the recipe's model.extra_classes=2" \
+        if res["classes"] == "published" else "classes matched: their PAD and blank logits held out, ours 9"
     print(f"\n== {res['variant']} ({mode})")
     print(f"   ours: {' '.join(res['our_settings'])}")
     print(f"   parameters: theirs {p['theirs']:,} (puzzle embedding included), ours {p['ours']:,}; theirs without "
-          f"counterpart {p['theirs_without_counterpart']:,} (embedding row PAD, head rows PAD and blank): "
+          f"counterpart {p['theirs_without_counterpart']:,} (embedding row PAD"
+          f"{', head rows PAD and blank' if res['classes'] == 'matched' else ''}): "
           f"{'equal but for those' if p['equal_but_for_their_extra_rows'] else 'NOT equal'}")
     nm = res["name_map"]
     print(f"   name map: {nm['tensors']} tensors, "
@@ -429,8 +439,6 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--no-floor", dest="floor", action="store_false",
                     help="skip the noise floor (their code against itself, weights perturbed by 1e-7)")
-    ap.add_argument("--decay-vectors", action="store_true",
-                    help="a diagnostic: our biases weight-decayed as theirs are (our optimizer does not decay vectors)")
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout (the per-step figures too)")
     ap.add_argument("--out", type=Path, help="also write that JSON object to this file")
     args = ap.parse_args(argv)
@@ -452,8 +460,7 @@ def main(argv=None) -> int:
     results, began = [], time.perf_counter()
     if not args.json:
         print(f"reference check: {args.steps} steps, batch {args.batch}, {args.puzzles} generated medium puzzles, "
-              f"lr {args.lr:g} constant, torch {torch.__version__}, {args.threads} thread(s)"
-              + (", our biases decayed as theirs (--decay-vectors)" if args.decay_vectors else ""))
+              f"lr {args.lr:g} constant, torch {torch.__version__}, {args.threads} thread(s)")
         print("what had to change in theirs to run on a CPU:")
         for line in SHIMS:
             print(f"  - {line}")
@@ -465,7 +472,7 @@ def main(argv=None) -> int:
                 say(res)
     ok = all(r["ok"] for r in results)
     doc = json.dumps({"ok": ok, "shims": SHIMS, "steps": args.steps, "batch": args.batch, "lr": args.lr,
-                      "decay_vectors": args.decay_vectors, "torch": torch.__version__,
+                      "torch": torch.__version__,
                       "seconds": round(time.perf_counter() - began, 1), "results": results})
     if args.out:
         args.out.write_text(doc + "\n")

@@ -14,9 +14,11 @@ from auralm.errors import UserError
 from auralm.models import registry
 
 DEFAULTS = dict(expansion=4.0, halt_exploration_prob=0.1, puzzle_emb_ndim=0, puzzle_emb_len=0, pos_encodings="rope",
-                mlp_t=False, loss_type="softmax", norm="post", eval_segments=0, dropout=0.0)
+                mlp_t=False, loss_type="softmax", norm="post", eval_segments=0, dropout=0.0,
+                extra_classes=0)
 KEYS = ("expansion", "H_layers", "L_layers", "H_cycles", "L_cycles", "halt_max_steps", "halt_exploration_prob",
-        "puzzle_emb_ndim", "puzzle_emb_len", "pos_encodings", "mlp_t", "loss_type", "norm", "eval_segments")
+        "puzzle_emb_ndim", "puzzle_emb_len", "pos_encodings", "mlp_t", "loss_type", "norm", "eval_segments",
+        "extra_classes")
 POSITIVE = ("L_layers", "H_cycles", "L_cycles", "halt_max_steps")
 NORMS = ("post", "pre")
 POSITIONS = ("auto", "rope", "learned", "sudoku", "none")
@@ -37,9 +39,10 @@ def check(task: str, name: str, arch: dict) -> None:
 
 def check_values(task: str, name: str, arch: dict) -> None:
     if arch["expansion"] <= 0 or not 0 <= arch["halt_exploration_prob"] <= 1 or arch["puzzle_emb_ndim"] < 0 \
-            or arch["eval_segments"] < 0 or arch["puzzle_emb_len"] < 0:
+            or arch["eval_segments"] < 0 or arch["puzzle_emb_len"] < 0 or arch["extra_classes"] < 0:
         raise UserError("model.expansion must be > 0, model.halt_exploration_prob in [0, 1], "
-                        "model.puzzle_emb_ndim, model.puzzle_emb_len and model.eval_segments >= 0")
+                        "model.puzzle_emb_ndim, model.puzzle_emb_len, model.eval_segments and model.extra_classes "
+                        ">= 0")
     filled = -(-arch["puzzle_emb_ndim"] // arch["n_embd"])
     if arch["puzzle_emb_len"] and not 0 < filled <= arch["puzzle_emb_len"]:
         raise UserError(f"model.puzzle_emb_len={arch['puzzle_emb_len']}: the puzzle embedding's positions need "
@@ -63,12 +66,14 @@ def check_values(task: str, name: str, arch: dict) -> None:
 def build(core_module: str, family: str, task: str, arch: dict, vocab: int | None):
     """The ACT model around the core that ``core_module``'s ``build`` makes, of the task's shape: its input values,
     classes and length, causal or not (9 digits out of 10 cell values over 81 cells on sudoku, the vocabulary over
-    ``block_size`` tokens, causal, on text)."""
+    ``block_size`` tokens, causal, on text). ``model.extra_classes`` more outputs after the task's classes, which no
+    target has: the public code's heads (PAD and blank besides the digits) normalise over them too."""
     import importlib
 
     t = tasks.get(task)
     return importlib.import_module(core_module).build(dict(arch, family=family), vocab=t.values(vocab),
-                                                      n_out=t.classes(vocab), seq_len=t.length(arch), causal=t.causal)
+                                                      n_out=t.classes(vocab) + arch["extra_classes"],
+                                                      seq_len=t.length(arch), causal=t.causal)
 
 
 def act_class(task: str, arch: dict) -> type:

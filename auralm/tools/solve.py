@@ -16,7 +16,7 @@ import torch
 
 from auralm import tasks
 from auralm.errors import UserError
-from auralm.tasks.sudoku import Sudoku
+from auralm.tasks.sudoku import DIGITS, Sudoku
 
 
 def parse_puzzles(lines, source: str) -> list[list[int]]:
@@ -53,7 +53,8 @@ def solve(model, puzzles: list[list[int]], batch_size: int = 256) -> list[list[i
             preds = model.solve(x)[0][-1]
         else:
             preds = model(x)[0].argmax(-1)
-        grids += (preds + 1).tolist()
+        # a class past the digits (model.extra_classes: the public heads' PAD and blank) is no digit: 0
+        grids += [[v + 1 if v < DIGITS else 0 for v in row] for row in preds.tolist()]
     return grids
 
 

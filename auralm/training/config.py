@@ -61,6 +61,8 @@ class ModelConfig:
     loss_type: str | None = None  # softmax or stablemax cross-entropy
     norm: str | None = None  # post (the papers': norm after each residual add) or pre (norm before each sublayer)
     eval_segments: int | None = None  # segments at evaluation and solving (0: halt_max_steps; more can solve more)
+    extra_classes: int | None = None  # output classes no target has, besides the task's (the public HRM and TRM
+    #                                   heads: PAD and blank beside sudoku's 9 digits, PAD beside a maze's 5; recipes)
     # rlm only (the RLM-mHC guide's model.*)
     head_dim: int | None = None  # attention: heads x head_dim need not be the width
     ffn_dim: int | None = None  # SwiGLU's hidden width
@@ -106,6 +108,8 @@ class TrainingConfig:
     schedule: str = "cosine"  # after the warmup: cosine or linear down to lr * min_lr_ratio, or constant at lr
     warmup_steps: int = 30
     weight_decay: float = 0.1
+    decay_vectors: bool = False  # weight decay on vectors too (norm scales, biases), as HRM's and TRM's optimizer
+    #                              decays every parameter (the recipes); false: on matrices only
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0  # 0: no clipping

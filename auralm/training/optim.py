@@ -1,6 +1,7 @@
 """The optimizer and the learning-rate schedule.
 
-Parameter groups: matrices with weight decay, vectors (norm scales, biases) without, and the
+Parameter groups: matrices with weight decay, vectors (norm scales, biases) without (with it under
+``training.decay_vectors``, as HRM's and TRM's optimizer takes every parameter: the recipes), and the
 puzzle embedding with its own ``puzzle_emb_lr`` and ``puzzle_emb_weight_decay``. Each group keeps
 ``lr_scale`` (its lr over the base lr), so the schedule sets every group from one number.
 
@@ -51,7 +52,8 @@ def make_optimizer(model: torch.nn.Module, t: config.TrainingConfig, device: tor
     puzzle = [p for n, p in named if "puzzle_emb" in n]
     decay = [p for n, p in named if p.dim() >= 2 and "puzzle_emb" not in n]
     rest = [p for n, p in named if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": t.weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    groups = [{"params": decay, "weight_decay": t.weight_decay},
+              {"params": rest, "weight_decay": t.weight_decay if t.decay_vectors else 0.0}]
     if puzzle:
         emb_lr = t.lr if t.puzzle_emb_lr is None else t.puzzle_emb_lr
         groups.append({"params": puzzle, "lr_scale": emb_lr / t.lr, "sign_sgd": t.puzzle_emb_optimizer == "sign_sgd",

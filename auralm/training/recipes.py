@@ -3,11 +3,13 @@ the keys the command line gives (those win).
 
 HRM's and TRM's ``pretrain.py`` (github.com/sapientinc/HRM, github.com/SamsungSAILMontreal/TinyRecursiveModels) train
 with the defaults of their ``config/cfg_pretrain.yaml`` under the lines of their READMEs: AdamATan2 with betas 0.9 and
-0.95, 2000 warmup steps then a constant rate (``lr_min_ratio: 1.0``), no gradient clipping, a global batch of 768,
-the puzzle embedding under its own sign-SGD (``CastedSparseEmbeddingSignSGD``, ``puzzle_emb_lr``, decoupled weight
-decay ``puzzle_emb_weight_decay``) and, for TRM, 16 puzzle-embedding positions in front of the 81 cells (one holds
-the learned embedding, the rest start at zero: scratch space) and EMA 0.999 of the weights. The data is augmented
-once, when made (``--preset sudoku-extreme-1k-aug-1000``), not again on the fly.
+0.95 and weight decay on every parameter, 2000 warmup steps then a constant rate (``lr_min_ratio: 1.0``), no gradient
+clipping, a global batch of 768, the puzzle embedding under its own sign-SGD (``CastedSparseEmbeddingSignSGD``,
+``puzzle_emb_lr``, decoupled weight decay ``puzzle_emb_weight_decay``) and, for TRM, 16 puzzle-embedding positions in
+front of the 81 cells (one holds the learned embedding, the rest start at zero: scratch space) and EMA 0.999 of the
+weights. Their output head has a class for each value of their vocabulary, PAD and blank included, which no target has
+(``model.extra_classes``). The data is augmented once, when made (``--preset sudoku-extreme-1k-aug-1000``), not again
+on the fly.
 
 A pasted ``pretrain.py`` line implies its recipe: a line with one of that script's own keys (``arch=``, ``arch.*``,
 ``data_path``, ``data_paths``, ``puzzle_emb_lr``, ``puzzle_emb_weight_decay``) and no ``model=`` of ours follows
@@ -29,14 +31,15 @@ PRETRAIN = ("training.optimizer=adam_atan2_if_installed", "training.beta1=0.9", 
             "training.global_batch_size=768", "training.batch_size=auto", "training.puzzle_emb_optimizer=sign_sgd",
             "training.augment=false",
             "training.lr=1e-4", "training.weight_decay=0.1", "training.puzzle_emb_lr=1e-2",
-            "training.puzzle_emb_weight_decay=0.1")
-# the READMEs' Sudoku-Extreme lines (sudoku-extreme-1k-aug-1000)
-SUDOKU = ("training.weight_decay=1.0", "training.puzzle_emb_weight_decay=1.0")
+            "training.puzzle_emb_weight_decay=0.1", "training.decay_vectors=true")
+# the READMEs' Sudoku-Extreme lines (sudoku-extreme-1k-aug-1000); their head has 11 classes (PAD, blank, the digits)
+SUDOKU = ("training.weight_decay=1.0", "training.puzzle_emb_weight_decay=1.0", "model.extra_classes=2")
 TRM = ("model.puzzle_emb_len=16", "training.ema=true", "training.ema_decay=0.999", "model.H_cycles=3",
        "model.L_layers=2", "training.lr=1e-4", "training.puzzle_emb_lr=1e-4")
 # the READMEs' Maze-Hard lines (maze-30x30-hard-1k): the task, and the eight symmetries of each maze (TRM's data is
 # made with them, --aug 7 here; on the fly they are the same draws)
-MAZE = ("task=maze", "training.weight_decay=1.0", "training.puzzle_emb_weight_decay=1.0", "training.augment=true")
+MAZE = ("task=maze", "training.weight_decay=1.0", "training.puzzle_emb_weight_decay=1.0", "training.augment=true",
+        "model.extra_classes=1")  # their head: PAD besides the 5 characters
 # the READMEs' lengths: set by recipe=NAME itself; a pasted line gives its own (or hrmctl's default length)
 LENGTHS = {"hrm-sudoku": ("training.epochs=20000", "training.eval_every_epochs=2000"),
            "trm-sudoku-mlp": ("training.epochs=50000", "training.eval_every_epochs=5000"),

@@ -110,7 +110,8 @@ def test_the_puzzle_embedding_takes_a_sign_sgd_step_and_the_rest_the_optimizers_
     twin.load_state_dict(model.state_dict())
     signed = optim.make_optimizer(model, t, torch.device("cpu"))
     plain = optim.make_optimizer(twin, config.parse(["training.optimizer=adamw", "training.weight_decay=1.0",
-                                                     "training.beta2=0.95"]).training, torch.device("cpu"))
+                                                     "training.beta2=0.95", "training.decay_vectors=true"]).training,
+                                 torch.device("cpu"))
     for opt in (signed, plain):
         optim.set_lr(opt, 1e-3)
     emb = model.core.puzzle_emb.weight
@@ -176,3 +177,48 @@ def test_a_pasted_lines_data_tells_its_task_by_its_manifest_else_by_the_preset_i
     for line in (["arch=trm", f"data_paths=[{mine}]"], ["arch=trm", f"data_path={mine}"], ["arch=trm", f"data_dir={mine}"]):
         cfg = config.parse(line)
         assert (cfg.recipe, cfg.task) == ("trm-maze", "maze"), line
+
+
+@pytest.mark.parametrize("recipe, task, classes", [("trm-sudoku-att", "sudoku", 9), ("hrm-sudoku", "sudoku", 9),
+                                                   ("trm-maze", "maze", 5)])
+def test_the_recipes_heads_have_the_public_codes_never_target_classes_and_decay_every_parameter(recipe, task, classes):
+    """Their heads have a class for each value of their vocabulary: PAD and blank besides sudoku's 9 digits, PAD
+    besides a maze's 5 characters (model.extra_classes), and their optimizer decays every parameter, vectors too
+    (training.decay_vectors). Our own defaults keep the task's classes and decay matrices only."""
+    small = ["model.n_embd=32", "model.n_head=2", "model.puzzle_emb_ndim=32", "model.H_cycles=1", "model.L_cycles=1"]
+    cfg = config.parse([f"recipe={recipe}", *small])
+    extra = 2 if task == "sudoku" else 1
+    arch = config.resolved_model(cfg.model)
+    assert arch["extra_classes"] == extra and cfg.training.decay_vectors
+    model = models.build(task, arch, None)
+    assert model.core.head.weight.shape[0] == classes + extra
+    groups = optim.make_optimizer(model, cfg.training, torch.device("cpu")).param_groups
+    assert all(g["weight_decay"] == 1.0 for g in groups), [g["weight_decay"] for g in groups]
+    plain = config.parse([f"task={task}", "model=trm-tiny"])
+    assert config.resolved_model(plain.model)["extra_classes"] == 0 and not plain.training.decay_vectors
+    built = models.build(task, config.resolved_model(plain.model), None)
+    assert built.core.head.weight.shape[0] == classes
+    assert [g["weight_decay"] for g in optim.make_optimizer(built, plain.training, torch.device("cpu")).param_groups] \
+        == [plain.training.weight_decay, 0.0]
+
+
+def test_extra_classes_are_never_a_digit_of_a_solved_grid_and_not_a_key_of_a_gpt():
+    """A prediction of a class past the digits (the extra ones no target has) is no digit: the solved grid has 0
+    there and is not a solution; model.extra_classes is the recurrent families' key only, and not negative."""
+    from auralm.tools.solve import is_solution, solve
+
+    class Fixed(torch.nn.Module):  # a recurrent model whose last segment predicts these classes
+        recurrent = True
+
+        def solve(self, x, segments=None):
+            preds = torch.zeros_like(x)
+            preds[:, 0], preds[:, 1] = 9, 10
+            return preds.unsqueeze(0), None, None
+
+    puzzle = [0] * 81
+    [grid] = solve(Fixed(), [puzzle])
+    assert grid[:3] == [0, 0, 1] and not is_solution(grid, puzzle)
+    with pytest.raises(UserError, match="extra_classes"):
+        config.parse(["task=lm", "model=tiny", "model.extra_classes=2"])
+    with pytest.raises(UserError, match="extra_classes"):
+        config.parse(["model=trm-tiny", "model.extra_classes=-1"])
