@@ -18,5 +18,6 @@ The arrows point down this order: errors ← kernels ← models ← data ← tas
 Against that order, and said where they are: ``parallel.strategy`` (the registry, standard library only) is read by
 training.config and planning, which ask a strategy class what it sends; ``models.pretrained`` reads training's
 checkpoint and config to load a saved run. Each room's ``__init__`` says what it may import. auralm never imports
-``cli`` or ``netcheck``.
+``cli`` or ``netcheck``; of ``node`` (standard library only, what runs on a node) planning.autobatch reads the
+memory cgroup's figure.
 """

@@ -12,9 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import node.cgroups as _cgroups
+
 from . import node_probe as _probe
 
 PROBE_FILE = Path(_probe.__file__)
+SENT_WITH = {"node.cgroups": Path(_cgroups.__file__)}  # what the probe imports from this project, sent with it
 
 
 class ProbeError(Exception):
@@ -22,8 +25,17 @@ class ProbeError(Exception):
 
 
 def probe_source() -> str:
-    """The probe's source, to send to a node's Python."""
-    return PROBE_FILE.read_text(encoding="utf-8")
+    """The probe's source, to send to a node's Python (``python - ARGS``): a few lines that put the modules it
+    imports from this project (SENT_WITH) in ``sys.modules`` from their sources, then the probe's own, run as
+    ``__main__``. Nothing of the project need be on the node, and a checkout there of another commit is not read."""
+    lines = ["import sys, types",
+             "sys.modules['node'] = types.ModuleType('node'); sys.modules['node'].__path__ = []"]
+    for name, path in SENT_WITH.items():
+        lines += [f"_m = sys.modules[{name!r}] = types.ModuleType({name!r})",
+                  f"exec(compile({path.read_text(encoding='utf-8')!r}, {str(path.name)!r}, 'exec'), _m.__dict__)"]
+    lines += [f"exec(compile({PROBE_FILE.read_text(encoding='utf-8')!r}, {PROBE_FILE.name!r}, 'exec'), "
+              "{'__name__': '__main__', '__builtins__': __builtins__})"]
+    return "\n".join(lines) + "\n"
 
 
 def probe_args(*, route_to: str | None = None, workdir: str | None = None, data_dir: str | None = None,

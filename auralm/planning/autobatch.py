@@ -26,7 +26,7 @@ import torch
 
 from auralm.planning import cpu_memory
 from auralm.errors import UserError
-from netcheck.node_probe import cgroup_memory, read
+from node.cgroups import cgroup_memory, read
 
 MARGIN = 0.8  # of the available memory, the share a probe's extrapolation may plan to use
 MEMORY_ENV = "HRMCTL_MEMORY_LIMIT_GB"  # the same as training.memory_limit_gb; the smaller of the two wins

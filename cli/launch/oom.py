@@ -1,7 +1,7 @@
 """Whether the kernel's OOM killer took a rank that died of SIGKILL: its count of kills, read on the node when an
 attempt starts and again after the kill.
 
-The count is the one of the memory cgroup the node's commands run in (netcheck.node_probe.oom_kills, the probe
+The count is the one of the memory cgroup the node's commands run in (node.cgroups.oom_kills, sent with the probe
 run with ``--oom-kills``): a command run through the session that started the job runs where the job runs (an SSH
 connection's commands share its sshd, and so its login session's cgroup; a local job shares this process's). So a
 process killed elsewhere on the machine (another user's, another container's) is not taken for the job's. Where

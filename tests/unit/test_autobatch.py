@@ -13,7 +13,7 @@ import torch
 from auralm.planning import autobatch
 from auralm.training import config, train
 from auralm.errors import UserError
-from netcheck.node_probe import cgroup_memory
+from node.cgroups import cgroup_memory
 from tests.trainer.helpers import REPO, python_env, tiny_args
 
 pytestmark = pytest.mark.usefixtures("one_thread")

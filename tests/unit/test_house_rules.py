@@ -1,7 +1,8 @@
 """The house's rules that the code itself can be asked about (issue 35; ../shared/DESIGN.md): no function in
-auralm/, cli/ or netcheck/ longer than 100 lines and the trainer's ``train()`` at most 80, the arrows one way
-(``auralm`` and ``netcheck`` never import ``cli``; ``netcheck`` never imports ``auralm``: its node probe is sent
-over SSH to nodes where nothing of ours is installed), and a name tested only by its owner (issue 64): no module
+auralm/, cli/, netcheck/ or node/ longer than 100 lines and the trainer's ``train()`` at most 80, the arrows one
+way (``auralm`` imports neither ``cli`` nor ``netcheck``; ``netcheck`` never imports ``cli`` or ``auralm``: its node
+probe is sent over SSH to nodes where nothing of ours is installed; ``node`` imports the standard library only), and
+a name tested only by its owner (issue 64): no module
 outside a sync mode's, a task's or a model family's own file or folder compares a value with its name."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-ROOMS = ("auralm", "cli", "netcheck")
+ROOMS = ("auralm", "cli", "netcheck", "node")
 
 
 def _modules(room: str):
@@ -48,11 +49,24 @@ def test_no_function_is_longer_than_100_lines_and_train_at_most_80():
     assert train.end_lineno - train.lineno + 1 <= 80
 
 
-@pytest.mark.parametrize("room, never", [("auralm", {"cli"}), ("netcheck", {"cli", "auralm"})])
+@pytest.mark.parametrize("room, never", [("auralm", {"cli", "netcheck"}), ("netcheck", {"cli", "auralm"}),
+                                         ("node", {"cli", "netcheck", "auralm"})])
 def test_the_arrows_point_one_way(room, never):
     wrong = [f"{path} imports {sorted(_imported_rooms(tree) & never)}" for path, tree in _modules(room)
              if _imported_rooms(tree) & never]
     assert wrong == [], wrong
+
+
+def test_node_imports_the_standard_library_only():
+    """node/ runs where nothing is installed (sent with the node probe): its imports are the standard library's."""
+    found = set()
+    for _, tree in _modules("node"):
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Import):
+                found |= {a.name.split(".")[0] for a in n.names}
+            elif isinstance(n, ast.ImportFrom) and n.level == 0 and n.module:
+                found.add(n.module.split(".")[0])
+    assert found and found - set(sys.stdlib_module_names) - {"node"} == set(), found
 
 
 # The built-in names and their owners, as the registries hold them (in a process of their own: the suite's other

@@ -13,18 +13,22 @@ import pytest
 
 from netcheck import node_probe as probe
 from netcheck.node_checks import resources_check
-from netcheck.node_probe_client import PROBE_FILE, parse_probe
+from netcheck.node_probe_client import parse_probe, probe_source
 
 GB = 2**30
 
 
 def run_probe(data_dir, hide_psutil: bool, python: str = sys.executable) -> dict:
-    """The probe as a node runs it: its source file in a fresh interpreter (psutil hidden on demand)."""
-    code = ("import sys, runpy\n"
-            + ("sys.modules['psutil'] = None\n" if hide_psutil else "")
-            + f"sys.argv = [{str(PROBE_FILE)!r}, '--no-torch', '--data-dir', {str(data_dir)!r}]\n"
-            + f"runpy.run_path({str(PROBE_FILE)!r}, run_name='__main__')\n")
-    res = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
+    """The probe as a node runs it: what probe_source() sends, read by a fresh interpreter from its standard input
+    (psutil hidden on demand; this venv's, which has it). The project's packages are hidden too (a meta path finder
+    that refuses them): the modules the probe needs come with it."""
+    code = ("import sys\n" + ("sys.modules['psutil'] = None\n" if hide_psutil else "")
+            + "class Hide:\n    def find_spec(self, name, *a):\n"
+            + "        if name.split('.')[0] in ('node', 'netcheck', 'cli', 'auralm'): raise ImportError(name)\n"
+            + "sys.meta_path.insert(0, Hide())\n"
+            + f"exec(compile({probe_source()!r}, '<probe>', 'exec'))\n")
+    res = subprocess.run([python, "-", "--no-torch", "--data-dir", str(data_dir)], input=code, capture_output=True,
+                         text=True, timeout=60, cwd=data_dir)
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout.strip().splitlines()[-1])
 
