@@ -35,12 +35,13 @@ def _log_stablemax(x: torch.Tensor) -> torch.Tensor:
 
 def per_token_loss(logits: torch.Tensor, y: torch.Tensor, kind: str = "softmax") -> torch.Tensor:
     """Cross-entropy per position, shape of ``y``, 0 where ``y`` is -100; ``kind="stablemax"`` is the
-    numerically stable variant of the HRM code (s(x) in place of exp(x))."""
+    numerically stable variant of the HRM code (s(x) in place of exp(x)), taken in float64 as theirs takes it
+    (models/losses.py ``stablemax_cross_entropy``) and returned in float32 (float64 for float64 logits)."""
     if kind == "stablemax":
-        logp = _log_stablemax(logits.float())
+        logp = _log_stablemax(logits.double())
         safe = torch.where(y == IGNORE, 0, y)
         nll = -logp.gather(-1, safe.unsqueeze(-1)).squeeze(-1)
-        return torch.where(y == IGNORE, 0.0, nll)
+        return torch.where(y == IGNORE, 0.0, nll).to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
     flat = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1), ignore_index=IGNORE,
                            reduction="none")
     return flat.view(y.shape)
