@@ -2,17 +2,17 @@
 
 Before the first step every rank times its training with the probe the work shares use (``measure_rate``: a few
 forward and backward passes of its micro-batch, after an untimed one, the weights, gradients, carries and random
-state left as found) and one evaluation batch (``time_eval_batch``: the model's forward at evaluation; of a
-recurrent model one segment, times the segments of its solve); the ranks gather their figures and take the slowest. From them a ``Timing`` gives the run's
-time to ``training.max_steps``: its steps, the evaluations on the way (``training.eval_batches`` each) and the final
-one (sudoku: every test puzzle). ``plan`` says it in one line, warns in one more when the run takes over an hour
-(with the override that shortens it), and, for a fresh run whose length nobody gave (no ``training.max_steps``
-nor ``training.epochs``, from the command line, a config file or a guide's spelling), lowers max_steps so that
-training and the final evaluation end within ``training.time_budget`` (default 10 minutes) of the trainer's start,
-with MARGIN of it planned (the machine's load can change, and the optimizer's step, the data and the checkpoints
-are not in the probe). Every rank computes the same figures, so they agree on the max_steps; the warmup+cosine
-schedule reads max_steps at every step (auralm.training.optim.lr_at), so it follows the new length. A resumed run
-keeps its checkpoint's length unless one is given (``resumed_length``).
+state left as found) and one evaluation batch (``time_eval_batch``: the model's forward at evaluation; of a recurrent
+model one segment, times the segments of its solve); the ranks gather their figures and take the slowest. From them a
+``Timing`` gives the run's time to ``training.max_steps``: its steps, the evaluations on the way
+(``training.eval_batches`` each) and the final one (sudoku: every test puzzle). ``plan`` says it in one line, warns
+in one more when the run takes over an hour (with the override that shortens it), and, for a fresh run whose length
+nobody gave (no ``training.max_steps`` nor ``training.epochs``, from the command line, a config file or a guide's
+spelling), lowers max_steps so that training and the final evaluation end within ``training.time_budget`` (default 10
+minutes) of the trainer's start, with MARGIN of it planned (the machine's load can change, and the optimizer's step,
+the data and the checkpoints are not in the probe). Every rank computes the same figures, so they agree on the
+max_steps; the warmup+cosine schedule reads max_steps at every step (auralm.training.optim.lr_at), so it follows the
+new length. A resumed run keeps its checkpoint's length unless one is given (``resumed_length``).
 """
 
 from __future__ import annotations
