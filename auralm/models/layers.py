@@ -41,7 +41,7 @@ def per_token_loss(logits: torch.Tensor, y: torch.Tensor, kind: str = "softmax")
         logp = _log_stablemax(logits.double())
         safe = torch.where(y == IGNORE, 0, y)
         nll = -logp.gather(-1, safe.unsqueeze(-1)).squeeze(-1)
-        return torch.where(y == IGNORE, 0.0, nll).to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
+        return torch.where(y == IGNORE, 0.0, nll).to(torch.promote_types(logits.dtype, torch.float32))
     flat = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1), ignore_index=IGNORE,
                            reduction="none")
     return flat.view(y.shape)

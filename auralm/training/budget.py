@@ -112,15 +112,11 @@ def time_eval_batch(model, x: torch.Tensor, y: torch.Tensor, t: config.TrainingC
     was, rng = model.training, rng_state(device)
     model.eval()
     try:
-        segments = getattr(model, "eval_segments", 0) if getattr(model, "recurrent", False) else 0
+        recurrent = getattr(model, "recurrent", False)
+        segments = getattr(model, "eval_segments", 0) if recurrent else 0  # 0: a model that does not say: all of it
         began = time.perf_counter()
         with autocast(t, device):
-            if segments:
-                model.solve(x, segments=1)
-            elif getattr(model, "recurrent", False):
-                model.solve(x)
-            else:
-                model(x, y)
+            model.solve(x, segments=1 if segments else None) if recurrent else model(x, y)
         return (time.perf_counter() - began) * max(1, segments)
     finally:
         model.train(was)

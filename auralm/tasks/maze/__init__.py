@@ -183,7 +183,8 @@ def prepare(out: Path, train: int | None, test: int | None, min_path: int, loops
     if datadir.up_to_date(out, fp):
         return f"up to date: {out}"
     if from_csv:
-        train_rows, test_rows = datadir.read_splits(from_csv, test_csv, train, test, seed, workers, file_form(), "mazes")
+        train_rows, test_rows = datadir.read_splits(from_csv, test_csv, train, test, seed, workers, file_form(),
+                                                    "mazes")
     else:
         made = mazes.generate(train + test, seed, min_path, loops)
         test_rows, train_rows = made[:test], made[test:]
