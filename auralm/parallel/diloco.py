@@ -17,6 +17,11 @@ K steps. The shared weights, the outer momentum and the next pseudo-gradient are
 except that those K steps started from the older weights. Evaluations and checkpoints finish the
 round first, so a resumed run continues exactly.
 
+With rounds by time (``training.diloco.inner_steps=auto``: auralm.parallel.diloco_strategy) the ranks take
+unequal, varying numbers of local steps: each weighs its change by the rows it saw in the round
+(``start(weight=...)``), and the sum is divided by the sum of the weights; the round's flags carry each rank's
+time per local step, from which the next round's length is set.
+
 With ranks that may leave (auralm.training.members: several nodes, training.elastic.min_nodes below their count),
 a round whose all-reduce waits for a rank that went silent is sent again among the ranks present, and the outer
 step averages over them, weighted by the rows each saw; the others are not restarted.
@@ -103,6 +108,8 @@ class Round:
     bad_steps: list[int]  # local steps skipped by the guard in this round, per rank
     broken: list[int]  # ranks whose pseudo-gradient was not finite
     end: int  # the training step the round ended at (as ``start`` was told)
+    step_s: list[float]  # each rank's seconds per local step in the round (0: not timed, or not present)
+    weights: list[float]  # each rank's weight in the round's average (its rows, with rounds by time)
 
 
 @dataclass
@@ -119,10 +126,11 @@ class _InFlight:
 
 
 class DiLoCo:
-    def __init__(self, model: torch.nn.Module, cfg: DilocoConfig, d: Dist, weight: float):
+    def __init__(self, model: torch.nn.Module, cfg: DilocoConfig, d: Dist, weight: float, varying: bool = False):
         if cfg.outer_lr is None or cfg.outer_momentum is None:  # a caller's mistake, not the user's
             raise ValueError("DiLoCo: the outer step is still auto: call choose_outer_step(cfg, max_steps) first")
         self.d, self.weight, self.cfg = d, weight, cfg
+        self.varying = varying  # the weights change from round to round (rounds by time): the sum is divided by theirs
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.shared = [p.detach().clone() for p in self.params]  # the weights every rank agreed on last
         self.outer = torch.optim.SGD(self.shared, lr=cfg.outer_lr, momentum=cfg.outer_momentum,
@@ -134,17 +142,20 @@ class DiLoCo:
         self.in_flight: _InFlight | None = None  # a round sent and not yet finished (overlap)
 
     @torch.no_grad()
-    def start(self, bad_steps: int, loss_sum: float, losses: int, *, carry: bool = True, end: int = 0) -> None:
+    def start(self, bad_steps: int, loss_sum: float, losses: int, *, carry: bool = True, end: int = 0,
+              step_s: float = 0.0) -> None:
         """End a round: send this round's pseudo-gradient and flags; ``finish`` waits for them and takes the
-        outer step (right after, without overlap).
+        outer step (right after, without overlap). ``step_s``: this rank's seconds per local step in the round.
         With ``carry`` the rank may take local steps in between (overlap: Streaming DiLoCo's, Douillard et
         al. 2025): ``finish`` puts them on top of the new shared weights, so no step is lost."""
         d = self.d
         delta = torch.cat([(s - p).reshape(-1) for s, p in zip(self.shared, self.params)])
         finite = bool(torch.isfinite(delta).all())
-        flags = torch.zeros(2 * d.world + 4, dtype=torch.float64)
+        flags = torch.zeros(4 * d.world + 4, dtype=torch.float64)
         flags[d.rank] = bad_steps
         flags[d.world + d.rank] = 0.0 if finite else 1.0
+        flags[2 * d.world + d.rank] = step_s
+        flags[3 * d.world + d.rank] = self.weight
         flags[-4] = end  # summed: every rank present must have sent the same round (checked in finish)
         flags[-3] = self.weight  # the weights of the ranks present: 1 until one leaves
         if losses:
@@ -228,10 +239,11 @@ class DiLoCo:
             counts = [int(v) for v in flags[:d.world].tolist()]
             broken = [r for r in range(d.world) if flags[d.world + r] > 0]
             loss = float(flags[-2] / flags[-1]) if flags[-1] > 0 else float("nan")
+            step_s, weights = flags[2 * d.world: 3 * d.world].tolist(), flags[3 * d.world: 4 * d.world].tolist()
             if broken:
                 self.wire.undo()
                 self.discard()  # the local steps since start go too: every rank back to the round's start
-                return Round(False, loss, counts, broken, sent.end)
+                return Round(False, loss, counts, broken, sent.end, step_s, weights)
             averaged = self.wire.decode(sent.payload) if self.wire.summed else self._gather(sent)
             if averaged is not None:
                 break
@@ -241,8 +253,8 @@ class DiLoCo:
                 p.sub_(began)
         self.round_bytes = self.sent_bytes - self._round_from
         averaged = averaged.to(sent.dtype)
-        if d.members is not None and d.members.changed:  # over the ranks present: their weights no longer sum to 1
-            averaged /= float(flags[-3])
+        if self.varying or d.members is not None and d.members.changed:  # the weights of the ranks present do not
+            averaged /= float(flags[-3])  # sum to 1
         offset = 0
         for s in self.shared:
             s.grad = averaged[offset: offset + s.numel()].view_as(s)
@@ -255,7 +267,7 @@ class DiLoCo:
         else:
             for s, p in zip(self.shared, self.params):
                 p.add_(s)
-        return Round(True, loss, counts, [], sent.end)
+        return Round(True, loss, counts, [], sent.end, step_s, weights)
 
     @torch.no_grad()
     def discard(self) -> None:

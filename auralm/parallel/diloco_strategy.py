@@ -5,6 +5,16 @@ A round is ``training.diloco.inner_steps`` single-process steps (each rank its s
 NaN guard locally; the round's outer step waits for the all-reduce (with ``overlap_steps``, during the next
 round's first local steps). An evaluation or a checkpoint finishes the round in flight first (``settle``).
 The EMA follows the rounds. Imports torch, auralm.parallel's single, diloco, strategy and the loop parts.
+
+Rounds by time (``training.diloco.inner_steps=auto``, stored as ``timed``): a round lasts what the fastest rank
+present took for H local steps in the last round (its seconds per step, sent with the round's flags, times H), and
+every rank takes the local steps it can in it: it starts another while the round's end is more than half a step
+of its own away, at least one and at most 2H. A rank that slows down mid-run (a laptop's other work, a throttled
+CPU) then costs only its own share: the others do not wait for its H steps, at most for the step it is in. The
+outer average weighs each rank's change by the rows it saw in the round. The first round, with nothing measured
+yet, takes the shares' steps (``training.balance``). The schedule counts H steps a round, as with fixed rounds; a
+resumed run goes on from the checkpoint's round, not step for step as the uninterrupted run would (the steps a
+rank takes depend on the time).
 """
 
 from __future__ import annotations
@@ -12,6 +22,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import time
 
 import torch
 
@@ -40,7 +51,9 @@ class DiLoCoRounds(Single):
         super().attach(parts, extras)
         t = self.t
         self.outer_step = choose_outer_step(t.diloco, t.max_steps)
-        self.outer = DiLoCo(parts.model, t.diloco, self.d, parts.shares.sample_weight(self.d.rank))
+        self.outer = DiLoCo(parts.model, t.diloco, self.d, parts.shares.sample_weight(self.d.rank),
+                            varying=t.diloco.timed)
+        self.round_s = None  # rounds by time: the next round's length for H steps (None: not measured yet)
         if "diloco" in extras:
             self.outer.load_state_dict(extras["diloco"])
         if "inner_optimizer" in extras:
@@ -54,6 +67,8 @@ class DiLoCoRounds(Single):
             if self.d.group is not None:
                 self.d.members.nccl_group = self.d.group
         self.seen_epoch, self.base_accum, self.own_stream = 0, t.grad_accum, None
+        self.nominal_accum = t.grad_accum * t.diloco.inner_steps * self.d.world  # micro-batches of a nominal round
+        self.round_steps: list[int] = []
 
     def say_start(self, log, step: int) -> None:
         t = self.t
@@ -61,7 +76,10 @@ class DiLoCoRounds(Single):
         sent = "all-reduced as " + ("fp32" if wire.kind == "none" else wire.kind) if wire.summed else \
             (f"quantised to {wire.kind} (blocks of {BLOCK}, the rounding's remainder carried to the next round) and "
              "reduce-scattered and all-gathered as codes")
-        log.say(f"sync: diloco, {t.diloco.inner_steps} local steps a round, the change of the weights {sent}: "
+        steps = (f"rounds by time (training.diloco.inner_steps=auto: each as long as the fastest rank's last "
+                 f"{t.diloco.inner_steps} local steps, every rank taking the steps it can in it, weighted by its rows)"
+                 if t.diloco.timed else f"{t.diloco.inner_steps} local steps a round")
+        log.say(f"sync: diloco, {steps}, the change of the weights {sent}: "
                 f"{human_bytes(sent_per_round(wire.kind, wire.numel, self.d.world))} sent by each rank a round "
                 f"({human_bytes(sent_per_round('bf16', wire.numel, self.d.world))} as bf16), {self.outer_step}" +
                 (f"; each round's all-reduce overlaps the next round's first {t.diloco.overlap_steps} local "
@@ -77,7 +95,7 @@ class DiLoCoRounds(Single):
     def batches(self, rank: int | None = None):
         """Unequal shares: every rank its own batches of training.batch_size (the shares are its local steps)."""
         p, t, d = self.p, self.t, self.d
-        if p.shares.equal:
+        if p.shares.equal and not t.diloco.timed:
             return super().batches(rank)
         return datadir.batches(p.train_set, t.batch_size, d.rank if rank is None else rank, d.world, t.seed,
                             start=p.position, augment=self.augment)
@@ -89,6 +107,8 @@ class DiLoCoRounds(Single):
         if self.d.members is not None and self.d.members.epoch != self.seen_epoch:
             self.keep_rows()
         end = rnd.end
+        if self.t.diloco.timed:
+            self.time_rounds(rnd)
         if p.ema and rnd.ok:
             p.ema.update()
         if p.guard:
@@ -96,6 +116,17 @@ class DiLoCoRounds(Single):
             if p.guard.after_step(end, rnd.ok and not any(rnd.bad_steps)):  # no snapshot of a round with skips
                 self.outer.restart_from_model()  # rank 0's restored weights are every rank's shared weights now
         return rnd.loss
+
+    def time_rounds(self, rnd) -> None:
+        """Rounds by time: the next round's length (H of the fastest rank's last steps), this rank's part of the
+        samples counted, and each rank's local steps in the round for the step's record."""
+        timed = [s for s in rnd.step_s if s > 0]
+        if timed:
+            self.round_s = self.t.diloco.inner_steps * min(timed)
+        total = sum(rnd.weights)
+        if total > 0 and self.outer.weight > 0:
+            self.samples_factor = total / self.outer.weight  # every rank's rows per row of this one, as last round
+        self.round_steps = [round(w * self.nominal_accum / self.base_accum) for w in rnd.weights]
 
     def keep_rows(self) -> None:
         """After ranks left: the ranks present take over their rows. Each absent rank's batches go to one rank present
@@ -125,26 +156,43 @@ class DiLoCoRounds(Single):
         p, t, outer = self.p, self.t, self.outer
         length = min(t.diloco.inner_steps, t.max_steps - p.step)
         mine = p.shares.inner_steps_for(self.d.rank, length, t.diloco.inner_steps)
-        bad, loss_sum, losses, norm = 0, 0.0, 0, torch.zeros(())
-        for j in range(mine):
+        began = time.monotonic()
+        deadline = None if self.round_s is None else began + self.round_s * length / t.diloco.inner_steps
+        bad, loss_sum, losses, norm, j = 0, 0.0, 0, torch.zeros(()), 0
+        while self.another(j, mine, length, began, deadline):
             if j == t.diloco.overlap_steps and outer.in_flight:
                 self.finish_round()
-            at = p.step + math.ceil((j + 1) * length / mine)  # where this local step stands in the schedule
+            # where this local step stands in the schedule
+            at = p.step + (min(j + 1, length) if t.diloco.timed else math.ceil((j + 1) * length / mine))
             loss, norm = self.local_step(at)
             ok = p.guard.finite(loss, norm) if p.guard else True
             if ok:
                 loss_sum, losses = loss_sum + float(loss), losses + 1
             bad += not ok
             self.apply(ok)
+            j += 1
         if outer.in_flight:  # fewer local steps than overlap_steps this round
             self.finish_round()
         end = p.step + length
-        outer.start(bad, loss_sum, losses, carry=t.diloco.overlap_steps > 0, end=end)
+        step_s = 0.0
+        if t.diloco.timed:  # this rank's part of the average: the rows it saw, of a nominal round's
+            outer.weight = j * t.grad_accum / self.nominal_accum
+            step_s = (time.monotonic() - began) / j
+        outer.start(bad, loss_sum, losses, carry=t.diloco.overlap_steps > 0, end=end, step_s=step_s)
         if not t.diloco.overlap_steps:
             return end, self.finish_round(), norm
         # overlap: the round's loss over all ranks arrives later (an evaluation or checkpoint waits for it); until
         # then the log shows this rank's own
         return end, loss_sum / losses if losses else float("nan"), norm
+
+    def another(self, j: int, mine: int, length: int, began: float, deadline: float | None) -> bool:
+        """Whether to take local step ``j`` (from 0) of this round: fixed rounds, until this rank's share of them;
+        rounds by time, while the round's end is more than half a step of this rank's away (at least one step, at
+        most 2H)."""
+        if deadline is None or j == 0:
+            return j < mine
+        per_step = (time.monotonic() - began) / j
+        return j < 2 * length and time.monotonic() + per_step / 2 < deadline
 
     def settle(self, loss: float) -> float:
         """Both an evaluation and a checkpoint see, and a resume starts from, the shared weights."""
@@ -154,7 +202,10 @@ class DiLoCoRounds(Single):
         return self.own_metrics
 
     def wire_figures(self) -> dict:
-        return {"round_bytes": self.outer.round_bytes, "sent_bytes": self.outer.sent_bytes}
+        figures = {"round_bytes": self.outer.round_bytes, "sent_bytes": self.outer.sent_bytes}
+        if self.t.diloco.timed and self.round_steps:
+            figures["round_steps"] = self.round_steps  # each rank's local steps in the last round
+        return figures
 
     def rank_parts(self) -> dict:
         parts = {"inner_optimizer": distributed.gather_object(self.d, self.p.optimizer.state_dict())}

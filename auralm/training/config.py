@@ -85,6 +85,10 @@ class ElasticConfig:
 class DilocoConfig:
     """DiLoCo (training.sync=diloco): H local steps per rank, then one outer step on the averaged change."""
     inner_steps: int = 50  # H: local optimizer steps between two synchronisations
+    # inner_steps=auto: rounds by time (auralm/parallel/diloco_strategy.py): a round lasts what the fastest rank took
+    # for H local steps in the last one, and every rank takes the local steps it can in it (the average weighted by
+    # the rows each saw); H stays the schedule's steps a round
+    timed: bool = False
     # the outer Nesterov SGD; None (auto, the default): chosen by the run's length (auralm/parallel/diloco.py:
     # the paper's lr 0.7 momentum 0.9 for FEW_ROUNDS rounds or more, the ranks' plain average, lr 1 momentum 0, below)
     outer_lr: float | None = None
@@ -173,6 +177,8 @@ class FaultConfig:
     kill_at_step: tuple[int, ...] = ()
     kill_rank: int = 0
     step_sleep: float = 0.0  # seconds every rank sleeps each step: a slower machine (a test's run outlasts its faults)
+    sleep_rank: int = -1  # the rank that sleeps step_sleep (-1: every rank)
+    sleep_from_step: int = 0  # from this step on (a machine that slows mid-run)
 
 
 @dataclass
@@ -383,6 +389,9 @@ def _set(cfg: Config, keys: dict, given: str, text: str) -> list[str]:
         if key == "training.batch_size" and text.strip().lower() == "auto":
             cfg.training.batch_size = AUTO
             continue
+        if key == "training.diloco.inner_steps" and text.strip().lower() == "auto":
+            cfg.training.diloco.timed = True  # H keeps its value: the schedule's steps a round
+            continue
         if key in AUTO_NONE and text.strip().lower() == "auto":
             text = "none"
         try:
@@ -390,7 +399,7 @@ def _set(cfg: Config, keys: dict, given: str, text: str) -> list[str]:
             if key == "training.batch_size" and value <= 0:
                 raise UserError(f"{given}={text}: must be greater than 0 (or auto: the largest that fits)")
         except ValueError:
-            what = "an integer or auto" if key == "training.batch_size" else \
+            what = "an integer or auto" if key in ("training.batch_size", "training.diloco.inner_steps") else \
                 "a number or auto" if key in AUTO_NONE else _type_name(keys[key])
             raise UserError(f"{given}={text!r}: expected {what}") from None
         target = cfg

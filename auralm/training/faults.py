@@ -4,7 +4,8 @@ A run given none of the keys has no hook, and its step has nothing of this. With
 one ``Faults`` whose methods the step calls at its two points (auralm.parallel.single, ``Parts.hooks``):
 
 - ``before_step(at)``: ``fault.kill_at_step`` SIGKILLs ``fault.kill_rank`` (only in a run that did not resume: a
-  restart, which passes resume=latest, gets past it), and ``fault.step_sleep`` makes every rank a slower machine;
+  restart, which passes resume=latest, gets past it), and ``fault.step_sleep`` makes every rank (or
+  ``fault.sleep_rank``, from step ``fault.sleep_from_step`` on) a slower machine;
 - ``after_backward(at, params)``: ``fault.nan_at_step`` puts NaN into ``fault.nan_rank``'s gradients; it returns
   whether it did, so that the step does not read the NaN as an fp16 overflow.
 
@@ -28,7 +29,10 @@ class Faults:
         if self.rank == f.kill_rank and at in f.kill_at_step and not self.resumed:
             print(f"fault: killing rank {self.rank} at step {at}", file=sys.stderr, flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
-        if f.step_sleep > 0:
+        if f.step_sleep > 0 and f.sleep_rank in (-1, self.rank) and at >= f.sleep_from_step:
+            if at == f.sleep_from_step > 0:
+                print(f"fault: rank {self.rank} sleeps {f.step_sleep:g}s a step from step {at} on", file=sys.stderr,
+                      flush=True)
             time.sleep(f.step_sleep)
 
     def after_backward(self, at: int, params) -> bool:

@@ -216,3 +216,29 @@ def test_auto_balance_measures_each_rank_and_diloco_gives_the_slower_rank_fewer_
     assert [r0["optimizer_steps"] - 1, r1["optimizer_steps"] - 1] == event["inner_steps"]
     assert max(event["inner_steps"]) == 10
     assert _equal_weights(r0["state"], r1["state"])
+
+
+def test_rounds_by_time_give_a_rank_slowed_mid_run_fewer_local_steps_and_weigh_the_average_by_rows(sudoku_dir,
+                                                                                                   tmp_path, capfd):
+    """training.diloco.inner_steps=auto (here with H=10): the first round, nothing measured, every rank takes H;
+    from step 11 rank 1 sleeps 0.3 s a step (a laptop that slowed), so in the next rounds, each as long as rank 0's
+    last H steps, it takes fewer than rank 0, which takes about H: the round no longer waits for H slow steps. The
+    outer average (plain, one lr 1 step: fewer than 20 rounds) weighs each rank's weights by its rows. Whatever this
+    machine's speed: rank 1's steps are 0.3 s longer than rank 0's, so fewer of them fit a round of rank 0's."""
+    args = tiny_args(sudoku_dir, tmp_path / "run", "training.max_steps=30", "training.sync=diloco",
+                     "training.diloco.inner_steps=10", "training.diloco.timed=true", "training.diloco.compress=none",
+                     "training.eval_interval=0", "training.log_interval=10", "fault.step_sleep=0.3",
+                     "fault.sleep_rank=1", "fault.sleep_from_step=11")
+    r0, r1 = _ok(run_ranks(2, args, tmp_path, spy_sync=True))
+    assert "rounds by time (training.diloco.inner_steps=auto" in capfd.readouterr().out
+    steps = [rec["round_steps"] for rec in records(tmp_path / "run")]
+    assert steps[0] == [10, 10], steps  # nothing measured yet: the shares' H each
+    for r0_steps, r1_steps in steps[1:]:
+        assert r1_steps < r0_steps <= 20, steps  # at most 2H
+    assert [r0["optimizer_steps"], r1["optimizer_steps"]] == [sum(s[0] for s in steps) + 3,
+                                                             sum(s[1] for s in steps) + 3]  # 3 outer steps each
+    assert _equal_weights(r0["state"], r1["state"])
+    n0, n1 = steps[-1]
+    final = [t for t in r0["state"].values()][:len(r0["synced"][-1])]
+    for got, a, b in zip(final, r0["synced"][-1], r1["synced"][-1]):
+        torch.testing.assert_close(got, (n0 * a + n1 * b) / (n0 + n1), rtol=1e-5, atol=1e-6)

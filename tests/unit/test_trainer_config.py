@@ -39,11 +39,20 @@ def test_defaults_are_the_embedded_sudoku_run():
     ("model.n_embd=65", "not a multiple of model.n_head"),
     ("max_steps", "expected key=value"),
     ("fault.step_sleep=-0.1", "fault.step_sleep=-0.1: must not be negative"),
+    ("training.diloco.inner_steps=often", "training.diloco.inner_steps='often': expected an integer or auto"),
 ])
 def test_bad_overrides_name_the_problem(override, expected):
     with pytest.raises(UserError, match=None) as err:
         config.parse([override])
     assert expected in str(err.value)
+
+
+def test_diloco_inner_steps_auto_is_rounds_by_time_of_h_steps():
+    d = config.parse(["training.sync=diloco", "training.diloco.inner_steps=auto"]).training.diloco
+    assert d.timed and d.inner_steps == config.DilocoConfig().inner_steps  # H: the schedule's steps a round
+    d = config.parse(["training.diloco.inner_steps=auto", "training.diloco.inner_steps=20"]).training.diloco
+    assert d.timed and d.inner_steps == 20
+    assert not config.parse(["training.sync=diloco"]).training.diloco.timed
 
 
 def _train_cli(*args):
