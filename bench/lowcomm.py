@@ -6,6 +6,7 @@ and equal against measured shares with one node at half a core.
     python bench/lowcomm.py balance [--steps 40] [--model mini]
     python bench/lowcomm.py table   [--steps 24] [--model mini] [--inner 8]
     python bench/lowcomm.py compress [--steps 48] [--model small] [--inner 8] [--link wifi]
+    python bench/lowcomm.py unequal [--steps 120] [--model mini] [--inner 8] [--link wifi] [--slow-at 0.3]
 
 Every run is `hrmctl train` on lab nodes (lab/nodes.py: real sshd, real torchrun, gloo over the
 lab's bridge), task=lm on the Spanish text of ../shared/data, fp32. Each node is pinned to a core of
@@ -24,6 +25,11 @@ balance: node1 at 50% of its core; node0 alone, node1 alone, the pair with equal
          balance=auto, under DDP (and DiLoCo with auto).
 table:   mode x link (LAN, 200 Mbit/s +3 ms, 50 Mbit/s +20 ms) x nodes (1, 2, 3), every node at half a
          core (three nodes on two cores), speed-up over one node and final validation loss.
+unequal: four nodes of half a core each (two on each core) on the crowded Wi-Fi below, under DiLoCo: one node alone,
+         a quarter-core node alone, the four with rounds by time (training.diloco.inner_steps=auto); then the four
+         with node3 capped to a quarter core once the run is --slow-at through (a laptop that slows mid-run), with
+         fixed rounds of H steps and with rounds by time: tokens/s after the cap against the ideal sum (three
+         half-core nodes and one quarter-core node, each alone).
 compress: two nodes on a crowded Wi-Fi (each node's link 50 Mbit/s, 5 +- 2.5 ms and 1% of its arriving packets
          lost: 10 +- 5 ms more round trip, 1% loss each way) under DDP and under DiLoCo with its rounds sent as
          bf16, int8 and int4 (training.diloco.compress; the outer step the default's), against one node:
@@ -79,14 +85,28 @@ def shape(lab: Lab, link: str) -> None:
 
 
 def train(lab: Lab, nodes: list[str], run_id: str, args: list[str], cwd: Path) -> dict:
-    """One `hrmctl train` run; its samples/s (after the first record), final val_loss, wall time."""
+    """One `hrmctl train` run; its figures."""
     began = time.monotonic()
     hrmctl(lab, "train", "--nodes", ",".join(nodes), "--run-id", run_id, *args, cwd=cwd)
-    wall = time.monotonic() - began
+    return figures(lab, nodes, run_id, time.monotonic() - began)
+
+
+def figures(lab: Lab, nodes: list[str], run_id: str, wall: float, since_step: int = 0) -> dict:
+    """A run's samples/s (after the first record, or the first at or after ``since_step``), final val_loss, wall
+    time."""
     run = lab.node(nodes[0]).home / "hrmctl" / "runs" / run_id
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     cfg = json.loads((run / "config.json").read_text())
+    rows = [r for r in rows if r["step"] >= since_step] or rows[-2:]
     first, last = rows[0], rows[-1]
+    if any("round_steps" in r for r in rows):  # rounds by time: every rank's local steps a round (a record each)
+        rounds = [r for r in rows if "round_steps" in r]
+        first, last = rounds[0], rounds[-1]
+        tokens = sum(sum(r["round_steps"]) for r in rounds[1:]) * cfg["training"]["batch_size"] * \
+            cfg["model"]["block_size"]
+        return {"tokens_per_s": tokens / (last["train_s"] - first["train_s"]), "val_loss": rows[-1].get("val_loss"),
+                "wall_s": wall, "steps": last["step"], "shares": None, "round_bytes": last.get("round_bytes"),
+                "round_steps": last["round_steps"]}
     events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()] \
         if (run / "events.jsonl").exists() else []
     shares = next((e for e in events if e["kind"] == "balance"), None)
@@ -225,9 +245,65 @@ def compress(lab: Lab, a, cwd: Path) -> None:
     print("\n".join(out))
 
 
+def unequal(lab: Lab, a, cwd: Path) -> None:
+    lab.pin_cores(quota=0.5)
+    slow, core = lab.node("node3"), str(_cores()[3 % len(_cores())])
+    out = ["| run | tokens/s | against | final val loss | wall |", "|---|---|---|---|---|"]
+    shape(lab, "LAN")
+    one = train(lab, ["node0"], "u-one", common(a), cwd)
+    out.append(row("node0 alone (half a core)", one, None).replace("1.00x", "-"))
+    slow.limit_cpu(cpus=core, quota=0.25)
+    quarter = train(lab, ["node3"], "u-quarter", common(a), cwd)
+    slow.limit_cpu(cpus=core, quota=0.5)
+    out.append(row("node3 alone at a quarter core", quarter, one["tokens_per_s"]).replace("x |", "x one node |"))
+    print("\n".join(out), file=sys.stderr, flush=True)
+    shape(lab, a.link)
+    nodes = [f"node{i}" for i in range(4)]
+    timed = ["training.sync=diloco", f"training.diloco.inner_steps={a.inner}", "training.diloco.timed=true"]
+    r = train(lab, nodes, "u-four", common(a) + timed, cwd)
+    out.append(row(f"4 nodes, diloco, rounds by time (H={a.inner}), {a.link}", r, one["tokens_per_s"])
+               .replace("x |", "x one node |"))
+    print(out[-1], file=sys.stderr, flush=True)
+    ideal = 3 * one["tokens_per_s"] + quarter["tokens_per_s"]
+    cap_at = max(1, int(a.steps * a.slow_at))
+    for label, extra in ((f"fixed rounds of H={a.inner}", timed[:2]), (f"rounds by time (H={a.inner})", timed)):
+        run_id = "u-slow-" + ("timed" if "timed" in label else "fixed")
+        metrics = lab.node("node0").home / "hrmctl" / "runs" / run_id / "metrics.jsonl"
+        capped = []
+
+        def cap():  # node3 to a quarter core once the run's records reach cap_at
+            deadline = time.monotonic() + 3600
+            while time.monotonic() < deadline:
+                text = metrics.read_text() if metrics.exists() else ""
+                steps = [json.loads(line)["step"] for line in text.splitlines() if line.strip()]
+                if steps and steps[-1] >= cap_at:
+                    slow.limit_cpu(cpus=core, quota=0.25)
+                    capped.append(steps[-1])
+                    return
+                time.sleep(0.2)
+
+        with ThreadPoolExecutor(1) as pool:
+            waiter = pool.submit(cap)
+            r = train(lab, nodes, run_id, common(a) + extra, cwd)
+            waiter.result()
+        slow.limit_cpu(cpus=core, quota=0.5)
+        r = figures(lab, nodes, run_id, r["wall_s"], since_step=capped[0] + 1) if capped else r
+        out.append(f"| 4 nodes, node3 to a quarter core at step {capped[0] if capped else '-'}, diloco {label}, "
+                   f"{a.link}: after the cap | {r['tokens_per_s']:.0f} | {r['tokens_per_s'] / ideal:.2f} of the ideal "
+                   f"sum ({ideal:.0f}) | {r['val_loss']:.4f} | {r['wall_s']:.0f} s |")
+        print(out[-1], file=sys.stderr, flush=True)
+    shape(lab, "LAN")
+    print("\n".join(out))
+
+
+def _cores() -> list[int]:
+    from lab.nodes import CGROUP_ROOT, _cpu_list
+    return _cpu_list((CGROUP_ROOT / "cpuset" / "cpuset.effective_cpus").read_text())
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=("targets", "balance", "table", "compress"))
+    p.add_argument("what", choices=("targets", "balance", "table", "compress", "unequal"))
     p.add_argument("--steps", type=int, default=24)
     p.add_argument("--model", default=None)
     p.add_argument("--batch", type=int, default=16)
@@ -237,17 +313,21 @@ def main() -> None:
                    help="targets: which two-node rows to run (ceiling: the two nodes each alone at once)")
     p.add_argument("--links", default="LAN,200M+3ms", help="targets: the links to run the two-node rows on")
     p.add_argument("--link", default="wifi", choices=[*LINKS, *WIFI], help="compress: the link of the two-node rows")
+    p.add_argument("--slow-at", type=float, default=0.3, help="unequal: the part of the run after which node3 slows")
     p.add_argument("--ddp-loss", type=float, default=None,
                    help="targets: DDP's final val loss on the LAN from an earlier run, when ddp is not in --modes")
     a = p.parse_args()
     a.modes, a.links = a.modes.split(","), a.links.split(",")
     a.model = a.model or ("small" if a.what in ("targets", "compress") else "mini")
+    if a.what == "unequal" and "--steps" not in sys.argv:
+        a.steps = 120
     tmp = Path(tempfile.mkdtemp(prefix="bench-lowcomm-"))
-    with Lab(3 if a.what == "table" else 2) as lab:
+    with Lab({"table": 3, "unequal": 4}.get(a.what, 2)) as lab:
         prepare(lab, tmp)
         print(f"{a.what}: model={a.model}, batch {a.batch} per rank, {a.steps} steps, DiLoCo H={a.inner}",
               file=sys.stderr, flush=True)
-        {"targets": targets, "balance": balance, "table": table, "compress": compress}[a.what](lab, a, tmp)
+        {"targets": targets, "balance": balance, "table": table, "compress": compress,
+         "unequal": unequal}[a.what](lab, a, tmp)
     shutil.rmtree(tmp, ignore_errors=True)
 
 
