@@ -43,7 +43,11 @@ class DiLoCoRounds(Single):
     waits = "every DiLoCo round waits for the slowest"
 
     def inner_steps(self) -> int | None:
-        return self.t.diloco.inner_steps
+        return self.steps_a_round(self.t)
+
+    @classmethod
+    def steps_a_round(cls, training) -> int | None:
+        return training.diloco.inner_steps
 
     def attach(self, parts: Parts, extras: dict) -> None:
         """The outer step (auto: by the run's length, set in the config the run records), and on a resume the

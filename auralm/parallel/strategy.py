@@ -58,7 +58,8 @@ class Strategy:
     - ``shard(model)``: split the model over the ranks before its optimizer exists (FSDP); a phrase for the log;
     - ``sharded`` (the model is split over the ranks: every rank evaluates and saves) and ``sharded_checkpoints``
       (its checkpoints are DCP shards, also with one rank): how the trainer saves, resumes and evaluates;
-    - ``inner_steps()``: local steps a round, for the work shares (DiLoCo), else None;
+    - ``inner_steps()``: local steps a round, for the work shares (DiLoCo), else None (``steps_a_round(training)``,
+      the same from the config alone, for the link budget);
     - ``attach(parts, extras)``: take the training parts and what a resumed checkpoint held for it;
     - ``say_start(log, step)``: its lines at the start of a run of several ranks;
     - ``wrap()``: the model as trained (DDP's wrapper, its comm hook); the batches are made after it;
@@ -79,6 +80,11 @@ class Strategy:
 
     @classmethod
     def link_cost(cls, budget: dict, hook: str) -> dict | None:
+        return None
+
+    @classmethod
+    def steps_a_round(cls, training) -> int | None:
+        """The local steps between two synchronisations when it synchronises once a round (DiLoCo), else None."""
         return None
 
     waits = "every step waits for the slowest"  # for the link budget's line about unequal shares

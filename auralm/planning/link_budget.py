@@ -169,6 +169,26 @@ def budget(*, busbw_GBps: float, latency_us: float, world: int, parameters: int,
     return out
 
 
+def compress_for(b: dict, inner_steps: int) -> dict | None:
+    """DiLoCo's wire for a run of rounds of ``inner_steps`` on this budget's link: the least compressed of bf16,
+    int8 and int4 whose round costs at most DILOCO_OK of the round's compute, else the most compressed; with the
+    figures that say why. None when the compute time is unknown."""
+    compute_s = b["diloco"]["compute_s"]
+    if not compute_s or compute_s <= 0 or inner_steps < 1:
+        return None
+    by_kind, round_s = b["diloco"]["by_compress"], inner_steps * compute_s
+    kind = next((k for k in WIRE_KINDS if by_kind[k]["comm_s_per_sync"] <= DILOCO_OK * round_s), WIRE_KINDS[-1])
+    sync = by_kind[kind]["comm_s_per_sync"]
+    fits = sync <= DILOCO_OK * round_s
+    why = (f"a round of {inner_steps} steps computes for ~{seconds(round_s)}; sent as {kind} "
+           f"({human_bytes(by_kind[kind]['bytes_per_sync'])}) it takes ~{seconds(sync)} on this link, "
+           + (f"within {DILOCO_OK:.0%} of that" if fits else f"the least of the three, still over {DILOCO_OK:.0%} "
+              f"of it (fewer bytes need a larger training.diloco.inner_steps)"))
+    if kind != WIRE_KINDS[0]:
+        why += f"; as {WIRE_KINDS[0]} ~{seconds(by_kind[WIRE_KINDS[0]]['comm_s_per_sync'])}"
+    return {"compress": kind, "why": why}
+
+
 def diloco_steps(sync_s: float, compute_s: float | None) -> int | None:
     """The smallest round H whose synchronisation costs at most DILOCO_OK of H steps' compute (the largest when
     none does); None when the compute time is unknown."""
@@ -364,7 +384,7 @@ def age(seconds_ago: float) -> str:
 
 
 def advise(link: dict, run: dict, *, world: int, sync: str = "ddp", hook: str = "none", balance: str = "equal",
-           now: float | None = None, parallel: str = "ddp") -> dict:
+           now: float | None = None, parallel: str = "ddp", inner_steps: int | None = None) -> dict:
     """hrmctl train's look at a cached link (``link``: one entry of links.json) for this run's model (``run``: as in
     scaled_compute, with "name" and "powersgd"): {"warn", "line", "budget", "compute_s", "estimated", ...}. ``warn``
     when this run's DDP communication (its comm hook, its shares) would take longer than its compute, or when its
@@ -379,6 +399,8 @@ def advise(link: dict, run: dict, *, world: int, sync: str = "ddp", hook: str = 
            "sync": sync, "ddp_comm_hook": hook, "balance": balance, "measured_at": link.get("measured_at")}
     if world <= 1:
         return out
+    if inner_steps:  # DiLoCo's rounds: the wire this link and model call for (hrmctl train's default)
+        out["diloco_compress"] = compress_for(b, inner_steps)
     s, bal = b["suggestion"], b["balance"]
     when = age((now or time.time()) - link["measured_at"]) if link.get("measured_at") else ""
     how = ("estimate: scaled from the " + ("same model at batch " if link["compute"].get("spec") == run.get("spec")
@@ -461,7 +483,7 @@ def main(argv: list[str]) -> int:
         world = world or link["world"]
         t = cfg.training
         out = advise(link, run_model(cfg, world), world=world, sync=t.sync, hook=t.ddp_comm_hook, balance=t.balance,
-                     parallel=t.parallel)
+                     parallel=t.parallel, inner_steps=strategy.strategy_class(t.sync, t.parallel).steps_a_round(t))
     except (UserError, ValueError, KeyError, IndexError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -8,8 +8,10 @@ the entry of its nodes, if any, is handed with the run's overrides to `python -m
 (a process, started at once so that it runs beside the preflight; it sizes the run's model on the meta
 device and scales the cached compute to it). When DDP's communication (with the run's comm hook, PowerSGD
 included) would take longer than the compute, or when the ranks differ in speed and the run gives them
-equal shares, one warning line says so with the figures and the overrides to try. Never an error, never
-a reason not to run: anything missing or failing here is silence.
+equal shares, one warning line says so with the figures and the overrides to try. Under DiLoCo, when the run does
+not set ``training.diloco.compress``, its rounds are sent as the budget's wire for the run's H on this link (the
+least compressed whose round fits; link_budget.compress_for), said in one line. Never an error, never a reason not
+to run: anything missing or failing here is silence.
 """
 
 from __future__ import annotations
@@ -103,6 +105,27 @@ def start(opts) -> Advice | None:
         return Advice(entry, list(opts.args), world)
     except OSError:
         return None
+
+
+COMPRESS = "training.diloco.compress"
+
+
+def choose_compress(advice: Advice | None, opts, err) -> str | None:
+    """DiLoCo's wire for this run from test-ddp's figures of its nodes, when the run does not set it: the override
+    added to ``opts.args`` and said in one line (the budget's reason, and the override that keeps the default);
+    the wire chosen, or None (nothing cached, not a run of rounds, given by the user, or the default already)."""
+    if advice is None or opts.trainer is None or \
+            any(a.partition("=")[0].lstrip("+") == COMPRESS for a in opts.args):
+        return None
+    choice = (advice.result() or {}).get("diloco_compress")
+    default = opts.trainer.training.diloco.compress
+    if not choice or choice["compress"] == default:
+        return None
+    opts.args = [*opts.args, f"{COMPRESS}={choice['compress']}"]
+    err.print(f"diloco: rounds sent as {choice['compress']}, chosen from test-ddp's figures for "
+              f"{key([n.name for n in opts.nodes])}: {choice['why']}; {COMPRESS}={default} keeps {default}",
+              markup=False, highlight=False, soft_wrap=True)
+    return choice["compress"]
 
 
 def summary(advice: Advice | None) -> dict | None:

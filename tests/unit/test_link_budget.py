@@ -298,6 +298,21 @@ def test_advise_warns_of_equal_shares_on_ranks_of_unequal_speed():
 # ---------------------------------------------------------------- the cache file, and train's warning end to end
 
 
+def test_diloco_wire_is_the_least_compressed_whose_round_fits_the_link():
+    # 14M parameters at 25 MB/s, 1.2 s a step: bf16 (28 MB) 1.12 s, int8 (14.2 MB) 0.569 s, int4 (7.2 MB) 0.289 s a
+    # round; a round may spend 5% of its compute: 3 s for H=50, 0.6 s for H=10, 0.3 s for H=5, 0.06 s for H=1
+    b = lb.budget(busbw_GBps=0.025, latency_us=500.0, world=2, parameters=14_000_000, compute_s=1.2)
+    assert [lb.compress_for(b, h)["compress"] for h in (50, 20, 10, 5, 1)] == ["bf16", "bf16", "int8", "int4", "int4"]
+    assert lb.compress_for(b, 10)["why"] == ("a round of 10 steps computes for ~12 s; sent as int8 (14.2 MB) it takes "
+                                             "~0.569 s on this link, within 5% of that; as bf16 ~1.12 s")
+    assert "still over 5% of it (fewer bytes need a larger training.diloco.inner_steps)" in lb.compress_for(b, 1)["why"]
+    assert lb.compress_for(lb.budget(busbw_GBps=0.025, latency_us=500.0, world=2, parameters=14_000_000,
+                                     compute_s=None), 10) is None  # no compute measured: no choice
+    link = _link({**SMALL, "s_per_step": 1.2})
+    assert lb.advise(link, dict(SMALL), world=2, sync="diloco", inner_steps=10)["diloco_compress"]["compress"] == "int8"
+    assert "diloco_compress" not in lb.advise(link, dict(SMALL), world=2)  # DDP: no rounds
+
+
 def _result(parameters: int, s_per_step: float, busbw: float, model: dict) -> dict:
     b = lb.budget(busbw_GBps=busbw, latency_us=500.0, world=2, parameters=parameters, compute_s=s_per_step)
     return {"world_size": 2, "backend": "gloo", "ok": True,
@@ -364,6 +379,18 @@ def test_train_warning_from_the_cache_end_to_end(home, monkeypatch):
     doc = link_cache.warn(link_cache.start(LaunchOptions(nodes=_nodes(), args=overrides + ["training.sync=diloco"])),
                      Console(file=io.StringIO()))
     assert doc is not None and doc["sync"] == "diloco" and not doc["warn"]
+    # DiLoCo of H=10 that leaves its wire to hrmctl: int8 on this link (a round's 12 s of compute; bf16's 28 MB take
+    # 1.1 s, over 5% of it), added to the run's overrides and said; given by the user: left as given
+    opts = LaunchOptions(nodes=_nodes(), args=overrides + ["training.sync=diloco", "training.diloco.inner_steps=10"])
+    out = io.StringIO()
+    assert link_cache.choose_compress(link_cache.start(opts), opts, Console(file=out, width=400)) == "int8"
+    assert opts.args[-1] == "training.diloco.compress=int8" and opts.trainer.training.diloco.compress == "int8"
+    assert out.getvalue().startswith("diloco: rounds sent as int8, chosen from test-ddp's figures for node0,node1: a "
+                                     "round of 10 steps computes for ~")
+    assert out.getvalue().rstrip().endswith("training.diloco.compress=bf16 keeps bf16")
+    given = LaunchOptions(nodes=_nodes(), args=opts.args[:-1] + ["training.diloco.compress=none"])
+    assert link_cache.choose_compress(link_cache.start(given), given, Console(file=io.StringIO())) is None
+    assert given.args[-1] == "training.diloco.compress=none"
     # one node, or no entry for these nodes: nothing started, nothing printed
     assert link_cache.start(LaunchOptions(nodes=_nodes()[:1], args=overrides)) is None
     assert link_cache.start(LaunchOptions(nodes=[_nodes()[0], Node(name="x", host="h", user="u")], args=overrides)) is None
