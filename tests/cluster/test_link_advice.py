@@ -129,9 +129,17 @@ def test_slow_link_makes_train_warn_with_the_suggested_overrides(lab3, hrmctl, t
     _consistent(link, err, entry, tr)
     line = next(l for l in err.splitlines() if l.startswith("warning: node0,node1:"))
     assert line.endswith(" ".join(["try", *shares, *sync]))
-    # asking for DiLoCo already: nothing to say of the communication
-    link, err = _train_dry_run(hrmctl, lab3, cache, text_on_nodes, "training.sync=diloco")
+    # asking for DiLoCo already: nothing to say of the communication; its rounds' wire, left to hrmctl, is the one
+    # this link calls for at the run's H (the default 50), in the plan (the dry run's commands) and said
+    code, out, err = hrmctl("train", "--nodes", "node0,node1", "--dry-run", "--json", *MODEL,
+                            f"data_dir={text_on_nodes}", "training.sync=diloco", inventory=lab3.inventory,
+                            env={"HRMCTL_CACHE": str(cache)})
+    assert code == 0, out + err
+    link, wire = json.loads(out)["link"], lb.compress_for(tr, 50)["compress"]
     assert link["sync"] == "diloco" and "DDP would spend" not in err
+    assert (f"training.diloco.compress={wire}" in out) == (wire != "bf16"), out
+    assert (f"diloco: rounds sent as {wire}, chosen from test-ddp's figures for node0,node1" in err) == \
+        (wire != "bf16"), err
     print(f"2 Mbit/s: busbw {tr['busbw_GBps'] * 1e6:.0f} KB/s, latency {tr['latency_us']:.0f} us, "
           f"compute {tr['compute_s']:.3f} s/step, ddp {tr['ddp']['comm_s']:.2f} s/step; {tr['suggestion']['overrides']}")
 
