@@ -126,12 +126,15 @@ class _InFlight:
 
 
 class DiLoCo:
-    def __init__(self, model: torch.nn.Module, cfg: DilocoConfig, d: Dist, weight: float, varying: bool = False):
+    def __init__(self, model: torch.nn.Module | list[torch.Tensor], cfg: DilocoConfig, d: Dist, weight: float,
+                 varying: bool = False):
+        """``model``: the model, or the parameters it synchronises (a fragment's)."""
         if cfg.outer_lr is None or cfg.outer_momentum is None:  # a caller's mistake, not the user's
             raise ValueError("DiLoCo: the outer step is still auto: call choose_outer_step(cfg, max_steps) first")
         self.d, self.weight, self.cfg = d, weight, cfg
         self.varying = varying  # the weights change from round to round (rounds by time): the sum is divided by theirs
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        params = model.parameters() if isinstance(model, torch.nn.Module) else model
+        self.params = [p for p in params if p.requires_grad]
         self.shared = [p.detach().clone() for p in self.params]  # the weights every rank agreed on last
         self.outer = torch.optim.SGD(self.shared, lr=cfg.outer_lr, momentum=cfg.outer_momentum,
                                nesterov=cfg.outer_momentum > 0)

@@ -6,6 +6,14 @@ NaN guard locally; the round's outer step waits for the all-reduce (with ``overl
 round's first local steps). An evaluation or a checkpoint finishes the round in flight first (``settle``).
 The EMA follows the rounds. Imports torch, auralm.parallel's single, diloco, strategy and the loop parts.
 
+Fragments (``training.diloco.fragments=P``, Streaming DiLoCo's, Douillard et al. 2025): the weights are cut into P
+parts of about equal size (consecutive parameters), each with its own shared copy, outer optimizer and wire; part p is
+synchronised once a round, after about (p + 1)/P of the round's local steps (by time, with rounds by time), so the
+link carries a P-th of the model at a time, at staggered points, and with ``overlap_steps`` each part's all-reduce
+travels during the next K local steps. An evaluation or a checkpoint synchronises the parts that took local steps
+since their point (a P-th of the model each), so that every rank holds the shared weights there, and a resumed run
+goes on exactly. P=1 is DiLoCo's round.
+
 Rounds by time (``training.diloco.inner_steps=auto``, stored as ``timed``): a round lasts what the fastest rank
 present took for H local steps in the last round (its seconds per step, sent with the round's flags, times H), and
 every rank takes the local steps it can in it: it starts another while the round's end is more than half a step
@@ -55,15 +63,23 @@ class DiLoCoRounds(Single):
         super().attach(parts, extras)
         t = self.t
         self.outer_step = choose_outer_step(t.diloco, t.max_steps)
-        self.outer = DiLoCo(parts.model, t.diloco, self.d, parts.shares.sample_weight(self.d.rank),
-                            varying=t.diloco.timed)
+        weight = parts.shares.sample_weight(self.d.rank)
+        self.outers = [DiLoCo(part, t.diloco, self.d, weight, varying=t.diloco.timed)
+                       for part in fragments([q for q in parts.model.parameters() if q.requires_grad],
+                                             t.diloco.fragments)]
         self.round_s = None  # rounds by time: the next round's length for H steps (None: not measured yet)
+        self.local_steps = 0  # this rank's local steps since the start (a part in flight is finished K after its own)
+        self.started = [0] * len(self.outers)  # local_steps when each part was last sent
+        self.broken: list[int] = []  # ranks whose change of a part was not finite, this round
         if "diloco" in extras:
-            self.outer.load_state_dict(extras["diloco"])
+            for outer, state in zip(self.outers, extras["diloco"].get("fragments", [extras["diloco"]])):
+                outer.load_state_dict(state)
         if "inner_optimizer" in extras:
             parts.optimizer.load_state_dict(extras["inner_optimizer"])
         if "diloco_remainder" in extras:
-            self.outer.wire.load_state_dict(extras["diloco_remainder"])
+            saved = extras["diloco_remainder"]
+            for outer, state in zip(self.outers, saved if isinstance(saved, list) else [saved]):
+                outer.wire.load_state_dict(state)
         self.own_metrics = distributed.Dist(device=self.d.device)  # the metrics are this rank's: no collective in a round
         nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1"))  # torchrun's node count
         if self.d.world > 1 and nodes > 1 and (t.elastic.min_nodes or 1) < nodes:  # a node may leave: the others go on
@@ -74,20 +90,32 @@ class DiLoCoRounds(Single):
         self.nominal_accum = t.grad_accum * t.diloco.inner_steps * self.d.world  # micro-batches of a nominal round
         self.round_steps: list[int] = []
 
+    @property
+    def outer(self) -> DiLoCo:
+        """The last part's (the whole model's with one part): it carries the round's flags, loss and timing."""
+        return self.outers[-1]
+
     def say_start(self, log, step: int) -> None:
         t = self.t
         wire = self.outer.wire
+        numel = sum(o.wire.numel for o in self.outers)
         sent = "all-reduced as " + ("fp32" if wire.kind == "none" else wire.kind) if wire.summed else \
             (f"quantised to {wire.kind} (blocks of {BLOCK}, the rounding's remainder carried to the next round) and "
              "reduce-scattered and all-gathered as codes")
         steps = (f"rounds by time (training.diloco.inner_steps=auto: each as long as the fastest rank's last "
                  f"{t.diloco.inner_steps} local steps, every rank taking the steps it can in it, weighted by its rows)"
                  if t.diloco.timed else f"{t.diloco.inner_steps} local steps a round")
-        log.say(f"sync: diloco, {steps}, the change of the weights {sent}: "
-                f"{human_bytes(sent_per_round(wire.kind, wire.numel, self.d.world))} sent by each rank a round "
-                f"({human_bytes(sent_per_round('bf16', wire.numel, self.d.world))} as bf16), {self.outer_step}" +
-                (f"; each round's all-reduce overlaps the next round's first {t.diloco.overlap_steps} local "
-                 f"steps" if t.diloco.overlap_steps else ""))
+        per_round, parts, k = sent_per_round(wire.kind, numel, self.d.world), len(self.outers), t.diloco.overlap_steps
+        split = (f" in {parts} parts of about {human_bytes(per_round / parts)}, each sent after its share of the "
+                 f"round's local steps" if parts > 1 else "")
+        overlap = "" if not k else f"; each part's all-reduce overlaps the next {k} local steps" if parts > 1 else \
+            f"; each round's all-reduce overlaps the next round's first {k} local steps"
+        log.say(f"sync: diloco, {steps}, the change of the weights {sent}: {human_bytes(per_round)} sent by each rank "
+                f"a round ({human_bytes(sent_per_round('bf16', numel, self.d.world))} as bf16){split}, "
+                f"{self.outer_step}{overlap}")
+        if len(self.outers) < t.diloco.fragments:
+            log.say(f"diloco: training.diloco.fragments={t.diloco.fragments}, but the model has "
+                    f"{len(self.outers)} parameter tensors: {len(self.outers)} parts")
         if self.d.members is not None:
             log.say(f"diloco: a rank silent for {self.d.members.lost_s:g}s ({BROKEN_LOST_S:g}s once a collective with it "
                     f"failed) leaves the run at its round's all-reduce; the others go on without it, not restarted "
@@ -104,21 +132,27 @@ class DiLoCoRounds(Single):
         return datadir.batches(p.train_set, t.batch_size, d.rank if rank is None else rank, d.world, t.seed,
                             start=p.position, augment=self.augment)
 
-    def finish_round(self) -> float:
-        """The outer step of the round in flight, with what follows it: the EMA, the guard's verdict."""
+    def finish_round(self, part: int = -1) -> float:
+        """The outer step of a part in flight; after the last part's (the round's), what follows a round: the EMA,
+        the guard's verdict."""
         p = self.p
-        rnd = self.outer.finish()
+        rnd = self.outers[part].finish()
+        self.broken = sorted(set(self.broken) | set(rnd.broken))
         if self.d.members is not None and self.d.members.epoch != self.seen_epoch:
             self.keep_rows()
-        end = rnd.end
+        if part not in (-1, len(self.outers) - 1):
+            return rnd.loss
+        end, broken, self.broken = rnd.end, self.broken, []
         if self.t.diloco.timed:
             self.time_rounds(rnd)
-        if p.ema and rnd.ok:
+        ok = rnd.ok and not broken
+        if p.ema and ok:
             p.ema.update()
         if p.guard:
-            p.guard.after_round(end, rnd.bad_steps, rnd.broken, learned=rnd.ok and math.isfinite(rnd.loss))
-            if p.guard.after_step(end, rnd.ok and not any(rnd.bad_steps)):  # no snapshot of a round with skips
-                self.outer.restart_from_model()  # rank 0's restored weights are every rank's shared weights now
+            p.guard.after_round(end, rnd.bad_steps, broken, learned=ok and math.isfinite(rnd.loss))
+            if p.guard.after_step(end, ok and not any(rnd.bad_steps)):  # no snapshot of a round with skips
+                for outer in self.outers:  # rank 0's restored weights are every rank's shared weights now
+                    outer.restart_from_model()
         return rnd.loss
 
     def time_rounds(self, rnd) -> None:
@@ -147,7 +181,8 @@ class DiLoCoRounds(Single):
         self.sources = 1 + len(taken)
         self.stream = _in_turn([self.own_stream, *(self.batches(a) for a in taken)], self.base_accum)
         t.grad_accum = self.base_accum * self.sources
-        self.outer.weight = self.p.shares.sample_weight(d.rank) * self.sources  # the rows it sees, of a whole round's
+        for outer in self.outers:  # the rows it sees, of a whole round's
+            outer.weight = self.p.shares.sample_weight(d.rank) * self.sources
         self.samples_factor = self.p.shares.global_factor(d.rank) / self.sources
         if taken:  # the first rank present always takes one
             print(f"diloco: {len(m.present)} of {d.world} ranks present: rank {d.rank} takes rank(s) "
@@ -156,16 +191,18 @@ class DiLoCoRounds(Single):
 
     def step(self) -> tuple[int, float, torch.Tensor]:
         """H local steps on each rank (its share of them), then the outer step on the averaged change; with
-        overlap, the outer step of the previous round once the first ``overlap_steps`` of these are taken."""
-        p, t, outer = self.p, self.t, self.outer
+        overlap, each part's outer step once the next ``overlap_steps`` local steps are taken; with fragments, part
+        p sent after about (p + 1)/P of the round (a part in flight is finished before the next is sent, so every rank's
+        collectives come in the same order)."""
+        p, t = self.p, self.t
         length = min(t.diloco.inner_steps, t.max_steps - p.step)
         mine = p.shares.inner_steps_for(self.d.rank, length, t.diloco.inner_steps)
         began = time.monotonic()
         deadline = None if self.round_s is None else began + self.round_s * length / t.diloco.inner_steps
-        bad, loss_sum, losses, norm, j = 0, 0.0, 0, torch.zeros(()), 0
+        end, parts = p.step + length, len(self.outers)
+        bad, loss_sum, losses, norm, j, sent = 0, 0.0, 0, torch.zeros(()), 0, 0
         while self.another(j, mine, length, began, deadline):
-            if j == t.diloco.overlap_steps and outer.in_flight:
-                self.finish_round()
+            self.finish_due()
             # where this local step stands in the schedule
             at = p.step + (min(j + 1, length) if t.diloco.timed else math.ceil((j + 1) * length / mine))
             loss, norm = self.local_step(at)
@@ -174,20 +211,51 @@ class DiLoCoRounds(Single):
                 loss_sum, losses = loss_sum + float(loss), losses + 1
             bad += not ok
             self.apply(ok)
-            j += 1
-        if outer.in_flight:  # fewer local steps than overlap_steps this round
-            self.finish_round()
-        end = p.step + length
+            j, self.local_steps = j + 1, self.local_steps + 1
+            while sent < parts - 1 and self.part_due(sent, j, mine, began, deadline):  # the last: at the round's end
+                self.send(sent, end)
+                sent += 1
+        while sent < parts - 1:  # a rank of few local steps: its parts still due, in order
+            self.send(sent, end)
+            sent += 1
         step_s = 0.0
-        if t.diloco.timed:  # this rank's part of the average: the rows it saw, of a nominal round's
-            outer.weight = j * t.grad_accum / self.nominal_accum
+        if t.diloco.timed:
             step_s = (time.monotonic() - began) / j
-        outer.start(bad, loss_sum, losses, carry=t.diloco.overlap_steps > 0, end=end, step_s=step_s)
+        self.send(parts - 1, end, bad, loss_sum, losses, step_s)
         if not t.diloco.overlap_steps:
             return end, self.finish_round(), norm
         # overlap: the round's loss over all ranks arrives later (an evaluation or checkpoint waits for it); until
         # then the log shows this rank's own
         return end, loss_sum / losses if losses else float("nan"), norm
+
+    def part_due(self, part: int, j: int, mine: int, began: float, deadline: float | None) -> bool:
+        """Whether part ``part`` (not the last) is due after local step ``j`` (from 1): after (part + 1)/P of the
+        round's local steps, or of its time with rounds by time."""
+        share = (part + 1) / len(self.outers)
+        if deadline is None:
+            return j >= math.ceil(share * mine)
+        return time.monotonic() >= began + share * (deadline - began)
+
+    def send(self, part: int, end: int, bad: int = 0, loss_sum: float = 0.0, losses: int = 0,
+             step_s: float = 0.0) -> None:
+        """Send a part's change (the last part's with the round's flags); without overlap, its outer step now."""
+        t, outer = self.t, self.outers[part]
+        for q, other in enumerate(self.outers):  # the part in flight finished first (fewer local steps than
+            if other.in_flight:  # overlap_steps since it was sent): every rank's collectives in the same order
+                self.finish_round(q)
+        if t.diloco.timed:  # this rank's part of the average: the rows it saw since the part was last sent
+            outer.weight = (self.local_steps - self.started[part]) * t.grad_accum / self.nominal_accum
+        self.started[part] = self.local_steps
+        outer.start(bad, loss_sum, losses, carry=t.diloco.overlap_steps > 0, end=end, step_s=step_s)
+        if not t.diloco.overlap_steps and part != len(self.outers) - 1:
+            self.finish_round(part)
+
+    def finish_due(self) -> None:
+        """Before a local step: the parts whose all-reduce has had its ``overlap_steps`` local steps to travel."""
+        k = self.t.diloco.overlap_steps
+        for part, outer in enumerate(self.outers):
+            if outer.in_flight and self.local_steps - self.started[part] >= k:
+                self.finish_round(part)
 
     def another(self, j: int, mine: int, length: int, began: float, deadline: float | None) -> bool:
         """Whether to take local step ``j`` (from 0) of this round: fixed rounds, until this rank's share of them;
@@ -199,14 +267,26 @@ class DiLoCoRounds(Single):
         return j < 2 * length and time.monotonic() + per_step / 2 < deadline
 
     def settle(self, loss: float) -> float:
-        """Both an evaluation and a checkpoint see, and a resume starts from, the shared weights."""
-        return self.finish_round() if self.outer.in_flight else loss
+        """Both an evaluation and a checkpoint see, and a resume starts from, the shared weights: the parts in flight
+        finished, and (fragments) the parts that took local steps since they were sent, sent and finished now."""
+        last = len(self.outers) - 1
+        for part, outer in enumerate(self.outers):  # at most one in flight
+            if outer.in_flight:
+                finished = self.finish_round(part)
+                loss = finished if part == last else loss
+        for part, outer in enumerate(self.outers[:-1]):
+            if self.local_steps > self.started[part]:
+                self.send(part, self.p.step)
+                if outer.in_flight:
+                    self.finish_round(part)
+        return loss
 
     def meter_group(self) -> distributed.Dist:
         return self.own_metrics
 
     def wire_figures(self) -> dict:
-        figures = {"round_bytes": self.outer.round_bytes, "sent_bytes": self.outer.sent_bytes}
+        figures = {"round_bytes": sum(o.round_bytes for o in self.outers),
+                   "sent_bytes": sum(o.sent_bytes for o in self.outers)}
         if self.t.diloco.timed and self.round_steps:
             figures["round_steps"] = self.round_steps  # each rank's local steps in the last round
         return figures
@@ -214,15 +294,34 @@ class DiLoCoRounds(Single):
     def rank_parts(self) -> dict:
         parts = {"inner_optimizer": distributed.gather_object(self.d, self.p.optimizer.state_dict())}
         if not self.outer.wire.summed:  # what each rank's rounding left out, for an exact resume
-            parts["diloco_remainder"] = distributed.gather_object(self.d, self.outer.wire.state_dict())
+            remainder = [o.wire.state_dict() for o in self.outers]
+            parts["diloco_remainder"] = distributed.gather_object(self.d, remainder if len(remainder) > 1 else
+                                                                  remainder[0])
         return parts
 
     def shared_parts(self) -> dict:
-        return {"diloco": self.outer.state_dict()}
+        if len(self.outers) == 1:
+            return {"diloco": self.outer.state_dict()}
+        return {"diloco": {"fragments": [o.state_dict() for o in self.outers]}}
 
     @classmethod
     def link_cost(cls, budget: dict, hook: str) -> dict | None:
         return None  # one all-reduce a round, not a step: the budget's "diloco" entry, which the suggestion reads
+
+
+def fragments(params: list, count: int) -> list[list]:
+    """``params`` cut into ``count`` runs of consecutive tensors of about equal size (fewer when there are fewer
+    tensors): a part ends once its elements reach its share of the whole."""
+    count = max(1, min(count, len(params)))
+    total, parts, current, seen = sum(q.numel() for q in params), [], [], 0
+    for i, q in enumerate(params):
+        current.append(q)
+        seen += q.numel()
+        left_parts, left_tensors = count - len(parts) - 1, len(params) - i - 1
+        if left_parts and (seen >= total * (len(parts) + 1) / count or left_tensors == left_parts):
+            parts.append(current)
+            current = []
+    return parts + [current]
 
 
 def _in_turn(streams: list, each: int):

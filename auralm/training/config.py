@@ -89,6 +89,9 @@ class DilocoConfig:
     # for H local steps in the last one, and every rank takes the local steps it can in it (the average weighted by
     # the rows each saw); H stays the schedule's steps a round
     timed: bool = False
+    # P > 1: the weights in P parts of about equal size, part p synchronised after about (p + 1)/P of each round
+    # (Streaming DiLoCo's fragments: a P-th of the model on the link at a time)
+    fragments: int = 1
     # the outer Nesterov SGD; None (auto, the default): chosen by the run's length (auralm/parallel/diloco.py:
     # the paper's lr 0.7 momentum 0.9 for FEW_ROUNDS rounds or more, the ranks' plain average, lr 1 momentum 0, below)
     outer_lr: float | None = None
@@ -589,7 +592,8 @@ def check(cfg: Config) -> None:
     _one_of("training.sync", t.sync, strategy.names("sync"))  # the sync strategies registered (auralm.parallel)
     _one_of("training.ddp_comm_hook", t.ddp_comm_hook, COMM_HOOKS)
     _one_of("training.diloco.compress", t.diloco.compress, COMPRESS)
-    for key, value in {"training.diloco.inner_steps": t.diloco.inner_steps, "training.diloco.outer_lr":
+    for key, value in {"training.diloco.inner_steps": t.diloco.inner_steps, "training.diloco.fragments":
+                       t.diloco.fragments, "training.diloco.outer_lr":
                        t.diloco.outer_lr, "training.powersgd_rank": t.powersgd_rank}.items():
         if value is not None and value <= 0:  # outer_lr None: auto
             raise UserError(f"{key}={value}: must be greater than 0")

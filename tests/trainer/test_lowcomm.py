@@ -242,3 +242,38 @@ def test_rounds_by_time_give_a_rank_slowed_mid_run_fewer_local_steps_and_weigh_t
     final = [t for t in r0["state"].values()][:len(r0["synced"][-1])]
     for got, a, b in zip(final, r0["synced"][-1], r1["synced"][-1]):
         torch.testing.assert_close(got, (n0 * a + n1 * b) / (n0 + n1), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind, ranks, overlap", [("bf16", 2, 0), ("int8", 3, 1)])
+def test_fragments_send_a_part_at_a_time_keep_the_ranks_equal_and_resume_exactly(sudoku_dir, tmp_path, capfd, kind,
+                                                                                  ranks, overlap):
+    """training.diloco.fragments=2 (Streaming DiLoCo's): the weights in two parts of about equal size, each sent once
+    a round (the first after half the round's local steps, the second at its end), through the real collectives (int8:
+    the all-to-all and all-gather, three ranks, with overlap); a checkpoint sends the first part again so that every
+    rank holds the shared weights: the ranks end equal, a resume from it ends with the straight run's weights, each
+    sending carries about half of the whole model's bytes, and the run learns as the unfragmented one does."""
+    common = ["training.max_steps=20", "training.sync=diloco", "training.diloco.inner_steps=6",
+              f"training.diloco.overlap_steps={overlap}", "training.checkpoint_interval=12", "training.log_interval=6",
+              f"training.diloco.compress={kind}", "training.eval_interval=0"]
+    straight = _ok(run_ranks(ranks, tiny_args(sudoku_dir, tmp_path / "a", *common, "training.diloco.fragments=2"),
+                             tmp_path / "ra", spy_sync=True))
+    assert all(_equal_weights(straight[0]["state"], r["state"]) for r in straight[1:])
+    out = capfd.readouterr().out
+    assert " in 2 parts of about " in out and "each sent after its share of the round's local steps" in out, out
+    # what was sent, in order: part 0 then part 1 each round (rounds end at 6, 12, 18, 20), and part 0 again at the
+    # checkpoint (12) and at the end (20): a part's tensors, never the whole model's
+    sizes = [sum(t.numel() for t in sent) for sent in straight[0]["synced"]]
+    whole = sum(t.numel() for t in straight[0]["first_grads"].values())
+    assert len(set(sizes)) == 2 and sum(set(sizes)) == whole and max(sizes) < 0.75 * whole, (sizes, whole)
+    first, second = sizes[0], sizes[1]
+    assert sizes == [first, second, first, second, first, first, second, first, second, first], sizes
+    resumed = _ok(run_ranks(ranks, tiny_args(sudoku_dir, tmp_path / "b", *common, "training.diloco.fragments=2",
+                                             f"resume={tmp_path / 'a' / 'checkpoint-12'}"), tmp_path / "rb"))
+    for a, b in zip(straight, resumed):
+        assert _equal_weights(a["state"], b["state"])
+    whole_run = _ok(run_ranks(ranks, tiny_args(sudoku_dir, tmp_path / "c", *common), tmp_path / "rc"))
+    assert not _equal_weights(whole_run[0]["state"], straight[0]["state"])  # the parts' points differ from the round's
+    sent, once = ([r["round_bytes"] for r in records(tmp_path / run)] for run in ("a", "c"))
+    assert sent[-1] == pytest.approx(once[-1], rel=0.05), (sent, once)  # the parts' last sendings: the whole model's
+    losses, plain = ([r["loss"] for r in records(tmp_path / run)] for run in ("a", "c"))
+    assert losses[-1] < losses[0] and losses[-1] == pytest.approx(plain[-1], rel=0.05), (losses, plain)

@@ -64,3 +64,15 @@ def test_a_broken_round_drops_the_steps_taken_meanwhile_too():
     rnd = outer.finish()
     assert not rnd.ok and rnd.broken == [0]
     assert all(torch.equal(p.detach(), s) for p, s in zip(model.parameters(), start))
+
+
+def test_fragments_are_runs_of_consecutive_tensors_of_about_equal_size():
+    from auralm.parallel.diloco_strategy import fragments
+
+    params = [torch.zeros(n) for n in (10, 30, 20, 20, 5, 15)]  # 100 elements
+    sizes = lambda parts: [sum(t.numel() for t in part) for part in parts]  # noqa: E731
+    assert sizes(fragments(params, 1)) == [100]
+    assert sizes(fragments(params, 2)) == [60, 40]  # a part ends once it reaches its share
+    assert sizes(fragments(params, 4)) == [40, 20, 20, 20]
+    assert [len(p) for p in fragments(params, 6)] == [1] * 6 and len(fragments(params, 9)) == 6  # one tensor each at most
+    assert [t for part in fragments(params, 3) for t in part] == params  # every tensor once, in order
