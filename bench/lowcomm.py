@@ -6,7 +6,7 @@ and equal against measured shares with one node at half a core.
     python bench/lowcomm.py balance [--steps 40] [--model mini]
     python bench/lowcomm.py table   [--steps 24] [--model mini] [--inner 8]
     python bench/lowcomm.py compress [--steps 48] [--model small] [--inner 8] [--link wifi]
-    python bench/lowcomm.py unequal [--steps 120] [--model mini] [--inner 8] [--link wifi] [--slow-at 0.3]
+    python bench/lowcomm.py unequal [--steps 240] [--model mini] [--inner 40] [--link wifi] [--slow-at 0.3]
 
 Every run is `hrmctl train` on lab nodes (lab/nodes.py: real sshd, real torchrun, gloo over the
 lab's bridge), task=lm on the Spanish text of ../shared/data, fp32. Each node is pinned to a core of
@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import sys
 import tempfile
@@ -250,11 +251,11 @@ def unequal(lab: Lab, a, cwd: Path) -> None:
     slow, core = lab.node("node3"), str(_cores()[3 % len(_cores())])
     out = ["| run | tokens/s | against | final val loss | wall |", "|---|---|---|---|---|"]
     shape(lab, "LAN")
-    one = train(lab, ["node0"], "u-one", common(a), cwd)
-    out.append(row("node0 alone (half a core)", one, None).replace("1.00x", "-"))
     slow.limit_cpu(cpus=core, quota=0.25)
-    quarter = train(lab, ["node3"], "u-quarter", common(a), cwd)
+    with ThreadPoolExecutor(2) as pool:  # on cores of their own (node0 on the first, node3 on the second)
+        one, quarter = pool.map(lambda n: train(lab, [n], f"u-{n}", common(a), cwd), ("node0", "node3"))
     slow.limit_cpu(cpus=core, quota=0.5)
+    out.append(row("node0 alone (half a core)", one, None).replace("1.00x", "-"))
     out.append(row("node3 alone at a quarter core", quarter, one["tokens_per_s"]).replace("x |", "x one node |"))
     print("\n".join(out), file=sys.stderr, flush=True)
     shape(lab, a.link)
@@ -275,10 +276,11 @@ def unequal(lab: Lab, a, cwd: Path) -> None:
             deadline = time.monotonic() + 3600
             while time.monotonic() < deadline:
                 text = metrics.read_text() if metrics.exists() else ""
-                steps = [json.loads(line)["step"] for line in text.splitlines() if line.strip()]
+                steps = [int(m) for m in re.findall(r'"step": (\d+)', text)]
                 if steps and steps[-1] >= cap_at:
                     slow.limit_cpu(cpus=core, quota=0.25)
                     capped.append(steps[-1])
+                    print(f"{run_id}: node3 to a quarter core at step {steps[-1]}", file=sys.stderr, flush=True)
                     return
                 time.sleep(0.2)
 
@@ -319,8 +321,9 @@ def main() -> None:
     a = p.parse_args()
     a.modes, a.links = a.modes.split(","), a.links.split(",")
     a.model = a.model or ("small" if a.what in ("targets", "compress") else "mini")
-    if a.what == "unequal" and "--steps" not in sys.argv:
-        a.steps = 120
+    if a.what == "unequal":  # rounds of a default's length (H=50): long enough that the round's sending is small
+        a.steps = a.steps if "--steps" in sys.argv else 240
+        a.inner = a.inner if "--inner" in sys.argv else 40
     tmp = Path(tempfile.mkdtemp(prefix="bench-lowcomm-"))
     with Lab({"table": 3, "unequal": 4}.get(a.what, 2)) as lab:
         prepare(lab, tmp)
