@@ -1,7 +1,7 @@
 """Wall time of `hrmctl doctor` over 1, 2, 4, 8 namespace nodes vs the same node probe by plain ssh.
 
 The peer, measured in the same run on the same nodes: OpenSSH's `ssh` to every node in parallel,
-each running the very same probe (netcheck/node_probe.py through the node's Python, same arguments).
+each running the very same probe (node/probe.py, sent by node.ship.program, through the node's Python, same arguments).
 The nodes share this machine's cores, so absolute scaling measures the machine; the ratio
 doctor / plain-ssh measures the tool (target: at most 1.3 at every size).
 
@@ -24,7 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from netcheck.node_probe_client import probe_args, probe_source  # noqa: E402
+from netcheck.node_probe_client import probe_args  # noqa: E402
+from node.ship import program  # noqa: E402
 from lab.nodes import Lab  # noqa: E402
 
 
@@ -42,7 +43,7 @@ def run_doctor(lab: Lab, names: list[str]) -> float:
 
 
 def run_plain_ssh(lab: Lab, names: list[str]) -> float:
-    source = probe_source().encode()
+    source = program("probe").encode()
     master_ip = lab.node(names[0]).ip
     procs = []
     t0 = time.perf_counter()

@@ -7,9 +7,9 @@ at most what is left of the budget (300 s), so the whole ends within it, and one
 left is reported as not run (a failure: it was not verified). The checks, in order:
 
   data        the text the runs train on: this repository's README and docs, prepared by `hrmctl prepare-data`
-  nvidia-smi  `nvidia-smi` read live by the project's own parser (cli/setup: nodeside.nvidia_smi, torch_build's
+  nvidia-smi  `nvidia-smi` read live by the project's own parser (node/setup.py: nvidia_smi, torch_build's
               parse_nvidia_smi, as `hrmctl setup` reads it; tests/recorded/ holds a recorded one) and by the node
-              probe (netcheck.node_probe: the driver and GPU count), against what torch sees
+              probe (node/probe.py: the driver and GPU count), against what torch sees
   bf16        `python -m auralm.training.train` on a GPT with training.dtype=bf16 (autocast): ends 0, its loss finite
               and lower at the end than at the start; its tokens/s feed mfu
   fp16        the same with training.dtype=fp16: autocast in float16 with the GradScaler, whose scale the
@@ -223,10 +223,10 @@ def check_data(work: Path):
 def check_nvidia_smi(work: Path):
     import torch
 
-    from cli.setup import nodeside, torch_build
-    from netcheck import node_probe
+    from cli.setup import torch_build
+    from node import probe as node_probe, setup as node_setup
 
-    text = (ROOT / "tests/recorded/nvidia-smi-rtx4090.txt").read_text() if SMOKE else nodeside.nvidia_smi()
+    text = (ROOT / "tests/recorded/nvidia-smi-rtx4090.txt").read_text() if SMOKE else node_setup.nvidia_smi()
     smi = torch_build.parse_nvidia_smi(text)
     if smi is None:
         return result(False, "nvidia-smi gave nothing the parser reads: " + (text or "no output")[:200])
@@ -562,9 +562,10 @@ def main(argv: list[str] | None = None) -> int:
         return one(a.one, a.work)
     gpu, line = found_gpu()
     if not gpu:
-        from cli.setup import nodeside, torch_build
+        from cli.setup import torch_build
+        from node import setup as node_setup
 
-        smi = torch_build.parse_nvidia_smi(nodeside.nvidia_smi())
+        smi = torch_build.parse_nvidia_smi(node_setup.nvidia_smi())
         if smi:
             print(f"nvidia-smi shows {smi['gpus'][0]} (driver {smi['driver']}), but this torch cannot use it: {line}; "
                   "install the CUDA build of torch (`hrmctl setup` chooses it from nvidia-smi)")

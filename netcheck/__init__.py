@@ -2,12 +2,8 @@
 
 The split (arrows point one way: cli uses netcheck, netcheck never imports cli):
 
-- Sent to nodes, self-contained (stdlib, plus torch and psutil when present), never need the project there:
-    node_probe.py  the node probe: prints one JSON object (OS/WSL kind, Python, torch/CUDA/NCCL/gloo,
-                   libuv_ok, route toward a peer, hostname resolution, GPUs, CPU/RAM/load (psutil
-                   when the node has it, else a stdlib fallback), disk, project commit)
-    peer_agent.py  a line-based agent on a node's stdin/stdout: wall-clock samples, temporary listeners,
-                   parallel connects (the master port and the full mesh of high ports)
+- What runs on the nodes is node/ (node/probe.py: the probe's one JSON object; node/peer.py: the peer checks'
+  line agent), sent there by node.ship.program; the clients of both are here:
 - Run here on Session-like objects passed in by cli (duck typing: `.node` with name/python/workdir/
   data_path, `.run_python(code, args, timeout=)`, `.pipe(argv)` -- cli.nodes.remote.Session has them):
     node_probe_client.run_probe(session, route_to=, timeout=) -> NodeProbe      (raises ProbeError)
@@ -16,7 +12,7 @@ The split (arrows point one way: cli uses netcheck, netcheck never imports cli):
     clock.measure_skew(agent) -> ClockSkew                              (Cristian's method)
 - Pure, local:
     address.master_address(master_host, master_is_local=, peer_hosts=, master_probe=) -> IP
-    rtt.ping_rtt(host) / node_probe.tcp_rtt(host, port): RTT and loss from here
+    rtt.ping_rtt(host) / node.probe.tcp_rtt(host, port): RTT and loss from here
     checks: ok / warn / fail rows, each with a one-line fix: node_checks (one node's facts), network_checks
                (round trips, clock, master port, mesh), consistency_checks (the same torch, commit, data)
     network_checks.mesh_verdict(mesh, backend) -> MeshVerdict: every direction of the high-port mesh, which
@@ -28,10 +24,10 @@ over SSH and lives in cli (the doctor's run, the launcher's facts).
 """
 
 from .address import MasterAddressError, master_address
-from .node_probe_client import NodeProbe, ProbeError, parse_probe, probe_args, probe_source, run_probe
+from .node_probe_client import NodeProbe, ProbeError, parse_probe, probe_args, run_probe
 from .ports import PortCheck, check_master_port
 
 __all__ = [
     "MasterAddressError", "NodeProbe", "PortCheck", "ProbeError", "check_master_port", "master_address",
-    "parse_probe", "probe_args", "probe_source", "run_probe",
+    "parse_probe", "probe_args", "run_probe",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
-from .node_probe import is_loopback, resolve, route_to
+from node.probe import is_loopback, resolve, route_to
 
 
 class MasterAddressError(ValueError):

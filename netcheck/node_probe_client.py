@@ -1,4 +1,5 @@
-"""Run the node probe (node_probe.py) through a Session-like object and read its answer as a NodeProbe.
+"""Run the node probe (node/probe.py, sent with the rest of node/ by node.ship.program) through a Session-like
+object and read its answer as a NodeProbe.
 
 A Session-like object has `.node` (with `.name`, `.python`, `.workdir`, `.data_path`) and
 `.run_python(code, args, timeout=)` returning something with `.code`, `.stdout`, `.stderr`
@@ -9,33 +10,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import node.cgroups as _cgroups
-
-from . import node_probe as _probe
-
-PROBE_FILE = Path(_probe.__file__)
-SENT_WITH = {"node.cgroups": Path(_cgroups.__file__)}  # what the probe imports from this project, sent with it
+from node.ship import program
 
 
 class ProbeError(Exception):
     """The probe could not run on a node, timed out, or answered garbage. str() is one line."""
-
-
-def probe_source() -> str:
-    """The probe's source, to send to a node's Python (``python - ARGS``): a few lines that put the modules it
-    imports from this project (SENT_WITH) in ``sys.modules`` from their sources, then the probe's own, run as
-    ``__main__``. Nothing of the project need be on the node, and a checkout there of another commit is not read."""
-    lines = ["import sys, types",
-             "sys.modules['node'] = types.ModuleType('node'); sys.modules['node'].__path__ = []"]
-    for name, path in SENT_WITH.items():
-        lines += [f"_m = sys.modules[{name!r}] = types.ModuleType({name!r})",
-                  f"exec(compile({path.read_text(encoding='utf-8')!r}, {str(path.name)!r}, 'exec'), _m.__dict__)"]
-    lines += [f"exec(compile({PROBE_FILE.read_text(encoding='utf-8')!r}, {PROBE_FILE.name!r}, 'exec'), "
-              "{'__name__': '__main__', '__builtins__': __builtins__})"]
-    return "\n".join(lines) + "\n"
 
 
 def probe_args(*, route_to: str | None = None, workdir: str | None = None, data_dir: str | None = None,
@@ -145,7 +126,7 @@ def run_probe(session: Any, *, route_to: str | None, timeout: float = 60, tcp_rt
     args = probe_args(route_to=route_to, workdir=node.workdir, data_dir=node.data_path, tcp_rtt=tcp_rtt,
                       with_torch=with_torch, within=within)
     try:
-        res = session.run_python(probe_source(), args, timeout=timeout)
+        res = session.run_python(program("probe"), args, timeout=timeout)
     except Exception as exc:  # the session's own errors (timeout, lost connection) are one line already
         raise ProbeError(str(exc) if node.name in str(exc) else f"{node.name}: {exc}") from None
     if res.code == 127 or (res.code != 0 and "No such file" in res.stderr and not res.stdout):

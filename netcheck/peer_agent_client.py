@@ -1,4 +1,4 @@
-"""Talk to the node agent (peer_agent.py) over a Session-like object's `pipe(argv)`.
+"""Talk to the peer checks' node agent (node/peer.py) over a Session-like object's `pipe(argv)`.
 
 `start_agent(session)` starts it with the node's Python and waits for "ready"; the Agent's
 requests are one JSON line each way. Closing the Agent closes the agent's stdin, so its
@@ -8,12 +8,10 @@ listeners disappear with it.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
-from . import peer_agent as _agent
-
-AGENT_SOURCE = Path(_agent.__file__).read_text(encoding="utf-8")
+from node.lines import decode
+from node.ship import program
 
 
 class AgentError(Exception):
@@ -33,11 +31,10 @@ class Agent:
 
     def request(self, req: dict, timeout: float) -> dict:
         reply = self.line(json.dumps(req), timeout)
-        try:
-            doc = json.loads(reply)
-        except ValueError:
-            raise AgentError(f"{self.name}: the node agent answered garbage: {reply[:120]}") from None
-        if not isinstance(doc, dict) or doc.get("error") and len(doc) == 1:
+        doc = decode(reply)
+        if doc is None:
+            raise AgentError(f"{self.name}: the node agent answered garbage: {reply[:120]}")
+        if doc.get("error") and len(doc) == 1:
             raise AgentError(f"{self.name}: the node agent failed: {doc}")
         return doc
 
@@ -57,7 +54,7 @@ class Agent:
 def start_agent(session: Any, timeout: float = 20) -> Agent:
     node = session.node
     try:
-        pipe = session.pipe([node.python, "-u", "-c", AGENT_SOURCE])
+        pipe = session.pipe([node.python, "-u", "-c", program("peer")])
     except Exception as exc:
         raise AgentError(str(exc) if node.name in str(exc) else f"{node.name}: {exc}") from None
     first = pipe.readline(timeout)

@@ -8,7 +8,7 @@ import re
 import shutil
 import subprocess
 
-from .node_probe import rtt_summary, tcp_rtt
+from node.probe import rtt_summary, tcp_rtt
 
 _SENT = re.compile(r"(\d+) packets transmitted, (\d+) (?:packets )?received")
 _RTT = re.compile(r"(?:rtt|round-trip) min/avg/max(?:/\w+)? = ([\d.]+)/([\d.]+)/([\d.]+)")

@@ -1,9 +1,46 @@
-"""What runs on a node before or beside training, standard library only (DESIGN.md's ``node/``).
+"""What runs on a node before or beside training, standard library only (DESIGN.md's ``node/``): one package, sent
+to a node's Python as source by one function (ship.program), one dispatch (main) and one protocol (lines).
 
-    cgroups.py  what a process may use of its machine (CPUs, memory, the OOM killer's count): read by the node
-                probe (netcheck/node_probe.py, sent with it) and by the trainer's batch_size=auto on the node
+    probe.py          what one node can do: prints one JSON object (OS/WSL kind, Python, torch/CUDA/NCCL/gloo, the
+                      route to a peer, resources, disk, the project's commit); client: netcheck/node_probe_client.py
+    peer.py           the peer checks: a line server on stdin/stdout (clock samples, temporary listeners, parallel
+                      connects); client: netcheck/peer_agent_client.py
+    setup.py          `hrmctl setup`'s node side: facts, install (a venv beside the old one), finish; cli/setup/run.py
+    sync_receiver.py  `hrmctl sync-data`'s node side: scan, mkdirs, put, finalize, space; cli/sync/send.py
+    sampler.py        `hrmctl top`'s node side: one JSON line per interval; cli/top/watch.py
+    cgroups.py        what a process may use of its machine (CPUs, memory, the OOM killer's count): read by the probe
+                      and by the trainer's batch_size=auto on the node
+    lines.py          the protocol: text lines, every answer one JSON object; the clients decode with it too
+    ship.py           (the controller's, not sent) program(name): the bootstrap that carries this package to a node
 
-The node probe is sent to a node's Python as source (netcheck.node_probe_client.probe_source): the modules of this
-package it imports are sent with it, put in ``sys.modules`` before it runs, so that nothing need be installed there.
+On a node: ``python -c "$(program NAME)" ARGS`` (or the bootstrap on stdin: ``python - ARGS``) -> main([NAME, *ARGS])
+-> ``node.NAME.main(ARGS)``; from a checkout, ``python -m node NAME ARGS`` is the same. Nothing of the project need be
+installed on the node. The torchrun wrapper (cli/launch/node_torchrun.py) still runs from the node's checkout.
 The trainer (auralm) may import this package; it imports neither ``cli`` nor ``netcheck``.
 """
+
+import os
+import sys
+
+PROGRAMS = ("probe", "peer", "setup", "sync_receiver", "sampler")
+
+
+def main(argv: list) -> int:
+    """The one dispatch: ``[PROGRAM, *ARGS]`` -> ``node.PROGRAM.main(ARGS)``, its exit code."""
+    if not argv or argv[0] not in PROGRAMS:
+        sys.stderr.write("usage: python -m node {%s} ARGS...\n" % ",".join(PROGRAMS))
+        return 2
+    import importlib
+
+    return importlib.import_module("node." + argv[0]).main(argv[1:]) or 0
+
+
+def end(code: int) -> None:
+    """The program's output flushed, then the process ends without the interpreter's teardown (a probe's torch:
+    about 1 s on a small machine; a sampler's stdin thread may hold stdin's lock, which a teardown would abort on)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)

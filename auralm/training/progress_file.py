@@ -6,7 +6,7 @@ Only rank 0 logs (auralm/training/runlog.py), so nothing on disk tells another r
 ``$TMPDIR/hrmctl-top-<uid>`` (``/tmp/...`` without TMPDIR): one JSON object with the rank, world,
 step, loss, steps per second since the previous beat, the record's own throughput, the bytes it sent in its last
 round (DiLoCo's; else None), and the time.
-Keyed by the process id, so two runs in one directory never mix, and the reader (cli/top/sampler.py,
+Keyed by the process id, so two runs in one directory never mix, and the reader (node/sampler.py,
 run by the same user) goes straight from a trainer process it found to its file. Written to a
 temporary name and renamed, at most every MIN_GAP_S. A rank may end with os._exit (see
 distributed.exit_process), so a file can outlive its process: the first beat of every process removes
@@ -27,7 +27,7 @@ _last: dict = {}  # the previous beat that was written: {"step", "t", "path"}
 
 
 def directory() -> Path:
-    """Where this user's trainer processes keep their progress files (cli/top/sampler.py looks here too)."""
+    """Where this user's trainer processes keep their progress files (node/sampler.py looks here too)."""
     base = os.environ.get("TMPDIR") or ("/tmp" if os.path.isdir("/tmp") else tempfile.gettempdir())
     uid = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
     return Path(base) / f"hrmctl-top-{uid}"

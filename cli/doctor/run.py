@@ -1,7 +1,7 @@
 """`hrmctl doctor`: probe every node in parallel, then the network between them; one report.
 
 Per node, over ONE SSH connection and in parallel with every other node: the node probe
-(netcheck.node_probe, one `import torch`), the node agent (netcheck.peer_agent) for clock samples by
+(node/probe.py, one `import torch`), the peer agent (node/peer.py) for clock samples by
 Cristian's method, and from here a ping (or TCP) round-trip measure. Then, with the agents still
 running, the master port (a listener on the master, a connect from every worker) and the full
 mesh of random high ports, each direction graded by what the backend needs (netcheck.network_checks:
@@ -27,7 +27,7 @@ from netcheck.network_checks import (NET_CHECKS, MeshVerdict, clock_check, maste
                                      rtt_check)
 from netcheck.clock import ClockSkew, measure_skew
 from netcheck.ports import MeshResult, check_ports
-from netcheck.node_probe import is_loopback, resolve
+from node.probe import is_loopback, resolve
 from netcheck.rtt import ping_rtt
 
 from cli.errors import HrmctlError

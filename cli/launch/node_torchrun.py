@@ -47,7 +47,7 @@ def found_facts() -> dict:
     """This node's answers, from one import of torch (the one torchrun then uses)."""
     from importlib import metadata
 
-    from netcheck.node_probe import torch_facts
+    from node.probe import torch_facts
 
     tf = torch_facts()
     try:

@@ -1,7 +1,7 @@
 """Whether the kernel's OOM killer took a rank that died of SIGKILL: its count of kills, read on the node when an
 attempt starts and again after the kill.
 
-The count is the one of the memory cgroup the node's commands run in (node.cgroups.oom_kills, sent with the probe
+The count is the one of the memory cgroup the node's commands run in (node.cgroups.oom_kills, through the node probe
 run with ``--oom-kills``): a command run through the session that started the job runs where the job runs (an SSH
 connection's commands share its sshd, and so its login session's cgroup; a local job shares this process's). So a
 process killed elsewhere on the machine (another user's, another container's) is not taken for the job's. Where
@@ -16,14 +16,14 @@ import threading
 from collections.abc import Collection
 
 from cli.nodes.remote import Session
-from netcheck import probe_source
+from node.ship import program
 
 
 def oom_kill_count(session: Session, machine: bool = False) -> tuple[str, int] | None:
     """(where it was read, the count of processes the OOM killer has killed there): the cgroup of the session's
     commands, else the machine's (always, with ``machine``); None when it cannot be read."""
     try:
-        res = session.run_python(probe_source(), ["--oom-kills", "machine" if machine else "cgroup"], timeout=10)
+        res = session.run_python(program("probe"), ["--oom-kills", "machine" if machine else "cgroup"], timeout=10)
         found = json.loads(res.stdout)["oom_kills"] if res.ok else None
     except Exception:  # a lost connection, a node without /proc, an answer that is not the probe's: no count
         return None

@@ -1,10 +1,10 @@
 """`hrmctl setup`: make every node ready to train, in parallel, from this terminal.
 
-Per node (NodeSetup): its own `python3` says what it has (cli/setup/nodeside.py `facts`); this checkout's files
+Per node (NodeSetup): its own `python3` says what it has (node/setup.py `facts`, sent by node.ship); this checkout's files
 go to its workdir with cli/sync (only what differs; the scan looks only at the project's own top-level names, so
 .venv, data and runs are never walked); when the venv's stamp does not match this machine's lock and the node's
 torch build, the wheels go over too (cached here once, only the ones the node lacks are sent) and the node builds
-a new venv beside the old one and switches to it (nodeside `install`); then the stamp is written (`finish`) and
+a new venv beside the old one and switches to it (node/setup.py `install`); then the stamp is written (`finish`) and
 the doctor's commit and version facts are read with the venv's python and compared with this machine's.
 """
 
@@ -30,8 +30,9 @@ from cli.setup.progress import NodeBars
 from cli.setup.torch_build import TorchBuild, base_version, choose
 from cli.sync.plan import scan_source
 from cli.sync.run import NodeSync, _NodeSync
+from node.lines import last
+from node.ship import program
 
-NODESIDE = Path(__file__).with_name("nodeside.py")
 BASE_PYTHON = "python3"  # what makes the venv on a node (its own interpreter; the inventory's python is the venv's)
 MIN_PYTHON = (3, 10)
 NODE_WHEELS = "~/.cache/hrmctl/wheels"
@@ -96,14 +97,14 @@ def venv_of(node: Node) -> str:
 
 
 def _nodeside(session: Session, op: str, job: dict, timeout: float | None = 60) -> dict:
-    res = session.run([BASE_PYTHON, "-", op, json.dumps(job)], input=NODESIDE.read_text(), timeout=timeout)
+    """node/setup.py's `op` run by the node's own python3: its JSON answer (HrmctlError when it failed)."""
+    res = session.run([BASE_PYTHON, "-", op, json.dumps(job)], input=program("setup"), timeout=timeout)
     name = session.node.name
     if res.code == 127 or (res.code != 0 and not res.stdout.strip()):
         raise _NoPython(res.last_line())
-    try:
-        answer = json.loads(res.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        raise HrmctlError(f"{name}: {BASE_PYTHON} answered garbage ({res.last_line()[:120]})", exit_code=1) from None
+    answer = last(res.stdout)
+    if answer is None:
+        raise HrmctlError(f"{name}: {BASE_PYTHON} answered garbage ({res.last_line()[:120]})", exit_code=1)
     if not answer.get("ok"):
         raise HrmctlError(f"{name}: {op} failed on the node: {answer.get('error')}", exit_code=1)
     return answer
@@ -212,9 +213,9 @@ class NodeSetup:
                 self.bars.phase(self.name, f"installing: {line[5:]}")
             lines.append(line)
 
-        job_ = self.s.start([BASE_PYTHON, "-c", NODESIDE.read_text(), "install", json.dumps(job)], on_line)
+        job_ = self.s.start([BASE_PYTHON, "-c", program("setup"), "install", json.dumps(job)], on_line)
         exit_code = job_.wait(INSTALL_TIMEOUT_S)
-        answer = next((json.loads(l) for l in reversed(lines) if l.startswith("{")), None)
+        answer = last("\n".join(lines))
         if exit_code is None:
             job_.stop()
             raise HrmctlError(f"{self.name}: the install did not finish in {INSTALL_TIMEOUT_S}s; the previous venv "
@@ -279,7 +280,7 @@ def setup_nodes(nodes: list[Node], *, dry_run: bool, allow_dirty: bool, reinstal
                 console=None, progress: bool = True, accept_new_host_keys: bool = False) -> list[NodeResult]:
     """Every node in parallel; one NodeResult each (a failure on one never hides the others). Bad local input
     (a dirty tree, a venv without pip) raises HrmctlError before any node is touched."""
-    from netcheck.node_probe import project_facts
+    from node.probe import project_facts
 
     nodes = [n for n in nodes if not n.is_local] or []
     if not nodes:
@@ -295,7 +296,7 @@ def setup_nodes(nodes: list[Node], *, dry_run: bool, allow_dirty: bool, reinstal
     def one(node: Node, result: NodeResult) -> None:
         t0 = time.monotonic()
         try:
-            base = dataclasses.replace(node, python=BASE_PYTHON)  # the sync agent and nodeside run with python3
+            base = dataclasses.replace(node, python=BASE_PYTHON)  # the sync agent and node/setup.py run with python3
             with connect(base, accept_new_host_keys=accept_new_host_keys) as session:
                 NodeSetup(session, node, shared, bars, result).run()
         except HrmctlError as exc:

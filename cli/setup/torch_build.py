@@ -75,8 +75,10 @@ def choose(torch_version: str, nvidia_smi: str | None) -> TorchBuild:
 
 if __name__ == "__main__":  # scripts/install.sh: `python3 cli/setup/torch_build.py 2.13.0` -> tag, index, why
     import sys
+    from pathlib import Path
 
-    from nodeside import nvidia_smi  # this script's own folder: the node side's reading of nvidia-smi
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the checkout's node/ package
+    from node.setup import nvidia_smi  # the node side's reading of nvidia-smi
 
     chosen = choose(sys.argv[1], nvidia_smi())
     print(chosen.tag, chosen.index, chosen.why, sep="\n")

@@ -1,6 +1,6 @@
 """What `hrmctl sync-data` has to do: the source's manifest, and its difference with a node's.
 
-Pure functions over local files and the node's scan (see cli/sync/receiver.py); no network.
+Pure functions over local files and the node's scan (see node/sync_receiver.py); no network.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cli.errors import HrmctlError
-from cli.sync.receiver import final_of_part, sha256_file
+from node.sync_receiver import final_of_part, sha256_file
 
 # Two mtimes this close are the same (NTFS keeps 100 ns; os.utime on the node sets ns).
 MTIME_WINDOW_NS = 1_000

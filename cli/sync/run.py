@@ -7,7 +7,7 @@ For the launcher (`hrmctl train --sync-data`) and other callers:
     report.nodes                   # one NodeSync per node: sent_files, sent_bytes, resumed_bytes, ...
 
 `nodes` are resolved inventory Nodes; each is synced to `dest` or its own `data_path`, all in
-parallel. Per node: its manifest is computed by its own Python (cli/sync/receiver.py), compared
+parallel. Per node: its manifest is computed by its own Python (node/sync_receiver.py), compared
 with the source's (size + mtime, or SHA-256 with checksum=True; cli/sync/plan.py), and only new
 or changed files are written to `.NAME.hrmctl-part` beside the target: large files with many
 SFTP requests in flight (cli/sync/send.py over cli/sync/sftp.py), small ones in batches through
@@ -32,7 +32,7 @@ from cli.nodes.inventory import Node
 from cli.nodes.remote import Session, connect
 from cli.sync.lane import HELPER_MIN_BYTES, HelperLane, SharedFiles
 from cli.sync.plan import Source, SyncError, Transfer, check_source, make_plan, scan_source
-from cli.sync.receiver import part_name
+from node.sync_receiver import part_name
 from cli.sync.send import Finalizer, NodeAgent, Sender, Sinks
 from cli.sync.sftp import WRITE_SIZE, SFTPStalled
 from cli.sync.stream import stream_files, streamable

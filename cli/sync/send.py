@@ -1,6 +1,6 @@
 """Writing files to a node for `hrmctl sync-data`: the node agent, the sender, the finalizer.
 
-NodeAgent   cli/sync/receiver.py running on the node for a whole sync (scan, mkdirs, finalize, and
+NodeAgent   node/sync_receiver.py running on the node for a whole sync (scan, mkdirs, finalize, and
             put: small files, see cli/sync/stream.py).
 Sender      streams files to `.NAME.hrmctl-part` over pipelined SFTP (or to a local directory),
             opening the next files' part files while earlier files are still being sent.
@@ -16,7 +16,6 @@ import json
 import queue
 import threading
 import time
-from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 import paramiko
@@ -24,24 +23,25 @@ import paramiko
 from cli.nodes.remote import Session
 from cli.nodes.ssh import SSHSession
 from cli.sync.plan import SyncError, Transfer
-from cli.sync.receiver import BLOCK, part_name
 from cli.sync.sftp import STATUS, WRITE_SIZE, PipelinedSFTP, SFTPError
+from node.lines import decode
+from node.ship import program
+from node.sync_receiver import BLOCK, part_name
 
-NODE_SNIPPET = Path(__file__).with_name("receiver.py").read_text(encoding="utf-8")
 BATCH_FILES, BATCH_WAIT_S = 500, 0.02   # how the node's verify-and-rename calls are batched
 SEND_PIECE = 256 * 1024         # a batch goes to the agent in pieces: each one taken is progress
 LOOKAHEAD = 32                  # files whose part file is being opened while earlier files are sent
 
 
 class NodeAgent:
-    """cli/sync/receiver.py running on the node for the whole sync: call(job) -> its JSON answer."""
+    """node/sync_receiver.py running on the node for the whole sync: call(job) -> its JSON answer."""
 
     def __init__(self, session: Session, stall_timeout: float):
         self.session, self.name, self.stall_timeout = session, session.node.name, stall_timeout
         self.lock = threading.Lock()
         self.answered = False  # once it has answered, a silence means a lost link, not a bad python
         self.waiting, self.progress = False, time.monotonic()   # see stalled()
-        self.pipe = session.pipe([session.node.python, "-S", "-c", NODE_SNIPPET + "\nserve()\n"])
+        self.pipe = session.pipe([session.node.python, "-S", "-c", program("sync_receiver")])
 
     def call(self, job: dict) -> dict:
         """Send one job and wait for its answer; the node says "." while it works, so a silence
@@ -121,10 +121,9 @@ class NodeAgent:
             raise SyncError(f"{self.name}: no answer from the node's Python ({self.session.node.python}) within "
                             f"{self.stall_timeout:g}s; check `python` for this node in the inventory, and that "
                             "the node is up; partly sent files are kept for the next run")
-        try:
-            answer = json.loads(line)
-        except ValueError:
-            raise SyncError(f"{self.name}: unexpected answer from the node's Python: {line[-200:]!r}") from None
+        answer = decode(line)
+        if answer is None:
+            raise SyncError(f"{self.name}: unexpected answer from the node's Python: {line[-200:]!r}")
         self.answered = True
         if not answer.get("ok"):
             raise SyncError(f"{self.name}: {answer.get('error')}")

@@ -3,7 +3,7 @@
 Over SFTP every file costs an open, a write and a close (three requests and replies handled in
 Python on our side), then the node reads it back to hash it. Here files up to STREAM_MAX go in
 batches on the agent's stdin: a job line `{"op": "put", "files": [[rel, size, mtime_ns, mode,
-sha256], ...]}` and then their bytes, back to back. The node (cli/sync/receiver.py `put`) writes
+sha256], ...]}` and then their bytes, back to back. The node (node/sync_receiver.py `put`) writes
 each one to `.NAME.hrmctl-part`, hashing the bytes as it writes them, and renames it over the
 final name only if the hash is the source's. Two batches are in flight, so the node writes one
 while the next is on its way. Larger files keep going over SFTP, where a cut transfer resumes.
@@ -15,7 +15,7 @@ import hashlib
 from typing import Callable, Iterable, Iterator
 
 from cli.sync.plan import SyncError, Transfer
-from cli.sync.receiver import read_small
+from node.sync_receiver import read_small
 from cli.sync.send import Finalizer, NodeAgent, Sender
 
 STREAM_MAX = 256 * 1024         # files up to this size are streamed; bigger ones go over SFTP

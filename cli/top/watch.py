@@ -1,4 +1,4 @@
-"""One channel per node, kept open: the node sampler (cli/top/sampler.py) runs there and prints a line per interval.
+"""One channel per node, kept open: the node sampler (node/sampler.py) runs there and prints a line per interval.
 
 `Watch(nodes, interval)` starts a thread per node that connects (cli.nodes.remote.connect: SSH, or a
 local process for localhost), starts the agent with the node's Python and reads its lines; the
@@ -9,19 +9,16 @@ see their stdin close and exit.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from cli.errors import HrmctlError
 from cli.nodes.inventory import Node
 from cli.nodes.remote import CONNECT_TIMEOUT, Pipe, Session, connect
+from node.lines import decode
+from node.ship import program
 
-from . import sampler as _sampler
-
-SAMPLER_SOURCE = Path(_sampler.__file__).read_text(encoding="utf-8")
 RETRY_S = 3.0
 
 
@@ -47,7 +44,7 @@ class NodeState:
 
 
 def agent_argv(node: Node, interval: float) -> list[str]:
-    return [node.python, "-u", "-c", SAMPLER_SOURCE, "--interval", f"{interval:g}"]
+    return [node.python, "-u", "-c", program("sampler"), "--interval", f"{interval:g}"]
 
 
 def _ended(pipe: Pipe) -> bool:
@@ -171,12 +168,9 @@ class Watch:
                 if time.monotonic() - last > quiet:
                     self._set(node.name, error=f"{node.name}: no answer for {time.monotonic() - last:.0f}s")
                 continue
-            try:
-                doc = json.loads(line)
-            except ValueError:
+            doc = decode(line)
+            if doc is None or doc.get("v") != 1:
                 continue  # not ours (a login banner printed on stdout, say)
-            if not isinstance(doc, dict) or doc.get("v") != 1:
-                continue
             last = time.monotonic()
             with self.changed:
                 state = self.states[node.name]

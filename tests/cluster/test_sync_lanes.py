@@ -14,7 +14,7 @@ from cli.nodes.inventory import load_inventory
 from cli.sync.run import sync_nodes
 from cli.sync.lane import HelperLane, SharedFiles
 from cli.sync.plan import SourceFile, Transfer
-from cli.sync.receiver import part_name
+from node.sync_receiver import part_name
 
 
 def source_file(root: Path, rel: str, size: int) -> SourceFile:

@@ -20,7 +20,7 @@ from tests.polling import wait_for
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
-MARK = b"hrmctl-top-sampler"  # the first words of the sampler's source, which is its command line (-c)
+MARK = b"# hrmctl-node sampler"  # the first line of the sampler's bootstrap (node/ship.py), its command line (-c)
 TRAIN = ["model=tiny", "training.max_steps=100000", "training.batch_size=8", "training.log_interval=2",
          "training.eval_interval=0", "training.checkpoint_interval=0",
          "fault.step_sleep=0.1"]  # about 8 steps a second, enough for top to read: unpaced, the two ranks took both

@@ -19,7 +19,8 @@ import pytest
 
 from netcheck.consistency_checks import cluster_checks
 from netcheck.node_checks import FAIL, OK, SKIP, longer_timeout, node_checks
-from netcheck.node_probe_client import parse_probe, probe_source, probe_window
+from netcheck.node_probe_client import parse_probe, probe_window
+from node.ship import program
 
 # the probe's parts other than torch take under a second here even under the suite's load (0.65 s measured with a
 # load average of 13 on 2 cores): 8 s is room for a machine three times slower, and more
@@ -38,7 +39,7 @@ def fake_torch(tmp_path, body: str):
 
 def probe(tmp_path, body: str, *args: str) -> dict:
     env = dict(os.environ, PYTHONPATH=str(fake_torch(tmp_path, body)))
-    res = subprocess.run([sys.executable, "-", "--within", str(WITHIN_S), *args], input=probe_source(),
+    res = subprocess.run([sys.executable, "-", "--within", str(WITHIN_S), *args], input=program("probe"),
                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=WITHIN_S + 60)
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout.strip().splitlines()[-1])

@@ -424,7 +424,7 @@ def test_wandb_keys_are_refused_before_launch_where_rank_0s_node_lacks_the_packa
     from cli.errors import HrmctlError
     from cli.launch.prepare import _check_packages
     from cli.nodes.inventory import local_node
-    from netcheck import node_probe
+    from node import probe as node_probe
 
     def probe(**versions):
         return SimpleNamespace(raw={"project": {"versions": versions}})

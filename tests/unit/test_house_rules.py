@@ -1,7 +1,8 @@
 """The house's rules that the code itself can be asked about (issue 35; ../shared/DESIGN.md): no function in
 auralm/, cli/, netcheck/ or node/ longer than 100 lines and the trainer's ``train()`` at most 80, the arrows one
 way (``auralm`` imports neither ``cli`` nor ``netcheck``; ``netcheck`` never imports ``cli`` or ``auralm``: its node
-probe is sent over SSH to nodes where nothing of ours is installed; ``node`` imports the standard library only), and
+probe is sent over SSH to nodes where nothing of ours is installed; ``node`` imports the standard library only, torch and
+psutil where present), and
 a name tested only by its owner (issue 64): no module
 outside a sync mode's, a task's or a model family's own file or folder compares a value with its name."""
 
@@ -57,16 +58,53 @@ def test_the_arrows_point_one_way(room, never):
     assert wrong == [], wrong
 
 
+OPTIONAL = {"torch", "psutil", "pynvml"}  # what a node's programs use when the node has it, never need
+
+
+def _roots(stmts) -> set[str]:
+    names = set()
+    for n in (n for s in stmts for n in ast.walk(s)):
+        if isinstance(n, ast.Import):
+            names |= {a.name.split(".")[0] for a in n.names}
+        elif isinstance(n, ast.ImportFrom) and n.level == 0 and n.module:
+            names.add(n.module.split(".")[0])
+    return names
+
+
+def _at_import(stmts) -> list:
+    """The statements a module runs when it is imported: its own, through if/with/try, not into functions or classes,
+    nor into a ``try`` that catches ImportError (an optional import)."""
+    out = []
+    for s in stmts:
+        if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        if isinstance(s, ast.Try) and any("ImportError" in ast.unparse(h.type or ast.Name("BaseException"))
+                                          for h in s.handlers):
+            out += _at_import(s.orelse + s.finalbody)
+        elif isinstance(s, (ast.If, ast.With, ast.Try)):
+            out += _at_import(s.body + s.orelse + getattr(s, "finalbody", []) +
+                              [x for h in getattr(s, "handlers", []) for x in h.body])
+        else:
+            out.append(s)
+    return out
+
+
 def test_node_imports_the_standard_library_only():
-    """node/ runs where nothing is installed (sent with the node probe): its imports are the standard library's."""
-    found = set()
+    """node/ runs where nothing is installed (sent by node.ship): what its modules import when imported is the
+    standard library's; torch, psutil and pynvml only inside a function or a try that catches ImportError."""
+    std = set(sys.stdlib_module_names) | {"node"}
+    needed, anywhere = set(), set()
     for _, tree in _modules("node"):
-        for n in ast.walk(tree):
-            if isinstance(n, ast.Import):
-                found |= {a.name.split(".")[0] for a in n.names}
-            elif isinstance(n, ast.ImportFrom) and n.level == 0 and n.module:
-                found.add(n.module.split(".")[0])
-    assert found and found - set(sys.stdlib_module_names) - {"node"} == set(), found
+        needed |= _roots(_at_import(tree.body))
+        anywhere |= _roots(tree.body)
+    assert needed and needed - std == set(), needed - std
+    assert anywhere - std - OPTIONAL == set(), anywhere - std - OPTIONAL
+
+
+def test_the_node_rule_sees_an_import_that_is_not_optional():
+    code = ast.parse("import os\ntry:\n    import psutil\nexcept ImportError:\n    psutil = None\n"
+                     "if os.name:\n    import numpy\ndef f():\n    import torch\n")
+    assert _roots(_at_import(code.body)) == {"os", "numpy"} and _roots(code.body) == {"os", "psutil", "numpy", "torch"}
 
 
 # The built-in names and their owners, as the registries hold them (in a process of their own: the suite's other

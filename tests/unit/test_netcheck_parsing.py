@@ -18,7 +18,7 @@ from netcheck.consistency_checks import cluster_checks
 from netcheck.network_checks import clock_check, rtt_check
 from netcheck.clock import ClockSkew, best_offset
 from netcheck.node_probe_client import ProbeError, parse_probe
-from netcheck.node_probe import os_kind, parse_ip_addr, wsl_networking
+from node.probe import os_kind, parse_ip_addr, wsl_networking
 from netcheck.rtt import parse_ping
 
 WSL2_REL = "5.15.153.1-microsoft-standard-WSL2"
@@ -130,7 +130,7 @@ def test_the_dataset_check_reads_what_prepare_data_writes(tmp_path):
     import shutil
 
     from netcheck.consistency_checks import dataset_check
-    from netcheck.node_probe import disk_facts
+    from node.probe import disk_facts
     from tests.trainer.helpers import prepare_data
 
     roots = [tmp_path / f"n{i}" for i in range(3)]
@@ -161,10 +161,10 @@ def test_garbage_probe_answers_are_probe_errors():
 
 
 def test_probe_runs_as_a_script_without_the_project(tmp_path):
-    """The probe file alone, through stdin, from an unrelated directory: one JSON object."""
-    from netcheck.node_probe_client import probe_source
+    """The probe's bootstrap alone, through stdin, from an unrelated directory: one JSON object."""
+    from node.ship import program
     res = subprocess.run([sys.executable, "-I", "-", "--no-torch", "--route-to", "127.0.0.1", "--data-dir",
-                          str(tmp_path / "nope")], input=probe_source(), capture_output=True, text=True,
+                          str(tmp_path / "nope")], input=program("probe"), capture_output=True, text=True,
                          cwd=tmp_path, timeout=30)
     doc = json.loads(res.stdout)
     assert doc["probe_version"] == 1 and doc["torch"] is None
@@ -182,7 +182,7 @@ def test_peer_rtt_is_not_lengthened_by_the_probes_own_work():
     import socket
     import time
 
-    from netcheck.node_probe import tcp_rtt_aside
+    from node.probe import tcp_rtt_aside
 
     server = socket.create_server(("127.0.0.1", 0), backlog=16)
     holds = []

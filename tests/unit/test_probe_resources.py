@@ -11,22 +11,23 @@ import sys
 import psutil
 import pytest
 
-from netcheck import node_probe as probe
+from node import probe
 from netcheck.node_checks import resources_check
-from netcheck.node_probe_client import parse_probe, probe_source
+from netcheck.node_probe_client import parse_probe
+from node.ship import program
 
 GB = 2**30
 
 
 def run_probe(data_dir, hide_psutil: bool, python: str = sys.executable) -> dict:
-    """The probe as a node runs it: what probe_source() sends, read by a fresh interpreter from its standard input
+    """The probe as a node runs it: what program("probe") sends, read by a fresh interpreter from its standard input
     (psutil hidden on demand; this venv's, which has it). The project's packages are hidden too (a meta path finder
     that refuses them): the modules the probe needs come with it."""
     code = ("import sys\n" + ("sys.modules['psutil'] = None\n" if hide_psutil else "")
             + "class Hide:\n    def find_spec(self, name, *a):\n"
             + "        if name.split('.')[0] in ('node', 'netcheck', 'cli', 'auralm'): raise ImportError(name)\n"
             + "sys.meta_path.insert(0, Hide())\n"
-            + f"exec(compile({probe_source()!r}, '<probe>', 'exec'))\n")
+            + f"exec(compile({program('probe')!r}, '<probe>', 'exec'))\n")
     res = subprocess.run([python, "-", "--no-torch", "--data-dir", str(data_dir)], input=code, capture_output=True,
                          text=True, timeout=60, cwd=data_dir)
     assert res.returncode == 0, res.stderr
@@ -77,7 +78,7 @@ def test_usable_cpus_follow_the_affinity_and_the_tightest_cpu_quota(tmp_path):
     machine = len(os.sched_getaffinity(0))
     assert probe.cpu_usable(str(tmp_path), str(tmp_path / "none")) == machine  # no cgroup readable: the affinity
     pinned = subprocess.run(["taskset", "-c", "0", sys.executable, "-c",
-                             "from netcheck.node_probe import cpu_usable; print(cpu_usable('/nonexistent'))"],
+                             "from node.probe import cpu_usable; print(cpu_usable('/nonexistent'))"],
                             capture_output=True, text=True, check=True)
     assert pinned.stdout.strip() == "1"
     v1 = tmp_path / "v1"
@@ -104,7 +105,7 @@ def test_usable_cpus_follow_the_affinity_and_the_tightest_cpu_quota(tmp_path):
 
 
 def test_oom_kills_are_counted_in_the_own_memory_cgroup_v1_or_v2_else_the_machines(tmp_path):
-    """netcheck.node_probe.oom_kills from faked /proc/self/cgroup and cgroup files (the real OOM killer's count in a
+    """node.probe.oom_kills from faked /proc/self/cgroup and cgroup files (the real OOM killer's count in a
     real cgroup: tests/cluster/test_memory_cap.py)."""
     oom_kills = probe.oom_kills
     vmstat, proc = tmp_path / "vmstat", tmp_path / "cgroup"

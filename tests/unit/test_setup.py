@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.setup import nodeside
+from node import setup as node_setup
 from cli.setup.distro import install_command
 from cli.setup.torch_build import choose
 
@@ -45,12 +45,12 @@ def test_switch_replaces_a_real_venv_directory_with_a_link(tmp_path):
     (link / "bin").mkdir(parents=True)
     new = tmp_path / ".venv-abc-1"
     (new / "bin").mkdir(parents=True)
-    nodeside.switch(str(link), str(new))
+    node_setup.switch(str(link), str(new))
     assert link.is_symlink() and os.readlink(link) == ".venv-abc-1"
     assert [p.name for p in tmp_path.glob(".venv.previous-*")], "the old directory was not kept aside"
     newer = tmp_path / ".venv-def-2"
     newer.mkdir()
-    nodeside.switch(str(link), str(newer))
+    node_setup.switch(str(link), str(newer))
     assert os.readlink(link) == ".venv-def-2"
 
 
@@ -58,12 +58,12 @@ def test_finish_removes_what_the_older_commit_had_and_writes_the_stamp(tmp_path)
     (tmp_path / "cli").mkdir()
     for rel in ("cli/kept.py", "cli/gone.py", "mine.txt"):
         (tmp_path / rel).write_text("x")
-    (tmp_path / nodeside.STAMP).write_text(json.dumps({"commit": "old", "files": ["cli/kept.py", "cli/gone.py",
+    (tmp_path / node_setup.STAMP).write_text(json.dumps({"commit": "old", "files": ["cli/kept.py", "cli/gone.py",
                                                                                   "../outside"]}))
-    answer = nodeside.finish({"workdir": str(tmp_path), "stamp": {"commit": "new"}, "files": ["cli/kept.py"]})
+    answer = node_setup.finish({"workdir": str(tmp_path), "stamp": {"commit": "new"}, "files": ["cli/kept.py"]})
     assert answer["removed"] == ["cli/gone.py"]
     assert (tmp_path / "cli/kept.py").exists() and (tmp_path / "mine.txt").exists()
-    assert json.loads((tmp_path / nodeside.STAMP).read_text()) == {"commit": "new", "files": ["cli/kept.py"]}
+    assert json.loads((tmp_path / node_setup.STAMP).read_text()) == {"commit": "new", "files": ["cli/kept.py"]}
 
 
 def _init(tmp_path, *args, home=None):

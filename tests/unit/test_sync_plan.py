@@ -7,7 +7,7 @@ import os
 import pytest
 
 from cli.sync.plan import SyncError, make_plan, scan_source
-from cli.sync.receiver import Refused, check_rel, final_of_part, inside, part_name
+from node.sync_receiver import Refused, check_rel, final_of_part, inside, part_name
 
 
 def test_part_names_round_trip():

@@ -20,17 +20,18 @@ import pytest
 
 from cli.nodes.inventory import Node
 from cli.top import view
-from cli.top.watch import SAMPLER_SOURCE, NodeState
+from cli.top.watch import NodeState
+from node.ship import program
 
 GIB = 1024 ** 3
 
 
 class Agent:
-    """The agent as its own process, exactly as a node runs it: `python -u -c SOURCE --interval S`."""
+    """The agent as its own process, exactly as a node runs it: `python -u -c program("sampler") --interval S`."""
 
     def __init__(self, *flags: str, interval: float = 0.2, env: dict | None = None):
-        self.proc = subprocess.Popen([sys.executable, *flags, "-u", "-c", SAMPLER_SOURCE, "--interval", str(interval)],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        self.proc = subprocess.Popen([sys.executable, *flags, "-u", "-c", program("sampler"), "--interval",
+                                      str(interval)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      env=env)
 
     def lines(self, n: int, timeout: float = 60) -> list[dict]:
@@ -86,7 +87,7 @@ def test_agent_prints_sane_lines_and_ends_when_its_stdin_closes(with_psutil):
 
 
 def test_agent_with_count_prints_that_many_lines_and_ends_cleanly():
-    proc = subprocess.Popen([sys.executable, "-u", "-c", SAMPLER_SOURCE, "--interval", "0.1", "--count", "2"],
+    proc = subprocess.Popen([sys.executable, "-u", "-c", program("sampler"), "--interval", "0.1", "--count", "2"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out, err = proc.stdout.read(), proc.stderr.read()  # stdin stays open: the agent ends by itself
     assert proc.wait(10) == 0 and err == "" and len(out.splitlines()) == 2, err

@@ -1,6 +1,7 @@
 """hrmctl-top-sampler: what one node is doing, one JSON line per interval on stdout.
 
-Self-contained: sent over SSH and run by the node's own Python (`python -u -c SOURCE --interval 1`),
+Sent over SSH with the rest of node/ and run by the node's own Python (`python -u -c ship.program("sampler")
+--interval 1`; its client: cli/top/watch.py),
 with the standard library, psutil when it is installed (else /proc, on Linux and WSL), and NVIDIA's
 NVML through nvidia-ml-py (`import pynvml`) when that is installed (else no GPU: "gpus": null).
 It stops when its stdin closes (the SSH channel or the local pipe went away) or stdout breaks,
@@ -29,6 +30,8 @@ import socket
 import sys
 import threading
 import time
+
+from node.lines import say
 
 TRAINER_MODULES = ("auralm.training.train",)
 RESCAN_S = 5.0  # command lines are cached per pid; forget the cache this often (pids are reused)
@@ -389,8 +392,7 @@ def main(argv: list[str]) -> int:
             wall = time.monotonic() - wall0
             doc["agent_cpu"] = round(100.0 * (t.user + t.system - cpu0) / wall, 3) if wall > 0 else None
         try:
-            sys.stdout.write(json.dumps(doc, separators=(",", ":")) + "\n")
-            sys.stdout.flush()
+            say(doc)
         except (OSError, ValueError):  # the reader is gone
             return 0
         sent += 1
@@ -402,12 +404,3 @@ def main(argv: list[str]) -> int:
             next_at, delay = time.monotonic(), 0
         time.sleep(delay)
 
-
-if __name__ == "__main__":
-    code = main(sys.argv[1:])
-    try:
-        sys.stdout.flush()
-    except (OSError, ValueError):
-        pass
-    # not sys.exit: the stdin thread may hold stdin's lock, and the interpreter's shutdown would then abort
-    os._exit(code)

@@ -1,5 +1,6 @@
-"""The node side of `hrmctl setup`, run by the node's own `python3` (`python3 - OP JSON`): standard library only,
-since nothing of ours is installed there yet. Each operation prints one JSON line at the end.
+"""The node side of `hrmctl setup`, run by the node's own `python3` (`python3 - OP JSON`, the bootstrap of
+ship.program("setup") on stdin; cli/setup/run.py): standard library only, since nothing of ours is installed there
+yet. Each operation prints one JSON line at the end (node/lines.py); install says "step NAME" as it goes.
 
   facts    the node's Python (version, venv module), distribution, machine, `nvidia-smi` output, the setup stamp
            in the workdir and the venv the inventory's python points at (a link to a complete build, or not).
@@ -19,6 +20,8 @@ import shutil
 import subprocess
 import sys
 import time
+
+from node.lines import say, write
 
 STAMP = ".hrmctl-setup.json"
 MARKER = "hrmctl-venv.json"
@@ -88,9 +91,8 @@ def facts(job):
             "free_bytes": usage.free if usage else None}
 
 
-def say(text):
-    sys.stdout.write("step " + text + "\n")
-    sys.stdout.flush()
+def step(text):
+    write("step " + text)
 
 
 def remove_tree(path):
@@ -148,23 +150,23 @@ def build(job, target):
     python = os.path.join(target, "bin", "python")
     if job.get("uv_wheel"):
         uv = uv_binary(os.path.join(wheels, job["uv_wheel"]), expand(job["uv_cache"]))
-        say("venv")
+        step("venv")
         run([uv, "venv", "--quiet", "--python", job["base_python"], target], env)
-        say("packages")
+        step("packages")
         run([uv, "pip", "install", "--quiet", "--python", python, "--no-index", "--find-links", wheels, "--no-deps",
              "-r", lock], env)
-        say("torch")
+        step("torch")
         run([uv, "pip", "install", "--quiet", "--python", python, "--no-index", "--find-links", wheels,
              job["torch"]], env)
         return
     pip_wheel = expand(job["pip_wheel"])
-    say("venv")
+    step("venv")
     run([job["base_python"], "-m", "venv", "--without-pip", target], env)
     pip = [python, os.path.join(pip_wheel, "pip"), "install", "--isolated", "--quiet", "--disable-pip-version-check",
            "--no-index", "--find-links", wheels]
-    say("packages")
+    step("packages")
     run(pip + ["--no-deps", "-r", lock], env)
-    say("torch")
+    step("torch")
     run(pip + [job["torch"]], env)
 
 
@@ -193,7 +195,7 @@ def install(job):
         json.dump(marker, fh)
         fh.flush()
         os.fsync(fh.fileno())
-    say("switch")
+    step("switch")
     switch(link, target)
     for old in leftovers(link, {target}):
         remove_tree(old)
@@ -230,10 +232,5 @@ def main(argv):
         answer["ok"] = True
     except Exception as exc:  # one line for the other side, never a traceback
         answer = {"ok": False, "error": "%s: %s" % (type(exc).__name__, exc)}
-    sys.stdout.write(json.dumps(answer) + "\n")
-    sys.stdout.flush()
+    say(answer)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

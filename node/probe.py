@@ -2,8 +2,8 @@
 trainer reads too), plus torch and psutil when present (resources come from psutil when the node has it, else from a
 minimal stdlib fallback).
 
-It is sent as source to a node's Python, node.cgroups with it (`session.run_python(probe_source(), probe_args(...))`)
-and prints ONE JSON object on stdout; it never needs the project installed on the node. Every
+It is sent as source to a node's Python with the rest of node/ (`session.run_python(ship.program("probe"),
+probe_args(...))`, netcheck/node_probe_client.py) and prints ONE JSON object on stdout (node/lines.py); it never needs the project installed on the node. Every
 part that can fail is caught and reported in the JSON ("error" fields), so a broken piece of a
 node never hides the rest. `import torch` happens at most once per run, in a forked child started first
 (aside()), so that it runs beside the other checks and a slow one is reported as such (--within).
@@ -44,7 +44,8 @@ import sys
 import threading
 import time
 
-from node.cgroups import cgroup_memory, cpu_usable, oom_kills, read  # sent with this file (probe_source)
+from node.cgroups import cgroup_memory, cpu_usable, oom_kills, read
+from node.lines import say
 
 PROBE_VERSION = 1
 SIOCGIFADDR = 0x8915
@@ -726,12 +727,5 @@ def main(argv: list[str]) -> int:
         doc = ({"oom_kills": oom_kills(machine=args.oom_kills == "machine")} if args.oom_kills else collect(args))
     except Exception as exc:  # a surprise still answers with JSON
         doc = {"probe_version": PROBE_VERSION, "fatal": f"{type(exc).__name__}: {exc}"}
-    sys.stdout.write(json.dumps(doc) + "\n")
-    sys.stdout.flush()
-    return 0
-
-
-if __name__ == "__main__":
-    code = main(sys.argv[1:])
-    # The answer is out; skip the interpreter's teardown of torch (about 1 s on a small machine).
-    os._exit(code)
+    say(doc)
+    return 0  # node.end: the answer is out; no teardown of torch (about 1 s on a small machine)

@@ -1,7 +1,8 @@
-"""The node agent: a tiny line-based server on a node's stdin/stdout. Self-contained (stdlib).
+"""The peer checks' agent: a tiny line-based server on a node's stdin/stdout (standard library only).
 
-Started once per node per command (`python -u -c AGENT_SOURCE`, over an SSH channel or a local
-pipe), it answers, one JSON line per request line:
+Started once per node per command (`python -u -c ship.program("peer")`, over an SSH channel or a
+local pipe; netcheck/peer_agent_client.py), it says "ready", then answers one JSON line per request
+line (node/lines.py):
   t                                    -> the node's wall clock, time.time() (Cristian's method)
   {"op":"listen","ports":[29500,0]}    -> binds a TCP listener per port (0 = a random high port,
                                           as gloo and NCCL use), {"listening":[{asked,port,error}]}
@@ -16,9 +17,10 @@ from __future__ import annotations
 
 import json
 import socket
-import sys
 import threading
 import time
+
+from node.lines import encode, requests, write
 
 LISTENERS: list[socket.socket] = []
 
@@ -103,26 +105,21 @@ def handle(line: str) -> str:
         req = json.loads(line)
         op = req.get("op")
         if op == "listen":
-            return json.dumps(listen(req.get("ports", [])))
+            return encode(listen(req.get("ports", [])))
         if op == "connect":
-            return json.dumps(connect(req.get("targets", []), float(req.get("timeout", 3))))
+            return encode(connect(req.get("targets", []), float(req.get("timeout", 3))))
         if op == "close":
             n = len(LISTENERS)
             while LISTENERS:
                 LISTENERS.pop().close()
-            return json.dumps({"closed": n})
-        return json.dumps({"error": f"unknown op {op!r}"})
+            return encode({"closed": n})
+        return encode({"error": f"unknown op {op!r}"})
     except Exception as exc:
-        return json.dumps({"error": f"{type(exc).__name__}: {exc}"})
+        return encode({"error": f"{type(exc).__name__}: {exc}"})
 
 
-def main() -> None:
-    sys.stdout.write("ready\n")
-    sys.stdout.flush()
-    for raw in sys.stdin:
-        sys.stdout.write(handle(raw.strip()) + "\n")
-        sys.stdout.flush()
-
-
-if __name__ == "__main__":
-    main()
+def main(argv: list[str]) -> int:
+    write("ready")
+    for line in requests():
+        write(handle(line))
+    return 0

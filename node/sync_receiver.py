@@ -1,8 +1,9 @@
-"""The node side of `hrmctl sync-data`: its source is run by the node's Python (`python -c`).
+"""The node side of `hrmctl sync-data`, run by the node's Python (`python -S -c ship.program("sync_receiver")`;
+its client: cli/sync/send.py NodeAgent).
 
-Self-contained (standard library only) because it runs with the node's Python before anything
-of hrmctl may be installed there. `serve()` answers JSON jobs, one per line on stdin, with one
-JSON line each on stdout, so one process serves a whole sync. Operations:
+Standard library only, because it runs with the node's Python before anything of hrmctl may be
+installed there. `serve()` answers JSON jobs, one per line on stdin, with one JSON line each on
+stdout (node/lines.py), so one process serves a whole sync. Operations:
 
   scan      the destination's manifest: {relpath: [size, mtime_ns, sha256 or None]}, partly
             sent files (`.NAME.hrmctl-part`) with their size and SHA-256, free space; creates
@@ -27,6 +28,8 @@ import json
 import os
 import stat
 import sys
+
+from node.lines import encode, write
 
 PART_SUFFIX = ".hrmctl-part"
 HEARTBEAT_S = 2.0
@@ -348,13 +351,7 @@ def serve():
     import threading
     import time
     jobs = queue.Queue(maxsize=1)   # one job read ahead while another is handled
-    out = threading.Lock()
     busy = []                       # the start time of the job being handled
-
-    def say(text):
-        with out:
-            sys.stdout.write(text)
-            sys.stdout.flush()
 
     def work():
         while True:
@@ -362,16 +359,16 @@ def serve():
             if job is None:
                 return
             busy.append(time.monotonic())
-            answer = json.dumps(handle(job)) + "\n"
+            answer = encode(handle(job))
             busy.pop()
-            say(answer)
+            write(answer)
 
     def beat():
         while True:
             time.sleep(HEARTBEAT_S / 2)
             started = busy[0] if busy else None
             if started is not None and time.monotonic() - started >= HEARTBEAT_S / 2:
-                say(".\n")
+                write(".")
 
     worker = threading.Thread(target=work)
     worker.start()
@@ -393,3 +390,8 @@ def serve():
     finally:
         jobs.put(None)
         worker.join()
+
+
+def main(argv):
+    serve()
+    return 0
