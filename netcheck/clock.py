@@ -11,6 +11,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from node.lines import decode, encode
+
+ASK_TIME = encode({"op": "t"})  # the peer agent (node/peer.py) answers {"t": its time.time()}
+
 # A warning above this: merged logs come out of order, timestamps mislead.
 WARN_S = 0.25
 # A failure above this: c10d's rendezvous compares heartbeat timestamps written by other nodes
@@ -42,11 +46,11 @@ def measure_skew(agent: Any, samples: int = 8, timeout: float = 5) -> ClockSkew:
     for _ in range(samples):
         t0 = time.time()
         p0 = time.perf_counter()
-        reply = agent.line("t", timeout)
+        reply = agent.line(ASK_TIME, timeout)
         p1 = time.perf_counter()
         try:
-            tn = float(reply)
-        except ValueError:
+            tn = float((decode(reply) or {})["t"])
+        except (KeyError, TypeError, ValueError):
             raise ValueError(f"{agent.name}: the node agent sent {reply[:60]!r} instead of its time") from None
         # the round trip from the monotonic clock, so a step of our wall clock cannot distort it
         got.append((t0, tn, t0 + (p1 - p0)))

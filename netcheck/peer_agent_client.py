@@ -1,6 +1,6 @@
 """Talk to the peer checks' node agent (node/peer.py) over a Session-like object's `pipe(argv)`.
 
-`start_agent(session)` starts it with the node's Python and waits for "ready"; the Agent's
+`start_agent(session)` starts it with the node's Python and waits for {"ready": ...}; the Agent's
 requests are one JSON line each way. Closing the Agent closes the agent's stdin, so its
 listeners disappear with it.
 """
@@ -58,7 +58,7 @@ def start_agent(session: Any, timeout: float = 20) -> Agent:
     except Exception as exc:
         raise AgentError(str(exc) if node.name in str(exc) else f"{node.name}: {exc}") from None
     first = pipe.readline(timeout)
-    if first != "ready":
+    if not (decode(first or "") or {}).get("ready"):
         pipe.close()
         raise AgentError(f"{node.name}: the node agent did not start with {node.python} "
                          f"({'no answer in %gs' % timeout if first is None else first[:120]})")

@@ -1,10 +1,12 @@
-"""The node programs' one protocol: text lines on stdin and stdout, every answer ONE JSON object on a line of its own.
+"""The node programs' one protocol: lines of text on stdin and stdout, each ONE JSON object (compact, UTF-8).
 
-Besides JSON objects, three fixed words travel on the same lines: ``ready`` (the peer agent is up), ``.`` (the sync
-receiver still at work: a heartbeat, so that a silence means a lost link) and ``step NAME`` (setup's install, where it
-is). The peer agent's clock request is the one letter ``t`` (answered with a JSON number: Cristian's method wants the
-shortest round trip). A sync ``put`` job's file bytes follow its line on stdin, counted in the job: binary, never
-framed. The controller's clients read the same lines with decode().
+A request is ``{"op": NAME, ...}``; its answer is one object. Besides answers, a program says, each on a line:
+  {"ready": PROGRAM}   it is up and reads requests (the peer agent, before its first request)
+  {"alive": true}      still at work on a long request (the sync receiver, every HEARTBEAT_S): a silence is a lost link
+  {"step": NAME}       where a long request is (setup's install)
+A one-shot program (the probe, setup's facts and finish) prints its answer as its last line; the sampler prints one
+object per interval. The one exception to the framing: a sync ``put`` request's file bytes follow its line on stdin,
+counted in the request (binary, never framed). The controller's clients read the same lines with decode() / last().
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The peer checks' agent: a tiny line-based server on a node's stdin/stdout (standard library only).
 
 Started once per node per command (`python -u -c ship.program("peer")`, over an SSH channel or a
-local pipe; netcheck/peer_agent_client.py), it says "ready", then answers one JSON line per request
-line (node/lines.py):
-  t                                    -> the node's wall clock, time.time() (Cristian's method)
+local pipe; netcheck/peer_agent_client.py), it says {"ready": "peer"}, then answers one JSON line per
+request line (node/lines.py):
+  {"op":"t"}                           -> {"t": the node's wall clock, time.time()} (Cristian's method)
   {"op":"listen","ports":[29500,0]}    -> binds a TCP listener per port (0 = a random high port,
                                           as gloo and NCCL use), {"listening":[{asked,port,error}]}
   {"op":"connect","targets":[{host,port,token}],"timeout":s}
@@ -20,7 +20,7 @@ import socket
 import threading
 import time
 
-from node.lines import encode, requests, write
+from node.lines import encode, requests, say, write
 
 LISTENERS: list[socket.socket] = []
 
@@ -99,11 +99,11 @@ def connect(targets: list[dict], timeout: float) -> dict:
 
 
 def handle(line: str) -> str:
-    if line == "t":
-        return repr(time.time())
     try:
         req = json.loads(line)
         op = req.get("op")
+        if op == "t":
+            return encode({"t": time.time()})
         if op == "listen":
             return encode(listen(req.get("ports", [])))
         if op == "connect":
@@ -119,7 +119,7 @@ def handle(line: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    write("ready")
+    say({"ready": "peer"})
     for line in requests():
         write(handle(line))
     return 0

@@ -1,6 +1,6 @@
 """The node side of `hrmctl setup`, run by the node's own `python3` (`python3 - OP JSON`, the bootstrap of
 ship.program("setup") on stdin; cli/setup/run.py): standard library only, since nothing of ours is installed there
-yet. Each operation prints one JSON line at the end (node/lines.py); install says "step NAME" as it goes.
+yet. Each operation prints one JSON line at the end (node/lines.py); install says {"step": NAME} as it goes.
 
   facts    the node's Python (version, venv module), distribution, machine, `nvidia-smi` output, the setup stamp
            in the workdir and the venv the inventory's python points at (a link to a complete build, or not).
@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 
-from node.lines import say, write
+from node.lines import say
 
 STAMP = ".hrmctl-setup.json"
 MARKER = "hrmctl-venv.json"
@@ -92,7 +92,7 @@ def facts(job):
 
 
 def step(text):
-    write("step " + text)
+    say({"step": text})
 
 
 def remove_tree(path):

@@ -29,7 +29,7 @@ import os
 import stat
 import sys
 
-from node.lines import encode, write
+from node.lines import encode, say, write
 
 PART_SUFFIX = ".hrmctl-part"
 HEARTBEAT_S = 2.0
@@ -345,7 +345,7 @@ def serve():
 
     A put job's file bytes follow its line; they are read here, so the next job (and its bytes)
     is read while a worker thread handles this one. While a job runs (hashing can take minutes),
-    a line "." every HEARTBEAT_S seconds tells the other side that the node is alive, so that
+    a line {"alive": true} every HEARTBEAT_S seconds tells the other side that the node is alive, so that
     silence can mean a dead link."""
     import queue
     import threading
@@ -368,7 +368,7 @@ def serve():
             time.sleep(HEARTBEAT_S / 2)
             started = busy[0] if busy else None
             if started is not None and time.monotonic() - started >= HEARTBEAT_S / 2:
-                write(".")
+                say({"alive": True})
 
     worker = threading.Thread(target=work)
     worker.start()

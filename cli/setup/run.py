@@ -30,7 +30,7 @@ from cli.setup.progress import NodeBars
 from cli.setup.torch_build import TorchBuild, base_version, choose
 from cli.sync.plan import scan_source
 from cli.sync.run import NodeSync, _NodeSync
-from node.lines import last
+from node.lines import decode, last
 from node.ship import program
 
 BASE_PYTHON = "python3"  # what makes the venv on a node (its own interpreter; the inventory's python is the venv's)
@@ -209,9 +209,11 @@ class NodeSetup:
         lines: list[str] = []
 
         def on_line(stream: str, line: str) -> None:
-            if stream == "stdout" and line.startswith("step "):
-                self.bars.phase(self.name, f"installing: {line[5:]}")
-            lines.append(line)
+            step = (decode(line) or {}).get("step") if stream == "stdout" else None
+            if step:
+                self.bars.phase(self.name, f"installing: {step}")
+            else:
+                lines.append(line)
 
         job_ = self.s.start([BASE_PYTHON, "-c", program("setup"), "install", json.dumps(job)], on_line)
         exit_code = job_.wait(INSTALL_TIMEOUT_S)

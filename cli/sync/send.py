@@ -30,6 +30,7 @@ from node.sync_receiver import BLOCK, part_name
 
 BATCH_FILES, BATCH_WAIT_S = 500, 0.02   # how the node's verify-and-rename calls are batched
 SEND_PIECE = 256 * 1024         # a batch goes to the agent in pieces: each one taken is progress
+ALIVE = {"alive": True}          # the node is still at work (node/sync_receiver.py serve)
 LOOKAHEAD = 32                  # files whose part file is being opened while earlier files are sent
 
 
@@ -44,7 +45,7 @@ class NodeAgent:
         self.pipe = session.pipe([session.node.python, "-S", "-c", program("sync_receiver")])
 
     def call(self, job: dict) -> dict:
-        """Send one job and wait for its answer; the node says "." while it works, so a silence
+        """Send one job and wait for its answer; the node says {"alive": true} while it works, so a silence
         longer than stall_timeout means the node or the link is gone."""
         with self.lock:
             self._send(json.dumps(job).encode() + b"\n")
@@ -105,9 +106,10 @@ class NodeAgent:
     def _answer(self) -> dict:
         self.waiting, self.progress = True, time.monotonic()
         try:
-            line = "."
-            while line == ".":
+            line, answer = None, ALIVE
+            while answer == ALIVE:  # the node's heartbeat while it works
                 line = self.pipe.readline(self.stall_timeout)
+                answer = None if line is None else decode(line)
                 self.progress = time.monotonic()
         except (OSError, EOFError, paramiko.SSHException) as exc:
             raise self._lost(exc) from None
@@ -121,7 +123,6 @@ class NodeAgent:
             raise SyncError(f"{self.name}: no answer from the node's Python ({self.session.node.python}) within "
                             f"{self.stall_timeout:g}s; check `python` for this node in the inventory, and that "
                             "the node is up; partly sent files are kept for the next run")
-        answer = decode(line)
         if answer is None:
             raise SyncError(f"{self.name}: unexpected answer from the node's Python: {line[-200:]!r}")
         self.answered = True

@@ -30,16 +30,16 @@ def test_every_program_is_sent_and_the_bootstrap_fits_one_command_line_argument(
 
 def test_the_bootstrap_runs_its_program_where_the_project_is_not_importable(tmp_path):
     """What a node runs: the bootstrap on stdin, the project's packages unreachable (and a node/ of another commit in
-    the working directory not read): the peer agent answers a clock request, a listen and garbage."""
+    the working directory not read): the peer agent says it is ready, answers a clock request, a listen and garbage,
+    every line one JSON object (node/lines.py)."""
     (tmp_path / "node").mkdir()
     (tmp_path / "node" / "__init__.py").write_text("raise SystemExit('the node checkout was read')\n")
     code = HIDE + f"exec(compile({program('peer')!r}, '<peer>', 'exec'))\n"
-    res = subprocess.run([sys.executable, "-c", code], input='t\n{"op":"listen","ports":[0]}\nnot json\n',
+    res = subprocess.run([sys.executable, "-c", code], input='{"op":"t"}\n{"op":"listen","ports":[0]}\nnot json\n',
                          capture_output=True, text=True, cwd=tmp_path, timeout=30)
-    out = res.stdout.splitlines()
-    assert res.returncode == 0 and out[0] == "ready", res.stderr
-    assert float(out[1]) > 0 and lines.decode(out[2])["listening"][0]["port"] > 0
-    assert "error" in lines.decode(out[3])
+    out = [lines.decode(line) for line in res.stdout.splitlines()]
+    assert res.returncode == 0 and out[0] == {"ready": "peer"}, res.stderr
+    assert out[1]["t"] > 0 and out[2]["listening"][0]["port"] > 0 and "error" in out[3]
 
 
 def test_one_dispatch_from_a_checkout():

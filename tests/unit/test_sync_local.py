@@ -115,3 +115,37 @@ def test_a_node_python_that_ends_at_once_is_named_whether_the_send_or_the_read_f
             agent.call({"op": "scan"})
         assert str(e.value).startswith("node1: the connection to the node was lost ("), str(e.value)
     sent.close()
+
+
+def test_the_node_s_heartbeats_are_progress_and_its_answer_comes_after_them():
+    """While the receiver works on a job it says {"alive": true} every HEARTBEAT_S (node/lines.py); the agent takes
+    those as progress and returns the job's answer after them; a line that is no JSON object is an unexpected answer."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    from cli.sync.plan import SyncError
+    from cli.sync.send import NodeAgent
+
+    class Replies:
+        def __init__(self, *lines):
+            self.lines = list(lines)
+
+        def send(self, data, timeout=None):
+            pass
+
+        def readline(self, timeout=None):
+            return self.lines.pop(0)
+
+        def close(self):
+            pass
+
+    node = local_node("node1")
+    for replies, answer in ((['{"alive":true}', '{"alive":true}', '{"ok":true,"free":5}'], {"ok": True, "free": 5}),
+                            (['{"alive":true}', "garbage"], None)):
+        agent = NodeAgent(SimpleNamespace(node=node, pipe=lambda argv, r=replies: Replies(*r)), stall_timeout=5)
+        if answer is not None:
+            assert agent.call({"op": "space"}) == answer and agent.answered
+            continue
+        with pytest.raises(SyncError, match="unexpected answer from the node's Python: 'garbage'"):
+            agent.call({"op": "space"})
