@@ -7,7 +7,7 @@ prints (so both start the same torchrun; the difference is hrmctl: its start-up,
 --check, the preflight - probes, master port check - and the connections). The data set is made
 on the nodes once before timing. "warm" runs use the torch facts cached by an earlier launch;
 "cold" runs start with an empty cache (a first launch: torch's answers guessed without torch and
-confirmed on each node by cli.launch.node_torchrun, with torchrun's own import of torch).
+confirmed on each node by node/torchrun.py, with torchrun's own import of torch).
 
 Each lab node is pinned to a core of its own (bench/_handrun.pin_nodes; `--no-pin` to not).
 Root only (it makes a lab of 2 real sshd nodes). Usage: python bench/launch_overhead.py [--repeat 5]

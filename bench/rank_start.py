@@ -1,7 +1,7 @@
 """What forking the ranks from torchrun's agent saves the suite (lab/forked_ranks.py, the suite's start-up), against
 the product's way in the same run: torchrun's own, a new interpreter a rank (the checkout alone on PYTHONPATH).
 
-Each launch is what a node runs: ``python -m cli.launch.node_torchrun -- --standalone --nproc_per_node N -m
+Each launch is what a node runs: ``python -m node torchrun -- --standalone --nproc_per_node N -m
 auralm.training.train`` on the tiny sudoku model for one step, on this machine. The two ways alternate, REPEAT
 launches each; measured per launch: the CPU seconds of the agent and its ranks together (RUSAGE_CHILDREN) and the
 wall time. Prints the medians and the ratios (forked / new interpreters).
@@ -33,7 +33,7 @@ def launch(ranks: int, data: Path, out: Path, forked: bool) -> tuple[float, floa
     """(CPU seconds, wall seconds) of one launch."""
     path = [str(REPO), str(REPO / "lab" / "site")] if forked else [str(REPO)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), HRMCTL_BACKEND="gloo")
-    cmd = [sys.executable, "-m", "cli.launch.node_torchrun", "--", "--standalone", "--nproc_per_node", str(ranks),
+    cmd = [sys.executable, "-m", "node", "torchrun", "--", "--standalone", "--nproc_per_node", str(ranks),
            "-m", "auralm.training.train", *TRAIN, f"data_dir={data}", f"out_dir={out}"]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()

@@ -85,7 +85,7 @@ class TrainerStarts:
             for proc in psutil.process_iter(["pid", "cmdline", "create_time"]):
                 cmd = " ".join(proc.info["cmdline"] or ())
                 if "auralm.training.train" in cmd and "torch.distributed.run" not in cmd and \
-                        "node_torchrun" not in cmd and proc.info["pid"] not in self.starts:
+                        "-m node torchrun" not in cmd and proc.info["pid"] not in self.starts:
                     self.starts[proc.info["pid"]] = proc.info["create_time"]
             self._stop.wait(0.05)
 

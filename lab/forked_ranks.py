@@ -4,7 +4,7 @@ torchrun starts each rank as a new interpreter (``python -u -m auralm.training.t
 about 1.3 s of CPU a rank on a small machine (`python -c "import torch"`, 2026-11-29), paid at every launch and every
 restart. On a user's run that is nothing beside its minutes of training, and hrmctl's product lets torchrun start its
 ranks its own way. The suite starts a few hundred ranks on two cores, so here, in the suite's processes only, the agent
-(``python -m cli.launch.node_torchrun`` or ``python -m torch.distributed.run``), which has torch imported, forks each
+(``python -m node torchrun`` or ``python -m torch.distributed.run``), which has torch imported, forks each
 rank instead, and the rank runs its module there as ``python -u -m`` would. How it gets there: ``activate()``, run as
 an interpreter starts (lab/site/sitecustomize.py on the PYTHONPATH of the suite's processes, tests/conftest.py; a
 .pth file in the lab nodes' venv, lab/nodes.py), does nothing in any other process; in an agent it makes torchrun's
@@ -31,7 +31,8 @@ import sys
 import time
 
 OFF_ENV = "HRMCTL_FORK_RANKS"  # "0": ranks start as new interpreters (torchrun's own way)
-AGENTS = ("cli.launch.node_torchrun", "torch.distributed.run")  # ``python -m`` of a torchrun agent
+AGENTS = (["node", "torchrun"], ["torch.distributed.run"])  # what follows ``python -m`` in a torchrun agent
+GATE = ("torchrun", "torch.distributed.run")  # the cheap test: one of these among the first 4 arguments
 RESET_SIGNALS = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGCHLD", "SIGALRM")
 IGNORED_SIGNALS = ("SIGPIPE", "SIGXFSZ")  # as Python's start-up leaves them: a closed pipe raises BrokenPipeError
 
@@ -98,8 +99,10 @@ def activate() -> None:
     returns at once: every Python process of the suite imports this module and calls this as it starts, so the
     module imports only what the interpreter has loaded already; the rest is imported where a rank is forked."""
     argv = getattr(sys, "orig_argv", [])
-    if os.environ.get(OFF_ENV) == "0" or "-m" not in argv[:3] or argv[argv.index("-m") + 1:][:1] not in (
-            [a] for a in AGENTS):
+    if os.environ.get(OFF_ENV) == "0" or "-m" not in argv[:3]:
+        return
+    at = argv.index("-m") + 1
+    if not any(argv[at:at + len(a)] == a for a in AGENTS):
         return
     from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
 

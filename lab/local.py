@@ -1,6 +1,6 @@
 """Nodes as processes on this machine, for what needs no network namespace: one torchrun agent per node rank on
 127.0.0.1 (static rendezvous, one process each, gloo), started as hrmctl starts a DiLoCo run on a node
-(cli/launch/node_torchrun.py --exit-barrier 10), each in a session of its own; and a node's whole process tree
+(node/torchrun.py --exit-barrier 10), each in a session of its own; and a node's whole process tree
 (the agent and the trainer it started, which torchrun puts in a session of its own too) for a SIGSTOP fault.
 Used by tests/trainer/test_diloco_leave.py and bench/diloco_leave.py. Standard library only.
 """
@@ -28,7 +28,7 @@ def start_agents(trainer_args: list[str], logs: list[Path]) -> list[subprocess.P
     port, nodes = free_port(), len(logs)
     procs = []
     for rank, log in enumerate(logs):
-        cmd = [sys.executable, "-m", "cli.launch.node_torchrun", "--exit-barrier", "10", "--", f"--nnodes={nodes}",
+        cmd = [sys.executable, "-m", "node", "torchrun", "--exit-barrier", "10", "--", f"--nnodes={nodes}",
                f"--node-rank={rank}", "--nproc-per-node=1", "--rdzv-backend=static", "--master-addr=127.0.0.1",
                f"--master-port={port}", "--max-restarts=0", "-m", "auralm.training.train", *trainer_args]
         with log.open("w") as out:

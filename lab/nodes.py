@@ -151,7 +151,7 @@ def ensure_node_venv() -> Path:
 
 # a .pth file's line that starts with "import" is run as the interpreter starts: the module loaded in an agent only
 # (a cheap gate on the command line: every node process runs it), and its activate decides
-PTH_LINE = (f"import sys; any(a in {forked_ranks.AGENTS!r} for a in getattr(sys, 'orig_argv', [])[:4]) and "
+PTH_LINE = (f"import sys; any(a in {forked_ranks.GATE!r} for a in getattr(sys, 'orig_argv', [])[:4]) and "
             f"__import__('hrmlab_forked_ranks').activate()\n")
 
 

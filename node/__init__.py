@@ -8,21 +8,24 @@ to a node's Python as source by one function (ship.program), one dispatch (main)
     setup.py          `hrmctl setup`'s node side: facts, install (a venv beside the old one), finish; cli/setup/run.py
     sync_receiver.py  `hrmctl sync-data`'s node side: scan, mkdirs, put, finalize, space; cli/sync/send.py
     sampler.py        `hrmctl top`'s node side: one JSON line per interval; cli/top/watch.py
+    torchrun.py       torchrun on a node, in place of `python -m torch.distributed.run` (a first launch's guess checked,
+                      a shorter exit barrier, a cheaper end; torch imported in its main): run from the node's checkout
+                      (`python -m node torchrun ...`, the plan's argv: cli/launch/plan.py), not sent
     cgroups.py        what a process may use of its machine (CPUs, memory, the OOM killer's count): read by the probe
                       and by the trainer's batch_size=auto on the node
     lines.py          the protocol: text lines, every answer one JSON object; the clients decode with it too
     ship.py           (the controller's, not sent) program(name): the bootstrap that carries this package to a node
 
 On a node: ``python -c "$(program NAME)" ARGS`` (or the bootstrap on stdin: ``python - ARGS``) -> main([NAME, *ARGS])
--> ``node.NAME.main(ARGS)``; from a checkout, ``python -m node NAME ARGS`` is the same. Nothing of the project need be
-installed on the node. The torchrun wrapper (cli/launch/node_torchrun.py) still runs from the node's checkout.
-The trainer (auralm) may import this package; it imports neither ``cli`` nor ``netcheck``.
+-> ``node.NAME.main(ARGS)``, and the process ends at once (end()); nothing of the project need be installed on the
+node. From a checkout, ``python -m node NAME ARGS`` is the same dispatch with the interpreter's ordinary end (torchrun's
+handlers run). The trainer (auralm) may import this package; it imports neither ``cli`` nor ``netcheck``.
 """
 
 import os
 import sys
 
-PROGRAMS = ("probe", "peer", "setup", "sync_receiver", "sampler")
+PROGRAMS = ("probe", "peer", "setup", "sync_receiver", "sampler", "torchrun")
 
 
 def main(argv: list) -> int:

@@ -1,7 +1,8 @@
-"""``python -m node PROGRAM ARGS``: a node program from a checkout (the nodes get them sent: node/ship.py)."""
+"""``python -m node PROGRAM ARGS``: a node program from a checkout (the torchrun wrapper; the others are sent to the
+nodes by node/ship.py), through the one dispatch, ending as an interpreter ends."""
 
 import sys
 
 import node
 
-node.end(node.main(sys.argv[1:]))
+sys.exit(node.main(sys.argv[1:]))

@@ -515,9 +515,9 @@ def project_facts(workdir: str | None) -> dict:
     path = os.path.expanduser(workdir)
     out["workdir"] = path
     out["present"] = os.path.isdir(os.path.join(path, "auralm")) or os.path.isfile(os.path.join(path, "pyproject.toml"))
-    # hrmctl's check of a first launch's guess (cli/launch/node_torchrun.py) is there: an older copy of the
+    # hrmctl's check of a first launch's guess (node/torchrun.py) is there: an older copy of the
     # project is launched with probed facts instead
-    out["launch_check"] = os.path.isfile(os.path.join(path, "cli", "launch", "node_torchrun.py"))
+    out["launch_check"] = os.path.isfile(os.path.join(path, "node", "torchrun.py"))
     if out["present"] and shutil.which("git"):
         head = _git(path, "rev-parse", "HEAD")
         if head:

@@ -285,7 +285,7 @@ class Ranks:
             if pid not in self.cmdlines:
                 cmd = self._cmdline(pid)
                 # torchrun (and a process forked but not yet exec'd) is read again each time
-                launcher = cmd is not None and any("torch.distributed.run" in a or "node_torchrun" in a for a in cmd)
+                launcher = cmd is not None and _torchrun(cmd)
                 if not launcher:
                     self.cmdlines[pid] = cmd
             else:
@@ -341,6 +341,12 @@ class Ranks:
             out.append(row)
         out.sort(key=lambda r: (r["rank"], r["pid"]))
         return out
+
+
+def _torchrun(cmd: list[str]) -> bool:
+    """torchrun's agent: ``python -m torch.distributed.run`` or hrmctl's ``python -m node torchrun``."""
+    return any("torch.distributed.run" in a for a in cmd) or any(
+        cmd[i:i + 3] == ["-m", "node", "torchrun"] for i in range(len(cmd) - 2))
 
 
 def _int(text, default: int) -> int:

@@ -22,7 +22,7 @@ from pathlib import Path
 import node
 
 HERE = Path(__file__).resolve().parent
-NOT_SENT = ("ship", "__main__")  # the controller's side; `python -m node` from a checkout
+NOT_SENT = ("ship", "__main__", "torchrun")  # the controller's side; `python -m node` and torchrun: from a checkout
 
 BOOTSTRAP = r'''# hrmctl-node %(name)s: the node package, sent as source (node/ship.py)
 import base64, importlib.util, json, sys, zlib
@@ -63,6 +63,7 @@ def _blob() -> str:
 
 def program(name: str) -> str:
     """The bootstrap that runs node program `name` (one of node.PROGRAMS) on a node's Python."""
-    if name not in node.PROGRAMS:
-        raise ValueError(f"no node program {name!r} (there are {', '.join(node.PROGRAMS)})")
+    sent = [p for p in node.PROGRAMS if p not in NOT_SENT]
+    if name not in sent:
+        raise ValueError(f"no node program {name!r} to send (there are {', '.join(sent)})")
     return BOOTSTRAP % {"name": name, "blob": _blob()}

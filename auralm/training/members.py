@@ -32,13 +32,15 @@ from datetime import timedelta
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
+from node.torchrun import LEFT_OUT_EXIT  # a rank counted out while it was away (asleep) ends with it; the launcher
+# starts it again, and the node's torchrun (node/torchrun.py) ends in one line
+
 BEAT_S = 2.0
 LOST_S = 15.0  # silent this long: left (the launcher's SSH keep-alive names it within about the same time)
 FAILED_WAIT_S = 3 * LOST_S  # a collective that failed (a peer's connection reset) waits this long for a silence
 BROKEN_LOST_S = 3 * BEAT_S  # once a collective failed (a peer's connection reset: its process killed), silent this
 # long is enough: three beats missed by a rank whose connection just broke, not a slow one's pause
 LOOK_S = 0.5  # how often a waiting rank reads the store (the counters, a membership written by another rank)
-LEFT_OUT_EXIT = 75  # this rank was counted out while it was away (asleep): it ends, and the launcher starts it again
 PREFIX = "hrmctl/members/"
 
 

@@ -24,7 +24,7 @@ A launch flows one way, each stage given the one object the previous stage made 
                           own; returns at the first step (before the stages: the supervisor runs them)
   report   report.py      --dry-run's plan, the run's last line or --json document; ddp_report.py: test-ddp's table
 
-On the node: node_torchrun.py (checks a first launch's guessed facts, or waits held for its arguments, then torchrun
+On the node: node/torchrun.py (checks a first launch's guessed facts, or waits held for its arguments, then torchrun
 in-process) and nolibuv/ (put on PYTHONPATH where torch's TCPStore has no libuv).
 
 A stage imports the ones before it (for their types) and never a later one. May import: cli.nodes, cli.sync

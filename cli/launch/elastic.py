@@ -20,7 +20,7 @@ Work lost: the steps since the last checkpoint, on a leave (at most training.che
 Under DiLoCo (``in_place``) the others are not restarted: their ranks find the silent one at the round's all-reduce
 and finish the round without it (auralm/training/members.py); the launcher only notes the leave, keeps watching the
 others, and takes the node back as above. Work lost there: the lost node's round. torchrun's agents then wait at
-most EXIT_BARRIER_S at their end for one another (cli/launch/node_torchrun.py), since a node that left never comes.
+most EXIT_BARRIER_S at their end for one another (node/torchrun.py), since a node that left never comes.
 Default K: 1 under training.sync=diloco, every node otherwise (a lost node stops the run, as before).
 
 Imports cli.nodes, cli.errors and auralm.training.config (no torch).

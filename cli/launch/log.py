@@ -31,7 +31,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from auralm.errors import STOP_TAG
 from cli.launch.plan import NodeLaunch, redacted
-from cli.launch.node_torchrun import FACTS_TAG
+from node.torchrun import FACTS_TAG
 
 COLOURS = ["cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan", "bright_magenta"]
 RANK_RE = re.compile(r"^\[rank(\d+)\]:")
@@ -140,7 +140,7 @@ class MergedLog:
         self.failed_rank: dict[str, int] = {}  # node -> first rank torchrun blamed (its "Root Cause")
         self.exitcode: dict[str, int] = {}  # node -> that rank's exit code (negative: killed by that signal)
         self.in_root_cause: set[str] = set()
-        self.node_facts: dict[str, dict] = {}  # what cli.launch.node_torchrun reported, by node
+        self.node_facts: dict[str, dict] = {}  # what node/torchrun.py reported, by node
         self.stops: list[tuple[str, dict]] = []  # (node, the trainer's stop: reason, rank), in the order they came
         self.first_step_at: float | None = None
         self.on_first_step: Callable[[], None] | None = None  # told once, at rank 0's first step line

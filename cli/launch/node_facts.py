@@ -5,7 +5,7 @@ torchrun starts. So the probe runs without torch (route to the master, interface
 python, project, the driver's GPU count: a fraction of a second), and torch's answers (GPUs,
 NCCL, libuv) are taken from torch-facts.json in hrmctl's cache (cli/cache.py) when the same node, Python and torch
 version were seen in the last day. A node not seen yet is launched on a guess (`guessed` facts:
-the driver's GPUs, NCCL with them, libuv on) through cli.launch.node_torchrun, which checks the guess
+the driver's GPUs, NCCL with them, libuv on) through node/torchrun.py, which checks the guess
 with torchrun's own import of torch and reports the real answers (`remember` caches them); a
 wrong guess makes the launcher plan again (launch.run). `guess=False` (the dry run, `--no-cache`)
 probes torch instead, so what is printed is exact. The trainer rechecks the backend collectively
@@ -88,19 +88,19 @@ def _torch_facts(probe: NodeProbe) -> dict:
 
 
 def _guess(probe: NodeProbe) -> dict:
-    """torch's answers as far as they can be told without torch; cli.launch.node_torchrun checks them."""
+    """torch's answers as far as they can be told without torch; node/torchrun.py checks them."""
     gpus = int(probe.raw.get("nvidia_gpus") or 0)
     return {"torch": _torch_version(probe), "gpus": gpus, "nccl": gpus > 0, "libuv_ok": True, "error": None,
             "guessed": True}
 
 
 def _can_check(node: Node, probe: NodeProbe) -> bool:
-    """cli.launch.node_torchrun runs there: the node's project has it, or this very hrmctl runs it locally."""
+    """node/torchrun.py runs there: the node's project has it, or this very hrmctl runs it locally."""
     return bool((probe.raw.get("project") or {}).get("launch_check")) or (node.reached_by != "ssh" and node.python == sys.executable)
 
 
 def remember(reported: dict[str, dict], nodes: list[Node]) -> None:
-    """Cache what cli.launch.node_torchrun reported, by node name: the next launch needs no guess."""
+    """Cache what node/torchrun.py reported, by node name: the next launch needs no guess."""
     now = time.time()
     fresh = {_key(n, reported[n.name].get("torch")): dict(reported[n.name], at=now)
              for n in nodes if n.name in reported and not reported[n.name].get("error")}

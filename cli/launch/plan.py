@@ -32,7 +32,7 @@ from cli.nodes.inventory import Node
 from cli.nodes.remote import Session, command_line
 
 TORCHRUN = ["-m", "torch.distributed.run"]
-CHECKED_TORCHRUN = ["-m", "cli.launch.node_torchrun"]  # torchrun, once the node's torch confirms the guessed facts
+CHECKED_TORCHRUN = ["-m", "node", "torchrun"]  # torchrun, once the node's torch confirms the guessed facts
 SECRET_RE = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_?KEY|PRIVATE|AUTH", re.I)
 RANK_PREFIX = "[rank${rank}]:"  # torchrun --tee prefixes every worker line with it
 SHUTDOWN_TIMEOUT_S = 3  # torchrun: SIGTERM to workers, then SIGKILL after this
@@ -50,8 +50,8 @@ class NodeFacts:
     ifname: str | None = None  # the interface of the node's route to the master
     torch: str | None = None
     slow_dns: bool = False  # reverse lookups wait on a nameserver that does not answer
-    guessed: bool = False  # gpus/nccl/libuv_ok guessed without torch: cli.launch.node_torchrun checks them
-    wrapped: bool = False  # torchrun started through cli.launch.node_torchrun (the node's project has it)
+    guessed: bool = False  # gpus/nccl/libuv_ok guessed without torch: node/torchrun.py checks them
+    wrapped: bool = False  # torchrun started through node/torchrun.py (the node's project has it)
     mem_available_gb: float | None = None  # RAM available, or what the node's memory cgroup leaves if less
     gpu_memory_gb: float | None = None  # the smallest GPU's memory (probed with torch), None: unknown or no GPU
 
@@ -133,7 +133,7 @@ def build_plan(nodes: list[Node], facts: dict[str, NodeFacts], *, master_addr: s
                node_env: dict[str, dict[str, str]] | None = None, exit_barrier: float | None = None) -> list[NodeLaunch]:
     """One NodeLaunch per node, master (node rank 0) first. `entry` is the module and its args (the same on
     every node, or by node name); `node_env` adds variables per node (the user's --env still wins).
-    `exit_barrier`: seconds torchrun's agent waits for the others at its end (cli/launch/node_torchrun.py), for a
+    `exit_barrier`: seconds torchrun's agent waits for the others at its end (node/torchrun.py), for a
     run that a node may leave without the others restarting."""
     counts = [nproc_for(n, facts[n.name], nproc) for n in nodes]
     world = sum(counts)
@@ -182,7 +182,7 @@ def build_plan(nodes: list[Node], facts: dict[str, NodeFacts], *, master_addr: s
 
 
 def _torchrun(f: NodeFacts, exit_barrier: float | None) -> list[str]:
-    """torchrun through cli.launch.node_torchrun where the node's project has it (to confirm guessed facts, to shorten
+    """torchrun through node/torchrun.py where the node's project has it (to confirm guessed facts, to shorten
     its exit barrier, and for its cheaper end in any case), else torchrun itself."""
     own = []
     if f.guessed:

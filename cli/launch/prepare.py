@@ -96,7 +96,7 @@ def _check_port_reachable(sessions: dict[str, Session], nodes: list[Node], addr:
 
 def prepare(opts: LaunchOptions, reported: dict[str, dict] | None = None, hold: bool = False) -> LaunchPlan:
     """The plan for ``opts`` (checked by the command: LaunchOptions.check). ``reported``: what nodes said of their
-    torch in a first launch (cli.launch.node_torchrun), cached first so that the plan is made from it. ``hold``: on
+    torch in a first launch (node/torchrun.py), cached first so that the plan is made from it. ``hold``: on
     a Slurm allocation's nodes, torchrun starts while the preflight runs (cli/launch/prestart.py)."""
     nodes = opts.nodes
     if reported:

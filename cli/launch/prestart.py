@@ -2,12 +2,12 @@
 
 torchrun's own start (Python and `import torch`: seconds) does not depend on the plan, and the plan waits for the
 preflight (probes, directories, master port: 0.65-1.4 s over srun on the 2-core lab, bench/slurm.py). So on an
-allocation's nodes the launch first starts `python -m cli.launch.node_torchrun --held stdin --` on every node
+allocation's nodes the launch first starts `python -m node torchrun --held stdin --` on every node
 (cli/nodes/srun.py `hold`), and the run's start hands each its torchrun arguments and environment instead of
 starting a new step (cli/launch/run.py is unchanged: SrunSession.start passes them on).
 
 A first launch on a node (its torch facts not cached: each new allocation's nodes on a large cluster) is held too:
-its start is node_torchrun's, and the held process is sent node_torchrun's own options with torchrun's arguments,
+its start is node/torchrun.py's, and the held process is sent node/torchrun.py's own options with torchrun's arguments,
 so it confirms the guessed facts (--expect) with the torch it has imported before torchrun runs, as a new step
 would. A held process takes only a start in the same directory whose environment sets nothing that Python reads
 as it starts (PYTHONPATH for the libuv stand-in, PYTHONHOME, LD_*...); otherwise it ends and the start is a new
@@ -21,12 +21,12 @@ from __future__ import annotations
 from functools import partial
 from typing import Sequence
 
-from cli.launch.node_torchrun import options
 from cli.launch.plan import CHECKED_TORCHRUN, TORCHRUN
 from cli.nodes.inventory import Node
 from cli.nodes.remote import Session
+from node.torchrun import options
 
-HELD = ["-m", "cli.launch.node_torchrun", "--held", "stdin", "--"]
+HELD = [*CHECKED_TORCHRUN, "--held", "stdin", "--"]
 READ_AT_START = ("PYTHON", "LD_")  # prefixes of what the interpreter reads before its arguments arrive
 
 
@@ -50,7 +50,7 @@ def hold_ahead(nodes: list[Node], run_id: str) -> None:
 
 
 def takes(node: Node, argv: Sequence[str], env: dict, cwd: str | None) -> dict | None:
-    """What a held torchrun is sent for this start ({"argv", "env"}, and node_torchrun's own options as "own"), or
+    """What a held torchrun is sent for this start ({"argv", "env"}, and node/torchrun.py's own options as "own"), or
     None when it cannot serve it."""
     if list(argv[:1]) != [node.python] or cwd != node.workdir:
         return None
@@ -58,7 +58,8 @@ def takes(node: Node, argv: Sequence[str], env: dict, cwd: str | None) -> dict |
         return None
     if list(argv[1:3]) == TORCHRUN:
         return {"argv": list(argv[3:]), "env": dict(env)}
-    parsed = options(list(argv[3:])) if list(argv[1:3]) == CHECKED_TORCHRUN else None
+    at = 1 + len(CHECKED_TORCHRUN)
+    parsed = options(list(argv[at:])) if list(argv[1:at]) == CHECKED_TORCHRUN else None
     if parsed is None or "--held" in parsed[0]:
         return None
     return {"argv": parsed[1], "env": dict(env), "own": parsed[0]}

@@ -36,7 +36,6 @@ from rich.console import Console
 from auralm.errors import BAD_INPUT_EXIT
 from cli.launch.log import MergedLog, signal_name
 from cli.launch.lost import what_was_seen
-from cli.launch.node_torchrun import FACTS_DIFFER
 from cli.launch.oom import OomCounts
 from cli.launch.options import TRAINER
 from cli.launch.plan import LaunchPlan, NodeLaunch
@@ -44,6 +43,7 @@ from cli.launch.elastic import JOIN_CODE, Members
 from cli.launch.save_stop import save_then_wait, saves_first
 from cli.nodes.remote import Job, Session, connect_all, for_each
 from cli.runs.states import RunState
+from node.torchrun import FACTS_DIFFER
 
 KEEPALIVE_S = 2.0
 HEARTBEAT_TIMEOUT_S = 8.0
@@ -126,7 +126,7 @@ class RunResult:
     from_trainer: bool = False  # the reason is the trainer's own line (auralm.errors.STOP_TAG)
     no_restart: str = ""  # why a restart cannot fix this failure ("": a crash or a lost node, which one may)
     killed: bool = False  # the failed node's rank or torchrun died of a signal (not the OOM killer's)
-    node_facts: dict[str, dict] = field(default_factory=dict)  # what nodes said of their torch (node_torchrun)
+    node_facts: dict[str, dict] = field(default_factory=dict)  # what nodes said of their torch (node/torchrun.py)
 
 
 class _Signals:
@@ -368,7 +368,7 @@ def _failure(plans: list[NodeLaunch], log: MergedLog, jobs: dict[str, Job], ende
     plan = _plan(plans, name)
     rank = log.failed_rank.get(name, plan.first_rank if plan.nproc == 1 else None)
     who = f"rank {rank}" if rank is not None else f"ranks {plan.ranks.start}-{plan.ranks.stop - 1}"
-    if code == FACTS_DIFFER and name in log.node_facts:  # cli.launch.node_torchrun: nothing ran there
+    if code == FACTS_DIFFER and name in log.node_facts:  # node/torchrun.py: nothing ran there
         return RunResult(code, f"{name}: its torch differs from the first launch's guess", failed_node=name)
     worker_code = log.exitcode.get(name)
     if worker_code is not None and worker_code < 0:  # torchrun's report: the rank died of a signal

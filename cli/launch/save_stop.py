@@ -34,7 +34,7 @@ job, n = sys.argv[1], 0
 for p in psutil.process_iter(["environ", "cmdline"], ad_value=None):
     line = " ".join(p.info["cmdline"] or ())
     if (p.info["environ"] or {}).get("HRMCTL_JOB") != job or not (
-            "torch.distributed.run" in line or "cli.launch.node_torchrun" in line):
+            "torch.distributed.run" in line or "-m node torchrun" in line):
         continue
     try:
         ranks = p.children()

@@ -1,11 +1,11 @@
 """Run as every Python process of the suite starts (tests/conftest.py puts this folder on PYTHONPATH): in a torchrun
 agent, lab/forked_ranks.py forks the ranks; in any other process, nothing. The test on the command line is a cheap
-gate (forked_ranks.AGENTS, spelled here so that no other process loads anything: 6 ms a process, thousands of them);
+gate (forked_ranks.GATE, spelled here so that no other process loads anything: 6 ms a process, thousands of them);
 ``activate`` decides. Loaded by its path, so that the checkout need not be importable here."""
 
 import sys
 
-if any(a in ("cli.launch.node_torchrun", "torch.distributed.run") for a in getattr(sys, "orig_argv", [])[:4]):
+if any(a in ("torchrun", "torch.distributed.run") for a in getattr(sys, "orig_argv", [])[:4]):
     import importlib.util
     import os
 

@@ -28,8 +28,8 @@ def job_pids(lab_node, run_id: str) -> list[tuple[int, str]]:
 
 
 def is_worker(cmdline: str, module: str) -> bool:
-    """A rank's process, not torchrun's agent (started plainly or through cli.launch.node_torchrun)."""
-    return module in cmdline and "torch.distributed.run" not in cmdline and "cli.launch.node_torchrun" not in cmdline
+    """A rank's process, not torchrun's agent (started plainly or through node/torchrun.py)."""
+    return module in cmdline and "torch.distributed.run" not in cmdline and "-m node torchrun" not in cmdline
 
 
 def start_hrmctl(args: list[str], inventory, cwd) -> subprocess.Popen:
@@ -73,12 +73,12 @@ def test_test_ddp_two_nodes_and_dry_run_equals_real_launch(lab3, hrmctl, tmp_pat
 
 
 def test_first_launch_checks_its_guess_on_the_nodes_and_caches_the_answers(lab3, hrmctl, tmp_path):
-    """Nodes never launched on: the plan guesses torch's answers without torch, cli.launch.node_torchrun
+    """Nodes never launched on: the plan guesses torch's answers without torch, node/torchrun.py
     confirms them with torchrun's own import, and the next launch takes them from the cache: torchrun through the
     same wrapper, with nothing to check."""
     cache = tmp_path / "cache"
     common = ["--nodes", "node1,node2", "--no-bandwidth", "--json"]
-    for run_id, starter in (("cold", "-m cli.launch.node_torchrun --expect"), ("warm", "-m cli.launch.node_torchrun -- ")):
+    for run_id, starter in (("cold", "-m node torchrun --expect"), ("warm", "-m node torchrun -- ")):
         code, out, err = hrmctl("test-ddp", *common, "--run-id", run_id, inventory=lab3.inventory,
                                 env={"HRMCTL_CACHE": str(cache)})
         assert code == 0, out + err
@@ -502,7 +502,7 @@ def test_data_missing_on_a_node_is_refused_before_launch_with_the_command_that_m
         assert code == 0, out + err
         code, out, err = hrmctl("train", "--nodes", "node0,node1", "--dry-run", *HRM_GUIDE, inventory=lab3.inventory,
                                 timeout=180)
-        assert code == 0 and "cli.launch.node_torchrun -- " in out, out + err
+        assert code == 0 and "-m node torchrun -- " in out, out + err
     finally:
         shutil.rmtree(on_node0, ignore_errors=True)
         shutil.rmtree(on_node1, ignore_errors=True)

@@ -1,5 +1,5 @@
 """lab/forked_ranks.py (the suite's start-up) with real torchrun: in the suite's processes (lab.SITE_DIR on their
-PYTHONPATH) on this machine (a CPU build of torch) the ranks are forked from cli.launch.node_torchrun's agent, which
+PYTHONPATH) on this machine (a CPU build of torch) the ranks are forked from node/torchrun.py's agent, which
 has torch imported, and see what a new interpreter would give them: their own session, torchrun's environment for
 them (and torch's threads set from it), no file of the agent's, the default signal handlers, their own command line
 and exit handlers, unbuffered output; their ends (an exit code, a message, an exception, an interrupt) reach torchrun
@@ -20,9 +20,9 @@ MODULE = "tests.rank_probe"
 
 
 def _launch(out, end: str, product_alone: bool = False, **env) -> tuple[subprocess.Popen, str, str]:
-    """Two ranks of the probe under cli.launch.node_torchrun; OMP_NUM_THREADS left for torchrun to set.
+    """Two ranks of the probe under node/torchrun.py; OMP_NUM_THREADS left for torchrun to set.
     ``product_alone``: the checkout on PYTHONPATH and nothing of the lab's, as a user runs it."""
-    cmd = [PYTHON, "-m", "cli.launch.node_torchrun", "--", "--standalone", "--nproc_per_node", "2", "--tee", "3",
+    cmd = [PYTHON, "-m", "node", "torchrun", "--", "--standalone", "--nproc_per_node", "2", "--tee", "3",
            "-m", MODULE, str(out), end]
     base = python_env(**env)
     base.pop("OMP_NUM_THREADS")

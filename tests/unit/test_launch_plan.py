@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from cli.nodes.inventory import Node
-from cli.launch import node_torchrun, storage
+from cli.launch import storage
 from cli.launch.options import parse_env_options
 from cli.launch.plan import NodeFacts, build_plan, choose_backend
 from cli.errors import HrmctlError
+from node import torchrun as node_torchrun
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -71,26 +72,26 @@ def test_the_inventorys_threads_win_over_the_usable_cpus_per_process():
 def test_guessed_facts_start_torchrun_through_the_check_of_the_guess():
     facts = {"a": NodeFacts(cpus=8, guessed=True), "b": NodeFacts(cpus=4, gpus=2, nccl=True)}
     a, b = plan(facts=facts)
-    assert a.argv[1:6] == ["-m", "cli.launch.node_torchrun", "--expect", '{"gpus":0,"nccl":false,"libuv_ok":true}', "--"]
+    assert a.argv[1:7] == ["-m", "node", "torchrun", "--expect", '{"gpus":0,"nccl":false,"libuv_ok":true}', "--"]
     assert b.argv[1:3] == ["-m", "torch.distributed.run"]
     plain, _ = plan(facts={"a": NodeFacts(cpus=8), "b": facts["b"]})
-    assert a.argv[6:] == plain.argv[3:] and a.env == plain.env  # the same torchrun either way
+    assert a.argv[7:] == plain.argv[3:] and a.env == plain.env  # the same torchrun either way
     # a node whose project has the wrapper starts torchrun through it with nothing to check (its cheaper end)
     wrapped, _ = plan(facts={"a": NodeFacts(cpus=8, wrapped=True), "b": facts["b"]})
-    assert wrapped.argv[1:4] == ["-m", "cli.launch.node_torchrun", "--"] and wrapped.argv[4:] == plain.argv[3:]
-    from cli.launch.node_torchrun import options
+    assert wrapped.argv[1:5] == ["-m", "node", "torchrun", "--"] and wrapped.argv[5:] == plain.argv[3:]
+    from node.torchrun import options
 
-    assert options(wrapped.argv[3:]) == ({}, plain.argv[3:])
+    assert options(wrapped.argv[4:]) == ({}, plain.argv[3:])
     assert any("guessed" in n for n in a.notes) and not any("guessed" in n for n in b.notes)
 
 
 def test_a_run_nodes_may_leave_shortens_torchruns_exit_barrier_through_the_node_wrapper():
     facts = {"a": NodeFacts(cpus=8, guessed=True), "b": NodeFacts(cpus=4)}
     a, b = plan(facts=facts, exit_barrier=10.0)
-    assert a.argv[1:4] == ["-m", "cli.launch.node_torchrun", "--expect"] and a.argv[5:8] == ["--exit-barrier", "10", "--"]
-    assert b.argv[1:6] == ["-m", "cli.launch.node_torchrun", "--exit-barrier", "10", "--"]
+    assert a.argv[1:5] == ["-m", "node", "torchrun", "--expect"] and a.argv[6:9] == ["--exit-barrier", "10", "--"]
+    assert b.argv[1:7] == ["-m", "node", "torchrun", "--exit-barrier", "10", "--"]
     _, plain = plan(facts={"a": NodeFacts(cpus=8), "b": facts["b"]})
-    assert b.argv[6:] == plain.argv[3:]  # the same torchrun arguments after the wrapper's own
+    assert b.argv[7:] == plain.argv[3:]  # the same torchrun arguments after the wrapper's own
     assert node_torchrun.options(["--exit-barrier", "10", "--", "--nnodes=2"]) == ({"--exit-barrier": "10"},
                                                                                    ["--nnodes=2"])
     assert node_torchrun.options(["--", "x"]) == ({}, ["x"])  # nothing of its own: torchrun with its cheaper end
@@ -99,7 +100,7 @@ def test_a_run_nodes_may_leave_shortens_torchruns_exit_barrier_through_the_node_
 
 
 def test_the_node_check_refuses_a_wrong_guess_before_torchrun_starts():
-    res = subprocess.run([sys.executable, "-m", "cli.launch.node_torchrun", "--expect",
+    res = subprocess.run([sys.executable, "-m", "node", "torchrun", "--expect",
                           '{"gpus": 3, "nccl": true, "libuv_ok": true}', "--", "--nnodes=1", "-m", "nothing.here"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert res.returncode == 75, res.stdout + res.stderr
@@ -112,12 +113,12 @@ def test_the_node_check_refuses_a_wrong_guess_before_torchrun_starts():
 @pytest.mark.parametrize("code", [75, 3])
 def test_ranks_counted_out_end_their_torchrun_in_one_line_and_other_failures_keep_torchruns_report(tmp_path, code):
     """A node's ranks counted out of a DiLoCo run that went on without it (asleep, cut off) end with exit 75
-    (auralm.training.members.LEFT_OUT_EXIT): its torchrun ends with one line, not torchrun's ChildFailedError
+    (node.torchrun.LEFT_OUT_EXIT, auralm/training/members.py): its torchrun ends with one line, not torchrun's ChildFailedError
     traceback, on the screen at every such rejoin. Any other failure keeps torchrun's report: the launcher reads the
     rank that failed first from its "Root Cause"."""
     worker = tmp_path / "worker.py"
     worker.write_text(f"import sys\nsys.exit({code})\n")
-    res = subprocess.run([sys.executable, "-m", "cli.launch.node_torchrun", "--exit-barrier", "1", "--",
+    res = subprocess.run([sys.executable, "-m", "node", "torchrun", "--exit-barrier", "1", "--",
                           "--standalone", "--nproc-per-node=1", str(worker)],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert res.returncode == 1, res.stdout + res.stderr
@@ -143,7 +144,7 @@ def test_a_held_torchrun_runs_with_the_arguments_and_environment_sent_later_or_e
     assert takes(n, plain, {"HRMCTL_JOB": "r/a"}, str(ROOT)) == {"argv": plain[3:], "env": {"HRMCTL_JOB": "r/a"}}
     assert takes(n, plain, {"PYTHONPATH": "cli/launch/nolibuv"}, str(ROOT)) is None  # read as Python starts
     assert takes(n, plain, {}, "/elsewhere") is None
-    checked = [sys.executable, "-m", "cli.launch.node_torchrun", "--expect", "{}", "--", *plain[3:]]
+    checked = [sys.executable, "-m", "node", "torchrun", "--expect", "{}", "--", *plain[3:]]
     assert takes(n, checked, {}, str(ROOT)) == {"argv": plain[3:], "env": {}, "own": {"--expect": "{}"}}
     assert takes(n, [sys.executable, *HELD, *plain[3:]], {}, str(ROOT)) is None
 

@@ -15,7 +15,7 @@ what the node really has on one tagged line (the launcher caches it), and then e
 torchrun in this same process (the guess was right: nothing was paid twice) or exits with
 FACTS_DIFFER before anything else starts, and the launcher plans again from the real answers.
 
-    python -m cli.launch.node_torchrun --expect '{"gpus": 0, "nccl": false, "libuv_ok": true}' -- <torchrun args>
+    python -m node torchrun --expect '{"gpus": 0, "nccl": false, "libuv_ok": true}' -- <torchrun args>
 
 With ``--held stdin`` (a Slurm allocation's nodes: cli/launch/prestart.py), it is started before the launch is
 planned: it imports torchrun while the launcher's preflight runs, then reads torchrun's arguments and the node's
@@ -27,8 +27,8 @@ With ``--exit-barrier S`` (a run that nodes may leave without the others restart
 training.elastic) torchrun's agent waits at most S seconds at its end for the other nodes' agents (torchrun waits
 300 and has no option for it): a node that left the run never arrives. ``--expect`` is then optional.
 
-Standard library and torch only (the node has the project in its workdir, not hrmctl's
-dependencies).
+Standard library at import, torch inside main (the node has the project in its workdir, not hrmctl's dependencies);
+started from the node's checkout through node's one dispatch (``python -m node torchrun``), never sent by node.ship.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ import sys
 
 FACTS_TAG = "hrmctl-node-facts: "
 FACTS_DIFFER = 75  # EX_TEMPFAIL: plan again with the facts printed, then launch again
+LEFT_OUT_EXIT = 75  # a rank counted out of a run while it was away ends with it (auralm/training/members.py)
 PLANNED = ("gpus", "nccl", "libuv_ok")  # what the plan depends on
 
 
@@ -112,7 +113,7 @@ def held_arguments() -> tuple[dict, list[str]] | None:
 def main(argv: list[str]) -> int:
     parsed = options(argv)
     if parsed is None:
-        print("usage: python -m cli.launch.node_torchrun [--expect JSON] [--exit-barrier S] [--held stdin] -- "
+        print("usage: python -m node torchrun [--expect JSON] [--exit-barrier S] [--held stdin] -- "
               "<torchrun args>", file=sys.stderr)
         return 2
     own, rest = parsed
@@ -146,8 +147,6 @@ def main(argv: list[str]) -> int:
         print(f"torchrun stopped by {exc.sigval.name}", file=sys.stderr, flush=True)
         return 128 + int(exc.sigval)
     except ChildFailedError as exc:
-        from auralm.training.members import LEFT_OUT_EXIT  # torch and the standard library only
-
         if {f.exitcode for f in exc.failures.values()} != {LEFT_OUT_EXIT}:
             raise  # torchrun's report: the launcher reads the rank that failed first from it
         # the ranks here were counted out of a run that went on without this node (asleep, cut off): they said so
@@ -156,7 +155,3 @@ def main(argv: list[str]) -> int:
               f"(exit {LEFT_OUT_EXIT}); hrmctl starts this node again when it answers", file=sys.stderr, flush=True)
         return 1  # what the exception's exit was: the launcher's reading of this node's end stays as it was
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
