@@ -1,9 +1,9 @@
 """Preflight probes and checks: what one node can do, and what nodes can do together.
 
-The split (arrows point one way: cli uses netcheck, netcheck never imports cli):
+The split (arrows point one way: cli uses netcheck and node, netcheck uses node and never imports cli):
 
 - What runs on the nodes is node/ (node/probe.py: the probe's one JSON object; node/peer.py: the peer checks'
-  line agent), sent there by node.ship.program; the clients of both are here:
+  line agent), sent there by node.ship.program; their clients are here.
 - Run here on Session-like objects passed in by cli (duck typing: `.node` with name/python/workdir/
   data_path, `.run_python(code, args, timeout=)`, `.pipe(argv)` -- cli.nodes.remote.Session has them):
     node_probe_client.run_probe(session, route_to=, timeout=) -> NodeProbe      (raises ProbeError)

@@ -1,9 +1,8 @@
 """The house's rules that the code itself can be asked about (issue 35; ../shared/DESIGN.md): no function in
 auralm/, cli/, netcheck/ or node/ longer than 100 lines and the trainer's ``train()`` at most 80, the arrows one
-way (``auralm`` imports neither ``cli`` nor ``netcheck``; ``netcheck`` never imports ``cli`` or ``auralm``: its node
-probe is sent over SSH to nodes where nothing of ours is installed; ``node`` imports the standard library only, torch and
-psutil where present), and
-a name tested only by its owner (issue 64): no module
+way (``auralm`` imports neither ``cli`` nor ``netcheck``; ``netcheck`` never imports ``cli`` or ``auralm``; ``node``
+is sent over SSH to nodes where nothing of ours is installed: it imports the standard library, and torch, psutil or
+pynvml only where a node has them), and a name tested only by its owner (issue 64): no module
 outside a sync mode's, a task's or a model family's own file or folder compares a value with its name."""
 
 from __future__ import annotations
