@@ -1,5 +1,5 @@
-"""What runs on a node before or beside training, standard library only (DESIGN.md's ``node/``): one package, sent
-to a node's Python as source by one function (ship.program), one dispatch (main) and one protocol (lines).
+"""What runs on a node before or beside training, standard library only at import (DESIGN.md's ``node/``): one
+package, sent to a node's Python as source by one function (ship.program), one dispatch (main), one protocol (lines).
 
     probe.py          what one node can do: prints one JSON object (OS/WSL kind, Python, torch/CUDA/NCCL/gloo, the
                       route to a peer, resources, disk, the project's commit); client: netcheck/node_probe_client.py

@@ -3,10 +3,10 @@ trainer reads too), plus torch and psutil when present (resources come from psut
 minimal stdlib fallback).
 
 It is sent as source to a node's Python with the rest of node/ (`session.run_python(ship.program("probe"),
-probe_args(...))`, netcheck/node_probe_client.py) and prints ONE JSON object on stdout (node/lines.py); it never needs the project installed on the node. Every
-part that can fail is caught and reported in the JSON ("error" fields), so a broken piece of a
-node never hides the rest. `import torch` happens at most once per run, in a forked child started first
-(aside()), so that it runs beside the other checks and a slow one is reported as such (--within).
+probe_args(...))`, netcheck/node_probe_client.py) and prints ONE JSON object on stdout (node/lines.py); it never needs
+the project installed on the node. Every part that can fail is caught and reported in the JSON ("error" fields), so a
+broken piece of a node never hides the rest. `import torch` happens at most once per run, in a forked child started
+first (aside()), so that it runs beside the other checks and a slow one is reported as such (--within).
 
 The parsing functions (os_kind, wsl_networking, ...) are plain functions of their inputs so the
 unit tests can feed them faked /proc contents; this module is also imported locally

@@ -1,7 +1,7 @@
 """`hrmctl setup`: make every node ready to train, in parallel, from this terminal.
 
-Per node (NodeSetup): its own `python3` says what it has (node/setup.py `facts`, sent by node.ship); this checkout's files
-go to its workdir with cli/sync (only what differs; the scan looks only at the project's own top-level names, so
+Per node (NodeSetup): its own `python3` says what it has (node/setup.py `facts`, sent by node.ship); this checkout's
+files go to its workdir with cli/sync (only what differs; the scan looks only at the project's own top-level names, so
 .venv, data and runs are never walked); when the venv's stamp does not match this machine's lock and the node's
 torch build, the wheels go over too (cached here once, only the ones the node lacks are sent) and the node builds
 a new venv beside the old one and switches to it (node/setup.py `install`); then the stamp is written (`finish`) and

@@ -113,9 +113,9 @@ def test_the_node_check_refuses_a_wrong_guess_before_torchrun_starts():
 @pytest.mark.parametrize("code", [75, 3])
 def test_ranks_counted_out_end_their_torchrun_in_one_line_and_other_failures_keep_torchruns_report(tmp_path, code):
     """A node's ranks counted out of a DiLoCo run that went on without it (asleep, cut off) end with exit 75
-    (node.torchrun.LEFT_OUT_EXIT, auralm/training/members.py): its torchrun ends with one line, not torchrun's ChildFailedError
-    traceback, on the screen at every such rejoin. Any other failure keeps torchrun's report: the launcher reads the
-    rank that failed first from its "Root Cause"."""
+    (node.torchrun.LEFT_OUT_EXIT, auralm/training/members.py): its torchrun ends with one line, not torchrun's
+    ChildFailedError traceback, on the screen at every such rejoin. Any other failure keeps torchrun's report: the
+    launcher reads the rank that failed first from its "Root Cause"."""
     worker = tmp_path / "worker.py"
     worker.write_text(f"import sys\nsys.exit({code})\n")
     res = subprocess.run([sys.executable, "-m", "node", "torchrun", "--exit-barrier", "1", "--",

@@ -30,9 +30,9 @@ class Agent:
     """The agent as its own process, exactly as a node runs it: `python -u -c program("sampler") --interval S`."""
 
     def __init__(self, *flags: str, interval: float = 0.2, env: dict | None = None):
-        self.proc = subprocess.Popen([sys.executable, *flags, "-u", "-c", program("sampler"), "--interval",
-                                      str(interval)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env=env)
+        argv = [sys.executable, *flags, "-u", "-c", program("sampler"), "--interval", str(interval)]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, env=env)
 
     def lines(self, n: int, timeout: float = 60) -> list[dict]:
         out, deadline = [], time.monotonic() + timeout
