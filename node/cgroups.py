@@ -1,8 +1,7 @@
 """What a process may use of its machine, from its cgroups (v1 and v2) and the kernel's files: the CPUs
 (``cpu_usable``), the memory left (``cgroup_memory``), the OOM killer's count (``oom_kills``). Standard library only:
-the node probe (netcheck/node_probe.py, sent to a node as source with this module: netcheck.node_probe_client) reports
-these, and the trainer's ``training.batch_size=auto`` (auralm.planning.autobatch) plans with ``cgroup_memory`` on the
-node itself."""
+the node probe (node/probe.py, sent to a node as source with the rest of node/ by node.ship) reports these, and the
+trainer's ``training.batch_size=auto`` (auralm.planning.autobatch) plans with ``cgroup_memory`` on the node itself."""
 
 from __future__ import annotations
 
