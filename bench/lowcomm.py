@@ -267,8 +267,8 @@ def unequal(lab: Lab, a, cwd: Path) -> None:
     print(out[-1], file=sys.stderr, flush=True)
     ideal = 3 * one["tokens_per_s"] + quarter["tokens_per_s"]
     cap_at = max(1, int(a.steps * a.slow_at))
-    for label, extra in ((f"fixed rounds of H={a.inner}", timed[:2]), (f"rounds by time (H={a.inner})", timed)):
-        run_id = "u-slow-" + ("timed" if "timed" in label else "fixed")
+    for run_id, label, extra in (("u-slow-fixed", f"fixed rounds of H={a.inner}", timed[:2]),
+                                 ("u-slow-timed", f"rounds by time (H={a.inner})", timed)):
         metrics = lab.node("node0").home / "hrmctl" / "runs" / run_id / "metrics.jsonl"
         capped = []
 

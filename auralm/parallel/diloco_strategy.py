@@ -35,6 +35,7 @@ import time
 import torch
 
 from auralm.data import datadir
+from auralm.errors import UserError
 from auralm.training import distributed
 from auralm.training.members import BROKEN_LOST_S, Membership
 from auralm.parallel.compress import BLOCK, sent_per_round
@@ -72,7 +73,12 @@ class DiLoCoRounds(Single):
         self.started = [0] * len(self.outers)  # local_steps when each part was last sent
         self.broken: list[int] = []  # ranks whose change of a part was not finite, this round
         if "diloco" in extras:
-            for outer, state in zip(self.outers, extras["diloco"].get("fragments", [extras["diloco"]])):
+            states = extras["diloco"].get("fragments", [extras["diloco"]])
+            if len(states) != len(self.outers):
+                raise UserError(f"the checkpoint's DiLoCo state is in {len(states)} part(s) and this run's in "
+                                f"{len(self.outers)} (training.diloco.fragments): resume with "
+                                f"training.diloco.fragments={len(states)}")
+            for outer, state in zip(self.outers, states):
                 outer.load_state_dict(state)
         if "inner_optimizer" in extras:
             parts.optimizer.load_state_dict(extras["inner_optimizer"])

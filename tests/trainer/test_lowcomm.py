@@ -271,6 +271,10 @@ def test_fragments_send_a_part_at_a_time_keep_the_ranks_equal_and_resume_exactly
                                              f"resume={tmp_path / 'a' / 'checkpoint-12'}"), tmp_path / "rb"))
     for a, b in zip(straight, resumed):
         assert _equal_weights(a["state"], b["state"])
+    if ranks == 2:  # resumed in one part: refused in one line, naming the setting that fits the checkpoint
+        refused = run_ranks(ranks, tiny_args(sudoku_dir, tmp_path / "d", *common,
+                                             f"resume={tmp_path / 'a' / 'checkpoint-12'}"), tmp_path / "rd")
+        assert all(r["exit"] != 0 and "resume with training.diloco.fragments=2" in r["error"] for r in refused)
     whole_run = _ok(run_ranks(ranks, tiny_args(sudoku_dir, tmp_path / "c", *common), tmp_path / "rc"))
     assert not _equal_weights(whole_run[0]["state"], straight[0]["state"])  # the parts' points differ from the round's
     sent, once = ([r["round_bytes"] for r in records(tmp_path / run)] for run in ("a", "c"))
