@@ -121,6 +121,12 @@ def figures(lab: Lab, nodes: list[str], run_id: str, wall: float, since_step: in
             "shares": shares and shares["message"], "round_bytes": last.get("round_bytes")}
 
 
+def done(lab: Lab, out: list[str]) -> None:
+    """The links back to the LAN's, and the table on stdout."""
+    shape(lab, "LAN")
+    print("\n".join(out))
+
+
 def common(a) -> list[str]:
     return ["task=lm", "data_dir=~/hrmctl/data/quijote", f"model={a.model}", f"training.batch_size={a.batch}",
             f"training.max_steps={a.steps}", "training.dtype=fp32", "training.eval_interval=0",
@@ -172,8 +178,7 @@ def targets(lab: Lab, a, cwd: Path) -> None:
                      "diloco-avg-overlap": f"diloco H={a.inner}, outer lr 1, no momentum, overlap {a.overlap}"}[mode]
             out.append(row(f"2 nodes, {label}, {link}", r, one["tokens_per_s"]))
             print(out[-1], file=sys.stderr, flush=True)
-    shape(lab, "LAN")
-    print("\n".join(out))
+    done(lab, out)
     ref = results.get(("ddp", "LAN"), {}).get("val_loss") or a.ddp_loss
     for key, r in results.items():
         if ref is None:
@@ -218,8 +223,7 @@ def table(lab: Lab, a, cwd: Path) -> None:
                 out.append(f"| {mode}{' H=' + str(a.inner) if extra else ''} | {link} | {n} | {r['tokens_per_s']:.0f}"
                            f" | {r['tokens_per_s'] / one['tokens_per_s']:.2f}x | {r['val_loss']:.4f} |")
                 print(out[-1], file=sys.stderr, flush=True)
-    shape(lab, "LAN")
-    print("\n".join(out))
+    done(lab, out)
 
 
 def compress(lab: Lab, a, cwd: Path) -> None:
@@ -242,8 +246,7 @@ def compress(lab: Lab, a, cwd: Path) -> None:
                    f" | {r['val_loss']:.4f} | {(r['val_loss'] / ddp['val_loss'] - 1) * 100:+.2f}% | {sent} | "
                    f"{r['wall_s']:.0f} s |")
         print(out[-1], file=sys.stderr, flush=True)
-    shape(lab, "LAN")
-    print("\n".join(out))
+    done(lab, out)
 
 
 def unequal(lab: Lab, a, cwd: Path) -> None:
@@ -294,8 +297,7 @@ def unequal(lab: Lab, a, cwd: Path) -> None:
                    f"{a.link}: after the cap | {r['tokens_per_s']:.0f} | {r['tokens_per_s'] / ideal:.2f} of the ideal "
                    f"sum ({ideal:.0f}) | {r['val_loss']:.4f} | {r['wall_s']:.0f} s |")
         print(out[-1], file=sys.stderr, flush=True)
-    shape(lab, "LAN")
-    print("\n".join(out))
+    done(lab, out)
 
 
 def _cores() -> list[int]:
