@@ -131,10 +131,11 @@ class DiLoCoRounds(Single):
             log.event(step, "diloco_few_rounds", note, rounds=t.max_steps // t.diloco.inner_steps)
 
     def batches(self, rank: int | None = None):
-        """Unequal shares: every rank its own batches of training.batch_size (the shares are its local steps)."""
+        """Every rank its own batches of training.batch_size, from its own position (unequal shares and rounds by time:
+        the ranks take different numbers of local steps)."""
         p, t, d = self.p, self.t, self.d
-        if p.shares.equal and not t.diloco.timed:
-            return super().batches(rank)
+        if p.shares.equal:
+            return super().batches(rank)  # the same batches (each rank's slice of every global batch)
         return datadir.batches(p.train_set, t.batch_size, d.rank if rank is None else rank, d.world, t.seed,
                             start=p.position, augment=self.augment)
 
