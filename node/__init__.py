@@ -8,6 +8,7 @@ package, sent to a node's Python as source by one function (ship.program), one d
     setup.py          `hrmctl setup`'s node side: facts, install (a venv beside the old one), finish; cli/setup/run.py
     sync_receiver.py  `hrmctl sync-data`'s node side: scan, mkdirs, put, finalize, space; cli/sync/send.py
     sampler.py        `hrmctl top`'s node side: one JSON line per interval; cli/top/watch.py
+    free_port.py      a port the master can listen on for torchrun's store; cli/launch/prepare.py
     torchrun.py       torchrun on a node, in place of `python -m torch.distributed.run` (a first launch's guess checked,
                       a shorter exit barrier, a cheaper end; torch imported in its main): run from the node's checkout
                       (`python -m node torchrun ...`, the plan's argv: cli/launch/plan.py), not sent
@@ -25,7 +26,7 @@ handlers run). The trainer (auralm) may import this package; it imports neither 
 import os
 import sys
 
-PROGRAMS = ("probe", "peer", "setup", "sync_receiver", "sampler", "torchrun")
+PROGRAMS = ("probe", "peer", "setup", "sync_receiver", "sampler", "free_port", "torchrun")
 
 
 def main(argv: list) -> int:

@@ -31,36 +31,10 @@ from cli.launch.plan import LaunchPlan, NodeFacts, build_plan, choose_backend, n
 from cli.launch.storage import DEFAULT_DATA_ENV, check_local, check_nodes, trainer_dirs
 from cli.launch.prestart import hold_torchrun
 from cli.nodes.remote import Session, connect_all
+from node.lines import last
+from node.ship import program
 
 DEFAULT_PORTS = range(29500, 29510)  # torchrun's default first, then its neighbours
-
-# Sent to the master's Python: the first of argv's ports it can bind (as the TCPStore binds it), else (no ports given)
-# one of 20 picked at random below its ephemeral range, else any. Not an ephemeral one first: between this choice and
-# torchrun's listen, an outgoing connection of any process may take it as its own port (EADDRINUSE, seen in CI).
-FREE_PORT_SNIPPET = r"""
-import random, socket, sys
-ports = [int(a) for a in sys.argv[1:]]
-if not ports:
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low, high = map(int, f.read().split())
-    except (OSError, ValueError):
-        low, high = 32768, 60999
-    pool = [p for p in range(20000, 32768) if not low <= p <= high and p not in DEFAULT_PORTS]
-    ports = random.sample(pool, min(20, len(pool)))
-for p in ports + [0]:
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        s.bind(("0.0.0.0", p))
-        print(s.getsockname()[1])
-        break
-    except OSError:
-        pass
-    finally:
-        s.close()
-""".replace("DEFAULT_PORTS", repr(DEFAULT_PORTS))  # torchrun's ports are left to runs across nodes
-
 
 def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
@@ -68,11 +42,12 @@ def new_run_id() -> str:
 
 def _master_port(session: Session, nodes: list[Node], master_addr: str, wanted: int | None) -> int:
     """--master-port, else torchrun's default or a neighbour (a port other nodes must be let through to), else, on one
-    node alone, a free port picked at random below its ephemeral range (FREE_PORT_SNIPPET): two runs on one machine
+    node alone, a free port picked at random below its ephemeral range (node/free_port.py): two runs on one machine
     at once do not race for 29500."""
     candidates = [wanted] if wanted is not None else [] if len(nodes) == 1 else list(DEFAULT_PORTS)
-    res = session.run_python(FREE_PORT_SNIPPET, [str(p) for p in candidates], timeout=30)
-    port = int(res.stdout.split()[0]) if res.ok and res.stdout.split() else None
+    avoid = f"{DEFAULT_PORTS.start}-{DEFAULT_PORTS.stop - 1}"  # torchrun's ports are left to runs across nodes
+    res = session.run_python(program("free_port"), ["--avoid", avoid, *map(str, candidates)], timeout=30)
+    port = (last(res.stdout) or {}).get("port") if res.ok else None
     if wanted is not None and port != wanted:
         raise HrmctlError(f"master port {wanted} is already in use on {nodes[0].name}; stop what holds it "
                           f"(`ss -ltnp 'sport = :{wanted}'` on {nodes[0].name}) or choose another --master-port")

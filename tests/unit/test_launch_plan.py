@@ -530,12 +530,14 @@ def test_the_port_of_a_run_on_one_node_is_free_and_not_an_ephemeral_one():
     import subprocess
     import sys
 
-    from cli.launch.prepare import DEFAULT_PORTS, FREE_PORT_SNIPPET
+    from cli.launch.prepare import DEFAULT_PORTS
+    from node.ship import program
 
-    def pick(*ports: int) -> int:
-        res = subprocess.run([sys.executable, "-c", FREE_PORT_SNIPPET, *map(str, ports)], capture_output=True,
-                             text=True, timeout=30, check=True)
-        return int(res.stdout)
+    def pick(*ports: int) -> int:  # node/free_port.py as the launcher sends it (the bootstrap, no project path)
+        avoid = f"{DEFAULT_PORTS.start}-{DEFAULT_PORTS.stop - 1}"
+        res = subprocess.run([sys.executable, "-c", program("free_port"), "--avoid", avoid, *map(str, ports)],
+                             capture_output=True, text=True, timeout=30, check=True, cwd="/")
+        return json.loads(res.stdout)["port"]
 
     low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
     got = {pick() for _ in range(3)}
