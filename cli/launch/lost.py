@@ -14,37 +14,15 @@ seconds, hrmctl looks at what is there:
 
 from __future__ import annotations
 
-import json
 import socket
 
 from cli.launch.plan import NodeLaunch
 from cli.nodes.remote import for_each
+from node.lines import last
+from node.ship import program
 
 CONNECT_S = 4.0
 LOOK_S = 8.0  # the node's Python and psutil over the whole process table
-
-# argv[1]: the job's tag. Prints {status: count} of the processes carrying it and their descendants (psutil's names).
-STATES_SNIPPET = r"""
-import json, os, sys
-import psutil
-
-job, me, found = sys.argv[1], os.getpid(), {}
-for p in psutil.process_iter(["environ"], ad_value=None):
-    if p.pid != me and (p.info["environ"] or {}).get("HRMCTL_JOB") == job:
-        found[p.pid] = p
-        try:  # and what they started, as the stop finds them (an environment may not be readable)
-            found.update((c.pid, c) for c in p.children(recursive=True) if c.pid != me)
-        except psutil.Error:
-            pass
-states = {}
-for p in found.values():
-    try:
-        states[p.status()] = states.get(p.status(), 0) + 1
-    except psutil.Error:
-        pass
-print(json.dumps(states))
-"""
-
 
 def link_answers(plan: NodeLaunch) -> str | None:
     """None when the node's sshd greets a TCP connection within CONNECT_S, else what happened instead: no TCP answer
@@ -74,13 +52,10 @@ def what_was_seen(plan: NodeLaunch, accept_new_host_keys: bool = False) -> str:
     if down:
         return down
     tag = plan.env["HRMCTL_JOB"]
-    outcome = for_each([plan.node], lambda s: s.run_python(STATES_SNIPPET, [tag], timeout=LOOK_S),
+    outcome = for_each([plan.node], lambda s: s.run_python(program("jobs"), ["states", tag], timeout=LOOK_S),
                        accept_new_host_keys=accept_new_host_keys, connect_timeout=CONNECT_S)[0]
     res = outcome.value if outcome.ok else None
-    try:
-        states = json.loads(res.stdout) if res is not None and res.ok else None
-    except ValueError:
-        states = None
+    states = (last(res.stdout) or {}).get("states") if res is not None and res.ok else None
     if not isinstance(states, dict):
         why = outcome.error or (res.stderr.strip().splitlines() or ["no answer"])[-1] if res is not None else outcome.error
         return f"its sshd takes connections but its processes could not be looked at ({why})"

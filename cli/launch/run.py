@@ -44,6 +44,8 @@ from cli.launch.save_stop import save_then_wait, saves_first
 from cli.nodes.remote import Job, Session, connect_all, for_each
 from cli.runs.states import RunState
 from node.torchrun import FACTS_DIFFER
+from node.lines import last
+from node.ship import program
 
 KEEPALIVE_S = 2.0
 HEARTBEAT_TIMEOUT_S = 8.0
@@ -53,66 +55,6 @@ POLL_S = 0.1
 LOST_CODE = 255
 OUTPUT_GONE_CODE = 128 + signal.SIGPIPE  # 141: what a program killed by SIGPIPE (writing to a closed pipe) gives
 REPORT_WINDOW_S = 1.5
-
-# Sent to a node's Python (the one that runs torchrun, so it has the project's dependencies, psutil among
-# them): stop every process whose environment holds HRMCTL_JOB=<argv[1]>, and their descendants: argv[3] seconds
-# (default 0) to end by themselves (they have just been hung up: a second signal in the middle of torchrun's own
-# stop makes it print tracebacks), then SIGTERM, then SIGKILL after argv[2] seconds. Prints how many processes were
-# found and how many are left.
-STOP_SNIPPET = r"""
-import os, sys
-import psutil
-
-job, grace = sys.argv[1], float(sys.argv[2])
-settle = float(sys.argv[3]) if len(sys.argv) > 3 else 0.0
-me = os.getpid()
-
-
-def tagged():
-    found = {}
-    for p in psutil.process_iter(["environ"], ad_value=None):  # another user's process: environ None
-        if p.pid != me and (p.info["environ"] or {}).get("HRMCTL_JOB") == job:
-            found[p.pid] = p
-            try:
-                found.update((c.pid, c) for c in p.children(recursive=True) if c.pid != me)
-            except psutil.Error:
-                pass
-    return found
-
-
-def running(procs):
-    alive = []
-    for p in procs:
-        try:
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                alive.append(p)
-        except psutil.Error:
-            pass
-    return alive
-
-
-def signal_all(procs, kill):
-    for p in procs:
-        try:
-            p.kill() if kill else p.terminate()
-        except psutil.Error:
-            pass
-
-
-first = tagged()
-_, alive = psutil.wait_procs(list(first.values()), timeout=settle) if settle else ([], list(first.values()))
-alive = running(alive) + [p for pid, p in tagged().items() if pid not in first]
-signal_all(alive, kill=False)
-_, alive = psutil.wait_procs(alive, timeout=grace)
-# what is still there, and what the job started meanwhile, gets SIGKILL
-late = {p.pid: p for p in running(alive)}
-late.update((pid, p) for pid, p in tagged().items() if pid not in first)
-signal_all(late.values(), kill=True)
-_, alive = psutil.wait_procs(list(late.values()), timeout=2.0)
-left = running(alive) + running([p for pid, p in tagged().items() if pid not in late])
-print(len(first), len(left))
-"""
-
 
 @dataclass
 class RunResult:
@@ -183,11 +125,13 @@ def stop_everywhere(plans: list[NodeLaunch], jobs: dict[str, Job], accept_new_ho
 
 
 def stop_tagged(session: Session, tag: str, settle: float = 0.0) -> int:
-    """STOP_SNIPPET on the node for the job tagged ``tag`` (``settle`` s for its processes to end by themselves
-    first): how many of them are left, -1 when the node could not say."""
-    res = session.run_python(STOP_SNIPPET, [tag, str(TERM_GRACE_S), str(settle)], timeout=settle + TERM_GRACE_S + 6)
-    parts = res.stdout.split()
-    return int(parts[1]) if res.ok and len(parts) == 2 else -1
+    """The stop of the job tagged ``tag`` on the node (node/jobs.py: ``settle`` s for its processes to end by
+    themselves first, then SIGTERM, then SIGKILL after TERM_GRACE_S): how many of them are left, -1 when the node
+    could not say."""
+    res = session.run_python(program("jobs"), ["stop", tag, str(TERM_GRACE_S), str(settle)],
+                             timeout=settle + TERM_GRACE_S + 6)
+    left = (last(res.stdout) or {}).get("left") if res.ok else None
+    return left if isinstance(left, int) else -1
 
 
 def clear_node(session: Session, tag: str) -> bool:

@@ -20,35 +20,12 @@ import time
 from typing import Callable
 
 from cli.nodes.remote import for_each
+from node.lines import last
+from node.ship import program
 
 SAVE_GRACE_S = 60.0  # within Slurm's signal lead (cli/slurm/submit.py SIGNAL_S) and a usual KillWait's 30 s...
 SLURM_TERM_GRACE_S = 25.0  # ...minus a margin: under scancel, Slurm kills what is left KillWait after its SIGTERM
 POLL_S = 0.1
-
-# Sent to a node's Python: SIGUSR1 to every rank of job argv[1] (the children of its torchrun agent); prints how
-# many got it.
-RANKS_SNIPPET = r"""
-import signal, sys
-import psutil
-job, n = sys.argv[1], 0
-for p in psutil.process_iter(["environ", "cmdline"], ad_value=None):
-    line = " ".join(p.info["cmdline"] or ())
-    if (p.info["environ"] or {}).get("HRMCTL_JOB") != job or not (
-            "torch.distributed.run" in line or "-m node torchrun" in line):
-        continue
-    try:
-        ranks = p.children()
-    except psutil.Error:
-        continue
-    for rank in ranks:
-        try:
-            rank.send_signal(signal.SIGUSR1)
-            n += 1
-        except psutil.Error:
-            pass
-print(n)
-"""
-
 
 def saves_first(signum: int | None, plans) -> bool:
     """Whether a stop on ``signum`` lets the ranks save first."""
@@ -69,8 +46,10 @@ def save_then_wait(signum: int, plans, jobs: dict, log, accept_new_host_keys: bo
         by_name = {p.node.name: p for p in plans}
 
         def send(session) -> int:
-            res = session.run_python(RANKS_SNIPPET, [by_name[session.node.name].env["HRMCTL_JOB"]], timeout=20)
-            return int(res.stdout.split()[0]) if res.ok and res.stdout.split() else 0
+            res = session.run_python(program("jobs"), ["ranks", by_name[session.node.name].env["HRMCTL_JOB"]],
+                                     timeout=20)
+            n = (last(res.stdout) or {}).get("signalled") if res.ok else None
+            return n if isinstance(n, int) else 0
 
         reached = sum(o.value for o in for_each([p.node for p in plans], send,
                                                 accept_new_host_keys=accept_new_host_keys, connect_timeout=4) if o.ok)

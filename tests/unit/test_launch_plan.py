@@ -473,9 +473,10 @@ def test_a_rank_killed_by_a_signal_is_named_by_it(tmp_path):
 
 
 def test_the_stop_finds_the_jobs_processes_by_their_tag_and_leaves_the_rest(tmp_path):
-    """STOP_SNIPPET with psutil: everything tagged with the job (here a process that ignores SIGTERM, and
-    its child in a session of its own, as torchrun's workers are) is stopped; an untagged one stays."""
-    from cli.launch.run import STOP_SNIPPET
+    """node/jobs.py's stop, sent as the launcher sends it, with psutil: everything tagged with the job (here a process
+    that ignores SIGTERM, and its child in a session of its own, as torchrun's workers are) is stopped; an untagged one
+    stays. Its states before: both running."""
+    from node.ship import program
 
     tree = ("import os, signal, subprocess, sys, time\n"
             "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
@@ -488,10 +489,15 @@ def test_the_stop_finds_the_jobs_processes_by_their_tag_and_leaves_the_rest(tmp_
                              env=dict(os.environ, HRMCTL_JOB="r9/b"))
     try:
         assert job.stdout.readline().strip() == "up"
-        res = subprocess.run([sys.executable, "-", "r9/a", "0.5"], input=STOP_SNIPPET, capture_output=True,
-                             text=True, timeout=30)
-        assert res.returncode == 0, res.stderr
-        assert res.stdout.split() == ["2", "0"]  # found the agent and its worker; none left
+
+        def jobs(*args: str) -> dict:
+            res = subprocess.run([sys.executable, "-", *args], input=program("jobs"), capture_output=True, text=True,
+                                 timeout=30, cwd="/")
+            assert res.returncode == 0, res.stderr
+            return json.loads(res.stdout)
+
+        assert jobs("states", "r9/a") == {"states": {"sleeping": 2}}  # the agent and its worker
+        assert jobs("stop", "r9/a", "0.5") == {"found": 2, "left": 0}  # both found; none left
         assert job.wait(5) == -9  # it ignored SIGTERM: SIGKILL after the grace period
         assert other.poll() is None  # another job's process is not touched
     finally:
