@@ -154,13 +154,12 @@ class DiLoCo:
         d = self.d
         delta = torch.cat([(s - p).reshape(-1) for s, p in zip(self.shared, self.params)])
         finite = bool(torch.isfinite(delta).all())
-        flags = torch.zeros(4 * d.world + 4, dtype=torch.float64)
+        flags = torch.zeros(4 * d.world + 3, dtype=torch.float64)
         flags[d.rank] = bad_steps
         flags[d.world + d.rank] = 0.0 if finite else 1.0
         flags[2 * d.world + d.rank] = step_s
-        flags[3 * d.world + d.rank] = self.weight
-        flags[-4] = end  # summed: every rank present must have sent the same round (checked in finish)
-        flags[-3] = self.weight  # the weights of the ranks present: 1 until one leaves
+        flags[3 * d.world + d.rank] = self.weight  # the weights of the ranks present sum to 1 until one leaves
+        flags[-3] = end  # summed: every rank present must have sent the same round (checked in finish)
         if losses:
             flags[-2], flags[-1] = self.weight * loss_sum / losses, self.weight
         payload = self.wire.encode(delta * self.weight if finite else torch.zeros_like(delta))
@@ -233,10 +232,10 @@ class DiLoCo:
         self._wait(sent)
         while True:
             flags = sent.flags
-            if flags[-4] != sent.end * d.present_count:  # a world of one: its own round, unsent
+            if flags[-3] != sent.end * d.present_count:  # a world of one: its own round, unsent
                 raise RuntimeError(
                     f"rank {d.rank}: the ranks present sent different rounds (this one ends at step {sent.end}; their "
-                    f"steps sum to {flags[-4]:g} over {d.present_count} ranks): a rank left during the last moments "
+                    f"steps sum to {flags[-3]:g} over {d.present_count} ranks): a rank left during the last moments "
                     "of a collective, and averaging them would be wrong; the run stops here (resume=latest goes on "
                     "from the last checkpoint)")
             counts = [int(v) for v in flags[:d.world].tolist()]
@@ -257,7 +256,7 @@ class DiLoCo:
         self.round_bytes = self.sent_bytes - self._round_from
         averaged = averaged.to(sent.dtype)
         if self.varying or d.members is not None and d.members.changed:  # the weights of the ranks present do not
-            averaged /= float(flags[-3])  # sum to 1
+            averaged /= sum(weights)  # sum to 1
         offset = 0
         for s in self.shared:
             s.grad = averaged[offset: offset + s.numel()].view_as(s)
