@@ -98,7 +98,9 @@ def figures(lab: Lab, nodes: list[str], run_id: str, wall: float, since_step: in
     run = lab.node(nodes[0]).home / "hrmctl" / "runs" / run_id
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     cfg = json.loads((run / "config.json").read_text())
-    rows = [r for r in rows if r["step"] >= since_step] or rows[-2:]
+    rows = [r for r in rows if r["step"] >= since_step]
+    if len(rows) < 2:  # no figure rather than a wrong one (a cap that came at the run's end)
+        raise SystemExit(f"{run_id}: fewer than two records from step {since_step} on: no speed to measure")
     first, last = rows[0], rows[-1]
     if any("round_steps" in r for r in rows):  # rounds by time: every rank's local steps a round (a record each)
         rounds = [r for r in rows if "round_steps" in r]
