@@ -62,6 +62,7 @@ AVERAGE = ("training.diloco.outer_lr=1", "training.diloco.outer_momentum=0")  # 
 PAPER_STEP = ("training.diloco.outer_lr=0.7", "training.diloco.outer_momentum=0.9")  # DiLoCo's paper: Nesterov SGD
 DEFAULT_LM_VOCAB = 8192  # hrmctl prepare-data's default --vocab-size
 WIRE_KINDS = ("bf16", "int8", "int4")  # DiLoCo's rounds as the budget may suggest them, least compressed first
+MAX_FRAGMENTS = 16  # Streaming DiLoCo's parts the budget may suggest: beyond, a part's all-reduce is mostly latency
 
 
 def ring_factor(world: int) -> float:
@@ -187,6 +188,39 @@ def compress_for(b: dict, inner_steps: int) -> dict | None:
     if kind != WIRE_KINDS[0]:
         why += f"; as {WIRE_KINDS[0]} ~{seconds(by_kind[WIRE_KINDS[0]]['comm_s_per_sync'])}"
     return {"compress": kind, "why": why}
+
+
+def fragments_for(b: dict, inner_steps: int, kind: str) -> dict | None:
+    """Streaming DiLoCo for a run of rounds of ``inner_steps`` sent as ``kind`` on this budget's link, when one round's
+    all-reduce would take more than DILOCO_OK of the round's compute: it travels during the local steps after it is
+    sent (``training.diloco.overlap_steps``) so that no rank waits for it, and when it needs more than one local step
+    it is cut into P parts (``training.diloco.fragments``, at most MAX_FRAGMENTS) of one step's traffic each, so
+    that each part's outer step lands a step late rather than the whole update K steps late.
+    {"fragments", "overlap_steps", "why"}; "fragments" None when a round's traffic outlasts the round's local steps
+    (no split hides it: a larger H does). None when the round fits whole, or the compute time is unknown."""
+    compute_s = b["diloco"]["compute_s"]
+    if not compute_s or compute_s <= 0 or inner_steps < 2 or b["world"] <= 1:
+        return None
+    sent = bytes_per_value(kind) * b["parameters"]
+    sync = allreduce_s(sent, b["world"], b["busbw_GBps"], b["latency_us"] / 1e6, buckets(sent))
+    round_s = inner_steps * compute_s
+    if sync <= DILOCO_OK * round_s:
+        return None
+    head = (f"a round of {inner_steps} steps computes for ~{seconds(round_s)} and its all-reduce as {kind} "
+            f"({human_bytes(sent)}) takes ~{seconds(sync)} on this link, over {DILOCO_OK:.0%} of it")
+    whole = math.ceil(sync / compute_s)  # the local steps the whole round's all-reduce needs
+    parts = min(whole, MAX_FRAGMENTS)
+    k = math.ceil(sync / parts / compute_s)
+    if whole >= inner_steps or k * parts > inner_steps:  # still in flight when the next is due: the round waits
+        return {"fragments": None, "overlap_steps": None,
+                "why": head + f" and longer than its local steps can cover ({whole} of {inner_steps}): a larger "
+                              "training.diloco.inner_steps (or fewer bytes) makes it fit"}
+    steps = f"{k} local step{'s' if k > 1 else ''}"
+    how = (f"travelling during the {steps} after the round, no rank waits for it" if parts == 1 else
+           f"in {parts} parts of ~{seconds(sync / parts)}, each travelling during the {steps} after it is sent, no "
+           f"rank waits for it and each part's outer step lands {steps} late where the whole round's would land "
+           f"{whole} late")
+    return {"fragments": parts, "overlap_steps": k, "why": head + ": " + how}
 
 
 def diloco_steps(sync_s: float, compute_s: float | None) -> int | None:
@@ -401,6 +435,7 @@ def advise(link: dict, run: dict, *, world: int, sync: str = "ddp", hook: str = 
         return out
     if inner_steps:  # DiLoCo's rounds: the wire this link and model call for (hrmctl train's default)
         out["diloco_compress"] = compress_for(b, inner_steps)
+        out["diloco_fragments"] = {kind: fragments_for(b, inner_steps, kind) for kind in ("none", *WIRE_KINDS)}
     s, bal = b["suggestion"], b["balance"]
     when = age((now or time.time()) - link["measured_at"]) if link.get("measured_at") else ""
     how = ("estimate: scaled from the " + ("same model at batch " if link["compute"].get("spec") == run.get("spec")

@@ -158,7 +158,7 @@ def train(opts: LaunchOptions, *, sync_data: bool, as_json: bool, console: Conso
         err.print(f"nodes: Slurm allocation {opts.nodes[0].slurm_job}: {', '.join(n.name for n in opts.nodes)} "
                   "(reached with srun)", markup=False, highlight=False, soft_wrap=True)
     advice = link_cache.start(opts)  # test-ddp's figures for these nodes, if any: sized beside the preflight
-    link_cache.choose_compress(advice, opts, err)  # DiLoCo's wire, when the run leaves it: before the plan
+    link_cache.choose_wire(advice, opts, err)  # DiLoCo's wire and streaming, when the run leaves them: before the plan
     if opts.dry_run:
         return _dry_run(opts, as_json, console, err, advice, choice)
     opts.json_output = as_json

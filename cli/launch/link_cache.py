@@ -10,8 +10,10 @@ device and scales the cached compute to it). When DDP's communication (with the 
 included) would take longer than the compute, or when the ranks differ in speed and the run gives them
 equal shares, one warning line says so with the figures and the overrides to try. Under DiLoCo, when the run does
 not set ``training.diloco.compress``, its rounds are sent as the budget's wire for the run's H on this link (the
-least compressed whose round fits; link_budget.compress_for), said in one line. Never an error, never a reason not
-to run: anything missing or failing here is silence.
+least compressed whose round fits; link_budget.compress_for); when it sets neither ``training.diloco.fragments`` nor
+``overlap_steps`` and a round's all-reduce would still make the ranks wait, the round travels during the local steps
+after it, cut in parts of a step's traffic each (link_budget.fragments_for). Each choice is said in one line. Never an
+error, never a reason not to run: anything missing or failing here is silence.
 """
 
 from __future__ import annotations
@@ -108,24 +110,50 @@ def start(opts) -> Advice | None:
 
 
 COMPRESS = "training.diloco.compress"
+STREAMING = ("training.diloco.fragments", "training.diloco.overlap_steps")
 
 
-def choose_compress(advice: Advice | None, opts, err) -> str | None:
-    """DiLoCo's wire for this run from test-ddp's figures of its nodes, when the run does not set it: the override
-    added to ``opts.args`` and said in one line (the budget's reason, and the override that keeps the default);
-    the wire chosen, or None (nothing cached, not a run of rounds, given by the user, or the default already)."""
-    if advice is None or opts.trainer is None or \
-            any(a.partition("=")[0].lstrip("+") == COMPRESS for a in opts.args):
-        return None
-    choice = (advice.result() or {}).get("diloco_compress")
+def _given(opts, key: str) -> bool:
+    return any(a.partition("=")[0].lstrip("+") == key for a in opts.args)
+
+
+def _say(err, text: str) -> None:
+    err.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+def choose_wire(advice: Advice | None, opts, err) -> dict:
+    """DiLoCo's rounds on this run's nodes from test-ddp's figures, where the run leaves them to hrmctl: the wire
+    (``training.diloco.compress``), then, for the wire in effect, the streaming (``training.diloco.fragments`` and
+    ``overlap_steps``, when the run sets neither) that keeps the ranks from waiting for a round's all-reduce. Each
+    choice is added to ``opts.args`` and said in one line with the budget's reason and the override that keeps the
+    default; a round that no streaming hides is said too. -> {"compress": ..., "fragments": ..., "overlap_steps": ...}
+    of what was added (nothing: nothing cached, not a run of rounds, or the defaults already)."""
+    chosen = {}
+    if advice is None or opts.trainer is None:
+        return chosen
+    res = advice.result() or {}
     default = opts.trainer.training.diloco.compress
-    if not choice or choice["compress"] == default:
-        return None
-    opts.args = [*opts.args, f"{COMPRESS}={choice['compress']}"]
-    err.print(f"diloco: rounds sent as {choice['compress']}, chosen from test-ddp's figures for "
-              f"{key([n.name for n in opts.nodes])}: {choice['why']}; {COMPRESS}={default} keeps {default}",
-              markup=False, highlight=False, soft_wrap=True)
-    return choice["compress"]
+    choice = res.get("diloco_compress")
+    if choice and choice["compress"] != default and not _given(opts, COMPRESS):
+        opts.args = [*opts.args, f"{COMPRESS}={choice['compress']}"]
+        chosen["compress"] = choice["compress"]
+        _say(err, f"diloco: rounds sent as {choice['compress']}, chosen from test-ddp's figures for "
+                  f"{key([n.name for n in opts.nodes])}: {choice['why']}; {COMPRESS}={default} keeps {default}")
+    stream = (res.get("diloco_fragments") or {}).get(opts.trainer.training.diloco.compress)
+    if not stream or any(_given(opts, k) for k in STREAMING):
+        return chosen
+    if stream["fragments"] is None:
+        _say(err, f"diloco: {stream['why']}")
+        return chosen
+    d = opts.trainer.training.diloco
+    values = {"fragments": stream["fragments"], "overlap_steps": stream["overlap_steps"]}
+    added = [f"training.diloco.{k}={v}" for k, v in values.items() if v != getattr(d, k)]
+    opts.args = [*opts.args, *added]
+    chosen.update(values)
+    keeps = " ".join(f"training.diloco.{k}={getattr(d, k)}" for k in values)
+    _say(err, f"diloco: {' '.join(added)}, chosen from test-ddp's figures for {key([n.name for n in opts.nodes])}: "
+              f"{stream['why']}; {keeps} keeps the defaults")
+    return chosen
 
 
 def summary(advice: Advice | None) -> dict | None:

@@ -140,6 +140,12 @@ def test_slow_link_makes_train_warn_with_the_suggested_overrides(lab3, hrmctl, t
     assert (f"training.diloco.compress={wire}" in out) == (wire != "bf16"), out
     assert (f"diloco: rounds sent as {wire}, chosen from test-ddp's figures for node0,node1" in err) == \
         (wire != "bf16"), err
+    # and its streaming for that wire, when a round's all-reduce would make the ranks wait: overlapped, in parts
+    stream = lb.fragments_for(tr, 50, wire)
+    chosen = [f"training.diloco.fragments={stream['fragments']}"] * (stream["fragments"] > 1) + \
+        [f"training.diloco.overlap_steps={stream['overlap_steps']}"] if stream and stream["fragments"] else []
+    assert all(c in out for c in chosen) and ("training.diloco.overlap_steps=" in out) == bool(chosen), out
+    assert ("diloco: " + stream["why"] in err if stream and not stream["fragments"] else True), err
     print(f"2 Mbit/s: busbw {tr['busbw_GBps'] * 1e6:.0f} KB/s, latency {tr['latency_us']:.0f} us, "
           f"compute {tr['compute_s']:.3f} s/step, ddp {tr['ddp']['comm_s']:.2f} s/step; {tr['suggestion']['overrides']}")
 

@@ -313,6 +313,36 @@ def test_diloco_wire_is_the_least_compressed_whose_round_fits_the_link():
     assert "diloco_compress" not in lb.advise(link, dict(SMALL), world=2)  # DDP: no rounds
 
 
+def test_diloco_streaming_hides_a_round_that_does_not_fit_and_cuts_it_into_a_steps_traffic_each():
+    # 14M parameters at 25 MB/s: bf16's 28 MB take 1.12 s a round. At 1.2 s a step a round of 20 (24 s) hides it
+    # within 5%: nothing to stream; of 10 (12 s) it does not, and one step covers it: overlapped, whole
+    b = lb.budget(busbw_GBps=0.025, latency_us=500.0, world=2, parameters=14_000_000, compute_s=1.2)
+    assert lb.fragments_for(b, 20, "bf16") is None and lb.fragments_for(b, 10, "int8") is None  # int8: 0.57 s
+    assert {k: v for k, v in lb.fragments_for(b, 10, "bf16").items() if k != "why"} == \
+        {"fragments": 1, "overlap_steps": 1}
+    # at 0.1 s a step the round needs 12 steps of traffic: 12 parts of one step each, at H=50 and H=20 alike
+    fast = lb.budget(busbw_GBps=0.025, latency_us=500.0, world=2, parameters=14_000_000, compute_s=0.1)
+    for h in (50, 20):
+        s = lb.fragments_for(fast, h, "bf16")
+        assert (s["fragments"], s["overlap_steps"]) == (12, 1), s
+        assert s["why"].endswith("in 12 parts of ~0.0934 s, each travelling during the 1 local step after it is "
+                                 "sent, no rank waits for it and each part's outer step lands 1 local step late "
+                                 "where the whole round's would land 12 late")
+    # more parts than MAX_FRAGMENTS would need: the most, each overlapping more than one step
+    s = lb.fragments_for(fast, 200, "none")  # fp32: 2.24 s, 23 steps
+    assert (s["fragments"], s["overlap_steps"]) == (lb.MAX_FRAGMENTS, 2), s
+    # a round shorter than its traffic: no split hides it, and the reason names the fix
+    s = lb.fragments_for(fast, 10, "bf16")
+    assert s["fragments"] is None and s["why"].endswith(
+        "longer than its local steps can cover (12 of 10): a larger training.diloco.inner_steps (or fewer bytes) "
+        "makes it fit")
+    assert lb.fragments_for(lb.budget(busbw_GBps=0.025, latency_us=500.0, world=2, parameters=14_000_000,
+                                      compute_s=None), 10, "bf16") is None  # no compute measured: no choice
+    link = _link({**SMALL, "s_per_step": 0.1})
+    streams = lb.advise(link, dict(SMALL), world=2, sync="diloco", inner_steps=20)["diloco_fragments"]
+    assert set(streams) == {"none", "bf16", "int8", "int4"} and streams["bf16"]["fragments"] > 1
+
+
 def _result(parameters: int, s_per_step: float, busbw: float, model: dict) -> dict:
     b = lb.budget(busbw_GBps=busbw, latency_us=500.0, world=2, parameters=parameters, compute_s=s_per_step)
     return {"world_size": 2, "backend": "gloo", "ok": True,
@@ -383,14 +413,26 @@ def test_train_warning_from_the_cache_end_to_end(home, monkeypatch):
     # 1.1 s, over 5% of it), added to the run's overrides and said; given by the user: left as given
     opts = LaunchOptions(nodes=_nodes(), args=overrides + ["training.sync=diloco", "training.diloco.inner_steps=10"])
     out = io.StringIO()
-    assert link_cache.choose_compress(link_cache.start(opts), opts, Console(file=out, width=400)) == "int8"
+    assert link_cache.choose_wire(link_cache.start(opts), opts, Console(file=out, width=400)) == {"compress": "int8"}
     assert opts.args[-1] == "training.diloco.compress=int8" and opts.trainer.training.diloco.compress == "int8"
     assert out.getvalue().startswith("diloco: rounds sent as int8, chosen from test-ddp's figures for node0,node1: a "
                                      "round of 10 steps computes for ~")
     assert out.getvalue().rstrip().endswith("training.diloco.compress=bf16 keeps bf16")
     given = LaunchOptions(nodes=_nodes(), args=opts.args[:-1] + ["training.diloco.compress=none"])
-    assert link_cache.choose_compress(link_cache.start(given), given, Console(file=io.StringIO())) is None
-    assert given.args[-1] == "training.diloco.compress=none"
+    # fp32's 55.6 MB take ~2.2 s, over 5% of the round and within two of its steps: two parts of a step's traffic,
+    # each travelling during the step after it; a run that sets its overlap (or its parts) is left as given
+    out = io.StringIO()
+    assert link_cache.choose_wire(link_cache.start(given), given, Console(file=out, width=400)) == \
+        {"fragments": 2, "overlap_steps": 1}
+    assert given.args[-3:] == ["training.diloco.compress=none", "training.diloco.fragments=2",
+                               "training.diloco.overlap_steps=1"]
+    assert out.getvalue().startswith("diloco: training.diloco.fragments=2 training.diloco.overlap_steps=1, chosen "
+                                     "from test-ddp's figures for node0,node1: a round of 10 steps computes for ~")
+    assert out.getvalue().rstrip().endswith("training.diloco.fragments=1 training.diloco.overlap_steps=0 keeps the "
+                                            "defaults")
+    mine = LaunchOptions(nodes=_nodes(), args=given.args[:-2] + ["training.diloco.overlap_steps=2"])
+    assert link_cache.choose_wire(link_cache.start(mine), mine, Console(file=io.StringIO())) == {}
+    assert mine.args[-1] == "training.diloco.overlap_steps=2"
     # one node, or no entry for these nodes: nothing started, nothing printed
     assert link_cache.start(LaunchOptions(nodes=_nodes()[:1], args=overrides)) is None
     assert link_cache.start(LaunchOptions(nodes=[_nodes()[0], Node(name="x", host="h", user="u")], args=overrides)) is None
