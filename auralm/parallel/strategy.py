@@ -97,6 +97,7 @@ class Entry:
     option: str
     target: Any  # the class, or "module:Class"
     in_place: bool = False  # a node of several may leave and come back while the others go on (min_nodes: 1)
+    rounds: bool = False  # it synchronises once a round of local steps (its wire and streaming: the link budget's)
     owns: tuple[str, ...] = ()  # training.<key>s that apply to this strategy alone (refused at another value
     #                             than their default when another one is chosen)
     refuses: tuple[tuple[str, Any], ...] = ()  # (training.<key>, value) settings it cannot be combined with
@@ -121,7 +122,7 @@ _REGISTRY: dict[tuple[str, str], Entry] = {}
 
 def register(name: str, target: Any, option: str = "sync", **declared: Any) -> None:
     """Make ``training.<option>=<name>`` choose ``target`` (a Strategy class, or "module:Class"); ``declared``:
-    the Entry's other fields (in_place, owns, refuses, about, named, paced)."""
+    the Entry's other fields (in_place, rounds, owns, refuses, about, named, paced)."""
     if option not in OPTIONS:
         raise ValueError(f"option {option!r}: one of {', '.join(OPTIONS)}")
     _REGISTRY[(option, name)] = Entry(name, option, target, **declared)
@@ -208,7 +209,7 @@ def _ddp_named(s: dict) -> str:
 
 register("ddp", "auralm.parallel.ddp:DataParallel", owns=("ddp_comm_hook",), named=_ddp_named,
          paced="a DDP step of the global batch would take {auto_s} instead of {equal_s}")
-register("diloco", "auralm.parallel.diloco_strategy:DiLoCoRounds", in_place=True,
+register("diloco", "auralm.parallel.diloco_strategy:DiLoCoRounds", in_place=True, rounds=True,
          about="its rounds are sent as training.diloco.compress says (bf16 by default), not through DDP's comm hooks",
          named=lambda s: f"DiLoCo with H={s['inner_steps']}",
          paced="DiLoCo's rounds would go at the fastest rank's {diloco_s} a local step, the slower ranks taking fewer")

@@ -22,13 +22,15 @@ import json
 import time
 from pathlib import Path
 
+from auralm.parallel import strategy
 from cli import cache
 from cli.cache import cache_dir
 from cli.launch.aside import Aside
 from cli.nodes.inventory import Node
 from cli.launch.options import TRAINER
 
-ADVICE_TIMEOUT_S = 20
+ADVICE_TIMEOUT_S = 20  # a launch waits this long for the advice, then goes on without it
+ADVICE_DRY_RUN_TIMEOUT_S = 180  # a dry run, which shows the advice and launches nothing, waits longer (a busy machine)
 
 
 def cache_path() -> Path:
@@ -87,12 +89,12 @@ def remember(result: dict | None, nodes: list[Node]) -> Path | None:
 class Advice(Aside):
     """`python -m auralm.planning.link_budget` for this run, started now; ``result()`` waits for it (briefly)."""
 
-    def __init__(self, entry: dict, args: list[str], world: int | None):
+    def __init__(self, entry: dict, args: list[str], world: int | None, timeout_s: float = ADVICE_TIMEOUT_S):
         self.entry = entry
         cmd = ["-m", "auralm.planning.link_budget", "--link", json.dumps(entry)]
         if world:
             cmd += ["--world", str(world)]
-        super().__init__([*cmd, *args], ADVICE_TIMEOUT_S)
+        super().__init__([*cmd, *args], timeout_s)
 
 
 def start(opts) -> Advice | None:
@@ -104,7 +106,7 @@ def start(opts) -> Advice | None:
         return None
     world = opts.nproc * len(opts.nodes) if opts.nproc else None  # else the world test-ddp saw on these nodes
     try:
-        return Advice(entry, list(opts.args), world)
+        return Advice(entry, list(opts.args), world, ADVICE_DRY_RUN_TIMEOUT_S if opts.dry_run else ADVICE_TIMEOUT_S)
     except OSError:
         return None
 
@@ -129,7 +131,8 @@ def choose_wire(advice: Advice | None, opts, err) -> dict:
     default; a round that no streaming hides is said too. -> {"compress": ..., "fragments": ..., "overlap_steps": ...}
     of what was added (nothing: nothing cached, not a run of rounds, or the defaults already)."""
     chosen = {}
-    if advice is None or opts.trainer is None:
+    t = opts.trainer.training if opts.trainer is not None else None
+    if advice is None or t is None or not strategy.entry(t.sync, t.parallel).rounds:  # no rounds: launch meanwhile
         return chosen
     res = advice.result() or {}
     default = opts.trainer.training.diloco.compress
@@ -176,7 +179,7 @@ def warn(advice: Advice | None, err) -> dict | None:
         err.print(f"[yellow]warning:[/yellow] {_escape(doc['line'])}", highlight=False, soft_wrap=True)
     elif advice is not None and advice.late:
         err.print(f"note: no advice from test-ddp's figures for these nodes: the estimate took over "
-                  f"{ADVICE_TIMEOUT_S} s on this machine; launching without it", highlight=False, soft_wrap=True)
+                  f"{advice.timeout_s:.0f} s on this machine; going on without it", highlight=False, soft_wrap=True)
     return doc
 
 
