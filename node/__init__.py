@@ -9,6 +9,8 @@ package, sent to a node's Python as source by one function (ship.program), one d
     sync_receiver.py  `hrmctl sync-data`'s node side: scan, mkdirs, put, finalize, space; cli/sync/send.py
     sampler.py        `hrmctl top`'s node side: one JSON line per interval; cli/top/watch.py
     free_port.py      a port the master can listen on for torchrun's store; cli/launch/prepare.py
+    dirs.py           the trainer's data and run directories on a node before a launch: there, readable or writable,
+                      with room, the data prepared for the task; psutil present; cli/launch/storage.py
     jobs.py           a run's processes on the node, by their tag: their states (cli/launch/lost.py), their stop
                       (cli/launch/run.py), SIGUSR1 to its ranks (cli/launch/save_stop.py)
     torchrun.py       torchrun on a node, in place of `python -m torch.distributed.run` (a first launch's guess checked,
@@ -28,7 +30,7 @@ handlers run). The trainer (auralm) may import this package; it imports neither 
 import os
 import sys
 
-PROGRAMS = ("probe", "peer", "setup", "sync_receiver", "sampler", "free_port", "jobs", "torchrun")
+PROGRAMS = ("probe", "peer", "setup", "sync_receiver", "sampler", "free_port", "dirs", "jobs", "torchrun")
 
 
 def main(argv: list) -> int:

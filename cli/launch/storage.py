@@ -12,7 +12,8 @@ the node's Python has psutil (the launcher's stop and the trainer's memory figur
 A problem is one line naming node, directory and fix (exit 1: a failed check on a node; a missing
 psutil, like a missing torch, is exit 2). Nothing is written on the nodes by the check itself.
 
-The node side (SNIPPET) is standard library only, sent to the node's Python.
+The node side is node/dirs.py (standard library only), sent to the node's Python by node.ship.program("dirs");
+this machine's own directories are looked at by the same functions, imported.
 """
 
 from __future__ import annotations
@@ -26,113 +27,15 @@ from dataclasses import dataclass, field
 from cli.errors import HrmctlError, RemoteError
 from cli.nodes.inventory import Node
 from cli.nodes.remote import Session
+from node import dirs as node_dirs
+from node.lines import last
+from node.ship import program
 
 MIN_FREE_MB = 300  # below this, a run directory (checkpoints) or generated data is refused
 CHECK_TIMEOUT_S = 30
 DEFAULT_DATA_ENV = "HRMCTL_DEFAULT_DATA_DIR"  # tells the trainer: data_dir is the node's default, not the user's
 
-DATA_FORMAT = "auralm-data/1"  # auralm.data.datadir.FORMAT (the snippet runs without the project; a test keeps them equal)
-
-# Sent to the node's Python: argv[1] is a JSON spec {"workdir", "min_free", "dirs": [{"kind", "path", "generate",
-# and for data "task", "format", "base" (the node's data_dir)}]}; prints {"user", "psutil", "dirs": [{...,
-# "resolved", "problem"}]} where problem is None or {"why": "unwritable" | "unreadable" | "notdir" | "space", "at":
-# path[, "free": bytes]}, or for data not prepared for the task {"why": "nodata" | "notprepared" | "form" | "task" |
-# "files", "at": path[, "found": what meta.json says]}; a data directory also gets "vocab" (its tokenizer's, or None).
-SNIPPET = r'''
-import importlib.util, json, os, sys
-
-
-def resolve(path, workdir):
-    p = os.path.expanduser(path)
-    if not os.path.isabs(p):
-        p = os.path.join(os.path.expanduser(workdir), p)
-    return os.path.abspath(p)
-
-
-def nearest(path):
-    """path, or its nearest parent that exists."""
-    while not os.path.lexists(path):
-        parent = os.path.dirname(path)
-        if parent == path:
-            break
-        path = parent
-    return path
-
-
-def writable(target, min_free):
-    base = nearest(target)
-    if not os.path.isdir(base):
-        return {"why": "notdir", "at": base}
-    if not os.access(base, os.W_OK | os.X_OK):
-        return {"why": "unwritable", "at": base}
-    try:
-        st = os.statvfs(base)
-    except OSError:
-        return None
-    free = st.f_bavail * st.f_frsize
-    if free < min_free:
-        return {"why": "space", "at": base, "free": free}
-    return None
-
-
-def prepared(path, task, form):
-    """None when path holds data prepared for task (meta.json of this format, every file it names at its size),
-    else what is wrong: {"why": "nodata" | "notprepared" | "form" | "task" | "files", "at", ...}."""
-    meta_path = os.path.join(path, "meta.json")
-    if not os.path.exists(meta_path):
-        return {"why": "notprepared" if os.path.isdir(path) and os.listdir(path) else "nodata", "at": path}
-    try:
-        with open(meta_path) as fh:
-            meta = json.load(fh)
-    except ValueError:
-        meta = {}
-    if not isinstance(meta, dict) or meta.get("format") != form:
-        return {"why": "form", "at": meta_path, "found": meta.get("format") if isinstance(meta, dict) else None}
-    if meta.get("task") != task:
-        return {"why": "task", "at": path, "found": meta.get("task")}
-    for name, info in sorted((meta.get("files") or {}).items()):
-        f = os.path.join(path, name)
-        if not os.path.isfile(f) or os.path.getsize(f) != info.get("bytes"):
-            return {"why": "files", "at": f}
-    vocab[path] = (meta.get("tokenizer") or {}).get("vocab_size")
-    return None
-
-
-vocab = {}  # data directory -> its tokenizer's vocabulary (lm data), as prepared() found it
-
-
-def look(d, workdir, min_free):
-    path = d["resolved"] = resolve(d["path"], workdir)
-    if d["kind"] == "data":
-        d["base_resolved"] = resolve(d.get("base") or d["path"], workdir)
-        meta = os.path.join(path, "meta.json")
-        if os.path.exists(meta) or not d.get("generate"):  # read only
-            if os.path.isdir(path) and not os.access(path, os.R_OK | os.X_OK):
-                return {"why": "unreadable", "at": path}
-            if os.path.exists(meta) and not os.access(meta, os.R_OK):
-                return {"why": "unreadable", "at": meta}
-            problem = prepared(path, d.get("task"), d.get("format"))
-            d["vocab"] = vocab.get(path)
-            return problem
-        return writable(os.path.dirname(path), min_free)  # made beside it, then renamed into place
-    return writable(path, min_free)
-
-
-def check(spec):
-    try:
-        import pwd
-        user = pwd.getpwuid(os.geteuid()).pw_name
-    except Exception:
-        user = str(os.geteuid())
-    dirs = [dict(d) for d in spec["dirs"]]
-    for d in dirs:
-        d["problem"] = look(d, spec["workdir"], spec["min_free"])
-    return {"user": user, "psutil": importlib.util.find_spec("psutil") is not None, "dirs": dirs}
-
-
-if __name__ == "__main__":
-    print(json.dumps(check(json.loads(sys.argv[1]))))
-'''
+DATA_FORMAT = "auralm-data/1"  # auralm.data.datadir.FORMAT (node/dirs.py runs without the project; a test keeps them equal)
 
 LABELS = {"data": "data directory", "run": "run directory (out_dir: logs and checkpoints)"}
 
@@ -253,15 +156,8 @@ def data_line(node: str, d: dict) -> str:
     return f"{node}: {path} holds {what}; fix: {fix}{prepare_hint(task) if 'prepare-data' in fix else ''}"
 
 
-def _here() -> dict:
-    """SNIPPET's functions, to run on this machine."""
-    ns: dict = {"__name__": "hrmctl_storage"}
-    exec(compile(SNIPPET, "cli/launch/storage.py:SNIPPET", "exec"), ns)
-    return ns
-
-
 def prepared_here(path: str, task: str) -> bool:
-    return _here()["prepared"](os.path.abspath(path), task, DATA_FORMAT) is None
+    return node_dirs.prepared(os.path.abspath(path), task, DATA_FORMAT) is None
 
 
 def check_nodes(sessions: dict[str, Session], nodes: list[Node], dirs: Dirs | None) -> dict[str, dict]:
@@ -270,13 +166,13 @@ def check_nodes(sessions: dict[str, Session], nodes: list[Node], dirs: Dirs | No
     `dirs` None: not the trainer (only psutil is checked)."""
 
     def one(node: Node, master: bool) -> dict:
-        res = sessions[node.name].run_python(SNIPPET, [json.dumps(_spec(node, dirs, master))],
+        res = sessions[node.name].run_python(program("dirs"), [json.dumps(_spec(node, dirs, master))],
                                              timeout=CHECK_TIMEOUT_S)
-        try:
-            return json.loads(res.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError):
+        answer = last(res.stdout)
+        if answer is None:
             raise RemoteError(f"{node.name}: cannot check its directories with {node.python} "
-                              f"({res.last_line()}); run `hrmctl doctor` to see what the node lacks") from None
+                              f"({res.last_line()}); run `hrmctl doctor` to see what the node lacks")
+        return answer
 
     with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
         futures = [pool.submit(one, n, i == 0) for i, n in enumerate(nodes)]
@@ -300,9 +196,8 @@ def check_nodes(sessions: dict[str, Session], nodes: list[Node], dirs: Dirs | No
 
 def check_local(path: str) -> None:
     """This machine's directory for hrmctl's own logs (runs/<run-id>, relative to here): writable, with room."""
-    ns = _here()
-    resolved = ns["resolve"](path, ".")
-    p = ns["writable"](resolved, MIN_FREE_MB << 20)
+    resolved = node_dirs.resolve(path, ".")
+    p = node_dirs.writable(resolved, MIN_FREE_MB << 20)
     if p:
         why = {"unwritable": f"{p['at']} is not writable", "notdir": f"{p['at']} is a file, not a directory",
                "space": f"only {p.get('free', 0) >> 20} MB free there (at least {MIN_FREE_MB} MB needed)"}[p["why"]]

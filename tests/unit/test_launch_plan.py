@@ -17,6 +17,8 @@ from cli.launch.options import parse_env_options
 from cli.launch.plan import NodeFacts, build_plan, choose_backend
 from cli.errors import HrmctlError
 from node import torchrun as node_torchrun
+from node.lines import last
+from node.ship import program
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -273,11 +275,12 @@ def test_bad_input_is_one_line_and_nothing_starts(tmp_path, args, expect):
 
 
 def look(spec: dict) -> dict:
-    """The node side of the directory check, run here as the nodes run it (the snippet, by this Python)."""
-    res = subprocess.run([sys.executable, "-", json.dumps(spec)], input=storage.SNIPPET, capture_output=True,
+    """The node side of the directory check, run here as the nodes run it (node/dirs.py sent by node.ship, by this
+    Python)."""
+    res = subprocess.run([sys.executable, "-", json.dumps(spec)], input=program("dirs"), capture_output=True,
                          text=True, timeout=60)
     assert res.returncode == 0, res.stderr
-    return json.loads(res.stdout)
+    return last(res.stdout)
 
 
 def test_directories_writable_with_room_or_one_line_naming_node_directory_and_fix(tmp_path):
@@ -329,7 +332,7 @@ def test_directories_writable_with_room_or_one_line_naming_node_directory_and_fi
 
 
 def test_data_not_prepared_for_the_task_is_one_line_with_the_command_that_makes_it(tmp_path, monkeypatch):
-    """issue 33, item 8: each way a node's data directory can fail the task, seen by the snippet as a node sees it,
+    """issue 33, item 8: each way a node's data directory can fail the task, seen by node/dirs.py as a node sees it,
     and the line: prepare-data with the --preset a directory named like one needs, or sync-data when this
     machine's ./data has it (sync-data sends ./data to the node's data_dir)."""
     from auralm.data import datadir
@@ -376,13 +379,13 @@ def test_data_not_prepared_for_the_task_is_one_line_with_the_command_that_makes_
 
 def test_unwritable_seen_as_the_node_user_sees_it(tmp_path, monkeypatch):
     """os.access as a user without write permission (root may write anywhere, so it is told no here)."""
-    ns: dict = {"__name__": "t"}
-    exec(storage.SNIPPET, ns)
+    from node import dirs
+
     real = os.access
     monkeypatch.setattr(os, "access", lambda p, mode: False if p == str(tmp_path) else real(p, mode))
     spec = {"workdir": str(tmp_path), "min_free": 1,
             "dirs": [{"kind": "run", "path": "runs/x"}, {"kind": "data", "path": "data/sudoku", "generate": True}]}
-    got = [d["problem"] for d in ns["check"](spec)["dirs"]]
+    got = [d["problem"] for d in dirs.check(spec)["dirs"]]
     assert got == [{"why": "unwritable", "at": str(tmp_path)}] * 2
 
 
