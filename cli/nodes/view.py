@@ -10,20 +10,24 @@ from rich.table import Table
 
 from cli.nodes.inventory import Inventory, Node
 from cli.nodes.remote import Session, for_each
+from node.lines import last
+from node.ship import program
 
 SHOWN = ("host", "user", "port", "python", "workdir", "data_dir", "nproc", "threads", "ifname", "identity_file", "known_hosts")
 
-# Run on each node by --check: who and where we are, and the node's Python.
+# Run on each node by --check: who and where we are; then the node's Python, asked through the node agent (its
+# probe without torch: node/probe.py, whose answer says the Python's version).
 CHECK_ARGV = ["sh", "-c", 'echo "$(uname -n) $(uname -s)"']
 
 
 def _check(session: Session) -> dict:
     res = session.run(CHECK_ARGV, timeout=15)
-    py = session.run_python("import sys; print(sys.version.split()[0])", timeout=15)
+    py = session.run_python(program("probe"), ["--no-torch"], timeout=15)
+    version = ((last(py.stdout) or {}).get("python") or {}).get("version") if py.ok else None
     return {
         "hostname": res.stdout.split()[0] if res.ok and res.stdout.split() else None,
-        "python_version": py.stdout.strip() if py.ok else None,
-        "python_error": None if py.ok else py.last_line(),
+        "python_version": version,
+        "python_error": None if version else py.last_line(),
     }
 
 
