@@ -14,8 +14,11 @@ A launch flows one way, each stage given the one object the previous stage made 
                             as a process); aside.py runs it and the link advice beside the rest
              prestart.py    on a Slurm allocation's nodes, torchrun started (held) while the preflight runs
              plan.py        each node's exact torchrun line and environment (the LaunchPlan, NodeLaunch); pure
-  run      run.py         the plan run on every node: jobs started, watched, stopped everywhere (psutil on the
-                          node); restarts from the last checkpoint; a failed rank named -> a RunResult
+  run      job.py         the whole job: attempt after attempt, restarts from the last checkpoint, the plan made
+                          again (a first launch's guess wrong on a node, a node gone or back: elastic.py, with
+                          min_nodes.py's rule) -> a RunResult; status.py: runs/<run-id>/status.json
+             run.py         one attempt: jobs started, watched, stopped everywhere (psutil on the node); a failed
+                            rank named
              log.py         the merged live log (and runs/<run-id>/<node>.log)
              lost.py        what a node that stopped answering shows: its link down, its processes frozen or gone
              oom.py         whether the OOM killer took a rank that died of SIGKILL (the job's memory cgroup's count)

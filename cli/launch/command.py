@@ -120,7 +120,7 @@ def plan_then_run(opts: LaunchOptions, console: Console, before_run=None) -> tup
     torch is cached for the next launch."""
     from cli.launch.node_facts import remember
     from cli.launch.prepare import prepare
-    from cli.launch.run import run
+    from cli.launch.job import run
 
     prep = prepare(opts, hold=True)
     if before_run:

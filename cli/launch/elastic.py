@@ -21,9 +21,10 @@ Under DiLoCo (``in_place``) the others are not restarted: their ranks find the s
 and finish the round without it (auralm/training/members.py); the launcher only notes the leave, keeps watching the
 others, and takes the node back as above. Work lost there: the lost node's round. torchrun's agents then wait at
 most EXIT_BARRIER_S at their end for one another (node/torchrun.py), since a node that left never comes.
-Default K: 1 under training.sync=diloco, every node otherwise (a lost node stops the run, as before).
+Default K: 1 under training.sync=diloco, every node otherwise (a lost node stops the run, as before): both read for
+the plan by cli/launch/min_nodes.py.
 
-Imports cli.nodes, cli.errors and auralm.training.config (no torch).
+Imports cli.nodes, cli.errors, the plan stage (min_nodes, options) and auralm.training.config (no torch).
 """
 
 from __future__ import annotations
@@ -34,36 +35,12 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from cli.errors import RemoteTimeout, UnreachableError
+from cli.launch.min_nodes import in_place, min_nodes
 from cli.launch.options import resume_latest
 from cli.nodes.inventory import Node
 from cli.nodes.remote import connect
 
 REJOIN_POLL_S = 3.0
-JOIN_CODE = 254  # run_once's result when a lost node is back: not a failure, the run re-forms with it
-EXIT_BARRIER_S = 10.0  # a rank's end waits for no other node: a short wait only delays the run's end
-
-
-def _leaves_in_place(t) -> bool:
-    """Whether the run's strategy lets a node leave while the others go on (its registration says: DiLoCo)."""
-    from auralm.parallel import strategy
-
-    return strategy.entry(t.sync, t.parallel).in_place
-
-
-def min_nodes(cfg, count: int) -> int:
-    """training.elastic.min_nodes of the trainer's reading of the overrides (``cfg``, LaunchOptions.trainer; None when
-    it refuses them, whose check says why: every node) (0: 1 under a strategy a node leaves in place, DiLoCo;
-    else every node)."""
-    if cfg is None:
-        return count
-    t = cfg.training
-    return min(count, t.elastic.min_nodes or (1 if _leaves_in_place(t) else count))
-
-
-def in_place(cfg, count: int) -> bool:
-    """Whether a node may leave a trainer run of ``count`` nodes without the others restarting (DiLoCo)."""
-    return count > 1 and cfg is not None and _leaves_in_place(cfg.training) and \
-        min(count, cfg.training.elastic.min_nodes or 1) < count
 
 
 def _clock(t: float) -> str:

@@ -23,7 +23,7 @@ from netcheck import MasterAddressError, check_master_port, master_address
 from cli.errors import HrmctlError, InventoryError
 from cli.nodes.inventory import Node
 from cli.launch import memory
-from cli.launch.elastic import EXIT_BARRIER_S, in_place
+from cli.launch.min_nodes import EXIT_BARRIER_S, in_place
 from cli.launch.node_facts import gather, remember
 from cli.launch.options import TRAINER, LaunchOptions
 from cli.launch.overrides import check_trainer_args

@@ -1,4 +1,5 @@
-"""Run a plan: torchrun on every node at once, watch them, and stop everything everywhere.
+"""One attempt of a plan: torchrun on every node at once, watch them, and stop everything everywhere (the attempts
+and restarts of a whole job: cli/launch/job.py).
 
 One stop: the first node whose job ends with a non-zero code, a node whose SSH connection or
 keep-alive is lost, Ctrl-C (SIGINT), SIGTERM, SIGHUP, or the output's reader gone (a pipe's reader
@@ -21,31 +22,22 @@ screen). Stopping is two-fold:
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import signal
-import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Callable
-
-from rich.console import Console
+from typing import Callable, Protocol
 
 from auralm.errors import BAD_INPUT_EXIT
+from cli.launch.plan import NodeLaunch
 from cli.launch.log import MergedLog, signal_name
 from cli.launch.lost import what_was_seen
 from cli.launch.oom import OomCounts
-from cli.launch.options import TRAINER
-from cli.launch.plan import LaunchPlan, NodeLaunch
-from cli.launch.elastic import JOIN_CODE, Members
 from cli.launch.save_stop import save_then_wait, saves_first
 from cli.nodes.remote import Job, Session, connect_all, for_each
-from cli.runs.states import RunState
-from node.torchrun import FACTS_DIFFER
 from node.lines import last
 from node.ship import program
+from node.torchrun import FACTS_DIFFER
 
 KEEPALIVE_S = 2.0
 HEARTBEAT_TIMEOUT_S = 8.0
@@ -53,6 +45,7 @@ SETTLE_S = 1.5  # after the hang-up, what the job's processes get to end by them
 TERM_GRACE_S = 3.0  # after the SIGTERM, before the SIGKILL
 POLL_S = 0.1
 LOST_CODE = 255
+JOIN_CODE = 254  # run_once's result when a node that left is back: not a failure, the run re-forms with it
 OUTPUT_GONE_CODE = 128 + signal.SIGPIPE  # 141: what a program killed by SIGPIPE (writing to a closed pipe) gives
 REPORT_WINDOW_S = 1.5
 
@@ -71,7 +64,18 @@ class RunResult:
     node_facts: dict[str, dict] = field(default_factory=dict)  # what nodes said of their torch (node/torchrun.py)
 
 
-class _Signals:
+class Membership(Protocol):
+    """What an attempt asks of a run whose nodes may leave and come back (training.elastic): the Members of
+    cli/launch/elastic.py, which the later stage makes and hands in."""
+
+    def returned(self) -> str | None:
+        """A node that left and answers again, if any."""
+
+    def leaves_in_place(self, name: str, lost: bool, why: str, log) -> bool:
+        """Whether node ``name`` leaves while the others' ranks go on without it (noted as left if so)."""
+
+
+class Signals:
     """Ctrl-C, SIGTERM and SIGHUP noted, not raised. An exception raised wherever the main thread
     happens to be can leave a lock held (one inside paramiko's Event.wait, say), and the stop after
     it would then wait on that lock for ever; so the wait loop looks at `got` every POLL_S instead.
@@ -82,7 +86,7 @@ class _Signals:
     def __init__(self) -> None:
         self.got: int | None = None
 
-    def __enter__(self) -> "_Signals":
+    def __enter__(self) -> "Signals":
         self.old = {s: signal.signal(s, self._note) for s in self.WATCHED}
         return self
 
@@ -98,7 +102,7 @@ class _Signals:
         return RunResult(128 + self.got, why, interrupted=True)
 
 
-def stop_asked(signals: _Signals, log: MergedLog) -> RunResult | None:
+def stop_asked(signals: Signals, log: MergedLog) -> RunResult | None:
     """A stop someone asked for: a signal (first), or the output's reader gone (taken as a closed terminal)."""
     if signals.got:
         return signals.result()
@@ -167,12 +171,12 @@ class _KeepAlive(threading.Thread):
         return time.monotonic() - self.last
 
 
-def run_once(plans: list[NodeLaunch], log: MergedLog, signals: _Signals, *, attempt: int = 1, after: str = "",
+def run_once(plans: list[NodeLaunch], log: MergedLog, signals: Signals, *, attempt: int = 1, after: str = "",
              accept_new_host_keys: bool = False, sessions: dict[str, Session] | None = None,
-             members: Members | None = None) -> RunResult:
+             members: Membership | None = None) -> RunResult:
     """Start every node's command, wait, and stop everything on the first failure or a stop asked for (see
     stop_asked). `sessions` (one per node, closed here) are the preflight's; without them, new ones are made.
-    ``members`` (cli/launch/elastic.py): a node that left the run and answers again (``members.returned()``): the
+    ``members`` (Membership): a node that left the run and answers again (``members.returned()``): the
     ranks save, and the job stops with JOIN_CODE, to be started again with it; a node that leaves a run whose ranks
     go on without it (``members.in_place``) is noted, and the others' jobs are left running."""
     t0 = time.monotonic()
@@ -224,9 +228,9 @@ def run_once(plans: list[NodeLaunch], log: MergedLog, signals: _Signals, *, atte
     return result
 
 
-def _watch(plans: list[NodeLaunch], log: MergedLog, signals: _Signals, jobs: dict[str, Job],
+def _watch(plans: list[NodeLaunch], log: MergedLog, signals: Signals, jobs: dict[str, Job],
            beats: dict[str, "_KeepAlive"], ooms: "OomCounts", seen: Callable[[NodeLaunch], str],
-           members: Members | None = None) -> RunResult:
+           members: Membership | None = None) -> RunResult:
     """Wait for every node's job: the first failure, lost node or stop asked for is the result. A lost node (no
     keep-alive reply for HEARTBEAT_TIMEOUT_S, or its job's connection broken) is named with what ``seen(plan)``
     finds there (cli/launch/lost.py: its link down, its processes frozen or gone). Under ``members.in_place`` a
@@ -348,174 +352,6 @@ def killed_by(who: str, node: str, signum: int, oom: bool = False) -> str:
                 f"training.grad_checkpoint=true)")
     hint = f" (out of memory? see `dmesg` on {node})" if signum == signal.SIGKILL else ""
     return f"{who} was killed by {signal_name(signum)}{hint}"
-
-
-# ---------------------------------------------------------------- the whole job: attempts and restarts
-
-
-def run(prep: LaunchPlan, console: Console, replan: Callable[[dict[str, dict]], LaunchPlan]) -> RunResult:
-    """Run the plan, restarting the whole job from its last checkpoint up to max_restarts times. ``replan(reported)``
-    makes the plan again (the command's prepare) from what the nodes reported, when a first launch's guessed facts
-    were wrong on a node. Ctrl-C, SIGTERM and SIGHUP are noted from here to the end (see _Signals): none of them
-    cuts the stop short. The result carries what the nodes reported (``node_facts``), for the facts' cache."""
-    opts = prep.options
-    run_dir = opts.runs_dir / prep.run_id
-    if opts.json_output:  # stdout is for the JSON document: the live log goes to stderr
-        console = Console(stderr=True)
-    log = MergedLog(console, run_dir, prep.plans, quiet=opts.quiet, on_result=opts.on_result,
-                    result_tag=opts.result_tag)
-    plans = prep.plans
-    result, attempt, error = None, 1, None
-    with _Signals() as signals:
-        status = started(run_dir, prep)
-        log.on_first_step = lambda: first_step(run_dir, status)
-        try:
-            log.note(f"run {prep.run_id}: {len(plans)} node(s), backend {prep.backend} ({prep.why}); logs in {run_dir}/")
-            attempt, replanned, after = 1, False, ""
-            members = Members.of(prep, clear_node) if opts.module == TRAINER else None  # training.elastic
-            if members:
-                log.note(members.said())
-                members.on_change = lambda: _members(run_dir, status, members)
-            ranks = {p.node.name: p.nproc for p in plans}
-            while True:
-                result = run_once(plans, log, signals, attempt=attempt, after=after,
-                                  accept_new_host_keys=opts.accept_new_host_keys,
-                                  sessions=prep.sessions, members=members)
-                prep.sessions = None  # closed by run_once
-                reported = result.node_facts = dict(log.node_facts)
-                regrouped = _regroup(members, result, opts, ranks, replan, log, lambda: _members(run_dir, status,
-                                                                                                  members))
-                if regrouped:  # a node left (min_nodes allows going on) or came back: the nodes present, resumed
-                    prep, plans = regrouped, regrouped.plans
-                    after = "{node} {event}".format(**members.events[-1])
-                    continue
-                if result.code == FACTS_DIFFER and result.failed_node in reported and not replanned:
-                    # a first launch's guess was wrong on that node (nothing ran there): plan again from
-                    # what it reported (now cached), once; this is not a restart
-                    log.note(f"planning again with {result.failed_node}'s answers")
-                    prep = replan(reported)
-                    plans, replanned = prep.plans, True
-                    log.note(f"backend {prep.backend} ({prep.why})")
-                    continue
-                if result.code == 0 or result.interrupted or attempt > opts.max_restarts:
-                    break
-                if result.no_restart:  # a stop a restart cannot fix: only crashes and lost nodes are restarted
-                    log.note(f"no restart ({attempt - 1} of {opts.max_restarts} made): {result.no_restart}")
-                    break
-                asked = stop_asked(signals, log)
-                if asked:  # asked while this attempt's failure was being stopped: no restart
-                    result.reason += f"; no restart ({asked.reason})"
-                    break
-                attempt += 1
-                log.note(f"{result.reason}; restart {attempt - 1} of {opts.max_restarts} from the last checkpoint")
-                if opts.module == TRAINER:  # same arguments (out_dir too), resuming from the run's last checkpoint
-                    plans = [p.resumed() for p in plans]
-            return result
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            if members:
-                members.close()
-            ended(run_dir, status, result, attempt, error)
-            log.close()
-
-
-def _regroup(members: Members | None, result: RunResult, opts, ranks: dict[str, int], replan, log: MergedLog,
-             record: Callable[[], None]) -> LaunchPlan | None:
-    """The plan for the nodes present now when a node left and min_nodes lets the run go on without it, or when a
-    node that left is back (cli/launch/elastic.py); None otherwise. ``record()`` writes the leave or join down."""
-    if members is None:
-        return None
-    if result.code == JOIN_CODE:
-        members.join(result.failed_node, log)
-    elif (result.code == LOST_CODE or result.killed) and members.can_go_on_without(result.failed_node):
-        members.leave(result.failed_node, result.reason, log)
-    else:
-        return None
-    record()
-    return members.plan_present(lambda now, args: replan(result.node_facts, now, args), opts.args, ranks, log, record)
-
-
-def _members(run_dir: Path, status: dict, members: Members) -> None:
-    status["members"] = list(members.events)
-    try:
-        _write_status(run_dir, status)
-    except OSError:
-        pass
-
-
-# ---------------------------------------------------------------- runs/<run-id>/status.json, for `hrmctl runs`
-
-STATUS_FILE = "status.json"  # read by cli/runs/catalog.py; the format is in docs/runs.md
-
-
-def _write_status(run_dir: Path, doc: dict) -> None:
-    tmp = run_dir / f".{STATUS_FILE}.{threading.get_ident()}.tmp"  # one per thread: first_step is a reader's
-    tmp.write_text(json.dumps(dict(doc), indent=2) + "\n")  # a copy: another thread may add a key meanwhile
-    os.replace(tmp, run_dir / STATUS_FILE)  # a reader sees the old document or the new one, never half of one
-
-
-def _trainer_dir(plan: NodeLaunch) -> str | None:
-    """Where rank 0 writes config.json and metrics.jsonl (its out_dir), when that is on this machine."""
-    if plan.node.reached_by == "ssh":  # a Slurm node shares this machine's files (the cluster's file system)
-        return None
-    out = None
-    for a in plan.argv[plan.argv.index("-m", 2) + 2:] if "-m" in plan.argv[2:] else []:
-        key, _, value = a.partition("=")
-        if key in ("out_dir", "checkpoint_path") and value:
-            out = value
-        elif key == "run_name" and value and out is None:
-            out = f"runs/{value}"
-    return str((Path(plan.cwd).expanduser() / out).resolve()) if out else None
-
-
-def started(run_dir: Path, prep: LaunchPlan) -> dict:
-    """status.json at the start: running, and who runs it (this process, on this host), so that a reader can tell a
-    live run from one whose launcher was killed before it could write the end."""
-    import psutil
-
-    doc = {"run_id": prep.run_id, "state": RunState.RUNNING, "started": round(time.time(), 3),
-           "host": socket.gethostname(), "pid": os.getpid(), "pid_started": psutil.Process().create_time(),
-           "module": prep.options.module, "nodes": [p.node.name for p in prep.plans],
-           "world": sum(p.nproc for p in prep.plans), "backend": prep.backend,
-           "trainer_dir": _trainer_dir(prep.plans[0]), "detached": prep.options.detached}
-    if prep.plans[0].node.slurm_job:  # inside a Slurm allocation: `hrmctl runs` and `stop` ask Slurm about it
-        doc["slurm_job"] = prep.plans[0].node.slurm_job
-    try:
-        _write_status(run_dir, doc)
-    except OSError:
-        pass  # the run itself matters more than its record
-    return doc
-
-
-def first_step(run_dir: Path, doc: dict) -> None:
-    """status.json once rank 0's first step is logged (`hrmctl train --detach` returns then: cli/launch/detach.py)."""
-    doc["first_step"] = round(time.time(), 3)
-    try:
-        _write_status(run_dir, doc)
-    except OSError:
-        pass
-
-
-def ended(run_dir: Path, doc: dict, result: RunResult | None, attempts: int, error: BaseException | None) -> None:
-    """status.json at the end: finished (every node exited 0), stopped (Ctrl-C, SIGTERM, SIGHUP) or failed."""
-    if isinstance(error, KeyboardInterrupt):
-        doc.update(state=RunState.STOPPED, exit_code=130, reason="interrupted (Ctrl-C)")
-    elif error is not None or result is None:
-        doc.update(state=RunState.FAILED, exit_code=None, reason=f"hrmctl failed: {type(error).__name__}: {error}"
-                   if error is not None else "hrmctl ended without a result")
-    else:
-        state = RunState.FINISHED if result.code == 0 else RunState.STOPPED if result.interrupted else RunState.FAILED
-        doc.update(state=state, exit_code=result.code, reason=result.reason, failed_node=result.failed_node,
-                   failed_rank=result.failed_rank, left_running=result.left_running)
-        if result.code and not result.interrupted and result.no_restart:
-            doc.update(no_restart=result.no_restart)
-    doc.update(ended=round(time.time(), 3), attempts=attempts)
-    try:
-        _write_status(run_dir, doc)
-    except OSError:
-        pass
 
 
 def stopped_where(result: RunResult) -> str:

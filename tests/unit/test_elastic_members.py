@@ -1,10 +1,11 @@
-"""cli/launch/elastic.py's pure parts: the default of training.elastic.min_nodes, who may leave, and the overrides of
-a restart with fewer ranks (the global batch kept by gradient accumulation). The leave and rejoin themselves run
-on real lab nodes: tests/cluster/test_elastic.py."""
+"""cli/launch/elastic.py's pure parts and cli/launch/min_nodes.py: the default of training.elastic.min_nodes, who may
+leave, and the overrides of a restart with fewer ranks (the global batch kept by gradient accumulation). The leave and
+rejoin themselves run on real lab nodes: tests/cluster/test_elastic.py."""
 
 from __future__ import annotations
 
-from cli.launch.elastic import Members, min_nodes
+from cli.launch.elastic import Members
+from cli.launch.min_nodes import min_nodes
 from cli.nodes.inventory import Node
 
 

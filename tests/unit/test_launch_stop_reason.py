@@ -13,7 +13,8 @@ from rich.console import Console
 from auralm import errors
 from cli.launch.log import MergedLog
 from cli.launch.plan import NodeFacts
-from cli.launch.run import RunResult, _failure, ended, summary_line
+from cli.launch.run import RunResult, _failure, summary_line
+from cli.launch.status import ended
 from cli.runs.catalog import load_run
 from tests.unit.test_launch_plan import FakeJob, node, plan
 

@@ -300,7 +300,8 @@ def test_curves_png_after_a_run_and_none_without_matplotlib(runs, tmp_path, monk
 
 def test_launcher_status_json(tmp_path):
     """What cli/launch writes at the start and the end of a run, and how the catalog reads it."""
-    from cli.launch.run import RunResult, ended, started
+    from cli.launch.run import RunResult
+    from cli.launch.status import ended, started
     from cli.runs.catalog import load_run
 
     from cli.nodes.inventory import local_node
