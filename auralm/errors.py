@@ -10,8 +10,8 @@ from typing import NoReturn
 
 # Under hrmctl (its launcher sets LAUNCHER_ENV on every node), a stop that a restart cannot fix (bad input, a run
 # that cannot learn, out of memory: exit status 2) is also printed after STOP_TAG, as JSON {"reason": the line
-# without its "error: ", "rank": n, "exit_code": 2}. The launcher (cli/launch/log.py) takes it as the run's reason and
-# does not restart the run; the tag's line goes to the node's log file, not to the screen.
+# without its "error: ", "rank": n, "exit_code": 2}. The launcher (cli/launch/run/log.py) takes it as the run's reason
+# and does not restart the run; the tag's line goes to the node's log file, not to the screen.
 STOP_TAG = "auralm-stop: "
 LAUNCHER_ENV = "HRMCTL_JOB"
 BAD_INPUT_EXIT = 2

@@ -1,5 +1,5 @@
 """A node lost during a two-node DDP (or DiLoCo: --sync diloco) run, and back later: hrmctl's leave and rejoin (`training.elastic.min_nodes=1`,
-cli/launch/elastic.py) side by side with torchrun's own elastic mode (`--nnodes=1:2 --rdzv-backend=c10d
+cli/launch/supervise/elastic.py) side by side with torchrun's own elastic mode (`--nnodes=1:2 --rdzv-backend=c10d
 --max-restarts=5`, started by hand on each node), on the same lab nodes, with the same run and the same fault, made
 right after the run's checkpoint at step 50 (FAULTS):
 

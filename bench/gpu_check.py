@@ -19,7 +19,7 @@ left is reported as not run (a failure: it was not verified). The checks, in ord
   fsdp        FSDP on one device: auralm.parallel.fsdp.shard (FSDP2, bf16 compute, and with CPU offload) in an NCCL
               process group of one against an unsharded copy; then the trainer with training.parallel=fsdp, its
               sharded (DCP) checkpoint written and resumed
-  memory      the launcher's memory estimate (`python -m auralm.planning.sizing --json`, what cli/launch/memory.py
+  memory      the launcher's memory estimate (`python -m auralm.planning.sizing --json`, what cli/launch/plan/memory.py
               runs) against the peak the trainer measured (torch.cuda.max_memory_allocated: cuda_peak_gb in its
               metrics), fp32: within the factor of 1.5 the estimate claims
   doctor      `hrmctl doctor --nodes localhost`: exit 0, the gpu row names this GPU, the backend is NCCL

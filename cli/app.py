@@ -286,7 +286,7 @@ def test_ddp_cmd(
     and the suggestion (ddp, the bf16 hook, or diloco with an H), saved for `hrmctl train`.
     Exit 1 on a wrong result."""
     from cli.launch.command import DDP_CHECK, ddp_check_args, test_ddp
-    from cli.launch.options import launch_options
+    from cli.launch.plan.options import launch_options
 
     args = ddp_check_args(min_size=min_size, max_size=max_size, seconds=seconds, soak=soak, no_bandwidth=no_bandwidth,
                           overrides=overrides)
@@ -334,7 +334,7 @@ def train_cmd(
     Trainer overrides follow the options: `hrmctl train --nodes node0,node1 model=hrm-tiny training.max_steps=200`.
     With no overrides it trains the embedded default (TRM on generated sudoku puzzles)."""
     from cli.launch.command import train
-    from cli.launch.options import launch_options
+    from cli.launch.plan.options import launch_options
 
     if detach:
         if dry_run:
@@ -343,7 +343,7 @@ def train_cmd(
             raise HrmctlError("--detach with --slurm: a submitted run never holds this terminal; drop --detach")
         from pathlib import Path
 
-        from cli.launch.detach import detach as start_detached
+        from cli.launch.supervise.detach import detach as start_detached
 
         return start_detached(_argv, run_id, Path("runs"), out, err, as_json=json)
     request = None
@@ -501,7 +501,7 @@ def _reader_went(stdout_was: tuple[int, int] | None) -> bool:
     """After a SystemExit(1): was it click's or rich's answer to a reader gone (EPIPE)? click wraps the streams in
     PacifyFlushWrapper, rich points stdout at /dev/null; either way nobody reads the output any more."""
     from click.utils import PacifyFlushWrapper
-    from cli.launch.log import reader_gone
+    from cli.launch.run.log import reader_gone
 
     return (isinstance(sys.stdout, PacifyFlushWrapper) or isinstance(sys.stderr, PacifyFlushWrapper)
             or _file_id(1) != stdout_was or reader_gone(sys.stdout))
@@ -514,11 +514,11 @@ def run() -> None:
     except SystemExit as exc:  # the reader gone before the run (preflight, --dry-run, --help into `head -1`)
         if exc.code != 1 or not _reader_went(stdout_was):
             raise
-        from cli.launch.log import to_devnull
+        from cli.launch.run.log import to_devnull
 
         for stream in (sys.__stdout__, sys.__stderr__):  # the last flushes go nowhere, not into a traceback
             to_devnull(stream)
-        code = 128 + signal.SIGPIPE  # 141, as a run whose reader goes (cli.launch.run.OUTPUT_GONE_CODE)
+        code = 128 + signal.SIGPIPE  # 141, as a run whose reader goes (cli.launch.run.attempt.OUTPUT_GONE_CODE)
     if _quick_exit:
         from cli.fast_start import quick_exit
         quick_exit(code)  # about 90 ms less than the interpreter's own teardown

@@ -20,7 +20,7 @@ class InventoryError(HrmctlError):
 
 class RemoteError(HrmctlError):
     """A node could not be reached or a command on it could not be run. The message begins with the node's name
-    and a colon (cli/launch/elastic.py reads which node it was from there)."""
+    and a colon (cli/launch/supervise/elastic.py reads which node it was from there)."""
 
     exit_code = 3
 

@@ -19,7 +19,7 @@ unbuffered as ``-u`` makes them, the signal handlers a new interpreter starts wi
 open files (each replaced by /dev/null, so an object of the agent's that closes its descriptor later closes nothing
 of the rank's), and its command line (``ps``, `hrmctl top`) rewritten to the rank's own. /proc/<pid>/environ still
 shows the agent's environment: what reads a rank's rank finds it in its progress file (node/sampler.py), and a stop
-finds ranks as the children of torchrun's agent (cli/launch/save_stop.py).
+finds ranks as the children of torchrun's agent (cli/launch/run/save_stop.py).
 
 Standard library and torch only, and importable alone (the lab nodes' venv has a copy of it, not the checkout).
 """

@@ -8,14 +8,14 @@ package, sent to a node's Python as source by one function (ship.program), one d
     setup.py          `hrmctl setup`'s node side: facts, install (a venv beside the old one), finish; cli/setup/run.py
     sync_receiver.py  `hrmctl sync-data`'s node side: scan, mkdirs, put, finalize, space; cli/sync/send.py
     sampler.py        `hrmctl top`'s node side: one JSON line per interval; cli/top/watch.py
-    free_port.py      a port the master can listen on for torchrun's store; cli/launch/prepare.py
+    free_port.py      a port the master can listen on for torchrun's store; cli/launch/preflight/prepare.py
     dirs.py           the trainer's data and run directories on a node before a launch: there, readable or writable,
-                      with room, the data prepared for the task; psutil present; cli/launch/storage.py
-    jobs.py           a run's processes on the node, by their tag: their states (cli/launch/lost.py), their stop
-                      (cli/launch/run.py), SIGUSR1 to its ranks (cli/launch/save_stop.py)
+                      with room, the data prepared for the task; psutil present; cli/launch/preflight/storage.py
+    jobs.py           a run's processes on the node, by their tag: their states (cli/launch/run/lost.py), their stop
+                      (cli/launch/run/attempt.py), SIGUSR1 to its ranks (cli/launch/run/save_stop.py)
     torchrun.py       torchrun on a node, in place of `python -m torch.distributed.run` (a first launch's guess checked,
                       a shorter exit barrier, a cheaper end; torch imported in its main): run from the node's checkout
-                      (`python -m node torchrun ...`, the plan's argv: cli/launch/plan.py), not sent
+                      (`python -m node torchrun ...`, the plan's argv: cli/launch/plan/plan.py), not sent
     cgroups.py        what a process may use of its machine (CPUs, memory, the OOM killer's count): read by the probe
                       and by the trainer's batch_size=auto on the node
     lines.py          the protocol: text lines, every answer one JSON object; the clients decode with it too

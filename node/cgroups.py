@@ -87,7 +87,7 @@ def oom_kills(root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/self/cgrou
     cgroup, or the nearest of its ancestors whose count is readable (cgroup v1 ``memory.oom_control`` counts its own
     group's kills, v2 ``memory.events`` its group's and those below); else, or with ``machine``, the machine's
     (``oom_kill`` in /proc/vmstat, Linux 4.13 and later); None when nothing is readable. A process of another
-    group (another user's session, another container) is not in the group's count (cli/launch/oom.py)."""
+    group (another user's session, another container) is not in the group's count (cli/launch/run/oom.py)."""
     places = [] if machine else [os.path.join(group, "memory.oom_control" if v1 else "memory.events")
                                  for group, v1 in cgroup_dirs("memory", root, proc_cgroup)]
     for path in places + [vmstat]:

@@ -7,7 +7,7 @@ from the workdir) and its problem, None or ``{"why": "unwritable" | "unreadable"
 "free": bytes]}``, or for data not prepared for the task ``{"why": "nodata" | "notprepared" | "form" | "task" |
 "files", "at": path[, "found": what meta.json says]}``; a data directory also gets "vocab" (its tokenizer's, or None)
 and "base_resolved". psutil: whether the node's Python has it (the launcher's stop and the trainer's memory figure
-use it). Nothing is written. Client: cli/launch/storage.py, which also calls these functions on this
+use it). Nothing is written. Client: cli/launch/preflight/storage.py, which also calls these functions on this
 machine (its own log directory, a data directory here).
 """
 

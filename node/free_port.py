@@ -4,7 +4,7 @@
 The first of the given ports it can bind (as the TCPStore binds it); with none given, one of 20 picked at random
 below the machine's ephemeral range and outside torchrun's defaults (``--avoid`` them), else any. Not an ephemeral one
 first: between this choice and torchrun's listen, an outgoing connection of any process may take it as its own port
-(EADDRINUSE, seen in CI). Client: cli/launch/prepare.py.
+(EADDRINUSE, seen in CI). Client: cli/launch/preflight/prepare.py.
 """
 
 import random

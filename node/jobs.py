@@ -4,12 +4,12 @@
 that runs torchrun has it), imported when a command runs.
 
 - states: what the lost-node check saw of the job (running, stopped by SIGSTOP as on a sleeping machine, gone);
-  client: cli/launch/lost.py;
+  client: cli/launch/run/lost.py;
 - stop: ``SETTLE`` seconds (default 0) for the processes to end by themselves (they have just been hung up: a second
   signal in the middle of torchrun's own stop makes it print tracebacks), then SIGTERM, then SIGKILL after ``GRACE``
-  seconds to what is left and to what the job started meanwhile; client: cli/launch/run.py;
+  seconds to what is left and to what the job started meanwhile; client: cli/launch/run/attempt.py;
 - ranks: SIGUSR1 to every rank of the job (the children of its torchrun agent: save a checkpoint, then stop);
-  client: cli/launch/save_stop.py.
+  client: cli/launch/run/save_stop.py.
 """
 
 import os

@@ -496,7 +496,7 @@ def _git(workdir: str, *args: str) -> str | None:
 def project_facts(workdir: str | None) -> dict:
     from importlib import metadata
     versions = {}
-    # wandb, tensorboard: what logging.* asks of rank 0's node, checked before launch (cli/launch/prepare.py)
+    # wandb, tensorboard: what logging.* asks of rank 0's node, checked before launch (cli/launch/preflight/prepare.py)
     for dist in ("torch", "transformers", "datasets", "tokenizers", "numpy", "paramiko", "hrmctl", "wandb", "tensorboard"):
         try:
             versions[dist] = metadata.version(dist)

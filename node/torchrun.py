@@ -17,7 +17,7 @@ FACTS_DIFFER before anything else starts, and the launcher plans again from the 
 
     python -m node torchrun --expect '{"gpus": 0, "nccl": false, "libuv_ok": true}' -- <torchrun args>
 
-With ``--held stdin`` (a Slurm allocation's nodes: cli/launch/prestart.py), it is started before the launch is
+With ``--held stdin`` (a Slurm allocation's nodes: cli/launch/preflight/prestart.py), it is started before the launch is
 planned: it imports torchrun while the launcher's preflight runs, then reads torchrun's arguments and the node's
 environment as one JSON line on its standard input ({"argv": [...], "env": {...}}, and "own": this module's other
 options, such as --expect, when the plan gave some), or ends at once if the input ends first (the preflight

@@ -63,7 +63,7 @@ def own_cache(tmp_path_factory):
     names that every lab shares."""
     if "HRMCTL_CACHE" in os.environ:
         return
-    from cli.launch.memory import SIZING_CACHE_NAME
+    from cli.launch.plan.memory import SIZING_CACHE_NAME
 
     cache = tmp_path_factory.mktemp("hrmctl-cache")
     (DATA_CACHE / "wheels").mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,7 @@ YAML files, the HRM distributed launcher's ``--options``, AuraLM's ``train_gpt2_
 ``hrmctl train`` (``--dry-run``) or of ``hrmctl prepare-data`` (``command="prepare-data"``: ``--max-tokens``, or
 ``SOURCE``, its positional argument), accepted as it is (``accepted``: what hrmctl does anyway, said), or nothing
 (then ``note`` says what to do instead). The trainer's config (auralm.training.config) takes the key spellings as
-aliases; ``hrmctl train`` takes the option spellings (cli/launch/guide_options.py), ``hrmctl prepare-data`` its own
+aliases; ``hrmctl train`` takes the option spellings (cli/launch/plan/guide_options.py), ``hrmctl prepare-data`` its own
 (cli/tools/prepare_data.py, before its options are parsed); all of them name their nearest row in a "did you mean"
 (:func:`suggest`). docs/guides.md is this table, per guide, with the lines it comes from.
 """

@@ -26,7 +26,7 @@ class Sharded(Single):
     option = "parallel"
     several_ranks = True
     sharded_checkpoints = True
-    shards_states = True  # over the ranks, for the memory preflight (cli/launch/memory.py)
+    shards_states = True  # over the ranks, for the memory preflight (cli/launch/plan/memory.py)
     waits = "every DDP step waits for the slowest"  # as the link budget says it of DDP: every step is collective
 
     def __init__(self, cfg, d):

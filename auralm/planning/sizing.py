@@ -48,8 +48,9 @@ def blocks_in_graph(task: str, arch: dict) -> int:
 
 
 def inputs(cfg: config.Config, vocab: int | None = None) -> dict:
-    """All that estimate() and summary() read of a config: what the launcher keys its cache of estimates by (cli/launch/memory.py),
-    so that overrides which change nothing here (steps, intervals, paths, rates) reuse an estimate. Cheap: no torch."""
+    """All that estimate() and summary() read of a config: what the launcher keys its cache of estimates by
+    (cli/launch/plan/memory.py), so that overrides which change nothing here (steps, intervals, paths, rates) reuse an
+    estimate. Cheap: no torch."""
     t = cfg.training
     return {"task": cfg.task, "name": cfg.model.name, "arch": config.resolved_model(cfg.model), "vocab": vocab,
             "batch_size": t.batch_size, "grad_checkpoint": bool(t.grad_checkpoint), "ema": bool(t.ema),

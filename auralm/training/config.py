@@ -74,8 +74,8 @@ class ModelConfig:
 
 @dataclass
 class ElasticConfig:
-    """A node that stops answering during a run (cli/launch/min_nodes.py and cli/launch/elastic.py read this; the
-    trainer only checks it)."""
+    """A node that stops answering during a run (cli/launch/plan/min_nodes.py and cli/launch/supervise/elastic.py read
+    this; the trainer only checks it)."""
     # the nodes a run goes on with when one is lost: 0 means 1 under training.sync=diloco and every node otherwise
     # (a lost node stops the run); the launcher restarts the others from the last checkpoint, and the lost node
     # again once it answers

@@ -13,8 +13,8 @@ left take no part), and ``wait`` returns False: the caller sends its collective 
 collective whose works are done on this rank counts as done only once every rank present has said so in the store:
 a rank that leaves in its last moments can leave it done on one rank and not on another, and the first must not go on
 while the second sends it again (whichever is written first, "done" or "again", holds for every rank). The
-master's ranks never leave (the store and the checkpoints are there); the launcher (cli/launch/elastic.py) starts
-a node that left again when it answers, and the whole run then resumes together.
+master's ranks never leave (the store and the checkpoints are there); the launcher (cli/launch/supervise/elastic.py)
+starts a node that left again when it answers, and the whole run then resumes together.
 
 Imports torch only.
 """

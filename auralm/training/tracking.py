@@ -91,7 +91,7 @@ MODULES = {"tensorboard": "torch.utils.tensorboard", "wandb": "wandb"}  # the pa
 
 def packages(logging) -> list[tuple[str, str]]:
     """What ``cfg.logging`` needs on rank 0's node, as (the key that asks for it, the package): checked by hrmctl's
-    preflight against the master's probe (cli/launch/prepare.py), before launch; imported by ``plan``."""
+    preflight against the master's probe (cli/launch/preflight/prepare.py), before launch; imported by ``plan``."""
     asked = {"tensorboard": ("logging.tensorboard=true", logging.tensorboard),
              "wandb": ("logging.wandb.project", bool(logging.wandb.project))}
     return [(key, pkg) for pkg, (key, on) in asked.items() if on]

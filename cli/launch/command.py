@@ -1,6 +1,7 @@
 """The bodies of `hrmctl train` and `hrmctl test-ddp` (cli/app.py parses the options into one LaunchOptions,
-cli/launch/options.py): the command's own reading of the overrides, then the stages in order, each given the
-previous one's result: prepare (a LaunchPlan) -> run (a RunResult) -> report."""
+cli/launch/plan/options.py): the command's own reading of the overrides, then the stages in order, each given the
+previous one's result: plan (LaunchOptions read, the overrides checked) -> preflight (prepare: a LaunchPlan) -> run and
+supervise (job.run: a RunResult) -> report (supervise/report.py)."""
 
 from __future__ import annotations
 
@@ -15,16 +16,16 @@ from rich.markup import escape
 from auralm.models import guide_spellings
 from auralm.training.config import split_global_batch
 from cli.errors import HrmctlError
-from cli.launch import guide_options, link_cache
-from cli.launch.options import TRAINER, LaunchOptions
-from cli.launch.overrides import check_trainer_args, expand_config_files
+from cli.launch.plan import guide_options, link_cache
+from cli.launch.plan.options import TRAINER, LaunchOptions
+from cli.launch.plan.overrides import check_trainer_args, expand_config_files
 
 if TYPE_CHECKING:
-    from cli.launch.plan import LaunchPlan
-    from cli.launch.run import RunResult
+    from cli.launch.plan.plan import LaunchPlan
+    from cli.launch.run.attempt import RunResult
 
-# The stages (prepare, run, report) are imported where they are called: a run sent to Slurm (_submit) needs none
-# of them, and loading them cost its submission 0.1 s before sbatch (bench/slurm.py).
+# The later stages (preflight, run, supervise) are imported where they are called: a run sent to Slurm (_submit) needs
+# none of them, and loading them cost its submission 0.1 s before sbatch (bench/slurm.py).
 
 DDP_CHECK = "auralm.planning.ddp_check"
 RESULT_TAG = "HRMCTL_RESULT "
@@ -100,10 +101,10 @@ def _sync_data(opts: LaunchOptions, console: Console) -> None:
 
 def _dry_run(opts: LaunchOptions, as_json: bool, console: Console, err: Console | None = None,
              advice: link_cache.Advice | None = None, choice: str = "") -> int:
-    from cli.launch import report
-    from cli.launch.memory import model_size
-    from cli.launch.prepare import prepare
-    from cli.launch.timing import start as run_time, summary as time_summary
+    from cli.launch.supervise import report
+    from cli.launch.plan.memory import model_size
+    from cli.launch.preflight.prepare import prepare
+    from cli.launch.plan.timing import start as run_time, summary as time_summary
 
     prep = prepare(opts)
     timing = run_time(opts, prep.world)  # the run's time, timed on this machine beside the size estimate
@@ -118,9 +119,9 @@ def plan_then_run(opts: LaunchOptions, console: Console, before_run=None) -> tup
     The run may ask for the plan again, once, when a first launch's guessed facts were wrong on a node.
     ``before_run()`` is called between the two (train's warning about the link). What the nodes reported of their
     torch is cached for the next launch."""
-    from cli.launch.node_facts import remember
-    from cli.launch.prepare import prepare
-    from cli.launch.job import run
+    from cli.launch.preflight.node_facts import remember
+    from cli.launch.preflight.prepare import prepare
+    from cli.launch.supervise.job import run
 
     prep = prepare(opts, hold=True)
     if before_run:
@@ -169,7 +170,7 @@ def train(opts: LaunchOptions, *, sync_data: bool, as_json: bool, console: Conso
     def before_run() -> None:
         link[0] = link_cache.warn(advice, err)
 
-    from cli.launch import report
+    from cli.launch.supervise import report
 
     prep, result = plan_then_run(opts, console, before_run)
     code = report.finish(result, prep, as_json, console, err, extra={"link": link[0]})
@@ -180,7 +181,7 @@ def train(opts: LaunchOptions, *, sync_data: bool, as_json: bool, console: Conso
 
 
 def _submit(opts: LaunchOptions, request, as_json: bool, console: Console) -> int:
-    from cli.launch.prepare import new_run_id
+    from cli.launch.preflight.prepare import new_run_id
     from cli.slurm.submit import submit, train_args
 
     run_id = opts.run_id or new_run_id()
@@ -211,12 +212,12 @@ def test_ddp(opts: LaunchOptions, *, overrides: list[str] | None = None, as_json
         except ValueError:
             pass
 
-    from cli.launch import report
+    from cli.launch.supervise import report
 
     opts.result_tag, opts.on_result, opts.quiet, opts.json_output = RESULT_TAG, on_result, as_json, as_json
     prep, result = plan_then_run(opts, console)
     if results and not as_json:
-        from cli.launch.ddp_report import show
+        from cli.launch.supervise.ddp_report import show
         show(results[-1], console)
     found = results[-1] if results else None
     if found is not None and not found.get("ok") and result.code == 0:

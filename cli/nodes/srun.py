@@ -15,9 +15,9 @@ the batch job already holds that node. What trains (`start`) is always a step of
 signals and accounts for it as for the other nodes'.
 
 A command may also be started ahead of its arguments (`hold`): a step whose process reads them as one JSON line on
-its standard input once they are known, or ends at its end (cli/launch/prestart.py holds torchrun that way while the
-preflight runs). The next `start` that the holder accepts is given to it instead of a new step; `close` ends one
-never given. A session made before the launch's (the batch job's first act, cli/slurm/job.py) can `hand_over` what
+its standard input once they are known, or ends at its end (cli/launch/preflight/prestart.py holds torchrun that way
+while the preflight runs). The next `start` that the holder accepts is given to it instead of a new step; `close` ends
+one never given. A session made before the launch's (the batch job's first act, cli/slurm/job.py) can `hand_over` what
 it holds: the session made for that node later takes it over.
 """
 

@@ -38,7 +38,7 @@ from cli.errors import HrmctlError
 from cli.runs.states import ACTIVE, ENDED, RunState
 
 RUNS_DIR = "runs"
-STATUS_FILE = "status.json"  # written by cli/launch/status.py (started, ended)
+STATUS_FILE = "status.json"  # written by cli/launch/supervise/status.py (started, ended)
 RECENT_S = 120.0
 RUN_ID_TIME = re.compile(r"^(\d{8}-\d{6})")  # hrmctl's and the trainer's own run names begin with the start time
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")

@@ -5,8 +5,8 @@ attach  the last lines of the merged log, then every new one until the run ends 
         the launcher's own last line; the exit code is the run's (status.json). Ctrl-C detaches: the run goes on.
 stop    SIGTERM to the run's launcher (status.json's pid, checked with its start time so that a later process given
         the same pid is never signalled). The launcher stops the job on every node as for any SIGTERM
-        (cli/launch/run.py: hang-up, then every process tagged with the job, SIGTERM, SIGKILL) and records the end;
-        stop waits for that record and says what it found: every node stopped, or where the stop was not confirmed.
+        (cli/launch/run/attempt.py: hang-up, then every process tagged with the job, SIGTERM, SIGKILL) and records the
+        end; stop waits for that record and says what it found: every node stopped, or where the stop was not confirmed.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from cli.runs.states import ACTIVE, RunState
 
 ATTACH_LINES = 20  # of the merged log, before the new ones
 STOP_WAIT_S = 60.0  # the launcher's own stop takes seconds (a 1.5 s settle, a 3 s grace, 2 s for the last lines)
-SUPERVISOR_ERR = "supervisor.err"  # cli/launch/detach.py's: where a detached launcher's last line is
+SUPERVISOR_ERR = "supervisor.err"  # cli/launch/supervise/detach.py's: where a detached launcher's last line is
 
 
 def _ending(run_path: Path) -> tuple[str, int]:

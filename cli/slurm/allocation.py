@@ -1,5 +1,5 @@
-"""Inside a Slurm allocation: its nodes, as the launch's nodes (cli/launch/options.py takes them when --nodes is not
-given and SLURM_JOB_ID is set). Each is reached with srun (cli/nodes/srun.py), runs this same Python from this same
+"""Inside a Slurm allocation: its nodes, as the launch's nodes (cli/launch/plan/options.py takes them when --nodes is
+not given and SLURM_JOB_ID is set). Each is reached with srun (cli/nodes/srun.py), runs this same Python from this same
 directory (the cluster's shared file system), and gets one process per GPU Slurm gave it (else one); the first
 node is the master, its address Slurm's NodeAddr."""
 

@@ -16,7 +16,7 @@ import argparse
 import sys
 
 from cli.errors import HrmctlError
-from cli.launch.options import TRAINER
+from cli.launch.plan.options import TRAINER
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         hold_first(args.run_id)
         from cli.launch.command import train
-        from cli.launch.options import launch_options
+        from cli.launch.plan.options import launch_options
 
         opts = launch_options(inventory=None, nodes=None, env=args.env, reprobe=False, master_port=args.master_port,
                               nproc=args.nproc, backend=args.backend, run_id=args.run_id, module=args.module,
@@ -56,9 +56,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def hold_first(run_id: str) -> None:
-    """torchrun held on every node of the allocation before anything else runs here (cli/launch/prestart.py): its
-    `import torch` starts as early as a hand-written script's srun would start it."""
-    from cli.launch.prestart import hold_ahead
+    """torchrun held on every node of the allocation before anything else runs here (cli/launch/preflight/prestart.py):
+    its `import torch` starts as early as a hand-written script's srun would start it."""
+    from cli.launch.preflight.prestart import hold_ahead
     from cli.slurm.allocation import allocation_id, allocation_nodes
 
     job = allocation_id()

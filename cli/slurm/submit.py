@@ -8,7 +8,7 @@ start training the same way.
 
 Time limits: the script asks Slurm for SIGUSR1 to the batch shell (hrmctl, which `exec` made it) SIGNAL_S before
 the limit (`--signal=B:USR1@...`) and may be requeued (`--requeue`). On that signal hrmctl has every rank save a
-checkpoint at a step they agree on (cli/launch/save_stop.py), stops the job and requeues it (`scontrol requeue`);
+checkpoint at a step they agree on (cli/launch/run/save_stop.py), stops the job and requeues it (`scontrol requeue`);
 on `scontrol requeue`, scancel or preemption Slurm sends SIGTERM to every process of the job, and the ranks save
 the same way. A requeued start (SLURM_RESTART_COUNT > 0) resumes from the run's last checkpoint (resume=latest).
 
@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from cli.errors import HrmctlError
-from cli.launch.options import TRAINER
+from cli.launch.plan.options import TRAINER
 from cli.slurm.allocation import slurm
 
 SCRIPT_NAME = "slurm.sbatch"

@@ -1,5 +1,5 @@
 """A node that drops off during a real two-node DDP run and comes back (training.elastic.min_nodes=1,
-cli/launch/elastic.py), three times in one run: its link cut (every packet in and out of node1 dropped) for
+cli/launch/supervise/elastic.py), three times in one run: its link cut (every packet in and out of node1 dropped) for
 LINK_DOWN_S, then restored; every process of its user killed (SIGKILL); the whole node asleep for ASLEEP_S (SIGSTOP
 to every process of its namespace, sshd too), then woken. Each time node1 is named (link and sleep: within 30 s),
 node0 goes on alone from the last checkpoint (step lines keep coming), node1 rejoins once it answers (node0's rank

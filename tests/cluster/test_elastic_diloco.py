@@ -1,5 +1,5 @@
 """A node that sleeps, is killed or is cut off during a real DiLoCo run (training.sync=diloco, whose default
-training.elastic.min_nodes is 1: cli/launch/elastic.py, auralm/training/members.py): the ranks present find it
+training.elastic.min_nodes is 1: cli/launch/supervise/elastic.py, auralm/training/members.py): the ranks present find it
 silent at the round's all-reduce and go on in the launch they are in, not restarted; it rejoins once it answers.
 Each of issue 36's faults in turn, on two nodes and on three. The same faults under DDP: tests/cluster/test_elastic.py
 (scripts/test.sh runs each test of both files beside the first phase, on a lab of its own)."""

@@ -218,7 +218,7 @@ def test_rejected_trainer_override_found_before_anything_starts(lab3, hrmctl, tm
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "runs").exists()
 
 
-# a fault made on node1: how hrmctl must say it noticed, and what it saw there (cli/launch/lost.py)
+# a fault made on node1: how hrmctl must say it noticed, and what it saw there (cli/launch/run/lost.py)
 LOST_FAULTS = {"link-down": ("no SSH keep-alive reply for ", "its link is down (no answer from "),
                "sigstop": ("no SSH keep-alive reply for ", "its processes are frozen (")}
 

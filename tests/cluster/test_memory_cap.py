@@ -149,11 +149,11 @@ def test_a_model_too_large_for_two_capped_nodes_under_ddp_trains_under_fsdp(lab3
 
 
 def test_an_oom_kill_elsewhere_on_the_machine_is_not_counted_as_the_jobs(tmp_path):
-    """cli.launch.oom reads the OOM-kill count of the memory cgroup its command runs in (where the job runs), not the
-    machine's: a process OOM-killed in another group (its memory capped: the kernel's real OOM killer) raises
+    """cli.launch.run.oom reads the OOM-kill count of the memory cgroup its command runs in (where the job runs), not
+    the machine's: a process OOM-killed in another group (its memory capped: the kernel's real OOM killer) raises
     /proc/vmstat's count and that group's, and leaves the first group's as it was. Two cgroup v1 memory groups of
     this machine; LocalSession runs the count as a job's node would, from inside each."""
-    from cli.launch.oom import oom_kill_count
+    from cli.launch.run.oom import oom_kill_count
     from cli.nodes.inventory import Node
     from cli.nodes.remote import LocalSession
     from lab.nodes import CGROUP_ROOT, MEMORY_CONTROLLER

@@ -252,7 +252,7 @@ def test_train_dry_run_estimates_the_batch_that_fits_each_node(tmp_path):
 
 
 def test_a_rank_killed_while_the_nodes_oom_kill_count_grew_is_said_to_have_run_out_of_memory():
-    from cli.launch.run import killed_by
+    from cli.launch.run.attempt import killed_by
 
     assert killed_by("rank 0 on node1", "node1", 9, oom=True) == (
         "rank 0 on node1 was killed by SIGKILL: node1 ran out of memory (the kernel's OOM killer; lower "

@@ -8,7 +8,7 @@ import json
 import sys
 
 from cli.app import main
-from cli.launch.detach import supervisor_argv
+from cli.launch.supervise.detach import supervisor_argv
 from cli.runs.control import attach, stop
 
 

@@ -124,12 +124,13 @@ def test_doctor_on_this_machine_fails_a_torch_still_importing_naming_the_timeout
 
 
 def test_the_launchers_preflight_says_a_torch_still_importing_and_its_fix(tmp_path, monkeypatch):
-    """`hrmctl train`'s preflight probe (cli/launch/node_facts.py) answers within its window too: a node whose torch is
-    still importing then is one line naming the node, the seconds and the fix, not a timeout that loses the probe."""
+    """`hrmctl train`'s preflight probe (cli/launch/preflight/node_facts.py) answers within its window too: a node whose
+    torch is still importing then is one line naming the node, the seconds and the fix, not a timeout that loses the
+    probe."""
     from dataclasses import replace
 
     from cli.errors import HrmctlError
-    from cli.launch import node_facts
+    from cli.launch.preflight import node_facts
     from cli.nodes.inventory import local_node
     from cli.nodes.remote import LocalSession
 

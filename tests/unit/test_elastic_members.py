@@ -1,11 +1,11 @@
-"""cli/launch/elastic.py's pure parts and cli/launch/min_nodes.py: the default of training.elastic.min_nodes, who may
-leave, and the overrides of a restart with fewer ranks (the global batch kept by gradient accumulation). The leave and
-rejoin themselves run on real lab nodes: tests/cluster/test_elastic.py."""
+"""cli/launch/supervise/elastic.py's pure parts and cli/launch/plan/min_nodes.py: the default of
+training.elastic.min_nodes, who may leave, and the overrides of a restart with fewer ranks (the global batch kept by
+gradient accumulation). The leave and rejoin themselves run on real lab nodes: tests/cluster/test_elastic.py."""
 
 from __future__ import annotations
 
-from cli.launch.elastic import Members
-from cli.launch.min_nodes import min_nodes
+from cli.launch.plan.min_nodes import min_nodes
+from cli.launch.supervise.elastic import Members
 from cli.nodes.inventory import Node
 
 
@@ -89,6 +89,6 @@ def test_a_node_lost_again_while_the_run_is_planned_again_leaves_and_the_plan_is
 
 def _trainer(args: list[str]):
     """The trainer's reading of ``args`` as a launch gives it to the stages (None: refused)."""
-    from cli.launch.options import LaunchOptions
+    from cli.launch.plan.options import LaunchOptions
 
     return LaunchOptions(nodes=[], args=args).trainer

@@ -118,7 +118,7 @@ def test_one_table_every_spelling_points_at_a_key_or_option_of_ours():
     import typer
 
     from cli.app import app
-    from cli.launch import guide_options
+    from cli.launch.plan import guide_options
     from cli.tools.prepare_data import own_options
 
     keys = set(config.key_names())
@@ -280,7 +280,7 @@ def test_test_ddp_points_a_guides_option_at_our_key(tmp_path):
 # ---------------------------------------------------------------- issue 63, item 6: the guides' lines that still failed
 
 def read(*args: str):
-    from cli.launch import guide_options
+    from cli.launch.plan import guide_options
 
     return guide_options.read(list(args), "trainer overrides are key=value", ["--nproc", "--nodes", "--dry-run"])
 
@@ -357,7 +357,7 @@ def test_prepare_on_train_when_the_data_is_there_says_to_drop_it(tmp_path, monke
 
 
 def launch_options(tmp_path, toml: str | None, nodes: str | None = None):
-    from cli.launch.options import launch_options as make
+    from cli.launch.plan.options import launch_options as make
 
     inv = tmp_path / "hrmctl.toml"
     if toml is not None:
@@ -370,7 +370,7 @@ TWO_LAPTOPS = '[nodes.laptop1]\nhost = "192.168.1.21"\n[nodes.laptop2]\nhost = "
 
 def test_distributed_is_every_node_of_the_inventory_or_the_nodes_given(tmp_path, monkeypatch):
     from cli.errors import HrmctlError
-    from cli.launch.guide_options import across_machines
+    from cli.launch.plan.guide_options import across_machines
 
     opts = launch_options(tmp_path, TWO_LAPTOPS)
     assert across_machines(opts) == f"--distributed is --nodes laptop1,laptop2 (every node of {tmp_path / 'hrmctl.toml'})"
@@ -397,8 +397,8 @@ def test_distributed_is_every_node_of_the_inventory_or_the_nodes_given(tmp_path,
 ])
 def test_gpus_is_refused_before_launch_where_a_node_has_fewer(gpus, have, line):
     from cli.errors import HrmctlError
-    from cli.launch.plan import NodeFacts
-    from cli.launch.prepare import _check_nproc
+    from cli.launch.plan.plan import NodeFacts
+    from cli.launch.preflight.prepare import _check_nproc
     from cli.nodes.inventory import local_node
 
     facts = {"localhost": NodeFacts(cpus=4, gpus=have, nccl=bool(have))}
@@ -422,7 +422,7 @@ def test_wandb_keys_are_refused_before_launch_where_rank_0s_node_lacks_the_packa
     from types import SimpleNamespace
 
     from cli.errors import HrmctlError
-    from cli.launch.prepare import _check_packages
+    from cli.launch.preflight.prepare import _check_packages
     from cli.nodes.inventory import local_node
     from node import probe as node_probe
 

@@ -1,4 +1,4 @@
-"""The merged log when nobody reads it any more, and torchrun's SignalException traceback (cli/launch/log.py)."""
+"""The merged log when nobody reads it any more, and torchrun's SignalException traceback (cli/launch/run/log.py)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import os
 
 from rich.console import Console
 
-from cli.launch.log import MergedLog, reader_gone
+from cli.launch.run.log import MergedLog, reader_gone
 from tests.unit.test_launch_plan import node, plan
-from cli.launch.plan import NodeFacts
+from cli.launch.plan.plan import NodeFacts
 
 # what torchrun's agent prints when it is stopped by a signal (Python 3.11, torch 2.13)
 SIGNAL_TRACEBACK = """Traceback (most recent call last):
@@ -87,8 +87,8 @@ def test_a_file_or_devnull_always_has_a_reader(tmp_path):
 
 
 def test_rank_0s_line_that_the_checkpoint_asked_for_by_sigusr1_is_written_is_seen_and_no_other(tmp_path):
-    """A rejoin's agreed save (cli/launch/run.py) waits until rank 0 says its checkpoint is written, not for each
-    node's torchrun to end (whose exit barrier waits 10 s for the agent of a node that left): the line MergedLog
+    """A rejoin's agreed save (cli/launch/run/attempt.py) waits until rank 0 says its checkpoint is written, not for
+    each node's torchrun to end (whose exit barrier waits 10 s for the agent of a node that left): the line MergedLog
     knows is the one the trainer prints (auralm.training.stop_request.stop_line)."""
     import signal
 

@@ -1,4 +1,4 @@
-"""The launcher's memory decision before launch (cli/launch/memory.py): each rank's planned memory
+"""The launcher's memory decision before launch (cli/launch/plan/memory.py): each rank's planned memory
 (auralm.planning.sizing's
 estimate) against its node's share of what the probe reported, and the override that fits (issue 33, item 9)."""
 
@@ -12,9 +12,9 @@ import pytest
 
 from auralm.training.config import split_global_batch
 from cli.errors import HrmctlError
-from cli.launch import memory
-from cli.launch.options import LaunchOptions
-from cli.launch.plan import NodeFacts
+from cli.launch.plan import memory
+from cli.launch.plan.options import LaunchOptions
+from cli.launch.plan.plan import NodeFacts
 
 GIB = 1 << 30
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from cli.nodes.inventory import Node
-from cli.launch import storage
-from cli.launch.options import parse_env_options
-from cli.launch.plan import NodeFacts, build_plan, choose_backend
+from cli.launch.preflight import storage
+from cli.launch.plan.options import parse_env_options
+from cli.launch.plan.plan import NodeFacts, build_plan, choose_backend
 from cli.errors import HrmctlError
 from node import torchrun as node_torchrun
 from node.lines import last
@@ -134,10 +134,10 @@ def test_ranks_counted_out_end_their_torchrun_in_one_line_and_other_failures_kee
 
 
 def test_a_held_torchrun_runs_with_the_arguments_and_environment_sent_later_or_ends_with_nothing_started(tmp_path):
-    """cli/launch/prestart.py on a Slurm allocation (without Slurm: the held process here, as srun's task would be):
-    torchrun imported first, then its arguments and environment on stdin; a start it cannot serve is refused; a
-    cancelled one ends before anything ran. The allocation itself: tests/cluster/test_slurm.py."""
-    from cli.launch.prestart import HELD, takes
+    """cli/launch/preflight/prestart.py on a Slurm allocation (without Slurm: the held process here, as srun's task
+    would be): torchrun imported first, then its arguments and environment on stdin; a start it cannot serve is refused;
+    a cancelled one ends before anything ran. The allocation itself: tests/cluster/test_slurm.py."""
+    from cli.launch.preflight.prestart import HELD, takes
     from cli.nodes.srun import Held
     from lab.local import free_port
 
@@ -178,7 +178,7 @@ def test_torchrun_held_ahead_by_the_batch_job_is_taken_over_by_the_launchs_sessi
     """cli/slurm/job.py holds torchrun before the launch's sessions exist (prestart.hold_ahead); the session made for
     that node takes it over and the launch's hold_torchrun starts no second one. Without Slurm: `srun` here is a
     stand-in that runs its command in place (a real allocation: tests/cluster/test_slurm.py)."""
-    from cli.launch import prestart
+    from cli.launch.preflight import prestart
     from cli.nodes import srun
 
     fake = tmp_path / "bin" / "srun"
@@ -449,8 +449,8 @@ class FakeJob:
 def test_a_rank_killed_by_a_signal_is_named_by_it(tmp_path):
     from rich.console import Console
 
-    from cli.launch.log import MergedLog
-    from cli.launch.run import _failure
+    from cli.launch.run.attempt import _failure
+    from cli.launch.run.log import MergedLog
 
     plans = plan(nodes=[node("a", "10.0.0.1"), node("b", "10.0.0.2")],
                  facts={"a": NodeFacts(cpus=2), "b": NodeFacts(cpus=2)}, nproc=2)
@@ -513,8 +513,8 @@ def test_the_stop_finds_the_jobs_processes_by_their_tag_and_leaves_the_rest(tmp_
 def test_a_config_file_is_spelled_out_here_and_data_train_path_leaves_the_data_directory_to_the_trainer(tmp_path):
     from auralm.training.config import parse
     from cli.errors import HrmctlError
-    from cli.launch.options import TRAINER
-    from cli.launch.overrides import expand_config_files
+    from cli.launch.plan.options import TRAINER
+    from cli.launch.plan.overrides import expand_config_files
 
     cfg = tmp_path / "rlm.yaml"
     cfg.write_text("model: {name: rlm-tiny, mhc_flows: 2}\ntraining: {optimizer: {lr: 3.0e-4}}\n"
@@ -539,7 +539,7 @@ def test_the_port_of_a_run_on_one_node_is_free_and_not_an_ephemeral_one():
     import subprocess
     import sys
 
-    from cli.launch.prepare import DEFAULT_PORTS
+    from cli.launch.preflight.prepare import DEFAULT_PORTS
     from node.ship import program
 
     def pick(*ports: int) -> int:  # node/free_port.py as the launcher sends it (the bootstrap, no project path)
@@ -562,7 +562,7 @@ def test_the_trainers_reading_of_the_overrides_is_made_once_for_the_args_every_s
     """LaunchOptions.trainer: the trainer's parser once for these args (the stages read the one Config), again when
     the command has changed them (a guide's spellings read into them), never for another module."""
     from auralm.training import config
-    from cli.launch.options import LaunchOptions
+    from cli.launch.plan.options import LaunchOptions
 
     calls = []
     parse = config.parse_command_line

@@ -11,10 +11,10 @@ import sys
 from rich.console import Console
 
 from auralm import errors
-from cli.launch.log import MergedLog
-from cli.launch.plan import NodeFacts
-from cli.launch.run import RunResult, _failure, summary_line
-from cli.launch.status import ended
+from cli.launch.plan.plan import NodeFacts
+from cli.launch.run.attempt import RunResult, _failure, summary_line
+from cli.launch.run.log import MergedLog
+from cli.launch.supervise.status import ended
 from cli.runs.catalog import load_run
 from tests.unit.test_launch_plan import FakeJob, node, plan
 
@@ -112,7 +112,7 @@ def test_a_reader_gone_before_the_run_is_exit_141_quietly(tmp_path):
 
 
 class OomKillerStruck:
-    """The node's OOM-kill count grew (cli.launch.oom.OomCounts): a stand-in here; the real count, grown by the
+    """The node's OOM-kill count grew (cli.launch.run.oom.OomCounts): a stand-in here; the real count, grown by the
     kernel's OOM killer in a capped memory cgroup, is tests/cluster/test_memory_cap.py's."""
 
     def grew(self, name: str) -> bool:

@@ -1,5 +1,6 @@
-"""auralm.planning.link_budget against figures worked by hand, the link cache of cli.launch.link_cache (a real file under a
-temporary HOME or XDG_CACHE_HOME), and hrmctl train's warning as `python -m auralm.planning.link_budget` gives it."""
+"""auralm.planning.link_budget against figures worked by hand, the link cache of cli.launch.plan.link_cache (a real file
+under a temporary HOME or XDG_CACHE_HOME), and hrmctl train's warning as `python -m auralm.planning.link_budget` gives
+it."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import pytest
 from rich.console import Console
 
 from auralm.planning import link_budget as lb
-from cli.launch import link_cache
-from cli.launch.options import LaunchOptions
+from cli.launch.plan import link_cache
+from cli.launch.plan.options import LaunchOptions
 from cli.nodes.inventory import Node
 
 MiB = 1024 ** 2

@@ -1,4 +1,4 @@
-"""What a fresh look at a lost node's sshd port tells (cli/launch/lost.py link_answers), against real local sockets:
+"""What a fresh look at a lost node's sshd port tells (cli/launch/run/lost.py link_answers), against real local sockets:
 an sshd that greets, a port the kernel takes but nothing answers on (every process frozen: asleep), and no listener."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import socket
 import threading
 from types import SimpleNamespace
 
-from cli.launch import lost
+from cli.launch.run import lost
 
 
 def _plan(port: int) -> SimpleNamespace:

@@ -74,7 +74,7 @@ def test_the_doctor_row_shows_load_and_available_memory(tmp_path):
 def test_usable_cpus_follow_the_affinity_and_the_tightest_cpu_quota(tmp_path):
     """cpu_usable: the process's affinity (a real one: taskset), capped by its CPU cgroup's quota or an ancestor's
     (cgroup v1 and v2 files laid out as the kernel does), rounded up; the launch gives each rank that many
-    threads over its ranks (cli/launch/plan.py), not the machine's count."""
+    threads over its ranks (cli/launch/plan/plan.py), not the machine's count."""
     machine = len(os.sched_getaffinity(0))
     assert probe.cpu_usable(str(tmp_path), str(tmp_path / "none")) == machine  # no cgroup readable: the affinity
     pinned = subprocess.run(["taskset", "-c", "0", sys.executable, "-c",

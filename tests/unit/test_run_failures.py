@@ -177,7 +177,7 @@ def test_under_hrmctl_the_run_ends_in_the_trainers_line_with_no_traceback_on_scr
     merges). The preflight's own floor of free space (300 MB) is lowered here, in this process, so that the disk is
     full from the start of the launch instead of filling at some moment of it: no race with the training."""
     from cli import app
-    from cli.launch import storage
+    from cli.launch.preflight import storage
     from tests.trainer.helpers import small_sudoku, tiny_args
 
     data = small_sudoku(tmp_path / "sdk", count=120)

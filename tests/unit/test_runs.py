@@ -300,8 +300,8 @@ def test_curves_png_after_a_run_and_none_without_matplotlib(runs, tmp_path, monk
 
 def test_launcher_status_json(tmp_path):
     """What cli/launch writes at the start and the end of a run, and how the catalog reads it."""
-    from cli.launch.run import RunResult
-    from cli.launch.status import ended, started
+    from cli.launch.run.attempt import RunResult
+    from cli.launch.supervise.status import ended, started
     from cli.runs.catalog import load_run
 
     from cli.nodes.inventory import local_node
@@ -356,8 +356,8 @@ def test_hrmctl_train_leaves_a_finished_run_with_status_and_curves(runs, tmp_pat
 
 
 def test_nodes_that_left_and_joined_are_listed_with_their_times(tmp_path, capsys):
-    """training.elastic's record (cli/launch/elastic.py) in status.json: `runs --json` gives each leave and join with
-    its time, the table says them under itself."""
+    """training.elastic's record (cli/launch/supervise/elastic.py) in status.json: `runs --json` gives each leave and
+    join with its time, the table says them under itself."""
     left, joined = OLD + 20, OLD + 50
     _hand_made(tmp_path / "el", {"task": "sudoku", "model": {"name": "tiny"}, "training": {"max_steps": 5}}, steps=5,
                status={"run_id": "el", "state": "finished", "started": OLD, "ended": OLD + 65, "host": "elsewhere",

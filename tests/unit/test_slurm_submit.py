@@ -6,7 +6,7 @@ tests/cluster/test_slurm.py."""
 import pytest
 
 from cli.errors import HrmctlError
-from cli.launch.options import LaunchOptions
+from cli.launch.plan.options import LaunchOptions
 from cli.nodes.inventory import local_node
 from cli.slurm import job
 from cli.slurm.submit import SlurmOptions, batch_script, gpu_hint, node_count, refusal, train_args

@@ -96,8 +96,8 @@ def test_the_link_budget_asks_the_strategy_what_it_sends_each_step():
 def test_what_a_mode_declares_in_its_registration_is_what_the_launcher_and_the_config_check_read():
     """A new mode's traits are one registration: whether a node leaves it in place (the launcher's min_nodes and
     in-place leave), a key of its own (refused under another mode), a setting it refuses; no name is tested."""
-    from cli.launch.min_nodes import in_place, min_nodes
-    from cli.launch.options import LaunchOptions
+    from cli.launch.plan.min_nodes import in_place, min_nodes
+    from cli.launch.plan.options import LaunchOptions
 
     def trainer(args):  # the trainer's reading of the overrides, as a launch gives it to its stages
         return LaunchOptions(nodes=[], args=args).trainer

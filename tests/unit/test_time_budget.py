@@ -202,7 +202,7 @@ def test_an_explicit_max_steps_wins_and_a_long_one_is_warned_of(sudoku_dir, tmp_
 
 def test_the_dry_runs_time_is_the_trainers_plan_timed_on_this_machine(sudoku_dir):
     from auralm.planning import timing
-    from cli.launch.timing import lines
+    from cli.launch.plan.timing import lines
 
     doc = timing.estimate(["model=tiny", f"data_dir={sudoku_dir}", "training.batch_size=16", "training.max_steps=5"])
     assert doc["max_steps"] == doc["given_max_steps"] == 5 and 1 <= doc["rows_timed"] <= 16

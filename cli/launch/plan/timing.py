@@ -4,8 +4,8 @@ training.time_budget sets max_steps to, the warning of a run over an hour), said
 
 from __future__ import annotations
 
-from cli.launch.aside import Aside
-from cli.launch.options import TRAINER
+from cli.launch.plan.aside import Aside
+from cli.launch.plan.options import TRAINER
 
 TIMING_TIMEOUT_S = 120
 

@@ -1,4 +1,4 @@
-"""The whole job, supervised: the plan run attempt after attempt (cli/launch/run.py), restarted from its last
+"""The whole job, supervised: the plan run attempt after attempt (cli/launch/run/attempt.py), restarted from its last
 checkpoint up to --max-restarts times after a crash or a lost node; planned again once when a first launch's guessed
 torch facts were wrong on a node; under training.elastic, a node's leave and return (elastic.py) made into a new
 plan for the nodes present; and the run's record (status.json: status.py) from its start to its end.
@@ -10,12 +10,12 @@ from typing import Callable
 
 from rich.console import Console
 
-from cli.launch.options import TRAINER
-from cli.launch.plan import LaunchPlan
-from cli.launch.run import JOIN_CODE, LOST_CODE, RunResult, Signals, clear_node, run_once, stop_asked
-from cli.launch.log import MergedLog
-from cli.launch.elastic import Members
-from cli.launch.status import ended, first_step, members_changed, started
+from cli.launch.plan.options import TRAINER
+from cli.launch.plan.plan import LaunchPlan
+from cli.launch.run.attempt import JOIN_CODE, LOST_CODE, RunResult, Signals, clear_node, run_once, stop_asked
+from cli.launch.run.log import MergedLog
+from cli.launch.supervise.elastic import Members
+from cli.launch.supervise.status import ended, first_step, members_changed, started
 from node.torchrun import FACTS_DIFFER
 
 
@@ -90,7 +90,7 @@ def run(prep: LaunchPlan, console: Console, replan: Callable[[dict[str, dict]], 
 def _regroup(members: Members | None, result: RunResult, opts, ranks: dict[str, int], replan, log: MergedLog,
              record: Callable[[], None]) -> LaunchPlan | None:
     """The plan for the nodes present now when a node left and min_nodes lets the run go on without it, or when a
-    node that left is back (cli/launch/elastic.py); None otherwise. ``record()`` writes the leave or join
+    node that left is back (cli/launch/supervise/elastic.py); None otherwise. ``record()`` writes the leave or join
     down."""
     if members is None:
         return None

@@ -1,7 +1,7 @@
 """training.elastic read for the plan: how many nodes a trainer run keeps (``min_nodes``: its default, 1 under a
 strategy a node leaves in place, DiLoCo, else every node), and whether a node leaves in place (``in_place``: the
 others' ranks go on without it, not restarted, so torchrun's agents wait at most EXIT_BARRIER_S at their end for one
-another: node/torchrun.py). The leaves and returns themselves: cli/launch/elastic.py.
+another: node/torchrun.py). The leaves and returns themselves: cli/launch/supervise/elastic.py.
 
 Imports auralm.parallel.strategy (no torch) where it is asked, nothing else.
 """

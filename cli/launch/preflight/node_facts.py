@@ -24,7 +24,7 @@ from netcheck.node_probe_client import probe_window
 from cli.cache import cache_dir, load as load_cache, save as save_cache
 from cli.errors import HrmctlError, RemoteError
 from cli.nodes.inventory import Node
-from cli.launch.plan import NodeFacts
+from cli.launch.plan.plan import NodeFacts
 from cli.nodes.remote import Session
 
 CACHE_DIR = cache_dir()

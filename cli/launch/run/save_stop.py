@@ -8,7 +8,7 @@ the ranks write a checkpoint before it stops the job:
     signalled every process of the job itself, and a new job step could not start anyway;
   - the ranks agree on a step, save there and end with exit 0 (auralm/training/stop_request.py);
   - up to SAVE_GRACE_S for every node's job to end by itself, its lines still shown; then the usual stop
-    (cli/launch/run.py) for whatever is left.
+    (cli/launch/run/attempt.py) for whatever is left.
 
 Imports cli.nodes.remote only.
 """

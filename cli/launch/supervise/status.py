@@ -10,8 +10,8 @@ import threading
 import time
 from pathlib import Path
 
-from cli.launch.plan import LaunchPlan, NodeLaunch
-from cli.launch.run import RunResult
+from cli.launch.plan.plan import LaunchPlan, NodeLaunch
+from cli.launch.run.attempt import RunResult
 from cli.runs.states import RunState
 
 STATUS_FILE = "status.json"  # read by cli/runs/catalog.py; the format is in docs/runs.md
@@ -67,7 +67,7 @@ def started(run_dir: Path, prep: LaunchPlan) -> dict:
 
 def first_step(run_dir: Path, doc: dict) -> None:
     """status.json once rank 0's first step is logged (`hrmctl train --detach` returns then:
-    cli/launch/detach.py)."""
+    cli/launch/supervise/detach.py)."""
     doc["first_step"] = round(time.time(), 3)
     try:
         _write_status(run_dir, doc)

@@ -1,9 +1,9 @@
-"""The first stage of a launch: what the user asked for, read and checked once, as one LaunchOptions.
+"""The plan stage's first part: what the user asked for, read and checked once, as one LaunchOptions.
 
 `hrmctl train` / `hrmctl test-ddp` (cli/app.py) give their options to `launch_options()`, which selects the nodes
 (--nodes from the inventory, or this machine alone), reads --env and refuses a bad --backend; `check()` refuses a
 bad --nproc, --master-port or --max-restarts (after a guide's spellings of them were read, cli/launch/command.py).
-The stages after it (prepare -> plan -> run -> report) read this one object; none of them takes the options again
+The stages after it (preflight -> run -> supervise) read this one object; none of them takes the options again
 one by one. May import: cli.nodes, cli.slurm.allocation, cli.errors.
 """
 
@@ -47,11 +47,11 @@ class LaunchOptions:
     json_output: bool = False  # stdout is for one JSON document: the live log goes to stderr
     result_tag: str | None = None  # a line with this prefix is a result for on_result(node, payload)
     on_result: Callable[[str, str], None] | None = None
-    detached: bool = False  # this process is a detached run's supervisor (cli/launch/detach.py), in a session of its own
+    detached: bool = False  # this process is a detached run's supervisor (supervise/detach.py), in a session of its own
     inventory: str | None = None  # --inventory as given (None: $HRMCTL_INVENTORY, else ./hrmctl.toml)
     nodes_given: bool = False  # --nodes was given (else this machine alone, or the Slurm allocation's nodes)
     gpus: int | None = None  # a guide's --gpus N: --nproc N, each process on a GPU of its own (the preflight checks)
-    distributed: bool = False  # a guide's --distributed: a run across machines (cli/launch/guide_options.py)
+    distributed: bool = False  # a guide's --distributed: a run across machines (cli/launch/plan/guide_options.py)
     _read: tuple | None = field(default=None, init=False, repr=False, compare=False)  # (args, config, refusal)
 
     @property

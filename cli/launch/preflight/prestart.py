@@ -4,7 +4,7 @@ torchrun's own start (Python and `import torch`: seconds) does not depend on the
 preflight (probes, directories, master port: 0.65-1.4 s over srun on the 2-core lab, bench/slurm.py). So on an
 allocation's nodes the launch first starts `python -m node torchrun --held stdin --` on every node
 (cli/nodes/srun.py `hold`), and the run's start hands each its torchrun arguments and environment instead of
-starting a new step (cli/launch/run.py is unchanged: SrunSession.start passes them on).
+starting a new step (cli/launch/run/attempt.py is unchanged: SrunSession.start passes them on).
 
 A first launch on a node (its torch facts not cached: each new allocation's nodes on a large cluster) is held too:
 its start is node/torchrun.py's, and the held process is sent node/torchrun.py's own options with torchrun's arguments,
@@ -21,7 +21,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Sequence
 
-from cli.launch.plan import CHECKED_TORCHRUN, TORCHRUN
+from cli.launch.plan.plan import CHECKED_TORCHRUN, TORCHRUN
 from cli.nodes.inventory import Node
 from cli.nodes.remote import Session
 from node.torchrun import options

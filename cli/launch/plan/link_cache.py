@@ -25,9 +25,9 @@ from pathlib import Path
 from auralm.parallel import strategy
 from cli import cache
 from cli.cache import cache_dir
-from cli.launch.aside import Aside
+from cli.launch.plan.aside import Aside
 from cli.nodes.inventory import Node
-from cli.launch.options import TRAINER
+from cli.launch.plan.options import TRAINER
 
 ADVICE_TIMEOUT_S = 20  # a launch waits this long for the advice, then goes on without it
 ADVICE_DRY_RUN_TIMEOUT_S = 180  # a dry run, which shows the advice and launches nothing, waits longer (a busy machine)

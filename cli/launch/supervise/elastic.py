@@ -1,6 +1,6 @@
 """A node that leaves a run and comes back (`training.elastic.min_nodes=K`, issue 36 items 2 and 3).
 
-With K below the run's node count, a node lost during the run (cli/launch/run.py: no SSH keep-alive answer, its
+With K below the run's node count, a node lost during the run (cli/launch/run/attempt.py: no SSH keep-alive answer, its
 connection broken), or whose rank or torchrun was killed by a signal (not the OOM killer: that would come back),
 no longer ends it while K nodes remain and the lost one is not the master (rank 0 holds the checkpoints and the
 rendezvous):
@@ -11,7 +11,7 @@ rendezvous):
     (training.grad_accum x the old world / the new, when that divides; else the log says how it changed);
   - a watcher tries the lost node every REJOIN_POLL_S (a fresh connection, as the preflight makes); once it answers,
     what is left there of the run (its processes, found by their HRMCTL_JOB tag) is stopped, and, once the nodes
-    present have logged a step (their ranks can take the signal), the run is restarted with it: the ranks present save a checkpoint first, at a step they agree on (cli/launch/save_stop.py),
+    present have logged a step (their ranks can take the signal), the run is restarted with it: the ranks present save a checkpoint first, at a step they agree on (cli/launch/run/save_stop.py),
     and every rank, the returning node's too, resumes from it: rank 0 loads it and broadcasts the weights and the
     optimizer state (auralm/training/train.py resume), so the returning node takes them from a peer, never from a
     stale copy of its own.
@@ -22,7 +22,7 @@ and finish the round without it (auralm/training/members.py); the launcher only 
 others, and takes the node back as above. Work lost there: the lost node's round. torchrun's agents then wait at
 most EXIT_BARRIER_S at their end for one another (node/torchrun.py), since a node that left never comes.
 Default K: 1 under training.sync=diloco, every node otherwise (a lost node stops the run, as before): both read for
-the plan by cli/launch/min_nodes.py.
+the plan by cli/launch/plan/min_nodes.py.
 
 Imports cli.nodes, cli.errors, the plan stage (min_nodes, options) and auralm.training.config (no torch).
 """
@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from cli.errors import RemoteTimeout, UnreachableError
-from cli.launch.min_nodes import in_place, min_nodes
-from cli.launch.options import resume_latest
+from cli.launch.plan.min_nodes import in_place, min_nodes
+from cli.launch.plan.options import resume_latest
 from cli.nodes.inventory import Node
 from cli.nodes.remote import connect
 

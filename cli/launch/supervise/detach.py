@@ -5,8 +5,8 @@ The supervisor is `python -m cli train <the same arguments> --run-id ID --superv
 session: no controlling terminal, so a closed terminal's SIGHUP never reaches it), stdin from /dev/null, stdout and
 stderr to runs/<run-id>/supervisor.out and supervisor.err. It is the ordinary launcher: it checks, plans, runs,
 stops everywhere and records status.json (with its own pid) as a run in the foreground does. This process waits
-until status.json records rank 0's first step (cli/launch/status.py: first_step), then prints the run id and how to
-attach and stop, and returns 0. A supervisor that ends before the first step ends this command with its exit code
+until status.json records rank 0's first step (cli/launch/supervise/status.py: first_step), then prints the run id and
+how to attach and stop, and returns 0. A supervisor that ends before the first step ends this command with its exit code
 and its last line (the run's one-line reason: a refused preflight, a bad override, a failed rank).
 `hrmctl attach` and `hrmctl stop` are cli/runs/control.py.
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 from rich.console import Console
 
 from cli.errors import HrmctlError
-from cli.launch.prepare import new_run_id
+from cli.launch.preflight.prepare import new_run_id
 from cli.runs.catalog import last_line, read_status
 from cli.runs.states import RunState
 

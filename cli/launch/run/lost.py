@@ -1,6 +1,6 @@
 """What a node that stopped answering shows, said in one phrase for the run's log and its reason.
 
-The launcher's keep-alive is an SSH request to every node every 2 s (cli/launch/run.py: _KeepAlive); a node that
+The launcher's keep-alive is an SSH request to every node every 2 s (cli/launch/run/attempt.py: _KeepAlive); a node that
 has not answered for 8 s, or whose job's SSH connection broke, is lost. Then, over a fresh connection, within a few
 seconds, hrmctl looks at what is there:
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import socket
 
-from cli.launch.plan import NodeLaunch
+from cli.launch.plan.plan import NodeLaunch
 from cli.nodes.remote import for_each
 from node.lines import last
 from node.ship import program

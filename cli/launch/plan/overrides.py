@@ -17,7 +17,7 @@ from pathlib import Path
 
 from cli.errors import HrmctlError
 from cli.cache import cache_dir, load as load_cache, save as save_cache
-from cli.launch.options import TRAINER
+from cli.launch.plan.options import TRAINER
 
 TRAINER_CHECK = "auralm.training.config"  # the trainer's --check without `import torch`: same parser, a tenth of the time
 TRAINER_CHECKS = cache_dir() / "trainer-checks.json"

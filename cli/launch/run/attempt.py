@@ -1,5 +1,5 @@
 """One attempt of a plan: torchrun on every node at once, watch them, and stop everything everywhere (the attempts
-and restarts of a whole job: cli/launch/job.py).
+and restarts of a whole job: cli/launch/supervise/job.py).
 
 One stop: the first node whose job ends with a non-zero code, a node whose SSH connection or
 keep-alive is lost, Ctrl-C (SIGINT), SIGTERM, SIGHUP, or the output's reader gone (a pipe's reader
@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 from auralm.errors import BAD_INPUT_EXIT
-from cli.launch.plan import NodeLaunch
-from cli.launch.log import MergedLog, signal_name
-from cli.launch.lost import what_was_seen
-from cli.launch.oom import OomCounts
-from cli.launch.save_stop import save_then_wait, saves_first
+from cli.launch.plan.plan import NodeLaunch
+from cli.launch.run.log import MergedLog, signal_name
+from cli.launch.run.lost import what_was_seen
+from cli.launch.run.oom import OomCounts
+from cli.launch.run.save_stop import save_then_wait, saves_first
 from cli.nodes.remote import Job, Session, connect_all, for_each
 from node.lines import last
 from node.ship import program
@@ -66,7 +66,7 @@ class RunResult:
 
 class Membership(Protocol):
     """What an attempt asks of a run whose nodes may leave and come back (training.elastic): the Members of
-    cli/launch/elastic.py, which the later stage makes and hands in."""
+    cli/launch/supervise/elastic.py, which the later stage makes and hands in."""
 
     def returned(self) -> str | None:
         """A node that left and answers again, if any."""
@@ -233,7 +233,7 @@ def _watch(plans: list[NodeLaunch], log: MergedLog, signals: Signals, jobs: dict
            members: Membership | None = None) -> RunResult:
     """Wait for every node's job: the first failure, lost node or stop asked for is the result. A lost node (no
     keep-alive reply for HEARTBEAT_TIMEOUT_S, or its job's connection broken) is named with what ``seen(plan)``
-    finds there (cli/launch/lost.py: its link down, its processes frozen or gone). Under ``members.in_place`` a
+    finds there (cli/launch/run/lost.py: its link down, its processes frozen or gone). Under ``members.in_place`` a
     node that may leave is noted as left and the watch goes on with the others (their ranks go on without it)."""
     ended: dict[str, int] = {}
 

@@ -1,14 +1,15 @@
-"""The second stage of a launch: the preflight and the plan (`prepare(options) -> LaunchPlan`), so that nothing
-starts anywhere when something is wrong. It reads the LaunchOptions (cli/launch/options.py) and nothing after it:
+"""The preflight stage: the nodes asked, then the plan (`prepare(options) -> LaunchPlan`), so that nothing starts
+anywhere when something is wrong. It reads the LaunchOptions (cli/launch/plan/options.py) and nothing after it:
   1. the master address (an IP the workers reach; never loopback with other nodes);
   2. at once, over one connection per node: the trainer's own check of the overrides (its parser,
      `python -m auralm.training.config --check ...`, here), every node probed (netcheck's probe; torch facts cached,
-     facts.py), each node's directories (data and run directory writable, with room, the data prepared for the
+     node_facts.py), each node's directories (data and run directory writable, with room, the data prepared for the
      task: storage.py), the master port (free on the master, reachable from every worker: netcheck), and the
-     model's memory estimate (auralm.planning.sizing, memory.py); on a Slurm allocation's nodes, torchrun itself
+     model's memory estimate (auralm.planning.sizing, plan/memory.py); on a Slurm allocation's nodes, torchrun itself
      starts meanwhile and waits for its arguments (prestart.py);
-  3. the plan (plan.py: each node's torchrun line and environment), each rank's planned memory against its
-     node's (memory.py) -> a LaunchPlan, printed by --dry-run (report.py) or run on every node (run.py).
+  3. the plan (plan/plan.py: each node's torchrun line and environment), each rank's planned memory against its
+     node's (plan/memory.py) -> a LaunchPlan, printed by --dry-run (supervise/report.py) or run on every node
+     (supervise/job.py, an attempt at a time: run/attempt.py).
 """
 
 from __future__ import annotations
@@ -22,14 +23,14 @@ from netcheck import MasterAddressError, check_master_port, master_address
 
 from cli.errors import HrmctlError, InventoryError
 from cli.nodes.inventory import Node
-from cli.launch import memory
-from cli.launch.min_nodes import EXIT_BARRIER_S, in_place
-from cli.launch.node_facts import gather, remember
-from cli.launch.options import TRAINER, LaunchOptions
-from cli.launch.overrides import check_trainer_args
-from cli.launch.plan import LaunchPlan, NodeFacts, build_plan, choose_backend, nproc_for
-from cli.launch.storage import DEFAULT_DATA_ENV, check_local, check_nodes, trainer_dirs
-from cli.launch.prestart import hold_torchrun
+from cli.launch.plan import memory
+from cli.launch.plan.min_nodes import EXIT_BARRIER_S, in_place
+from cli.launch.plan.options import TRAINER, LaunchOptions
+from cli.launch.plan.overrides import check_trainer_args
+from cli.launch.plan.plan import LaunchPlan, NodeFacts, build_plan, choose_backend, nproc_for
+from cli.launch.preflight.node_facts import gather, remember
+from cli.launch.preflight.prestart import hold_torchrun
+from cli.launch.preflight.storage import DEFAULT_DATA_ENV, check_local, check_nodes, trainer_dirs
 from cli.nodes.remote import Session, connect_all
 from node.lines import last
 from node.ship import program
@@ -72,7 +73,7 @@ def _check_port_reachable(sessions: dict[str, Session], nodes: list[Node], addr:
 def prepare(opts: LaunchOptions, reported: dict[str, dict] | None = None, hold: bool = False) -> LaunchPlan:
     """The plan for ``opts`` (checked by the command: LaunchOptions.check). ``reported``: what nodes said of their
     torch in a first launch (node/torchrun.py), cached first so that the plan is made from it. ``hold``: on
-    a Slurm allocation's nodes, torchrun starts while the preflight runs (cli/launch/prestart.py)."""
+    a Slurm allocation's nodes, torchrun starts while the preflight runs (cli/launch/preflight/prestart.py)."""
     nodes = opts.nodes
     if reported:
         remember(reported, nodes)

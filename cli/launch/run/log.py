@@ -30,7 +30,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from auralm.errors import STOP_TAG
-from cli.launch.plan import NodeLaunch, redacted
+from cli.launch.plan.plan import NodeLaunch, redacted
 from node.torchrun import FACTS_TAG
 
 COLOURS = ["cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan", "bright_magenta"]
@@ -103,7 +103,7 @@ def signal_name(signum: int) -> str:
 
 def header_lines(plan: NodeLaunch, attempt: int, after: str = "") -> list[str]:
     """What the node's log file starts with: the exact command and environment, secrets hidden. ``after``: why the
-    launch was made again within the attempt ("node1 left", "node1 joined": cli/launch/elastic.py)."""
+    launch was made again within the attempt ("node1 left", "node1 joined": cli/launch/supervise/elastic.py)."""
     lines = [f"# hrmctl launch, attempt {attempt}{f' (after {after})' if after else ''}, node {plan.node.name} "
              f"(node rank {plan.node_rank}, "
              f"ranks {plan.ranks.start}-{plan.ranks.stop - 1}), host {plan.node.host}",

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 from auralm.training.config import split_global_batch
 from cli.errors import HrmctlError
-from cli.launch.options import TRAINER
-from cli.launch.plan import NodeFacts
+from cli.launch.plan.options import TRAINER
+from cli.launch.plan.plan import NodeFacts
 
 GIB = 1 << 30
 SKIP_ENV = "HRMCTL_MEMORY_CHECK"  # "0": no refusal (the estimate is a rough one)
@@ -66,7 +66,7 @@ def _sizing_key(cfg, world: int, vocab: int | None) -> str | None:
     trainer's source (overrides.trainer_key). None when the overrides do not parse (the estimate's own process then
     says why)."""
     from auralm.planning.sizing import inputs
-    from cli.launch.overrides import trainer_key
+    from cli.launch.plan.overrides import trainer_key
 
     if cfg is None:
         return None

@@ -1,6 +1,6 @@
-"""The last stage of a launch: what the user reads. --dry-run's plan (each node's exact command line and
-environment, the model's size, batch_size=auto's estimate) and the run's end (its last line, or the --json
-document). test-ddp's table is ddp_report.py. May import: the earlier stages' types (options, plan, run).
+"""What the user reads of a launch (the supervise stage's last part). --dry-run's plan (each node's exact command line
+and environment, the model's size, batch_size=auto's estimate) and the run's end (its last line, or the --json
+document). test-ddp's table is ddp_report.py. May import: the earlier stages' types (options, plan, attempt).
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import json
 from rich.console import Console
 from rich.markup import escape
 
-from cli.launch.options import TRAINER
-from cli.launch.plan import LaunchPlan, redacted
-from cli.launch.run import RunResult, summary_line
-from cli.launch.timing import lines as time_lines
+from cli.launch.plan.options import TRAINER
+from cli.launch.plan.plan import LaunchPlan, redacted
+from cli.launch.plan.timing import lines as time_lines
+from cli.launch.run.attempt import RunResult, summary_line
 
 
 def dry_run_text(prep: LaunchPlan) -> list[str]:
@@ -36,9 +36,9 @@ def dry_run_json(prep: LaunchPlan) -> dict:
 
 def dry_run(prep: LaunchPlan, size: dict | None, auto: dict | None, *, as_json: bool, console: Console,
             choice: str = "", link: dict | None = None, timing: dict | None = None) -> int:
-    """--dry-run: each node's exact command and environment, the run's time (``timing``: cli.launch.timing.summary),
-    how the model was chosen, its size, and batch_size=auto's estimate per node (``auto``:
-    cli.launch.command.auto_batch_plan); as text or one JSON document."""
+    """--dry-run: each node's exact command and environment, the run's time (``timing``:
+    cli.launch.plan.timing.summary), how the model was chosen, its size, and batch_size=auto's estimate per node
+    (``auto``: cli.launch.command.auto_batch_plan); as text or one JSON document."""
     if as_json:
         console.print_json(json.dumps({**dry_run_json(prep), "model": size, **({"model_choice": choice} if choice else {}),
                                        **({"auto_batch": auto} if auto else {}), **({"time": timing} if timing else {}),

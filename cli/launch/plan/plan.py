@@ -27,7 +27,7 @@ import re
 import dataclasses
 from dataclasses import dataclass, field
 
-from cli.launch.options import LaunchOptions, resume_latest
+from cli.launch.plan.options import LaunchOptions, resume_latest
 from cli.nodes.inventory import Node
 from cli.nodes.remote import Session, command_line
 
@@ -85,8 +85,8 @@ class NodeLaunch:
 
 @dataclass
 class LaunchPlan:
-    """The launch as planned by cli/launch/prepare.py, and all that the run needs: made once (again only when a
-    first launch's guessed facts were wrong on a node), then given to cli/launch/run.py whole."""
+    """The launch as planned by cli/launch/preflight/prepare.py, and all that the run needs: made once (again only when
+    a first launch's guessed facts were wrong on a node), then given to cli/launch/supervise/job.py whole."""
 
     plans: list[NodeLaunch]
     backend: str
