@@ -2,8 +2,9 @@
 auralm/, cli/, netcheck/ or node/ longer than 100 lines and the trainer's ``train()`` at most 80, the arrows one
 way (``auralm`` imports neither ``cli`` nor ``netcheck``; ``netcheck`` never imports ``cli`` or ``auralm``; ``node``
 is sent over SSH to nodes where nothing of ours is installed: it imports the standard library, and torch, psutil or
-pynvml only where a node has them), and a name tested only by its owner (issue 64): no module
-outside a sync mode's, a task's or a model family's own file or folder compares a value with its name."""
+pynvml only where a node has them; cli/launch's stages import one way, plan -> preflight -> run -> supervise), and a
+name tested only by its owner (issue 64): no module outside a sync mode's, a task's or a model family's own file or
+folder compares a value with its name."""
 
 from __future__ import annotations
 
@@ -55,6 +56,42 @@ def test_the_arrows_point_one_way(room, never):
     wrong = [f"{path} imports {sorted(_imported_rooms(tree) & never)}" for path, tree in _modules(room)
              if _imported_rooms(tree) & never]
     assert wrong == [], wrong
+
+
+STAGES = ("plan", "preflight", "run", "supervise")  # cli/launch/'s packages, in the order a launch goes through them
+
+
+def later_stages(stage: str, tree: ast.AST) -> list[str]:
+    """The cli.launch modules that a module of ``stage`` imports (anywhere in it, a function's import too) and may
+    not: a later stage's, or the command's."""
+    names = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Import):
+            names |= {a.name for a in n.names}
+        elif isinstance(n, ast.ImportFrom) and n.level == 0 and n.module:
+            names |= {f"cli.launch.{a.name}" for a in n.names} if n.module == "cli.launch" else {n.module}
+    allowed = STAGES[: STAGES.index(stage) + 1]
+    return sorted(x for x in names if x.startswith("cli.launch.") and x.split(".")[2] not in allowed)
+
+
+def test_the_launch_stages_import_one_way():
+    """cli/launch/ is a package per stage (plan -> preflight -> run -> supervise) and command.py, which calls them in
+    order: a stage's module imports its own stage and the earlier ones, never a later one nor the command."""
+    root = REPO / "cli" / "launch"
+    assert sorted(p.name for p in root.glob("*.py")) == ["__init__.py", "command.py"]
+    assert sorted(p.parent.name for p in root.glob("*/__init__.py")) == sorted(STAGES)
+    modules = [(stage, path) for stage in STAGES for path in sorted((root / stage).rglob("*.py"))]
+    wrong = [f"{path.relative_to(REPO)} imports {name}" for stage, path in modules
+             for name in later_stages(stage, ast.parse(path.read_text()))]
+    assert wrong == [], wrong
+
+
+def test_the_stage_rule_sees_an_import_of_a_later_stage():
+    code = ast.parse("from cli.launch.plan import memory\nfrom cli.launch.run.attempt import RunResult\n"
+                     "def f():\n    from cli.launch import command\n    import cli.launch.supervise.job\n")
+    assert later_stages("supervise", code) == ["cli.launch.command"]
+    assert later_stages("preflight", code) == ["cli.launch.command", "cli.launch.run.attempt",
+                                               "cli.launch.supervise.job"]
 
 
 OPTIONAL = {"torch", "psutil", "pynvml"}  # what a node's programs use when the node has it, never need
