@@ -35,7 +35,9 @@ MIN_FREE_MB = 300  # below this, a run directory (checkpoints) or generated data
 CHECK_TIMEOUT_S = 30
 DEFAULT_DATA_ENV = "HRMCTL_DEFAULT_DATA_DIR"  # tells the trainer: data_dir is the node's default, not the user's
 
-DATA_FORMAT = "auralm-data/1"  # auralm.data.datadir.FORMAT (node/dirs.py runs without the project; a test keeps them equal)
+# auralm.data.datadir.FORMAT, sent to node/dirs.py (datadir imports torch: not here at every launch; a test keeps the
+# two equal)
+DATA_FORMAT = "auralm-data/1"
 
 LABELS = {"data": "data directory", "run": "run directory (out_dir: logs and checkpoints)"}
 
