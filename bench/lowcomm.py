@@ -7,6 +7,7 @@ and equal against measured shares with one node at half a core.
     python bench/lowcomm.py table   [--steps 24] [--model mini] [--inner 8]
     python bench/lowcomm.py compress [--steps 48] [--model small] [--inner 8] [--link wifi]
     python bench/lowcomm.py unequal [--steps 240] [--model mini] [--inner 40] [--link wifi] [--slow-at 0.3]
+    python bench/lowcomm.py defaults [--steps 48] [--model small] [--inner 8] [--link wifi]
 
 Every run is `hrmctl train` on lab nodes (lab/nodes.py: real sshd, real torchrun, gloo over the
 lab's bridge), task=lm on the Spanish text of ../shared/data, fp32. Each node is pinned to a core of
@@ -34,6 +35,9 @@ compress: two nodes on a crowded Wi-Fi (each node's link 50 Mbit/s, 5 +- 2.5 ms 
          lost: 10 +- 5 ms more round trip, 1% loss each way) under DDP and under DiLoCo with its rounds sent as
          bf16, int8 and int4 (training.diloco.compress; the outer step the default's), against one node:
          tokens/s, final validation loss against DDP's, and the bytes each rank sent for its last round.
+defaults: the same two nodes on the same Wi-Fi as a user meets them: `hrmctl test-ddp` first (its figures cached for
+         `hrmctl train`), then DiLoCo of H steps with training.diloco.compress, fragments and overlap_steps left to
+         hrmctl, against one node and against the rounds sent as int4 with no streaming.
 Root only. Figures go to stdout as markdown tables (docs/lowcomm.md has the last ones).
 """
 
@@ -251,6 +255,42 @@ def compress(lab: Lab, a, cwd: Path) -> None:
     done(lab, out)
 
 
+def defaults(lab: Lab, a, cwd: Path) -> None:
+    """A user's path on the crowded Wi-Fi: test-ddp measures the two nodes and the model, then DiLoCo of H steps with
+    its wire and streaming left to hrmctl (what it chose is in the run's config.json), against one node and against
+    the same rounds sent as int4 with no streaming (the best row of `compress`)."""
+    lab.pin_cores()
+    out = ["| run | tokens/s | vs one node | final val loss | vs int4 | chosen | wall |", "|---|---|---|---|---|---|---|"]
+    shape(lab, "LAN")
+    one = train(lab, ["node0"], "d-one", common(a), cwd)
+    out.append(f"| node0 alone | {one['tokens_per_s']:.0f} | 1.00x | {one['val_loss']:.4f} | | | {one['wall_s']:.0f} s |")
+    shape(lab, a.link)
+    cache = cwd / "cache"
+    env = {"HRMCTL_CACHE": str(cache)}
+    model = [k for k in common(a) if k.split("=")[0] in ("task", "data_dir", "model", "training.batch_size")]
+    hrmctl(lab, "test-ddp", "--nodes", "node0,node1", "--json", "--max-size", "16MiB", *model, cwd=cwd, extra_env=env)
+    rounds = ["training.sync=diloco", f"training.diloco.inner_steps={a.inner}"]
+    int4 = None
+    for label, extra in (("int4, no streaming", ["training.diloco.compress=int4", "training.diloco.overlap_steps=0"]),
+                         ("left to hrmctl", [])):
+        run_id = "d-" + label.replace(" ", "").replace(",", "-")
+        began = time.monotonic()
+        res = hrmctl(lab, "train", "--nodes", "node0,node1", "--run-id", run_id, *common(a), *rounds, *extra,
+                     cwd=cwd, extra_env=env)
+        r = figures(lab, ["node0", "node1"], run_id, time.monotonic() - began)
+        int4 = int4 or r
+        d = json.loads((lab.node("node0").home / "hrmctl" / "runs" / run_id / "config.json").read_text())[
+            "training"]["diloco"]
+        chosen = f"{d['compress']}, fragments={d['fragments']}, overlap_steps={d['overlap_steps']}"
+        said = [line for line in res.stderr.splitlines() if line.startswith("diloco: ")]
+        print("\n".join(said), file=sys.stderr, flush=True)
+        out.append(f"| 2 nodes, diloco H={a.inner}, {label}, {a.link} | {r['tokens_per_s']:.0f} | "
+                   f"{r['tokens_per_s'] / one['tokens_per_s']:.2f}x | {r['val_loss']:.4f} | "
+                   f"{(r['val_loss'] / int4['val_loss'] - 1) * 100:+.2f}% | {chosen} | {r['wall_s']:.0f} s |")
+        print(out[-1], file=sys.stderr, flush=True)
+    done(lab, out)
+
+
 def unequal(lab: Lab, a, cwd: Path) -> None:
     lab.pin_cores(quota=0.5)
     slow, core = lab.node("node3"), str(_cores()[3 % len(_cores())])
@@ -309,7 +349,7 @@ def _cores() -> list[int]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=("targets", "balance", "table", "compress", "unequal"))
+    p.add_argument("what", choices=("targets", "balance", "table", "compress", "unequal", "defaults"))
     p.add_argument("--steps", type=int, default=24)
     p.add_argument("--model", default=None)
     p.add_argument("--batch", type=int, default=16)
@@ -324,7 +364,7 @@ def main() -> None:
                    help="targets: DDP's final val loss on the LAN from an earlier run, when ddp is not in --modes")
     a = p.parse_args()
     a.modes, a.links = a.modes.split(","), a.links.split(",")
-    a.model = a.model or ("small" if a.what in ("targets", "compress") else "mini")
+    a.model = a.model or ("small" if a.what in ("targets", "compress", "defaults") else "mini")
     if a.what == "unequal":  # rounds of a default's length (H=50): long enough that the round's sending is small
         a.steps = a.steps if "--steps" in sys.argv else 240
         a.inner = a.inner if "--inner" in sys.argv else 40
@@ -334,7 +374,7 @@ def main() -> None:
         print(f"{a.what}: model={a.model}, batch {a.batch} per rank, {a.steps} steps, DiLoCo H={a.inner}",
               file=sys.stderr, flush=True)
         {"targets": targets, "balance": balance, "table": table, "compress": compress,
-         "unequal": unequal}[a.what](lab, a, tmp)
+         "unequal": unequal, "defaults": defaults}[a.what](lab, a, tmp)
     shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -63,6 +63,7 @@ PAPER_STEP = ("training.diloco.outer_lr=0.7", "training.diloco.outer_momentum=0.
 DEFAULT_LM_VOCAB = 8192  # hrmctl prepare-data's default --vocab-size
 WIRE_KINDS = ("bf16", "int8", "int4")  # DiLoCo's rounds as the budget may suggest them, least compressed first
 MAX_FRAGMENTS = 16  # Streaming DiLoCo's parts the budget may suggest: beyond, a part's all-reduce is mostly latency
+STREAM_OK = 0.01  # a round's all-reduce over this share of its compute travels during the next local steps (overlap)
 
 
 def ring_factor(world: int) -> float:
@@ -192,7 +193,8 @@ def compress_for(b: dict, inner_steps: int) -> dict | None:
 
 def fragments_for(b: dict, inner_steps: int, kind: str) -> dict | None:
     """Streaming DiLoCo for a run of rounds of ``inner_steps`` sent as ``kind`` on this budget's link, when one round's
-    all-reduce would take more than DILOCO_OK of the round's compute: it travels during the local steps after it is
+    all-reduce would take more than STREAM_OK of the round's compute (a wait the ranks can be spared: the update then
+    lands a step or so late, which costs DiLoCo little): it travels during the local steps after it is
     sent (``training.diloco.overlap_steps``) so that no rank waits for it, and when it needs more than one local step
     it is cut into P parts (``training.diloco.fragments``, at most MAX_FRAGMENTS) of one step's traffic each, so
     that each part's outer step lands a step late rather than the whole update K steps late.
@@ -204,10 +206,10 @@ def fragments_for(b: dict, inner_steps: int, kind: str) -> dict | None:
     sent = bytes_per_value(kind) * b["parameters"]
     sync = allreduce_s(sent, b["world"], b["busbw_GBps"], b["latency_us"] / 1e6, buckets(sent))
     round_s = inner_steps * compute_s
-    if sync <= DILOCO_OK * round_s:
+    if sync <= STREAM_OK * round_s:
         return None
     head = (f"a round of {inner_steps} steps computes for ~{seconds(round_s)} and its all-reduce as {kind} "
-            f"({human_bytes(sent)}) takes ~{seconds(sync)} on this link, over {DILOCO_OK:.0%} of it")
+            f"({human_bytes(sent)}) takes ~{seconds(sync)} on this link, {_pct(sync / round_s)} of it")
     whole = math.ceil(sync / compute_s)  # the local steps the whole round's all-reduce needs
     parts = min(whole, MAX_FRAGMENTS)
     k = math.ceil(sync / parts / compute_s)

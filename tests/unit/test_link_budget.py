@@ -315,12 +315,15 @@ def test_diloco_wire_is_the_least_compressed_whose_round_fits_the_link():
 
 
 def test_diloco_streaming_hides_a_round_that_does_not_fit_and_cuts_it_into_a_steps_traffic_each():
-    # 14M parameters at 25 MB/s: bf16's 28 MB take 1.12 s a round. At 1.2 s a step a round of 20 (24 s) hides it
-    # within 5%: nothing to stream; of 10 (12 s) it does not, and one step covers it: overlapped, whole
+    # 14M parameters at 25 MB/s: bf16's 28 MB take 1.12 s a round, int4's 7.2 MB 0.29 s. At 1.2 s a step a round of
+    # 50 (60 s) waits for int4's under 1% of its time: nothing to stream; bf16's 1.9%, and one step covers it:
+    # overlapped, whole
     b = lb.budget(busbw_GBps=0.025, latency_us=500.0, world=2, parameters=14_000_000, compute_s=1.2)
-    assert lb.fragments_for(b, 20, "bf16") is None and lb.fragments_for(b, 10, "int8") is None  # int8: 0.57 s
-    assert {k: v for k, v in lb.fragments_for(b, 10, "bf16").items() if k != "why"} == \
-        {"fragments": 1, "overlap_steps": 1}
+    assert lb.fragments_for(b, 50, "int4") is None and lb.fragments_for(b, 50, "int8") is None  # int8: 0.95%
+    s = lb.fragments_for(b, 50, "bf16")
+    assert (s["fragments"], s["overlap_steps"]) == (1, 1) and s["why"] == (
+        "a round of 50 steps computes for ~60 s and its all-reduce as bf16 (28 MB) takes ~1.12 s on this link, 1.9% "
+        "of it: travelling during the 1 local step after the round, no rank waits for it")
     # at 0.1 s a step the round needs 12 steps of traffic: 12 parts of one step each, at H=50 and H=20 alike
     fast = lb.budget(busbw_GBps=0.025, latency_us=500.0, world=2, parameters=14_000_000, compute_s=0.1)
     for h in (50, 20):
@@ -414,12 +417,17 @@ def test_train_warning_from_the_cache_end_to_end(home, monkeypatch):
     # 1.1 s, over 5% of it), added to the run's overrides and said; given by the user: left as given
     opts = LaunchOptions(nodes=_nodes(), args=overrides + ["training.sync=diloco", "training.diloco.inner_steps=10"])
     out = io.StringIO()
-    assert link_cache.choose_wire(link_cache.start(opts), opts, Console(file=out, width=400)) == {"compress": "int8"}
-    assert opts.args[-1] == "training.diloco.compress=int8" and opts.trainer.training.diloco.compress == "int8"
+    # and its ~0.57 s (4.7% of the round) travel during the next local step: no rank waits for them
+    assert link_cache.choose_wire(link_cache.start(opts), opts, Console(file=out, width=400)) == \
+        {"compress": "int8", "fragments": 1, "overlap_steps": 1}
+    assert opts.args[-2:] == ["training.diloco.compress=int8", "training.diloco.overlap_steps=1"]
+    assert opts.trainer.training.diloco.compress == "int8"
     assert out.getvalue().startswith("diloco: rounds sent as int8, chosen from test-ddp's figures for node0,node1: a "
                                      "round of 10 steps computes for ~")
-    assert out.getvalue().rstrip().endswith("training.diloco.compress=bf16 keeps bf16")
-    given = LaunchOptions(nodes=_nodes(), args=opts.args[:-1] + ["training.diloco.compress=none"])
+    assert out.getvalue().splitlines()[0].endswith("training.diloco.compress=bf16 keeps bf16")
+    assert out.getvalue().splitlines()[1].startswith("diloco: training.diloco.overlap_steps=1, chosen from test-ddp's "
+                                                     "figures for node0,node1: a round of 10 steps computes for ~")
+    given = LaunchOptions(nodes=_nodes(), args=opts.args[:-2] + ["training.diloco.compress=none"])
     # fp32's 55.6 MB take ~2.2 s, over 5% of the round and within two of its steps: two parts of a step's traffic,
     # each travelling during the step after it; a run that sets its overlap (or its parts) is left as given
     out = io.StringIO()
