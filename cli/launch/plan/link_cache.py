@@ -11,9 +11,10 @@ included) would take longer than the compute, or when the ranks differ in speed 
 equal shares, one warning line says so with the figures and the overrides to try. Under DiLoCo, when the run does
 not set ``training.diloco.compress``, its rounds are sent as the budget's wire for the run's H on this link (the
 least compressed whose round fits; link_budget.compress_for); when it sets neither ``training.diloco.fragments`` nor
-``overlap_steps`` and a round's all-reduce would still make the ranks wait, the round travels during the local steps
-after it, cut in parts of a step's traffic each (link_budget.fragments_for). Each choice is said in one line. Never an
-error, never a reason not to run: anything missing or failing here is silence.
+``overlap_steps`` and a round's all-reduce would take over 1% of the round's compute, it travels during the local
+steps after it, cut in parts of a step's traffic each when it needs more than one (link_budget.fragments_for); a run
+of rounds waits for the advice before its plan, any other run only when it prints the warning. Each choice is said in
+one line. Never an error, never a reason not to run: anything missing or failing here is silence.
 """
 
 from __future__ import annotations
