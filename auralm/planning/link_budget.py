@@ -82,6 +82,12 @@ def buckets(nbytes: float) -> int:
     return max(1, math.ceil(nbytes / DDP_BUCKET_BYTES))
 
 
+def round_sync(kind: str, parameters: int, world: int, busbw_GBps: float, latency_s: float) -> tuple[float, float]:
+    """(bytes, seconds) of one DiLoCo round's all-reduce of ``parameters`` sent as ``kind``, in DDP-sized buckets."""
+    sent = bytes_per_value(kind) * parameters
+    return sent, allreduce_s(sent, world, busbw_GBps, latency_s, buckets(sent))
+
+
 def link_from_rows(rows: list[dict]) -> tuple[float, int] | None:
     """(busbw in GB/s, the message size it was measured at) from ddp_check's bandwidth rows: the best of the two
     largest sizes measured (the closest to a DDP bucket; one noisy round does not decide)."""
@@ -136,8 +142,7 @@ def budget(*, busbw_GBps: float, latency_us: float, world: int, parameters: int,
     half_s = allreduce_s(grad / 2, world, busbw_GBps, lat, n_buckets)  # the hook compresses each fp32 bucket
     by_kind = {}
     for kind in WIRE_KINDS:
-        sent = bytes_per_value(kind) * parameters
-        sync = allreduce_s(sent, world, busbw_GBps, lat, buckets(sent))
+        sent, sync = round_sync(kind, parameters, world, busbw_GBps, lat)
         by_kind[kind] = {"bytes_per_sync": round(sent), "comm_s_per_sync": sync,
                          "inner_steps": diloco_steps(sync, diloco_compute)}
     def rank(kind: str) -> tuple:  # the smallest H; where no H is enough (the largest), the least time a round
@@ -203,8 +208,7 @@ def fragments_for(b: dict, inner_steps: int, kind: str) -> dict | None:
     compute_s = b["diloco"]["compute_s"]
     if not compute_s or compute_s <= 0 or inner_steps < 2 or b["world"] <= 1:
         return None
-    sent = bytes_per_value(kind) * b["parameters"]
-    sync = allreduce_s(sent, b["world"], b["busbw_GBps"], b["latency_us"] / 1e6, buckets(sent))
+    sent, sync = round_sync(kind, b["parameters"], b["world"], b["busbw_GBps"], b["latency_us"] / 1e6)
     round_s = inner_steps * compute_s
     if sync <= STREAM_OK * round_s:
         return None
