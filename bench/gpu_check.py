@@ -442,7 +442,7 @@ def mhc_devices() -> str | None:
 
 
 def check_mhc(work: Path):
-    from auralm.training.train import AMAX_WARN
+    from auralm.models.rlm.model import AMAX_WARN
 
     wrong = mhc_devices()
     res, records, _ = train(work, "mhc", model="rlm-tiny")
