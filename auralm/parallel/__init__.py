@@ -1,6 +1,6 @@
 """How the ranks train together: the sync strategies, one class each behind one interface and one registry.
 
-- ``strategy``: the interface (``Strategy``), the training parts a strategy gets (``Parts``) and the registry
+- ``strategy``: the interface (``Strategy``), what a strategy trains with (``Training``: the trainer) and the registry
   that ``training.sync``/``training.parallel`` names are looked up in (``register``, ``choose``, ``make``);
   standard library only, so config.py and link_budget.py read it without torch.
 - ``single``: one process (``training.sync=ddp`` alone): the step every other strategy builds on.

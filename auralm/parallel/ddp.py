@@ -33,8 +33,9 @@ class DataParallel(Single):
         if self.t.ddp_comm_hook != "none":
             log.say(f"sync: ddp, gradients compressed with the {self.t.ddp_comm_hook} hook")
 
-    def wrap(self, extras: dict) -> None:
-        """DDP around the model, its comm hook, and the hook's saved state (PowerSGD's) on a resume."""
+    def wrap(self, ckpt) -> None:
+        """DDP around the model, its comm hook, and the hook's state (PowerSGD's, each rank's own) registered with the
+        checkpoints: restored on a resume."""
         d, t, raw = self.d, self.t, self.p.model
         # gradient_as_bucket_view: the gradients are views into DDP's all-reduce buckets, which saves copying every
         # gradient into its bucket and back each step (and that memory). Buffers go from rank 0 with the weights at
@@ -44,10 +45,15 @@ class DataParallel(Single):
                          process_group=d.group, gradient_as_bucket_view=True, forward_sync_buffers=False)
         self.hook = comm_hooks.register(self.model, t.ddp_comm_hook, d, rank=t.powersgd_rank,
                                         start_iter=t.warmup_steps, seed=t.seed)
-        if self.hook is not None and extras.get("powersgd"):
+        if self.hook is not None:
+            ckpt.register("powersgd", get=lambda: comm_hooks.state_dict(self.hook), put=self.load_hook_state,
+                          per_rank=True)
+
+    def load_hook_state(self, saved) -> None:
+        if saved:
             self.prime_buckets()
             self.p.optimizer.zero_grad(set_to_none=True)
-            comm_hooks.load_state_dict(self.hook, extras["powersgd"])
+            comm_hooks.load_state_dict(self.hook, saved)
 
     def prime_buckets(self) -> None:
         """One forward and backward through DDP that changes nothing (the loss times zero, no optimizer step; the
@@ -74,13 +80,6 @@ class DataParallel(Single):
 
     def bad_step(self) -> None:
         comm_hooks.reset(self.hook)
-
-    def rank_parts(self) -> dict:
-        if self.hook is None:
-            return {}
-        from auralm.training import distributed
-
-        return {"powersgd": distributed.gather_object(self.d, comm_hooks.state_dict(self.hook))}  # each rank's own
 
     @classmethod
     def link_cost(cls, budget: dict, hook: str) -> dict | None:

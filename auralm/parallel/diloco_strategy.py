@@ -42,7 +42,7 @@ from auralm.parallel.compress import BLOCK, sent_per_round
 from auralm.parallel.diloco import DiLoCo, choose_outer_step, few_rounds_note
 from auralm.planning.link_budget import human_bytes
 from auralm.parallel.single import Single
-from auralm.parallel.strategy import Parts
+from auralm.parallel.strategy import Training
 
 
 class DiLoCoRounds(Single):
@@ -58,34 +58,24 @@ class DiLoCoRounds(Single):
     def steps_a_round(cls, training) -> int | None:
         return training.diloco.inner_steps
 
-    def attach(self, parts: Parts, extras: dict) -> None:
-        """The outer step (auto: by the run's length, set in the config the run records), and on a resume the
-        outer optimizer's state and this rank's inner optimizer's."""
-        super().attach(parts, extras)
+    def attach(self, training: Training, ckpt) -> None:
+        """The outer step (auto: by the run's length, set in the config the run records); its checkpoint parts (the
+        outer optimizers' shared state, each rank's inner optimizer and rounding remainder), restored on a resume."""
+        super().attach(training, ckpt)
         t = self.t
         self.outer_step = choose_outer_step(t.diloco, t.max_steps)
-        weight = parts.shares.sample_weight(self.d.rank)
+        weight = training.shares.sample_weight(self.d.rank)
         self.outers = [DiLoCo(part, t.diloco, self.d, weight, varying=t.diloco.timed)
-                       for part in fragments([q for q in parts.model.parameters() if q.requires_grad],
+                       for part in fragments([q for q in training.model.parameters() if q.requires_grad],
                                              t.diloco.fragments)]
         self.round_s = None  # rounds by time: the next round's length for H steps (None: not measured yet)
         self.local_steps = 0  # this rank's local steps since the start (a part in flight is finished K after its own)
         self.started = [0] * len(self.outers)  # local_steps when each part was last sent
         self.broken: list[int] = []  # ranks whose change of a part was not finite, this round
-        if "diloco" in extras:
-            states = extras["diloco"].get("fragments", [extras["diloco"]])
-            if len(states) != len(self.outers):
-                raise UserError(f"the checkpoint's DiLoCo state is in {len(states)} part(s) and this run's in "
-                                f"{len(self.outers)} (training.diloco.fragments): resume with "
-                                f"training.diloco.fragments={len(states)}")
-            for outer, state in zip(self.outers, states):
-                outer.load_state_dict(state)
-        if "inner_optimizer" in extras:
-            parts.optimizer.load_state_dict(extras["inner_optimizer"])
-        if "diloco_remainder" in extras:
-            saved = extras["diloco_remainder"]
-            for outer, state in zip(self.outers, saved if isinstance(saved, list) else [saved]):
-                outer.wire.load_state_dict(state)
+        ckpt.register("diloco", get=self.outer_state, put=self.load_outer_state)
+        ckpt.register("inner_optimizer", training.optimizer, per_rank=True)
+        if not self.outer.wire.summed:  # what each rank's rounding left out, for an exact resume
+            ckpt.register("diloco_remainder", get=self.remainder_state, put=self.load_remainder, per_rank=True)
         self.own_metrics = distributed.Dist(device=self.d.device)  # the metrics are this rank's: no collective in a round
         nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1"))  # torchrun's node count
         if self.d.world > 1 and nodes > 1 and (t.elastic.min_nodes or 1) < nodes:  # a node may leave: the others go on
@@ -298,18 +288,27 @@ class DiLoCoRounds(Single):
             figures["round_steps"] = self.round_steps  # each rank's local steps in the last round
         return figures
 
-    def rank_parts(self) -> dict:
-        parts = {"inner_optimizer": distributed.gather_object(self.d, self.p.optimizer.state_dict())}
-        if not self.outer.wire.summed:  # what each rank's rounding left out, for an exact resume
-            remainder = [o.wire.state_dict() for o in self.outers]
-            parts["diloco_remainder"] = distributed.gather_object(self.d, remainder if len(remainder) > 1 else
-                                                                  remainder[0])
-        return parts
-
-    def shared_parts(self) -> dict:
+    def outer_state(self) -> dict:
         if len(self.outers) == 1:
-            return {"diloco": self.outer.state_dict()}
-        return {"diloco": {"fragments": [o.state_dict() for o in self.outers]}}
+            return self.outer.state_dict()
+        return {"fragments": [o.state_dict() for o in self.outers]}
+
+    def load_outer_state(self, saved: dict) -> None:
+        states = saved.get("fragments", [saved])
+        if len(states) != len(self.outers):
+            raise UserError(f"the checkpoint's DiLoCo state is in {len(states)} part(s) and this run's in "
+                            f"{len(self.outers)} (training.diloco.fragments): resume with "
+                            f"training.diloco.fragments={len(states)}")
+        for outer, state in zip(self.outers, states):
+            outer.load_state_dict(state)
+
+    def remainder_state(self):
+        remainder = [o.wire.state_dict() for o in self.outers]
+        return remainder if len(remainder) > 1 else remainder[0]
+
+    def load_remainder(self, saved) -> None:
+        for outer, state in zip(self.outers, saved if isinstance(saved, list) else [saved]):
+            outer.wire.load_state_dict(state)
 
     @classmethod
     def link_cost(cls, budget: dict, hook: str) -> dict | None:

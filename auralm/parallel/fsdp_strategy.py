@@ -35,10 +35,10 @@ class Sharded(Single):
         self.grad_copies = 1 if d.world > 1 else 0
         self.sharding = ""
 
-    def attach(self, parts, extras: dict) -> None:
+    def attach(self, training, ckpt) -> None:
         if self.sharded:  # the parameters the step clips and checks are the shards: a forward without gradients
-            fsdp_lib.reshard(parts.model)  # (the run's time probe, an evaluation) leaves the root unit gathered
-        super().attach(parts, extras)
+            fsdp_lib.reshard(training.model)  # (the run's time probe, an evaluation) leaves the root unit gathered
+        super().attach(training, ckpt)
 
     def run_dir(self, out_dir: Path | None) -> Path | None:
         return shared_run_dir(self.d, out_dir) if self.sharded else out_dir

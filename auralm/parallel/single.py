@@ -1,10 +1,10 @@
 """The single-process strategy: one rank's training step (forward and backward over the micro-batches, fp16's
-loss scaling, clipping, the NaN guard's verdict, the optimizer step), and what it adds to a checkpoint.
+loss scaling, clipping, the NaN guard's verdict, the optimizer step), and how it writes a checkpoint.
 
 The other strategies are subclasses that change what differs: DDP (auralm.parallel.ddp) wraps the model and
 weighs the loss by the rank's share; FSDP (fsdp_strategy) shards it; DiLoCo (diloco_strategy) takes rounds of
 these steps. The interface is auralm.parallel.strategy.Strategy. Imports torch and auralm's loop parts
-(checkpoint, objective, optim, precision, data, distributed), never auralm.training.train.
+(checkpoint, optim, precision, data, distributed), never auralm.training.train.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import torch
 
 from auralm import tasks
 from auralm.data import datadir
-from auralm.training import checkpoint, distributed, objective, optim
-from auralm.parallel.strategy import Parts, Strategy
+from auralm.training import checkpoint, distributed, optim
+from auralm.parallel.strategy import Strategy, Training
 from auralm.training.precision import autocast
 
 
@@ -39,8 +39,9 @@ class Single(Strategy):
         # overflowed (inf or NaN) the scaler skips the update and halves the scale: that is the scaler's normal
         # work, not a failure, so local_step hands the NaN guard a norm of 0 for such a step (``overflowed``) and
         # apply lets scaler.step decide; a non-finite loss, or fault.nan_at_step, still goes to the guard. The scale
-        # is saved in checkpoints (extra "grad_scaler", rank 0's: under DDP every rank's is the same, as the
-        # gradients are) and restored on resume. With any other dtype the scaler is disabled and changes nothing.
+        # is saved in checkpoints (the part "grad_scaler", rank 0's: under DDP every rank's is the same, as the
+        # gradients are), registered as the strategy attaches. With any other dtype the scaler is disabled and changes
+        # nothing.
         self.scaler = torch.amp.GradScaler(d.device.type, enabled=self.t.dtype == "fp16")
         self.overflowed = False
         self.own_norm = None  # fsdp: the norm of this rank's own gradient shards, for the guard's per-rank flag
@@ -56,19 +57,19 @@ class Single(Strategy):
     def inner_steps(self) -> int | None:
         return None
 
-    def attach(self, parts: Parts, extras: dict) -> None:
-        self.p = parts
-        self.model = parts.model
-        self.params = [q for q in parts.model.parameters() if q.requires_grad]
-        self.samples_factor = parts.shares.global_factor(self.d.rank)
+    def attach(self, training: Training, ckpt) -> None:
+        self.p = training
+        self.model = training.model
+        self.params = [q for q in training.model.parameters() if q.requires_grad]
+        self.samples_factor = training.shares.global_factor(self.d.rank)
         self.sources = 1  # the ranks whose rows this rank takes each step: itself (DiLoCo: and ranks that left)
-        if extras.get("grad_scaler"):
-            self.scaler.load_state_dict(extras["grad_scaler"])
+        if self.scaler.is_enabled():
+            ckpt.register("grad_scaler", self.scaler)
 
     def say_start(self, log, step: int) -> None:
         pass
 
-    def wrap(self, extras: dict) -> None:
+    def wrap(self, ckpt) -> None:
         pass
 
     def batches(self, rank: int | None = None):
@@ -178,37 +179,14 @@ class Single(Strategy):
 
     # ------------------------------------------------------------ checkpoints and the end
 
-    def checkpoint_parts(self) -> tuple[dict, dict]:
-        """(per rank: each entry a list in rank order, gathered on rank 0; rank 0's own extras)."""
-        p, d = self.p, self.d
-        per_rank = {}
-        if isinstance(p.step_kind, objective.Recurrent):
-            per_rank["carry"] = distributed.gather_object(d, p.step_kind.state_dict())
-        per_rank.update(self.rank_parts())
-        shared = {}
-        if d.rank == 0:
-            if p.ema:
-                shared["ema"] = p.ema.state_dict()
-            shared.update(self.shared_parts())
-            if self.scaler.is_enabled():
-                shared["grad_scaler"] = self.scaler.state_dict()
-        return per_rank, shared
-
-    def rank_parts(self) -> dict:
-        """Each rank's own state for the checkpoint, gathered (a collective: every rank calls it)."""
-        return {}
-
     def wire_figures(self) -> dict:
         """This rank's traffic for the step's record (``round_bytes``: what it sent for its last round), where the
         strategy counts it."""
         return {}
 
-    def shared_parts(self) -> dict:
-        """Rank 0: the strategy's shared state for the checkpoint."""
-        return {}
-
     def save(self, run_dir: Path, step: int, rng: list, state: dict | None, extra: dict | None) -> Path | None:
-        """Write the checkpoint: rank 0 the whole model; the path on rank 0."""
+        """Write the checkpoint the manager assembled (auralm.training.checkpoint_manager): rank 0 the whole model;
+        the path on rank 0."""
         if self.d.rank == 0:
             return checkpoint.save(run_dir, step, self.p.model, self.p.optimizer, rng, state, self.t.keep_last, extra)
         return None

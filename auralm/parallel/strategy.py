@@ -18,20 +18,17 @@ Imports the standard library only.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
 
 OPTIONS = ("sync", "parallel")  # the training.<option> keys whose values name a strategy
 DEFAULT = "ddp"  # both options' default: plain data parallel (a single process when alone)
 
 
-@dataclass
-class Parts:
-    """What a strategy trains with: made by the trainer before the loop, handed to ``Strategy.attach``.
+class Training(Protocol):
+    """What a strategy trains with: the trainer (auralm.training.train.Trainer), handed to ``Strategy.attach``.
     ``step``, ``position`` (batches this rank consumed) and ``done`` (samples or tokens since the last log line,
     counted over all ranks) move as it trains."""
-    cfg: Any
-    log: Any  # auralm.training.runlog.RunLog
     model: Any  # the model itself (sharded in place under FSDP), not a DDP wrapper
     optimizer: Any
     step_kind: Any  # auralm.training.objective.Plain or Recurrent: the loss of a batch, the ACT carries
@@ -42,11 +39,10 @@ class Parts:
     meter: Any  # auralm.training.objective.Meter
     # called by the step: before_step(at), and after_backward(at, params) -> whether it made the gradients non-finite
     # on purpose (auralm.training.faults: a test's fault injection); none in a user's run
-    hooks: list = field(default_factory=list)
-    resumed: bool = False
-    step: int = 0
-    position: int = 0
-    done: float = 0.0
+    hooks: list
+    step: int
+    position: int
+    done: float
 
 
 class Strategy:
@@ -60,13 +56,16 @@ class Strategy:
       (its checkpoints are DCP shards, also with one rank): how the trainer saves, resumes and evaluates;
     - ``inner_steps()``: local steps a round, for the work shares (DiLoCo), else None (``steps_a_round(training)``,
       the same from the config alone, for the link budget);
-    - ``attach(parts, extras)``: take the training parts and what a resumed checkpoint held for it;
+    - ``attach(training, ckpt)``: take the trainer's parts (``Training``), and register with the checkpoint manager
+      ``ckpt`` (auralm.training.checkpoint_manager) what it keeps in a checkpoint besides the weights: each part with
+      its per-rank flag, handed its saved state as it registers when the run resumes;
     - ``say_start(log, step)``: its lines at the start of a run of several ranks;
-    - ``wrap()``: the model as trained (DDP's wrapper, its comm hook); the batches are made after it;
+    - ``wrap(ckpt)``: the model as trained (DDP's wrapper, its comm hook, registered with ``ckpt``); the batches are
+      made after it;
     - ``step()``: one training step, or round, of every rank: (the step it ended at, the loss, the grad norm);
     - ``settle(loss)``: before an evaluation or a checkpoint (DiLoCo: the round in flight is finished); the loss;
     - ``meter_group()``: over which ranks the training metrics are averaged;
-    - ``checkpoint_parts()``: what it adds to a checkpoint (per rank, gathered; and rank 0's), and ``save``;
+    - ``save(...)``: write a checkpoint the manager assembled (rank 0 the whole model, or every rank its shards);
     - ``final_model(whole)``: the trained model the trainer returns;
     - ``link_cost(budget, hook)`` (a class method, for auralm.planning.link_budget): the per-step communication this
       strategy pays on a link, as the budget's entry, or None when it sends nothing per step.

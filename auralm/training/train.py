@@ -4,9 +4,10 @@ With no arguments it trains a small model on generated sudoku puzzles (made in `
 when missing). ``--check`` only validates the overrides. ``--resume`` is ``resume=latest``.
 Keys: see ``auralm/training/config.py`` (e.g. ``task=lm data_dir=data/quijote model=tiny training.max_steps=500``).
 
-``train`` is the loop's shape: open the run, the data and the model, resume, then step, report, evaluate and save.
+``Trainer`` is a run: made by opening the run, the data and the model and resuming (its checkpoints through one
+manager over stateful parts, auralm.training.checkpoint_manager), then ``fit`` steps, reports, evaluates and saves.
 How the ranks train together (single process, DDP, DiLoCo, FSDP) is the sync strategy that ``training.sync`` and
-``training.parallel`` name (auralm.parallel.strategy): ``train`` calls its interface and never asks which it is.
+``training.parallel`` name (auralm.parallel.strategy): the trainer calls its interface and never asks which it is.
 """
 
 from __future__ import annotations
@@ -21,9 +22,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -38,9 +37,9 @@ from auralm.training.ema import EMA
 from auralm.tools.evaluate import evaluate as evaluate_split
 from auralm.errors import UserError
 from auralm.training.nan_guard import NanGuard
+from auralm.training.checkpoint_manager import CheckpointManager
 from auralm.training.stop_request import StopRequest, stop_line
 from auralm.parallel import balance, strategy
-from auralm.parallel.strategy import Parts
 from auralm.training.precision import (autocast, bf16_compute, cpu_has_bf16, precision_said,  # noqa: F401
                                        rng_state, set_rng_state)  # (autocast ... re-exported)
 from auralm.training.runlog import RunLog
@@ -198,85 +197,6 @@ def shape(resolved: dict) -> dict:
     return {k: v for k, v in resolved["model"].items() if k not in skip}
 
 
-def per_rank_extras(state: dict, extras: dict) -> set[str]:
-    """The extras of a checkpoint kept per rank (a list in rank order: the ACT carries, a strategy's own per-rank
-    state), as its state.json names them; a checkpoint written before it named them: the lists among them (the
-    shared ones are dicts)."""
-    named = state.get("per_rank_extras")
-    return set(named) if named is not None else {k for k, v in extras.items() if isinstance(v, list)}
-
-
-def resume(cfg: Config, d: distributed.Dist, log: RunLog, found: list[Path], model, optimizer, vocab,
-           step_kind, ema: EMA | None, sharded: bool = False) -> tuple[dict | None, dict]:
-    """Rank 0 loads the newest whole checkpoint and broadcasts it: (its state.json, or None; its extras).
-    Each rank gets its own entry of the per-rank extras back (when the world is the same size): the ACT
-    carries, DiLoCo's inner optimizer; the EMA weights are restored here. ``sharded``: the strategy's checkpoints are
-    DCP shards (FSDP), which every rank loads its own of."""
-    state = rng = error = chosen = None
-    extras: dict = {}
-    if d.rank == 0:
-        try:
-            for ckpt in found:
-                why = checkpoint.problem(ckpt)
-                if why:
-                    log.say(f"checkpoint {ckpt} is unusable ({why}); trying the previous one")
-                    continue
-                state, rng = checkpoint.read_state(ckpt)
-                saved, now = state["config"], config.to_dict(cfg)
-                if (saved["task"], shape(saved), state.get("vocab_size")) != (cfg.task, shape(now), vocab):
-                    raise UserError(f"checkpoint {ckpt} is for task={saved['task']} model {shape(saved)} "
-                                    f"(vocabulary {state.get('vocab_size')}), not this run's model {shape(now)} "
-                                    f"(vocabulary {vocab}): use a matching model or another out_dir")
-                try:
-                    if sharded and not checkpoint.is_sharded(ckpt):
-                        raise UserError(f"checkpoint {ckpt} was written with training.parallel=ddp (whole weights, "
-                                        f"model.safetensors): resume it with training.parallel=ddp")
-                    if sharded:
-                        chosen = str(ckpt.absolute())
-                    elif checkpoint.is_sharded(ckpt):  # written by an fsdp run: whole weights on rank 0 alone
-                        checkpoint.load_sharded(ckpt, model, optimizer, no_dist=True)
-                    else:
-                        checkpoint.load_weights(ckpt, model, optimizer)
-                except (RuntimeError, ValueError, KeyError) as e:
-                    raise UserError(f"checkpoint {ckpt} does not fit this model: {str(e).splitlines()[0]}") from None
-                extras = {Path(f).stem: checkpoint.read_extra(ckpt, Path(f).stem) for f in state.get("extra_files", [])}
-                log.say(f"resuming from {ckpt} (step {state['step']})")
-                break
-            else:
-                log.say("no checkpoint found: starting fresh" if not found else "no usable checkpoint: starting fresh")
-        except UserError as e:
-            error = str(e)
-    distributed.raise_if_any(d, error)
-    per_rank = per_rank_extras(state, extras) if state else set()
-    mine = {k: v for k, v in extras.items() if k in per_rank}
-    same_world = bool(state) and len(rng) == d.world
-    state, rng, shared, chosen = distributed.broadcast_object(
-        d, (state, rng, {k: v for k, v in extras.items() if k not in per_rank}, chosen))
-    if state is None:
-        return None, {}
-    same_world = distributed.broadcast_object(d, same_world)
-    own = distributed.scatter_object(d, [{k: v[r] for k, v in mine.items() if len(v) == d.world}
-                                         for r in range(d.world)] if d.rank == 0 else None) if same_world else {}
-    if sharded:  # every rank reads its own shards, whatever the world that wrote them (DCP reshards)
-        try:
-            checkpoint.load_sharded(Path(chosen), model, optimizer)
-        except (RuntimeError, ValueError, KeyError) as e:
-            error = f"checkpoint {chosen} does not fit this model: {(str(e).splitlines() or [type(e).__name__])[0]}"
-        distributed.raise_if_any(d, error)
-    else:
-        distributed.broadcast_state(d, model, optimizer)
-    if same_world:
-        set_rng_state(rng[d.rank], d.device)
-    if "carry" in own:
-        step_kind.load_state_dict(own["carry"])
-    if ema is not None:
-        if shared.get("ema"):
-            ema.load_state_dict(shared["ema"])
-        else:
-            ema.__init__(model, ema.decay)  # the checkpoint kept none: start the average from its weights
-    return state, {**shared, **own}
-
-
 # ---------------------------------------------------------------- evaluation
 
 
@@ -345,18 +265,18 @@ def probe_time(cfg: Config, d: distributed.Dist, step_kind, raw, train_set, val_
     return rate, budget.time_eval_batch(raw, x.to(d.device), y.to(d.device), t, d.device)
 
 
-def plan_time(cfg: Config, d: distributed.Dist, p: Parts, probe: tuple[float, float], n_val: int,
-              fresh: bool) -> tuple[budget.Timing, list[tuple[str, str]]]:
+def plan_time(cfg: Config, d: distributed.Dist, shares: balance.Shares, step: int, probe: tuple[float, float],
+              n_val: int, fresh: bool) -> tuple[budget.Timing, list[tuple[str, str]]]:
     """The run's time from every rank's probe (the slowest rank's step at its share of the batch, the slowest
     evaluation batch) and what auralm.training.budget.plan says of it; for a fresh run of no given length max_steps
     may be lowered to fit training.time_budget. Every rank gathers the same figures: they agree on max_steps."""
     t = cfg.training
     figures = distributed.gather_object(d, (*probe, budget.since_start()))
-    step_s = max(p.shares.batch[r] * t.grad_accum / rate for r, (rate, _, _) in enumerate(figures))
+    step_s = max(shares.batch[r] * t.grad_accum / rate for r, (rate, _, _) in enumerate(figures))
     each, final = budget.eval_batches(cfg.task, n_val, t)
     timing = budget.Timing(step_s=step_s + cfg.fault.step_sleep, eval_batch_s=max(e for _, e, _ in figures),
                            each_batches=each, final_batches=final, gone_s=max(g for _, _, g in figures), ranks=d.world)
-    return timing, budget.plan(cfg, timing, p.step, fresh)
+    return timing, budget.plan(cfg, timing, step, fresh)
 
 
 def auto_batch(cfg: Config, d: distributed.Dist, raw, train_set, log: RunLog, grad_copies: int = 0) -> None:
@@ -418,34 +338,6 @@ def decide_shares(cfg: Config, d: distributed.Dist, state: dict | None, measure,
     return balance.decide(spec, nodes, t.batch_size, inner_steps, rates)
 
 
-@dataclass
-class Books:
-    """What the loop keeps besides the strategy's parts: the run's constants it reports and saves with, and its
-    running figures (the clock of the current log interval, the training time, the validation losses)."""
-    cfg: Config
-    d: distributed.Dist
-    log: RunLog
-    s: Any  # the strategy (auralm.parallel.strategy.Strategy)
-    p: Parts
-    out_dir: Path | None
-    ckpt_dir: Path | None
-    data_dir: Path
-    val_set: Any
-    tokenizer: Any
-    arch: dict
-    vocab: int | None
-    clock: float = 0.0
-    train_s: float = 0.0  # training time so far, without evaluations and saving
-    best: float = float("inf")
-    val_loss: float | None = None
-    timing: budget.Timing | None = None  # the probe's figures (auralm.training.budget): the evaluations' ETA
-    start_step: int = 0  # where this session began, and its training time then (the ETA's pace)
-    start_train_s: float = 0.0
-
-    def __post_init__(self):
-        self.start_step, self.start_train_s = self.p.step, self.train_s
-
-
 def open_run(cfg: Config, d: distributed.Dist) -> tuple[Path | None, list[Path], RunLog]:
     """Rank 0 plans the run directory (checked writable) and the trackers; (it, the checkpoints to resume from,
     the run's log) on every rank."""
@@ -502,132 +394,224 @@ def make_guard(cfg: Config, d: distributed.Dist, s, raw, optimizer, log: RunLog)
         if cfg.guard.enabled else None
 
 
-def resumed_parts(cfg: Config, state: dict | None, d: distributed.Dist, **parts) -> Parts:
-    """The training parts, at the step and data position of the checkpoint resumed from (if any)."""
-    positions = state.get("data_positions") if state else None
-    position = positions[d.rank] if positions and len(positions) == d.world else \
-        (state["data_position"] if state else 0)  # batches this rank has consumed
-    return Parts(cfg=cfg, shares=None, meter=objective.Meter(), resumed=state is not None,
-                 hooks=faults.hooks(cfg.fault, d.rank, resumed=state is not None),
-                 step=state["step"] if state else 0, position=position, **parts)
+class Trainer:
+    """One rank's run: what it trains (the model, its optimizer, the ACT carries, the EMA, the NaN guard, the data),
+    where it stands (the step, this rank's data position, the work shares) and what it reports and saves with (the
+    run directory, the clock of the current log interval, the training time, the validation losses). The sync
+    strategy (auralm.parallel.strategy) trains with it (``Training``: the fields it reads and moves); the checkpoint
+    manager (auralm.training.checkpoint_manager) saves its parts and the strategy's, and hands them back on a resume.
 
+    Made in the order a run opens: the run directory, the strategy, the data, the model and its parts, the probe of
+    the step's time, the resume; ``fit()`` then steps, reports, evaluates and saves until ``training.max_steps``."""
 
-def say_start(b: Books, state: dict | None, said: list[tuple[str, str]] = ()) -> None:
-    """The run's first lines: its config, the model, its length and time (``said``: (kind, line) of
-    auralm.training.budget), and with several ranks the backend, the strategy's lines and the work shares."""
-    cfg, d, log, p, t = b.cfg, b.d, b.log, b.p, b.cfg.training
-    log.config(config.to_dict(cfg), p.step)  # from here on the run directory is written (and TensorBoard, W&B)
-    if d.rank == 0 and cfg.recipe_note:  # the paper's recipe the run follows (a pasted pretrain.py line implies one)
-        log.say(cfg.recipe_note)
-    if d.rank == 0 and cfg.model_choice:  # a model the keys chose (arch=hrm_v1, model.hidden_dim=...): said
-        log.say(f"model: {cfg.model_choice}")
-    if d.rank == 0 and not state:
-        n = sum(q.numel() for q in p.model.parameters())
-        log.say(f"model {cfg.model.name} ({models.family_of(cfg.task, b.arch)}): {n / 1e6:.2f}M parameters, in "
-                f"{precision_said(t, d.device)}")
-    if d.world > 1:
-        log.event(0, "backend", f"backend: {d.reason}; using {d.backend} on all {d.world} ranks, device "
-                  f"{d.device.type}", backend=d.backend, requested=d.requested, reason=d.why)
-        b.s.say_start(log, p.step)
-        if p.shares.how != "equal":
-            log.event(p.step, "balance", f"balance {t.balance}: {p.shares.describe('rows/s')}",
-                      **p.shares.to_dict())
-    for kind, line in said:  # last: the lines just before the first step
-        log.event(p.step, kind, line, max_steps=t.max_steps, **(dataclasses.asdict(b.timing) if b.timing else {}))
+    def __init__(self, cfg: Config, d: distributed.Dist):
+        t = cfg.training
+        self.cfg, self.d = cfg, d
+        self.out_dir, found, self.log = open_run(cfg, d)
+        self.s = strategy.make(cfg, d)
+        self.ckpt_dir = self.s.run_dir(self.out_dir)
+        self.data_dir, meta, self.arch, self.vocab, self.train_set, self.val_set = open_splits(cfg, d, self.log)
+        self.model = build_model(cfg, d, self.s, self.arch, self.vocab, self.train_set, self.log)
+        self.tokenizer = datadir.sample_tokenizer(self.data_dir / meta["tokenizer"]["path"]) \
+            if tasks.get(cfg.task).tokenized and t.sample_tokens and (d.rank == 0 or self.s.sharded) and \
+            hasattr(self.model, "new_cache") else None
+        self.optimizer = optim.make_optimizer(self.model, t, d.device)
+        self.step_kind = objective.make(self.model, cfg)
+        self.ema = EMA(self.model, t.ema_decay) if t.ema else None
+        self.guard = make_guard(cfg, d, self.s, self.model, self.optimizer, self.log)
+        torch.manual_seed(t.seed + d.rank)  # each rank its own dropout and halting exploration
+        # before a resume's carries are loaded; every rank decides alike (the same config), and measures when the
+        # work shares need its rate
+        self.probe = probe_time(cfg, d, self.step_kind, self.model, self.train_set, self.val_set) \
+            if shares_measured(cfg, d) or budget.worth_probing(cfg) else None
+        self.ckpt = CheckpointManager(d, self.s, self.ckpt_dir, self.model, self.optimizer)
+        self.register_parts()
+        self.state = self.ckpt.resume(found, self.log, self.fits) if cfg.resume else None
+        state = self.state or {}
+        positions = state.get("data_positions")
+        # where this rank stands: the checkpoint's step and data position (batches this rank has consumed)
+        self.step = state.get("step", 0)
+        self.position = positions[d.rank] if positions and len(positions) == d.world else \
+            state.get("data_position", 0)
+        self.hooks = faults.hooks(cfg.fault, d.rank, resumed=self.state is not None)
+        self.meter, self.shares, self.done = objective.Meter(), None, 0.0
+        self.train_s = state.get("train_s", 0.0)  # training time so far, without evaluations and saving
+        self.best = state.get("best_val_loss", float("inf"))
+        self.val_loss = state.get("val_loss")
+        self.timing: budget.Timing | None = None  # the probe's figures (auralm.training.budget): the evaluations' ETA
+        self.clock = 0.0  # when the current log interval began
+        self.start_step, self.start_train_s = self.step, self.train_s  # this session's start: the ETA's pace
 
+    def register_parts(self) -> None:
+        """What a checkpoint keeps of the trainer's parts besides the weights (the strategy adds its own as it
+        attaches): each rank's ACT carries, the EMA's weights (a checkpoint without them: the average starts from
+        its weights), the NaN guard's state."""
+        if isinstance(self.step_kind, objective.Recurrent):
+            self.ckpt.register("carry", self.step_kind, per_rank=True)
+        if self.ema is not None:
+            self.ckpt.register("ema", self.ema, missing=lambda: self.ema.__init__(self.model, self.ema.decay))
+        if self.guard is not None:
+            self.ckpt.register("guard", self.guard, in_state=True)
 
-def report(b: Books, loss: float, norm: torch.Tensor, evaluating: bool, final: bool) -> None:
-    """The log line and metrics record of this step (training speed, memory, the ACT figures and the model's own:
-    mHC's amax), with the evaluation when due; the progress file for `hrmctl top`."""
-    cfg, d, log, p, t, step = b.cfg, b.d, b.log, b.p, b.cfg.training, b.p.step
-    unit = "tok/s" if p.train_set.unit == "tokens" else "puzzles/s"
-    elapsed = time.perf_counter() - b.clock
-    rate = p.done / elapsed
-    b.train_s += elapsed
-    lr = b.s.lr(step)
-    mem = memory_record(d.device)
-    record = {"step": step, "train_s": round(b.train_s, 3), "loss": float(loss) if math.isfinite(loss) else None,
-              "lr": lr, ("tokens_per_s" if unit == "tok/s" else "samples_per_s"): rate, **mem,
-              "grad_norm": float(norm)}
-    act = p.meter.read(b.s.meter_group(), p.step_kind.summarize)
-    record.update(act)
-    figures, text = model_figures(p.model, log, step)
-    record.update(figures)
-    record.update(b.s.wire_figures())
-    key, label, places = tasks.get(cfg.task).train_metric
-    extra = ("" if not act else f" | ponder {act['ponder']:.2f} | {label} {act[key]:.{places}f}") + text
-    done = step - b.start_step  # this session's steps: the pace of the rest
-    eta = budget.eta(b.timing, t, step, (b.train_s - b.start_train_s) / done if done > 0 else 0.0)
-    log.say(f"step {step}/{t.max_steps} | loss {float(loss):.4f} | lr {lr:.1e} | {rate:.0f} {unit}"
-            f"{extra} | {memory_text(mem)} | eta {eta}")
-    if budget.replan_due(b.timing, b.start_step, step) and b.s.meter_group().world == d.world:  # a step all ranks
-        replan_time(b, (b.train_s - b.start_train_s) / done)  # log together (the metrics' all-reduce): not DiLoCo's
-    if evaluating:
-        record.update(evaluation(b, final))
-    log.metrics(record)
-    progress_file.write(d, record)  # every rank: its step, loss and rate for `hrmctl top` (auralm/training/progress_file.py)
-    p.done, b.clock = 0, time.perf_counter()
+    def fits(self, ckpt: Path, state: dict) -> None:
+        """Refuse a checkpoint of another task, model shape or vocabulary than this run's."""
+        saved, now = state["config"], config.to_dict(self.cfg)
+        if (saved["task"], shape(saved), state.get("vocab_size")) != (self.cfg.task, shape(now), self.vocab):
+            raise UserError(f"checkpoint {ckpt} is for task={saved['task']} model {shape(saved)} "
+                            f"(vocabulary {state.get('vocab_size')}), not this run's model {shape(now)} "
+                            f"(vocabulary {self.vocab}): use a matching model or another out_dir")
 
+    # ------------------------------------------------------------ the run
 
-def replan_time(b: Books, pace_s: float) -> None:
-    """A run the budget sized plans its length again from its own first steps (auralm.training.budget.replan: every
-    rank reaches this log step, gathers the same figures and sets the same max_steps); config.json says the new one."""
-    figures = distributed.gather_object(b.d, (pace_s, budget.since_start()))
-    line = budget.replan(b.cfg, b.timing, b.start_step, b.p.step, max(f[0] for f in figures),
-                         max(f[1] for f in figures))
-    if line:
-        b.log.event(b.p.step, "time_budget", line, max_steps=b.cfg.training.max_steps, pace_s=max(f[0] for f in figures))
-        b.log.config(config.to_dict(b.cfg), b.p.step)
+    def fit(self, whole: bool = True) -> torch.nn.Module:
+        """Train to ``training.max_steps``: the trained model (see ``train`` for ``whole``)."""
+        cfg, d, log, s, t = self.cfg, self.d, self.log, self.s, self.cfg.training
+        kept = budget.resumed_length(cfg, self.state)  # a resumed run goes on to its own length unless one is given
+        if self.step >= t.max_steps:
+            log.say(f"nothing to do: the checkpoint is at step {self.step}, training.max_steps={t.max_steps}")
+            return s.final_model(self.model, whole, self.arch, self.vocab)
+        self.shares = decide_shares(cfg, d, self.state, lambda: self.probe[0], s.inner_steps())
+        self.timing, said = plan_time(cfg, d, self.shares, self.step, self.probe, len(self.val_set),
+                                      fresh=self.state is None) if self.probe else \
+            (None, [("time", budget.unprobed_line(cfg))])  # plan_time may lower max_steps: before
+        s.attach(self, self.ckpt)  # the strategy reads it (DiLoCo's outer step)
+        if self.guard:
+            self.guard.begin(self.step)
+        self.say_start([("resumed_length", kept)] * bool(kept) + said)
+        s.wrap(self.ckpt)
+        s.start()
+        self.clock = time.perf_counter()
+        with StopRequest(d) as asked:  # SIGUSR1 (Slurm's time limit), and SIGTERM in a Slurm job: save, then end
+            while self.step < t.max_steps:
+                previous = self.step
+                self.step, loss, norm = s.step()
+                log.progress(self.step, t.max_steps)  # a terminal: the bar below the lines
+                final, halt = self.step == t.max_steps, asked.agreed()
+                evaluating = final or due(t.eval_interval, previous, self.step)
+                saving = final or halt or due(t.checkpoint_interval, previous, self.step)
+                if evaluating or saving:  # both see, and a resume starts from, the weights every rank shares
+                    loss = s.settle(loss)
+                if due(t.log_interval, previous, self.step) or evaluating:
+                    self.report(loss, norm, evaluating, final)
+                path = self.save() if saving else None
+                if halt and not final:
+                    log.say(stop_line(halt, self.step, t.max_steps, path))
+                    break
+        if d.world > 1:
+            phrase, sums, equal = distributed.compare_checksums(d, self.model)
+            log.event(self.step, "checksum", phrase, checksums=sums, equal=equal)
+        if cfg.logging.curves:
+            write_run_curves(self.out_dir, log.say)  # rank 0: curves.png (the others have no out_dir); never raises
+        return s.final_model(self.model, whole, self.arch, self.vocab)
 
+    def say_start(self, said: list[tuple[str, str]] = ()) -> None:
+        """The run's first lines: its config, the model, its length and time (``said``: (kind, line) of
+        auralm.training.budget), and with several ranks the backend, the strategy's lines and the work shares."""
+        cfg, d, log, t = self.cfg, self.d, self.log, self.cfg.training
+        log.config(config.to_dict(cfg), self.step)  # from here on the run directory is written (and TensorBoard, W&B)
+        if d.rank == 0 and cfg.recipe_note:  # the paper's recipe the run follows (a pasted pretrain.py line: one)
+            log.say(cfg.recipe_note)
+        if d.rank == 0 and cfg.model_choice:  # a model the keys chose (arch=hrm_v1, model.hidden_dim=...): said
+            log.say(f"model: {cfg.model_choice}")
+        if d.rank == 0 and not self.state:
+            n = sum(q.numel() for q in self.model.parameters())
+            log.say(f"model {cfg.model.name} ({models.family_of(cfg.task, self.arch)}): {n / 1e6:.2f}M parameters, "
+                    f"in {precision_said(t, d.device)}")
+        if d.world > 1:
+            log.event(0, "backend", f"backend: {d.reason}; using {d.backend} on all {d.world} ranks, device "
+                      f"{d.device.type}", backend=d.backend, requested=d.requested, reason=d.why)
+            self.s.say_start(log, self.step)
+            if self.shares.how != "equal":
+                log.event(self.step, "balance", f"balance {t.balance}: {self.shares.describe('rows/s')}",
+                          **self.shares.to_dict())
+        for kind, line in said:  # last: the lines just before the first step
+            log.event(self.step, kind, line, max_steps=t.max_steps,
+                      **(dataclasses.asdict(self.timing) if self.timing else {}))
 
-def evaluation(b: Books, final: bool) -> dict:
-    """Rank 0 (a sharded model: every rank, on its shards) evaluates the EMA's weights or the model's; rank 0
-    logs it and keeps the best validation loss. The figures for the metrics record (rank 0's; else {})."""
-    cfg, d, log, p, step, t = b.cfg, b.d, b.log, b.p, b.p.step, b.cfg.training
-    if d.rank == 0 or b.s.sharded:  # fsdp: every rank runs the same forward passes on its shards
-        with (p.ema.applied() if p.ema else contextlib.nullcontext()):
-            ev = evaluate(p.model, b.val_set, cfg, d.device, b.tokenizer,
-                          whole=final and tasks.get(cfg.task).solved_whole, step=step)
-    if d.rank != 0:
-        return {}
-    b.val_loss = ev["val_loss"]
-    b.best = min(b.best, b.val_loss)
-    log.say(f"eval {step}/{t.max_steps} | " + _format(ev))
-    task = tasks.get(cfg.task)
-    if final and task.solved_whole:
-        lo, hi = ev["ci95"]["exact_accuracy"]
-        log.say(f"held-out exact accuracy {ev['exact_accuracy']:.3f} (95% interval {lo:.3f}-{hi:.3f}) on all "
-                f"{len(b.val_set)} test {task.unit} "
-                f"of {b.data_dir} ({task.accuracy.replace('_acc', '')} accuracy {ev[task.accuracy]:.3f}) after "
-                f"{b.train_s / 60:.1f} min of training")
-    if "sample" in ev:
-        log.say("sample: " + json.dumps(ev["sample"], ensure_ascii=False))
-    return {k: v for k, v in ev.items() if k != "sample"}
+    def report(self, loss: float, norm: torch.Tensor, evaluating: bool, final: bool) -> None:
+        """The log line and metrics record of this step (training speed, memory, the ACT figures and the model's own:
+        mHC's amax), with the evaluation when due; the progress file for `hrmctl top`."""
+        cfg, d, log, t, step = self.cfg, self.d, self.log, self.cfg.training, self.step
+        unit = "tok/s" if self.train_set.unit == "tokens" else "puzzles/s"
+        elapsed = time.perf_counter() - self.clock
+        rate = self.done / elapsed
+        self.train_s += elapsed
+        lr = self.s.lr(step)
+        mem = memory_record(d.device)
+        record = {"step": step, "train_s": round(self.train_s, 3), "loss": float(loss) if math.isfinite(loss) else None,
+                  "lr": lr, ("tokens_per_s" if unit == "tok/s" else "samples_per_s"): rate, **mem,
+                  "grad_norm": float(norm)}
+        act = self.meter.read(self.s.meter_group(), self.step_kind.summarize)
+        record.update(act)
+        figures, text = model_figures(self.model, log, step)
+        record.update(figures)
+        record.update(self.s.wire_figures())
+        key, label, places = tasks.get(cfg.task).train_metric
+        extra = ("" if not act else f" | ponder {act['ponder']:.2f} | {label} {act[key]:.{places}f}") + text
+        done = step - self.start_step  # this session's steps: the pace of the rest
+        pace = (self.train_s - self.start_train_s) / done if done > 0 else 0.0
+        eta = budget.eta(self.timing, t, step, pace)
+        log.say(f"step {step}/{t.max_steps} | loss {float(loss):.4f} | lr {lr:.1e} | {rate:.0f} {unit}"
+                f"{extra} | {memory_text(mem)} | eta {eta}")
+        # a step all ranks log together (the metrics' all-reduce): not DiLoCo's
+        if budget.replan_due(self.timing, self.start_step, step) and self.s.meter_group().world == d.world:
+            self.replan_time(pace)
+        if evaluating:
+            record.update(self.evaluation(final))
+        log.metrics(record)
+        progress_file.write(d, record)  # every rank: its step, loss and rate, for `hrmctl top`
+        self.done, self.clock = 0, time.perf_counter()
 
+    def replan_time(self, pace_s: float) -> None:
+        """A run the budget sized plans its length again from its own first steps (auralm.training.budget.replan:
+        every rank reaches this log step, gathers the same figures and sets the same max_steps); config.json says the
+        new one."""
+        figures = distributed.gather_object(self.d, (pace_s, budget.since_start()))
+        slowest = max(f[0] for f in figures)
+        line = budget.replan(self.cfg, self.timing, self.start_step, self.step, slowest, max(f[1] for f in figures))
+        if line:
+            self.log.event(self.step, "time_budget", line, max_steps=self.cfg.training.max_steps, pace_s=slowest)
+            self.log.config(config.to_dict(self.cfg), self.step)
 
-def save(b: Books):
-    """A checkpoint of this step: every rank's random state and data position, what the strategy adds (per rank
-    and shared), the run's state; written as the strategy writes (rank 0, or every rank its shards)."""
-    cfg, d, p, t = b.cfg, b.d, b.p, b.cfg.training
-    began = time.perf_counter()
-    rng = distributed.gather_object(d, rng_state(d.device))
-    positions = distributed.gather_object(d, p.position)
-    per_rank, shared = b.s.checkpoint_parts()
-    extra = state_out = None
-    if d.rank == 0:
-        extra = {**per_rank, **shared}
-        state_out = {
-            "data_position": p.position, "data_positions": positions, "val_loss": b.val_loss,
-            "best_val_loss": b.best, "vocab_size": b.vocab, "train_s": b.train_s, "world": d.world,
-            "parallel": t.parallel,
-            "shares": dict(p.shares.to_dict(), spec=t.balance, sync=t.sync, per_rank=t.batch_size),
-            "guard": p.guard.state_dict() if p.guard else {}, "per_rank_extras": sorted(per_rank),
-            "config": config.to_dict(cfg)}
-    path = b.s.save(b.ckpt_dir, p.step, rng, state_out, extra)
-    if d.rank == 0:
-        b.log.say(f"saved {path}")
-    b.clock += time.perf_counter() - began  # throughput counts training time only
-    return path
+    def evaluation(self, final: bool) -> dict:
+        """Rank 0 (a sharded model: every rank, on its shards) evaluates the EMA's weights or the model's; rank 0
+        logs it and keeps the best validation loss. The figures for the metrics record (rank 0's; else {})."""
+        cfg, d, log, step, t = self.cfg, self.d, self.log, self.step, self.cfg.training
+        task = tasks.get(cfg.task)
+        if d.rank == 0 or self.s.sharded:  # fsdp: every rank runs the same forward passes on its shards
+            with (self.ema.applied() if self.ema else contextlib.nullcontext()):
+                ev = evaluate(self.model, self.val_set, cfg, d.device, self.tokenizer,
+                              whole=final and task.solved_whole, step=step)
+        if d.rank != 0:
+            return {}
+        self.val_loss = ev["val_loss"]
+        self.best = min(self.best, self.val_loss)
+        log.say(f"eval {step}/{t.max_steps} | " + _format(ev))
+        if final and task.solved_whole:
+            lo, hi = ev["ci95"]["exact_accuracy"]
+            log.say(f"held-out exact accuracy {ev['exact_accuracy']:.3f} (95% interval {lo:.3f}-{hi:.3f}) on all "
+                    f"{len(self.val_set)} test {task.unit} "
+                    f"of {self.data_dir} ({task.accuracy.replace('_acc', '')} accuracy {ev[task.accuracy]:.3f}) after "
+                    f"{self.train_s / 60:.1f} min of training")
+        if "sample" in ev:
+            log.say("sample: " + json.dumps(ev["sample"], ensure_ascii=False))
+        return {k: v for k, v in ev.items() if k != "sample"}
+
+    def save(self) -> Path | None:
+        """A checkpoint of this step (auralm.training.checkpoint_manager): the registered parts, every rank's random
+        state, and the run state: every rank's data position, the figures, the work shares. The path, on rank 0."""
+        d, t = self.d, self.cfg.training
+        began = time.perf_counter()
+        positions = distributed.gather_object(d, self.position)
+        run_state = {"data_position": self.position, "data_positions": positions, "val_loss": self.val_loss,
+                     "best_val_loss": self.best, "vocab_size": self.vocab, "train_s": self.train_s, "world": d.world,
+                     "parallel": t.parallel,
+                     "shares": dict(self.shares.to_dict(), spec=t.balance, sync=t.sync, per_rank=t.batch_size)}
+        path = self.ckpt.save(self.step, run_state, config.to_dict(self.cfg))
+        if d.rank == 0:
+            self.log.say(f"saved {path}")
+        self.clock += time.perf_counter() - began  # throughput counts training time only
+        return path
 
 
 def due(interval: int, previous: int, step: int) -> bool:
@@ -639,68 +623,7 @@ def train(cfg: Config, d: distributed.Dist, whole: bool = True) -> torch.nn.Modu
     """Train under ``cfg`` as rank ``d.rank``, synchronised by the strategy ``training.sync``/``training.parallel``
     name (auralm.parallel.strategy); the trained model (fsdp: a whole copy on the CPU when ``whole``, else the
     sharded model itself)."""
-    t = cfg.training
-    out_dir, found, log = open_run(cfg, d)
-    s = strategy.make(cfg, d)
-    ckpt_dir = s.run_dir(out_dir)
-    data_dir, meta, arch, vocab, train_set, val_set = open_splits(cfg, d, log)
-    raw = build_model(cfg, d, s, arch, vocab, train_set, log)
-    tokenizer = datadir.sample_tokenizer(data_dir / meta["tokenizer"]["path"]) if tasks.get(cfg.task).tokenized and \
-        t.sample_tokens and (d.rank == 0 or s.sharded) and hasattr(raw, "new_cache") else None
-    optimizer = optim.make_optimizer(raw, t, d.device)
-    step_kind = objective.make(raw, cfg)
-    ema = EMA(raw, t.ema_decay) if t.ema else None
-    guard = make_guard(cfg, d, s, raw, optimizer, log)
-    torch.manual_seed(t.seed + d.rank)  # each rank its own dropout and halting exploration
-    # before a resume's carries are loaded; every rank decides alike (the same config), and measures when the work
-    # shares need its rate
-    probe = probe_time(cfg, d, step_kind, raw, train_set, val_set) \
-        if shares_measured(cfg, d) or budget.worth_probing(cfg) else None
-    state, extras = resume(cfg, d, log, found, raw, optimizer, vocab, step_kind, ema, s.sharded_checkpoints) \
-        if cfg.resume else (None, {})
-    p = resumed_parts(cfg, state, d, log=log, model=raw, optimizer=optimizer, step_kind=step_kind, ema=ema,
-                      guard=guard, train_set=train_set)
-    kept = budget.resumed_length(cfg, state)  # a resumed run goes on to its own length unless one is given
-    if p.step >= t.max_steps:
-        log.say(f"nothing to do: the checkpoint is at step {p.step}, training.max_steps={t.max_steps}")
-        return s.final_model(raw, whole, arch, vocab)
-    p.shares = decide_shares(cfg, d, state, lambda: probe[0], s.inner_steps())
-    timing, said = plan_time(cfg, d, p, probe, len(val_set), fresh=state is None) if probe else \
-        (None, [("time", budget.unprobed_line(cfg))])  # plan_time may lower max_steps: before
-    s.attach(p, extras)  # the strategy reads it (DiLoCo's outer step)
-    if guard:
-        guard.load_state_dict(state.get("guard", {}) if state else {})
-        guard.begin(p.step)
-    b = Books(cfg, d, log, s, p, out_dir, ckpt_dir, data_dir, val_set, tokenizer, arch, vocab, timing=timing,
-              train_s=state.get("train_s", 0.0) if state else 0.0,
-              best=state.get("best_val_loss", float("inf")) if state else float("inf"),
-              val_loss=state.get("val_loss") if state else None)
-    say_start(b, state, [("resumed_length", kept)] * bool(kept) + said)
-    s.wrap(extras)
-    s.start()
-    b.clock = time.perf_counter()
-    with StopRequest(d) as asked:  # SIGUSR1 (Slurm's time limit), and SIGTERM in a Slurm job: save, then end
-        while p.step < t.max_steps:
-            previous = p.step
-            p.step, loss, norm = s.step()
-            log.progress(p.step, t.max_steps)  # a terminal: the bar below the lines
-            final, halt = p.step == t.max_steps, asked.agreed()
-            evaluating = final or due(t.eval_interval, previous, p.step)
-            saving = final or halt or due(t.checkpoint_interval, previous, p.step)
-            if evaluating or saving:  # both see, and a resume starts from, the weights every rank shares
-                loss = s.settle(loss)
-            if due(t.log_interval, previous, p.step) or evaluating:
-                report(b, loss, norm, evaluating, final)
-            path = save(b) if saving else None
-            if halt and not final:
-                log.say(stop_line(halt, p.step, t.max_steps, path))
-                break
-    if d.world > 1:
-        phrase, sums, equal = distributed.compare_checksums(d, raw)
-        log.event(p.step, "checksum", phrase, checksums=sums, equal=equal)
-    if cfg.logging.curves:
-        write_run_curves(out_dir, log.say)  # rank 0: curves.png (the others have no out_dir); never raises
-    return s.final_model(raw, whole, arch, vocab)
+    return Trainer(cfg, d).fit(whole)
 
 
 def run(cfg: Config, whole: bool = True, process_start: bool = False) -> torch.nn.Module:

@@ -136,7 +136,7 @@ def _run_ranks(target, tmp_path, wait_for: tuple[int, ...], ranks: int = 2) -> l
 
 def _gather_with_rank_1_asleep(rank: int, port: int, out: str) -> None:
     """Both ranks gather once, then rank 1 stops itself (a laptop asleep) and rank 0 gathers again, as a
-    checkpoint's gathers do (auralm.training.train.save)."""
+    checkpoint's gathers do (auralm.training.checkpoint_manager)."""
     from auralm.training.distributed import Dist, gather_object
     from auralm.training.members import Membership
 

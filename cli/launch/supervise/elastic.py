@@ -13,7 +13,7 @@ rendezvous):
     what is left there of the run (its processes, found by their HRMCTL_JOB tag) is stopped, and, once the nodes
     present have logged a step (their ranks can take the signal), the run is restarted with it: the ranks present save a checkpoint first, at a step they agree on (cli/launch/run/save_stop.py),
     and every rank, the returning node's too, resumes from it: rank 0 loads it and broadcasts the weights and the
-    optimizer state (auralm/training/train.py resume), so the returning node takes them from a peer, never from a
+    optimizer state (auralm/training/checkpoint_manager.py), so the returning node takes them from a peer, never from a
     stale copy of its own.
 
 Work lost: the steps since the last checkpoint, on a leave (at most training.checkpoint_interval); none on a join.
