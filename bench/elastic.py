@@ -21,7 +21,8 @@ Under DiLoCo (H=10 local steps a round, SYNC) rank 0 steps on through a fault un
 all-reduce waits for node1; "steps again" is read the same way.
 
 Root only. Usage: python bench/elastic.py [--side hrmctl|torchrun] [--fault link,sleep,kill] [--sync ddp|diloco]
-(both sides, every fault, DDP by default: about 15 minutes)
+[--link LAN|wifi|...] (both sides, every fault, DDP on the lab's LAN by default: about 15 minutes). ``--link wifi``
+shapes both nodes' links as a crowded 2.4 GHz Wi-Fi (lab/links.py: 50 Mbit/s, 5 +- 2.5 ms, 1% loss) for both sides.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from lab.links import NAMES, said, shape  # noqa: E402
 from lab.nodes import Lab, sh  # noqa: E402
 
 FAULTS = {"link": 30, "sleep": 60, "kill": 0}  # seconds until the node is back
@@ -213,6 +215,7 @@ def main() -> int:
     ap.add_argument("--side", choices=("hrmctl", "torchrun"), help="one side only (default: both)")
     ap.add_argument("--fault", default=",".join(FAULTS), help="comma-separated, of: " + ", ".join(FAULTS))
     ap.add_argument("--sync", choices=tuple(SYNC), default="ddp", help="the run's training.sync (default: ddp)")
+    ap.add_argument("--link", choices=NAMES, default="LAN", help="each node's link, both sides (default: the lab's LAN)")
     args = ap.parse_args()
     kinds = [k.strip() for k in args.fault.split(",")]
     if any(k not in FAULTS for k in kinds):
@@ -222,8 +225,9 @@ def main() -> int:
         made = Path(tmp) / "sudoku"
         prepare_sudoku(made, **dict(SUDOKU_DEFAULTS, test=200))
         lab.give_data(made, "sudoku")
-        print(f"training.sync={args.sync}; faults made on node1 after the checkpoint at step {EVERY}; "
-              f"dist_timeout={DIST_TIMEOUT_S}", flush=True)
+        shape(lab, args.link)
+        print(f"training.sync={args.sync}; link {said(args.link)}; faults made on node1 after the checkpoint at step "
+              f"{EVERY}; dist_timeout={DIST_TIMEOUT_S}", flush=True)
         for kind in kinds:
             for name, side in (("hrmctl", hrmctl_side), ("torchrun elastic", torchrun_side)):
                 if args.side and not name.startswith(args.side):

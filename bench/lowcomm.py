@@ -60,11 +60,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 from _handrun import hrmctl  # noqa: E402
 # the outer step: the ranks' average, the paper's
 from auralm.planning.link_budget import AVERAGE, PAPER_STEP  # noqa: E402
+from lab.links import LINKS, NAMES, shape  # noqa: E402
 from lab.nodes import Lab  # noqa: E402
 
 QUIJOTE = ROOT.parent / "shared" / "data" / "quijote" / "pg2000.txt"
-LINKS = {"LAN": (None, 0.0), "200M+3ms": (200, 3.0), "50M+20ms": (50, 20.0)}  # (Mbit/s, ms) on each node's link
-WIFI = {"wifi": (50, 5.0, 2.5, 0.01)}  # (Mbit/s, ms, +- ms, loss) on each node's link: a crowded 2.4 GHz Wi-Fi
 
 
 def prepare(lab: Lab, tmp: Path) -> None:
@@ -81,12 +80,6 @@ def prepare(lab: Lab, tmp: Path) -> None:
         shutil.chown(target.parent, node.user, node.user)
         for p in [target, *target.rglob("*")]:
             shutil.chown(p, node.user, node.user)
-
-
-def shape(lab: Lab, link: str) -> None:
-    rate, delay, jitter, loss = WIFI[link] if link in WIFI else (*LINKS[link], 0.0, 0.0)
-    for node in lab.nodes:
-        node.shape_link(rate, delay, jitter, loss)  # the LAN's (None, 0, ...): no shaping
 
 
 def train(lab: Lab, nodes: list[str], run_id: str, args: list[str], cwd: Path) -> dict:
@@ -358,7 +351,7 @@ def main() -> None:
     p.add_argument("--modes", default="ceiling,ddp,ddp-bf16,diloco,diloco-overlap,diloco-avg,diloco-avg-overlap",
                    help="targets: which two-node rows to run (ceiling: the two nodes each alone at once)")
     p.add_argument("--links", default="LAN,200M+3ms", help="targets: the links to run the two-node rows on")
-    p.add_argument("--link", default="wifi", choices=[*LINKS, *WIFI], help="compress: the link of the two-node rows")
+    p.add_argument("--link", default="wifi", choices=NAMES, help="compress: the link of the two-node rows")
     p.add_argument("--slow-at", type=float, default=0.3, help="unequal: the part of the run after which node3 slows")
     p.add_argument("--ddp-loss", type=float, default=None,
                    help="targets: DDP's final val loss on the LAN from an earlier run, when ddp is not in --modes")
