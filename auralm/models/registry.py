@@ -192,6 +192,8 @@ def of(task: str, arch: dict) -> ModelFamily:
     for fam in _FAMILIES.values():
         if fam.plain and task in fam.tasks:
             return fam
+    from auralm.errors import UserError
+
     raise UserError(f"no model family builds model sizes on task={task}: register a family whose tasks include it "
                     f"(auralm/models/registry.py), or name a size of a family that trains it")
 
