@@ -46,10 +46,10 @@ def _trainer(a, data_dir: Path, width: int, mhc: bool):
     from auralm import models
     from auralm.data import datadir
     from auralm import tasks
-    from auralm.training import config, optim, train
+    from auralm.training import command_line, config, optim, train
 
     meta = datadir.load_manifest(data_dir, "lm")
-    cfg = config.parse(["task=lm", f"model={a.model}", f"model.hidden_dim={width}",
+    cfg = command_line.parse(["task=lm", f"model={a.model}", f"model.hidden_dim={width}",
                         f"model.num_heads={width // 64}", f"model.ffn_dim={-(-8 * width // 3 // 16) * 16}",
                         f"model.mhc_enabled={str(mhc).lower()}", f"training.dtype={a.dtype}",
                         f"training.batch_size={a.batch}"])

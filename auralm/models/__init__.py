@@ -8,8 +8,7 @@
 - ``hrm/``, ``trm/``: the recurrent reasoning models, on sudoku and (causal) on text, trained with ACT
   (``act``: the carry, deep supervision and halting they share; ``recurrent``: the keys and checks they share);
 - ``layers``: what the families share; ``chunked_loss``: the heads' cross-entropy a chunk of tokens at a time;
-- ``guide_spellings``: the guides' spellings of models, keys and options, in one table (the config, the families'
-  specs and ``hrmctl train`` read it); ``families``: which ``model.*`` keys belong to which family;
+- ``families``: which ``model.*`` keys belong to which family;
 - ``pretrained``: ``save_pretrained`` / ``from_pretrained`` (the :class:`Pretrained` mixin every family has);
   :func:`build` attaches ``model.config`` ({task, family, model: the arch, vocab_size}) for them.
 

@@ -1,10 +1,9 @@
 """Keys belong to families: a ``model.*`` key is read by some families' models only (``H_layers`` by HRM, ``ffn_dim``
 by the RLM, ``n_layer`` by GPT and the RLM). auralm.training.config asks two things here:
 
-- :func:`choose`: with no ``model=`` (nor ``arch=``), do the keys name a family? A guide's spelling does
-  (``arch.*`` and ``puzzle_emb_lr`` are the HRM repository's ``pretrain.py``, whose model is HRM; ``model.hidden_dim``
-  and the rest of the RLM-mHC guide's spellings are the RLM), and so do our own ``model.*`` keys when one family
-  alone has them all; else the default model stays.
+- :func:`choose`: with no ``model=``, do the keys name a family? Our own ``model.*`` keys do when the default model
+  does not read one of them and one family alone has them all; else the default model stays. (A line in another
+  project's words may name a model too: auralm.guides reads that before the config, and hands it over.)
 - :func:`check`: a ``model.*`` key the chosen model does not read is refused in one line naming the family it
   belongs to and the ``model=`` that selects it (it used to be stored and ignored: another model, silently).
 
@@ -17,7 +16,6 @@ from __future__ import annotations
 
 from auralm.errors import UserError
 from auralm.models import registry
-
 
 
 def family(size: dict) -> str:
@@ -34,25 +32,10 @@ def keys_of(sizes: dict) -> dict[str, set[str]]:
     return out
 
 
-def guide_family(typed_key: str) -> str | None:
-    """The family a guide's spelling of a key stands for, or None (ours, or any family's): as the families declare
-    their guides' keys (auralm.models.registry)."""
-    found = registry.guide_family(typed_key.lstrip("+"))
-    return found[0] if found else None
-
-
-def choose(sizes: dict, default: str, typed: dict[str, str], task: str | None) -> tuple[str, str] | None:
+def choose(sizes: dict, default: str, typed: dict[str, str]) -> tuple[str, str] | None:
     """With no model named: (the size the keys name, the ``key=value`` that named it), or None for the default.
-    ``typed``: our key -> the ``key=value`` as given (last one wins); ``task``: as given, or None. The model's
-    shape keys decide first; a guide's training keys (``training.optimizer.lr``) only when the task allows."""
+    ``typed``: our key -> the ``key=value`` as given (last one wins)."""
     shape = [(k, item) for k, item in typed.items() if k.startswith("model.")]
-    found = [(fam, exact, item)
-             for k, item in shape + [(k, item) for k, item in typed.items() if not k.startswith("model.")]
-             for fam, exact in [registry.guide_family(item.partition("=")[0].lstrip("+")) or (None, False)]
-             if fam and (k.startswith("model.") or task is None or task in registry.get(fam).tasks)]
-    if found:  # a key named exactly wins over a prefix: arch.* is HRM's unless a key only TRM reads (arch.mlp_t)
-        fam, _, item = next((f for f in found if f[1]), found[0])
-        return registry.get(fam).guide_size, item
     keys = keys_of(sizes)
     fields = {k[len("model."):] for k, _ in shape}
     foreign = sorted(f for f in fields if f not in keys[family(sizes[default])])
@@ -72,7 +55,7 @@ def check(sizes: dict, name: str, typed: dict[str, str], how: str) -> None:
             continue
         owners = [f for f in keys if field in keys[f]]
         given = item.partition("=")[0]
-        shown = given if given.lstrip("+") == k else f"{given} ({k})"
+        shown = given if given == k else f"{given} ({k})"
         where = " and ".join(short_title(f) for f in owners)
         select = " or ".join(registry.get(f).select for f in owners)
         raise UserError(f"{shown} is not a key of model={name} ({short_title(fam)}{how}): it belongs to "

@@ -1,5 +1,5 @@
 """What HRM and TRM share in their declarations (``hrm/spec.py``, ``trm/spec.py``): the defaults of their sizes,
-the keys the HRM guides spell ``arch.<key>``, the values those keys take, and their checks. What a task's samples
+the keys their models read beyond the shape's, the values those keys take, and their checks. What a task's samples
 are (their length, values, classes, whether a position sees those after it) the task says (auralm.tasks). No torch.
 
 ``model.pos_encodings=sudoku`` is a value of these families' own option, a kind of positions (a grid's rows,

@@ -66,14 +66,8 @@ class ModelFamily:
     passes: Callable[[dict], float] = _one_pass  # forward-pass equivalents of one step, a backward counting two
     validates: bool = False  # validate-model takes it (a language model: (x, y) -> (logits, loss))
     validate_checks: Callable[[Any, bool], list] | None = None  # (model, trained) -> its own validate-model checks
-    guide_arch_keys: tuple[str, ...] = ()  # keys a guide spells arch.<key> (the HRM repository's)
-    # a guide's line that names no model trains guide_size when one of its keys is among guide_keys (exactly) or
-    # starts with one of guide_prefixes; an exact key wins over a prefix (arch.mlp_t is TRM's, arch.* HRM's)
-    guide_size: str = ""
-    guide_keys: frozenset = frozenset()
-    guide_prefixes: tuple[str, ...] = ()
-    # the task a size trains when the line gives no task= (HRM's hrm-50m and hrm-100m: language models, as the HRM
-    # launcher's --model 50m|100m); a size not named here trains the config's default task
+    # the task a size trains when the line gives no task= (HRM's hrm-50m and hrm-100m: language models); a size not
+    # named here trains the config's default task
     size_task: dict = None
 
     def __post_init__(self):
@@ -192,6 +186,8 @@ def of(task: str, arch: dict) -> ModelFamily:
     for fam in _FAMILIES.values():
         if fam.plain and task in fam.tasks:
             return fam
+    from auralm.errors import UserError
+
     raise UserError(f"no model family builds model sizes on task={task}: register a family whose tasks include it "
                     f"(auralm/models/registry.py), or name a size of a family that trains it")
 
@@ -214,19 +210,6 @@ def size_task(name: str) -> str | None:
     if len(tasks) == 1:
         return next(iter(tasks))
     return next((f.size_task[name] for f in _FAMILIES.values() if name in f.size_task), None)
-
-
-def guide_family(key: str) -> tuple[str, bool] | None:
-    """(the family a guide's spelling of a key stands for, named exactly rather than by a prefix), or None."""
-    exact = [f.name for f in _FAMILIES.values() if key in f.guide_keys]
-    if exact:
-        return exact[0], True
-    return next(((f.name, False) for f in _FAMILIES.values() if f.guide_prefixes and key.startswith(f.guide_prefixes)), None)
-
-
-def guide_arch_keys() -> list[str]:
-    """Every key a guide may spell ``arch.<key>``, once, in the families' order."""
-    return list(dict.fromkeys(k for f in _FAMILIES.values() for k in f.guide_arch_keys))
 
 
 def _import(module: str, source: str) -> None:

@@ -10,6 +10,6 @@
   collective across the nodes, checked and timed.
 
 May import ``auralm.errors``, ``models``, ``parallel.strategy`` (the registry; link_budget asks the strategy class
-it names what it sends per step) and training's parts (config, distributed, objective, optim, precision); never
-``training.train`` or ``tools``.
+it names what it sends per step), training's parts (config, distributed, objective, optim, precision) and
+``training.command_line`` (a command line's keys, the guides' spellings too); never ``training.train`` or ``tools``.
 """

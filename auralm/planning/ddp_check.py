@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from auralm import tasks
 from auralm.planning import link_budget
-from auralm.training import config, distributed
+from auralm.training import command_line, config, distributed
 from auralm.training.distributed import Dist
 from auralm.errors import UserError
 
@@ -323,7 +323,7 @@ def size_label(n: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        cfg = config.parse(args.overrides)
+        cfg = command_line.parse(args.overrides)
         if cfg.training.batch_size == config.AUTO:
             raise UserError("training.batch_size=auto is the trainer's: the self-test times a given batch, e.g. "
                             "training.batch_size=16")

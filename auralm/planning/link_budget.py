@@ -505,7 +505,7 @@ def run_model(cfg, world: int) -> dict:
 
 def main(argv: list[str]) -> int:
     """``python -m auralm.planning.link_budget --link ENTRY_JSON [--world N] key=value ...``: advise() as one JSON line."""
-    from auralm.training import config
+    from auralm.training import command_line
     from auralm.errors import UserError
 
     args, link, world = list(argv), None, None
@@ -520,7 +520,7 @@ def main(argv: list[str]) -> int:
                 raise UserError(f"unknown option {opt}")
         if link is None:
             raise UserError("--link ENTRY_JSON is required")
-        cfg = config.parse(args)
+        cfg = command_line.parse(args)
         world = world or link["world"]
         t = cfg.training
         out = advise(link, run_model(cfg, world), world=world, sync=t.sync, hook=t.ddp_comm_hook, balance=t.balance,

@@ -136,7 +136,9 @@ if __name__ == "__main__":
                 i = args.index(flag)
                 opts[flag] = int(args[i + 1])
                 del args[i: i + 2]
-        cfg, _ = config.parse_command_line([a for a in args if a != "--json"])
+        from auralm.training import command_line
+
+        cfg, _ = command_line.parse_command_line([a for a in args if a != "--json"])
         if "--json" in sys.argv:
             import json
 

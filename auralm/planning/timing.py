@@ -22,7 +22,7 @@ import torch
 from auralm import models, tasks
 from auralm.errors import UserError, exit_frozen
 from auralm.planning import link_budget, sizing
-from auralm.training import budget, config, objective
+from auralm.training import budget, command_line, config, objective
 
 PROBE_FLOPS = 2e10  # a probe pass's work at most (about 0.2 s at 100 GFLOP/s): the rows timed are capped by it
 
@@ -74,7 +74,7 @@ def probe(cfg: config.Config, vocab: int | None, device: torch.device) -> tuple[
 
 def estimate(args: list[str], world: int = 1) -> dict:
     """The dry run's document: the probe's figures and the lines the run would say before its first step."""
-    cfg, _ = config.parse_command_line(args)
+    cfg, _ = command_line.parse_command_line(args)
     t = cfg.training
     sizing.per_rank(cfg, world)
     counts = data_rows(cfg)

@@ -9,6 +9,7 @@ Each is a typed function here; its command line (options, help, completion, erro
 - ``export``: write a checkpoint as a pretrained folder (``export``: hrmctl export).
 - ``validate_model``: a config's model built and checked before a run (``check``: hrmctl validate-model).
 
-May import ``auralm.errors``, ``models``, ``data``, ``planning.sizing`` and training's parts (config, objective);
+May import ``auralm.errors``, ``models``, ``data``, ``planning.sizing``, training's parts (config, objective) and
+``training.command_line``;
 never ``training.train`` (which imports evaluate and generate from here) or ``parallel``.
 """

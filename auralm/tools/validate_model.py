@@ -22,7 +22,7 @@ import torch
 
 from auralm import models, tasks
 from auralm.planning import sizing
-from auralm.training import config
+from auralm.training import command_line, config
 from auralm.errors import UserError
 from auralm.models import registry
 from auralm.models.registry import check_result as _check
@@ -32,7 +32,7 @@ VOCAB = 512
 
 
 def build(overrides: list[str]) -> tuple[config.Config, dict, torch.nn.Module]:
-    cfg = config.parse(DEFAULTS + overrides)
+    cfg = command_line.parse(DEFAULTS + overrides)
     arch = config.resolved_model(cfg.model)
     family = registry.of(cfg.task, arch)
     if not tasks.get(cfg.task).tokenized or not family.validates:  # a language model: text, and a family that takes it

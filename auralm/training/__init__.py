@@ -2,7 +2,9 @@
 
 - ``train``: the loop (``python -m auralm.training.train``, alone or under torchrun): open the run, the data and
   the model, resume, then step, report, evaluate and save; the sync strategy (auralm.parallel) does the step.
-- ``config``: the run's keys, named sizes, aliases and checks (``python -m auralm.training.config`` prints them).
+- ``config``: the run's keys, named sizes and checks; our own keys only.
+- ``command_line``: a command line read into a config, the guides' spellings translated first (auralm.guides):
+  what the trainer, the planning tools and the launcher's check (``python -m auralm.training.command_line``) call.
 - ``distributed``: the process group, backend choice and collectives every rank calls together.
 - ``checkpoint``, ``nan_guard``, ``ema``, ``optim``, ``precision``, ``objective``: what a step and a saved
   run are made of.
@@ -11,7 +13,8 @@
   and ``training.time_budget``, which sizes a fresh run of no given length.
 - ``progress_file``, ``runlog``, ``tracking``, ``curves``: what a run says: its log, the trackers, the loss curves.
 
-The parts (all but ``train``) may import ``auralm.errors``, ``models``, ``data`` and ``parallel.strategy`` (the
-registry, standard library); ``parallel`` and ``planning`` import the parts. ``train`` alone imports ``parallel``,
-``planning`` and ``tools`` (evaluate, generate), and nothing imports ``train``.
+The parts (all but ``train`` and ``command_line``) may import ``auralm.errors``, ``models``, ``data`` and
+``parallel.strategy`` (the registry, standard library); ``guides``, ``parallel`` and ``planning`` import the parts.
+``command_line`` alone imports ``guides``; ``train`` alone imports ``parallel``, ``planning`` and ``tools`` (evaluate,
+generate), and nothing imports ``train``.
 """

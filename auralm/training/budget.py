@@ -7,7 +7,7 @@ model one segment, times the segments of its solve); the ranks gather their figu
 ``Timing`` gives the run's time to ``training.max_steps``: its steps, the evaluations on the way
 (``training.eval_batches`` each) and the final one (sudoku: every test puzzle). ``plan`` says it in one line, warns
 in one more when the run takes over an hour (with the override that shortens it), and, for a fresh run whose length
-nobody gave (no ``training.max_steps`` nor ``training.epochs``, from the command line, a config file or a guide's
+nobody gave (no ``training.max_steps`` nor ``training.epochs``, from the command line or a config file, in any
 spelling), lowers max_steps so that training and the final evaluation end within ``training.time_budget`` (default 10
 minutes) of the trainer's start, with MARGIN of it planned (the machine's load can change, and the optimizer's step,
 the data and the checkpoints are not in the probe). Every rank computes the same figures, so they agree on the
@@ -171,7 +171,7 @@ class Timing:
 
 def explicit_length(cfg: config.Config) -> str:
     """The key that gave the run's length (``training.epochs``, which wins, or ``training.max_steps``), or "" when none
-    did: typed on the command line, in a config file or as a guide spells it (HRM's ``epochs=``)."""
+    did: typed on the command line or in a config file (in any spelling: ``cfg.given_keys`` holds ours)."""
     given = [k for k in LENGTH_KEYS if k in cfg.given_keys]
     return next((k for k in given if k != "training.epochs" or cfg.training.epochs), "")
 

@@ -1,7 +1,9 @@
 """The trainer's configuration: dataclasses, and ``key=value`` overrides applied to them.
 
 ``model=tiny`` picks a named size; ``model.n_layer=4`` overrides one field of it. Keys that are
-not given keep the defaults below; the resolved config is saved with every run.
+not given keep the defaults below; the resolved config is saved with every run. Only our own keys are read here:
+a command line comes through auralm.training.command_line, which has other projects' spellings translated first
+(auralm.guides) and hands :func:`apply` our keys, each with how it was typed.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from auralm import tasks
-from auralm.models import families, guide_spellings
+from auralm.models import families
 from auralm.models import registry
 from auralm.parallel import strategy
 from auralm.training import recipes
@@ -32,9 +34,6 @@ COMM_HOOKS = ("none", "bf16", "fp16", "powersgd")
 COMPRESS = ("none", "bf16", "int8", "int4")  # training.diloco.compress (auralm/parallel/compress.py)
 
 SCHEDULES = ("cosine", "linear", "constant")
-# The guides' spellings of our keys (and of hrmctl's options): one table, auralm/models/guide_spellings.py.
-ALIASES, COMPOUND, VALUES = guide_spellings.ALIASES, guide_spellings.COMPOUND, guide_spellings.VALUES
-MODEL_ALIASES, ARCH_NAMES, ACCEPTED = guide_spellings.MODEL_ALIASES, guide_spellings.ARCH_NAMES, guide_spellings.ACCEPTED
 
 
 @dataclass
@@ -45,7 +44,7 @@ class ModelConfig:
     n_embd: int | None = None
     block_size: int | None = None  # lm context length (sudoku always sees 81 cells)
     dropout: float | None = None
-    # hrm / trm only (arch.* in the guides)
+    # hrm / trm only
     expansion: float | None = None  # SwiGLU width, as the parameters of an MLP this many times the hidden size
     H_layers: int | None = None
     L_layers: int | None = None
@@ -63,7 +62,7 @@ class ModelConfig:
     eval_segments: int | None = None  # segments at evaluation and solving (0: halt_max_steps; more can solve more)
     extra_classes: int | None = None  # output classes no target has, besides the task's (the public HRM and TRM
     #                                   heads: PAD and blank beside sudoku's 9 digits, PAD beside a maze's 5; recipes)
-    # rlm only (the RLM-mHC guide's model.*)
+    # rlm only
     head_dim: int | None = None  # attention: heads x head_dim need not be the width
     ffn_dim: int | None = None  # SwiGLU's hidden width
     vocab_size: int | None = None  # None: the data's; larger pads the embeddings
@@ -136,7 +135,7 @@ class TrainingConfig:
     # node runs in, has available; also HRMCTL_MEMORY_LIMIT_GB in the environment, the smaller wins)
     memory_limit_gb: float = 0
     epochs: float = 0  # >0: max_steps = epochs over the train split
-    eval_every_epochs: float = 0  # >0: eval_interval in epochs (the HRM guides' eval_interval)
+    eval_every_epochs: float = 0  # >0: eval_interval in epochs
     optimizer: str = "adamw"  # or adam_atan2 (package adam-atan2-pytorch)
     puzzle_emb_lr: float | None = None  # None: lr
     puzzle_emb_weight_decay: float | None = None  # None: weight_decay
@@ -202,7 +201,7 @@ class LoggingConfig:
 
 @dataclass
 class DataConfig:
-    """A text file the trainer prepares itself (the RLM-mHC guide's ``data.*``): on first use, auralm.data.datadir's lm
+    """A text file the trainer prepares itself: on first use, auralm.data.datadir's lm
     preparation writes it into a data directory beside it (``FILE.auralm/``; in the user's cache when that
     directory is not writable), which becomes data_dir; reused while the file and these options are unchanged."""
     train_path: str = ""  # .jsonl (one {"text": ...} a line) or .txt (paragraphs); "": use data_dir
@@ -230,7 +229,7 @@ class Config:
     model_choice: str = field(default="", metadata={"internal": True})
     # the recipe the run follows and what it set ("recipe trm-sudoku-mlp: ..."): set by apply(), not a key
     recipe_note: str = field(default="", metadata={"internal": True})
-    # the keys of ours the overrides set (a config file, a guide's spelling included): set by apply(), not a key
+    # the keys of ours the overrides set (a config file's included): set by apply(), not a key
     given_keys: tuple[str, ...] = field(default=(), metadata={"internal": True})
 
 
@@ -252,7 +251,7 @@ def _keys(obj, prefix: str = "") -> dict[str, type]:
 
 
 def key_names() -> list[str]:
-    """Every key of ours (the guides' spellings aside)."""
+    """Every key of ours."""
     return list(_keys(Config()))
 
 
@@ -294,48 +293,6 @@ def _type_name(typ) -> str:
             tuple[int, ...]: "steps like 10,11,12 or 10-14"}.get(typ, "a string")
 
 
-def _canonical(key: str, text: str) -> tuple[str, str]:
-    """A guide's spelling of a key (``+key``, an alias, ``arch.*``, ``arch=trm``, ``data_paths=[d]``,
-    ``training.mixed_precision=no``, ``resume_from_checkpoint=true``) as ours."""
-    key = key.lstrip("+")
-    if key == "arch":
-        return "model", ARCH_NAMES.get(text, text)
-    if key in ("model", "model.name"):  # model.name: a config file's `model: {name: ...}`
-        return "model", MODEL_ALIASES.get(text, text)
-    if key == "data_paths":
-        items = [t.strip().strip("'\"") for t in text.strip().strip("[]").split(",") if t.strip()]
-        if len(items) != 1:
-            raise UserError(f"data_paths={text}: give exactly one data directory (data_paths=[DIR] or data_dir=DIR)")
-        text = items[0]
-    if key in VALUES:  # a guide's words for our values (training.mixed_precision=no is fp32)
-        if text.lower() not in VALUES[key]:
-            words = sorted(VALUES[key])
-            raise UserError(f"{key}={text!r}: expected one of {', '.join(words)}" if key != "training.mixed_precision"
-                            else f"{key}={text!r}: expected bf16, fp16 or fp32 (or no)")
-        text = VALUES[key][text.lower()]
-    if key == "resume_from_checkpoint":  # the Hugging Face Trainer's true: the newest checkpoint
-        text = {"true": "latest", "false": "", "none": "", "null": ""}.get(text.lower(), text)
-    key = ALIASES.get(key, key)
-    if key.startswith("arch."):
-        key = "model." + key[len("arch."):]
-    return key, text
-
-
-def _pair(given: str, text: str) -> tuple[str, str]:
-    """``[0.9,0.95]``, ``(0.9, 0.95)`` or ``0.9,0.95`` as its two numbers' texts."""
-    inner = text.strip()
-    if len(inner) >= 2 and (inner[0], inner[-1]) in (("[", "]"), ("(", ")")):
-        inner = inner[1:-1]
-    parts = [p.strip() for p in inner.split(",")]
-    if len(parts) == 2:
-        try:
-            [float(p) for p in parts]
-            return parts[0], parts[1]
-        except ValueError:
-            pass
-    raise UserError(f"{given}={text!r}: expected two numbers like [0.9,0.95]")
-
-
 AUTO = 0  # training.batch_size=auto, as stored (a typed 0 is refused: see _set)
 AUTO_NONE = ("training.diloco.outer_lr", "training.diloco.outer_momentum")  # =auto is stored as None
 
@@ -374,97 +331,111 @@ def resolve_epochs(t: TrainingConfig, world: int, n_train: int) -> int:
     return global_batch
 
 
-def _set(cfg: Config, keys: dict, given: str, text: str) -> list[str]:
-    """Set one ``key=value`` (``given`` as typed); the keys of ours it set."""
-    if given.lstrip("+") in ACCEPTED:
-        if text not in ACCEPTED[given.lstrip("+")]:
-            raise UserError(f"{given}={text}: only {' or '.join(ACCEPTED[given.lstrip('+')])} is supported")
-        return []
-    key, text = _canonical(given, text)
-    if key in COMPOUND:
-        pairs = list(zip(COMPOUND[key], _pair(given, text)))
-    elif key in keys:
-        pairs = [(key, text)]
-    else:
-        known = list(keys) + list(COMPOUND) + list(ACCEPTED) + ["arch." + k for k in registry.guide_arch_keys()]
-        hint = guide_spellings.suggest(given, known) or f" (known keys: {', '.join(sorted(keys))})"
-        raise UserError(f"unknown key {given!r}{hint}")
-    for key, text in pairs:
-        if key == "training.batch_size" and text.strip().lower() == "auto":
-            cfg.training.batch_size = AUTO
-            continue
-        if key == "training.diloco.inner_steps" and text.strip().lower() == "auto":
-            cfg.training.diloco.timed = True  # H keeps its value: the schedule's steps a round
-            continue
-        if key in AUTO_NONE and text.strip().lower() == "auto":
-            text = "none"
-        try:
-            value = _convert(text, keys[key])
-            if key == "training.batch_size" and value <= 0:
-                raise UserError(f"{given}={text}: must be greater than 0 (or auto: the largest that fits)")
-        except ValueError:
-            what = "an integer or auto" if key in ("training.batch_size", "training.diloco.inner_steps") else \
-                "a number or auto" if key in AUTO_NONE else _type_name(keys[key])
-            raise UserError(f"{given}={text!r}: expected {what}") from None
-        target = cfg
-        *path, last = key.split(".")
-        for part in path:
-            target = getattr(target, part)
-        if dataclasses.is_dataclass(getattr(target, last)):
-            target, last = getattr(target, last), "name"
-        setattr(target, last, value)
-    return [k for k, _ in pairs]
+@dataclass(frozen=True)
+class Setting:
+    """One override of ours, ``key=text``: ``typed`` is the ``key=value`` as the user typed it where that was another
+    spelling (messages name it, and so does ``model_choice``: "chosen from arch=hrm_v1"); ``file`` the config file it
+    comes from (its errors name the file)."""
+    key: str
+    text: str
+    typed: str = ""
+    file: str = ""
+
+    @property
+    def given(self) -> str:
+        """The ``key=value`` as typed."""
+        return self.typed or f"{self.key}={self.text}"
 
 
-def _split(item: str) -> tuple[str, str]:
+def _set(cfg: Config, keys: dict, s: Setting) -> str:
+    """Set one setting; the key of ours it set (``model.name``, a config file's ``model: {name: ...}``, is ``model``)."""
+    given, text = s.given.partition("=")[0], s.text
+    key = "model" if s.key == "model.name" else s.key
+    if key not in keys:
+        raise UserError(f"unknown key {given!r} (known keys: {', '.join(sorted(keys))})")
+    if key == "training.batch_size" and text.strip().lower() == "auto":
+        cfg.training.batch_size = AUTO
+        return key
+    if key == "training.diloco.inner_steps" and text.strip().lower() == "auto":
+        cfg.training.diloco.timed = True  # H keeps its value: the schedule's steps a round
+        return key
+    if key in AUTO_NONE and text.strip().lower() == "auto":
+        text = "none"
+    try:
+        value = _convert(text, keys[key])
+        if key == "training.batch_size" and value <= 0:
+            raise UserError(f"{given}={text}: must be greater than 0 (or auto: the largest that fits)")
+    except ValueError:
+        what = "an integer or auto" if key in ("training.batch_size", "training.diloco.inner_steps") else \
+            "a number or auto" if key in AUTO_NONE else _type_name(keys[key])
+        raise UserError(f"{given}={text!r}: expected {what}") from None
+    target = cfg
+    *path, last = key.split(".")
+    for part in path:
+        target = getattr(target, part)
+    if dataclasses.is_dataclass(getattr(target, last)):
+        target, last = getattr(target, last), "name"
+    setattr(target, last, value)
+    return key
+
+
+def split_item(item: str) -> tuple[str, str]:
+    """``key=value`` as (key, value), stripped; anything else is a UserError."""
     key, eq, text = item.partition("=")
     key, text = key.strip(), text.strip()
-    if not eq or not key.lstrip("+"):
+    if not eq or not key:
         raise UserError(f"expected key=value, got {item!r}")
     return key, text
 
 
-def apply(cfg: Config, overrides: list[str]) -> Config:
-    """Set ``key=value`` overrides on ``cfg`` (in place) and check the result.
+def with_files(settings: list[Setting]) -> list[Setting]:
+    """The settings with every ``config=FILE.yaml`` replaced by the file's (each naming it), put first: the command
+    line wins over the files."""
+    files = [Setting(key, text, file=s.text) for s in settings if s.key == "config"
+             for key, text in read_config_file(s.text)]
+    return files + [s for s in settings if s.key != "config"]
+
+
+def apply(cfg: Config, overrides: list[str | Setting], *, model: tuple[str, str] = ("", ""),
+          recipe: tuple[str, str] = ("", "")) -> Config:
+    """Set ``key=value`` overrides (or settings) on ``cfg`` (in place) and check the result.
 
     ``config=FILE.yaml`` (any number, in order) is applied first, whatever its place among the overrides: the
-    command line wins over the file. ``data.train_path`` is text, so it means ``task=lm`` unless task is given."""
+    command line wins over the file. ``data.train_path`` is text, so it means ``task=lm`` unless task is given.
+    ``model`` and ``recipe`` are what the line implies beyond its keys, where it gives no ``model=`` and no
+    ``recipe=``: (a size, the ``key=value`` that names it) and (a recipe, how it was chosen), as
+    auralm.guides.translate reads them from another project's line."""
     keys = _keys(cfg)
-    items = [_split(item) for item in overrides]
-    files = [(text, read_config_file(text)) for key, text in items if key.lstrip("+") == "config"]
+    given = with_files([s if isinstance(s, Setting) else Setting(*split_item(s)) for s in overrides])
     typed: dict[str, str] = {}  # our key -> the key=value that set it, as typed (the last one)
-    given = [*(kv for _, settings in files for kv in settings), *items]
-    data = [text for key, text in (_canonical(k, t) for k, t in given) if ALIASES.get(key, key) == "data_dir"]
-    recipe, how = recipes.chosen(given, data[-1] if data else "")
-    for item in recipes.overrides(recipe, how) if recipe else ():  # first: the files and the command line win
-        typed.update((k, f"recipe={recipe}") for k in _set(cfg, keys, *_split(item)))
-    for path, settings in files:
-        for key, text in settings:
-            try:
-                typed.update((k, f"{key}={text}") for k in _set(cfg, keys, key, text))
-            except UserError as e:
-                raise UserError(f"config file {path}: {e}") from None
-    for key, text in items:
-        if key.lstrip("+") != "config":
-            typed.update((k, f"{key}={text}") for k in _set(cfg, keys, key, text))
-    cfg.recipe, cfg.recipe_note = recipe, recipes.describe(recipe, how) if recipe else ""
+    name, how = recipes.chosen([s.text for s in given if s.key == "recipe"], recipe)
+    for item in recipes.overrides(name, how) if name else ():  # first: the files and the command line win
+        typed[_set(cfg, keys, Setting(*split_item(item)))] = f"recipe={name}"
+    for s in given:
+        try:
+            typed[_set(cfg, keys, s)] = s.given
+        except UserError as e:
+            if s.file:
+                raise UserError(f"config file {s.file}: {e}") from None
+            raise
+    cfg.recipe, cfg.recipe_note = name, recipes.describe(name, how) if name else ""
     if cfg.data.train_path and "task" not in typed:
         cfg.task = "lm"
-    _choose_model(cfg, typed)
+    _choose_model(cfg, typed, model)
     cfg.given_keys = tuple(typed)
     check(cfg)
     return cfg
 
 
-def _choose_model(cfg: Config, typed: dict[str, str]) -> None:
-    """The model the keys name when ``model=`` does not (auralm.models.families), said in ``cfg.model_choice``; a
-    ``model.*`` key the model does not read is refused."""
+def _choose_model(cfg: Config, typed: dict[str, str], implied: tuple[str, str]) -> None:
+    """The model the keys name when ``model=`` does not (``implied``, else auralm.models.families), said in
+    ``cfg.model_choice``; a ``model.*`` key the model does not read is refused."""
     how = ""
     if "model" in typed:
-        if typed["model"].partition("=")[2] != cfg.model.name:  # arch=hrm_v1, model=50m
+        if typed["model"].partition("=")[2] != cfg.model.name:  # typed in other words, or set by a recipe
             how = f", chosen from {typed['model']}"
     else:
-        chosen = families.choose(SIZES, cfg.model.name, typed, cfg.task if "task" in typed else None)
+        chosen = implied if implied[0] else families.choose(SIZES, cfg.model.name, typed)
         if chosen:
             cfg.model.name, item = chosen
             how = f", chosen from {item}"
@@ -476,14 +447,6 @@ def _choose_model(cfg: Config, typed: dict[str, str]) -> None:
     family = families.short_title(families.family(SIZES[cfg.model.name]))
     cfg.model_choice = f"{cfg.model.name} ({family}){how}" if how else ""
     families.check(SIZES, cfg.model.name, typed, how or ("" if "model" in typed else ", the default model"))
-
-
-def expand(overrides: list[str]) -> list[str]:
-    """The overrides with every ``config=FILE.yaml`` replaced by its settings, put first (as ``apply`` takes
-    them): what hrmctl sends to the nodes, so they need no copy of the file."""
-    items = [_split(item) for item in overrides]
-    out = [f"{key}={text}" for k, path in items if k.lstrip("+") == "config" for key, text in read_config_file(path)]
-    return out + [item for item, (k, _) in zip(overrides, items) if k.lstrip("+") != "config"]
 
 
 def _yaml_text(value, where: str) -> str:
@@ -676,23 +639,8 @@ def resolved_model(m: ModelConfig) -> dict:
 
 
 def parse(overrides: list[str]) -> Config:
+    """Our own ``key=value`` overrides as a Config (a command line, whatever its spellings: auralm.training.command_line)."""
     return apply(Config(), overrides)
-
-
-def parse_command_line(args: list[str]) -> tuple[Config, bool]:
-    """The trainer's command line, `[--check] [--resume] key=value ...` -> (config, only check it)."""
-    overrides, check = [], False
-    for a in args:
-        if a == "--check":
-            check = True
-        elif a == "--resume":
-            overrides.append("resume=latest")
-        elif a.startswith("-"):
-            raise UserError(f"unknown option {a} (options: --check, --resume; everything else is key=value, "
-                            f"a YAML file as config=FILE.yaml)")
-        else:
-            overrides.append(a)
-    return parse(overrides), check
 
 
 def to_dict(cfg: Config) -> dict:
@@ -700,21 +648,3 @@ def to_dict(cfg: Config) -> dict:
     d = dataclasses.asdict(cfg)
     d["model"] = {"name": cfg.model.name, **resolved_model(cfg.model)}
     return d
-
-
-if __name__ == "__main__":
-    # `python -m auralm.training.config [args]`: the trainer's --check without importing torch (a fraction of a
-    # second instead of seconds), which is what the launcher runs before anything starts on any node.
-    import sys
-
-    try:
-        if sys.argv[1:2] == ["--expand"]:  # hrmctl: the overrides with config=FILE.yaml spelled out, as JSON
-            import json
-
-            print(json.dumps(expand(sys.argv[2:])))
-            parse(expand(sys.argv[2:]))
-        else:
-            parse_command_line(sys.argv[1:])
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)

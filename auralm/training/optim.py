@@ -29,7 +29,7 @@ from auralm.errors import UserError
 def lr_at(t: config.TrainingConfig, step: int) -> float:
     """Linear warmup to ``lr`` over ``warmup_steps``, then a cosine down to ``lr * min_lr_ratio`` at ``max_steps``
     (``min_lr_ratio=1``: constant after the warmup, as in the HRM recipe). ``training.schedule=linear`` goes down in
-    a straight line instead, ``constant`` stays at ``lr`` (the RLM guide's ``training.scheduler.type``)."""
+    a straight line instead, ``constant`` stays at ``lr``."""
     if step <= t.warmup_steps:
         return t.lr * step / t.warmup_steps
     if t.schedule == "constant":

@@ -11,14 +11,10 @@ weights. Their output head has a class for each value of their vocabulary, PAD a
 (``model.extra_classes``). The data is augmented once, when made (``--preset sudoku-extreme-1k-aug-1000``), not again
 on the fly.
 
-A pasted ``pretrain.py`` line implies its recipe: a line with one of that script's own keys (``arch=``, ``arch.*``,
-``data_path``, ``data_paths``, ``puzzle_emb_lr``, ``puzzle_emb_weight_decay``) and no ``model=`` of ours follows
-TRM's recipe when it says ``arch=trm`` (``arch.mlp_t=True``: the MLP variant), else HRM's (whose ``pretrain.py``
-trains ``hrm_v1`` by default), on Maze-Hard when its data path names a maze set (``hrm-maze``, ``trm-maze``: the
-task, the READMEs' weight decay, and the eight symmetries of each maze drawn on the fly); ``recipe=none`` keeps
-hrmctl's own defaults. The log says which recipe a run
-follows and what it set. Our tuned CPU defaults (``model=trm-tiny`` and the rest) are what a run without a recipe
-gets. Imports the standard library only.
+A line may also imply a recipe without naming it (a pasted ``pretrain.py`` line: auralm.guides.implied chooses it,
+and auralm.training.config hands it here as ``implied``); ``recipe=none`` keeps hrmctl's own defaults. The log says
+which recipe a run follows and what it set. Our tuned CPU defaults (``model=trm-tiny`` and the rest) are what a run
+without a recipe gets. Imports the standard library only.
 """
 
 from __future__ import annotations
@@ -64,65 +60,29 @@ RECIPES: dict[str, tuple[str, tuple[str, ...]]] = {
     "trm-maze": ("TRM's pretrain.py on Maze-Hard (the TRM README's pretrain_att_maze30x30: about 85% exact)",
                  (*PRETRAIN, *MAZE, "model=trm-7m", *TRM, "model.L_cycles=4")),
 }
-# what a pasted line trains: (its arch=, the task its data holds) -> the recipe; with arch.mlp_t=True, MLP's
-PASTED = {("hrm_v1", "sudoku"): "hrm-sudoku", ("hrm", "sudoku"): "hrm-sudoku", ("trm", "sudoku"): "trm-sudoku-att",
-          ("hrm_v1", "maze"): "hrm-maze", ("hrm", "maze"): "hrm-maze", ("trm", "maze"): "trm-maze"}
-MLP = {"trm-sudoku-att": "trm-sudoku-mlp"}
 NONE = "none"
-PRETRAIN_KEYS = ("arch", "data_path", "data_paths", "puzzle_emb_lr", "puzzle_emb_weight_decay")  # pretrain.py's own
 
 
 def names() -> tuple[str, ...]:
     return tuple(RECIPES)
 
 
-def chosen(items: list[tuple[str, str]], data_dir: str = "") -> tuple[str, str]:
-    """The recipe of the ``(key, text)`` overrides, and how it was chosen: ``recipe=NAME`` itself (the last), else
-    what a pasted ``pretrain.py`` line's ``arch=`` implies on the task of its data (``data_dir``: the data directory
-    the line names, as config reads its data_path or data_paths); ("", "") for none."""
-    given = [text for key, text in items if key.lstrip("+") == "recipe"]
-    if given:
-        name = given[-1].strip()
-        if name in ("", NONE):
-            return "", ""
-        if name not in RECIPES:
-            raise UserError(f"recipe={name}: expected one of {', '.join(RECIPES)} (or none: hrmctl's own defaults)")
-        return name, "recipe=" + name
-    keys = [key.lstrip("+") for key, _ in items]
-    signs = [k for k in keys if k in PRETRAIN_KEYS or k.startswith("arch.")]
-    if not signs or any(k in ("model", "model.name") for k in keys):
+def chosen(given: list[str], implied: tuple[str, str] = ("", "")) -> tuple[str, str]:
+    """The recipe and how it was chosen: the last ``recipe=NAME`` given (``given``: their texts; none: no recipe),
+    else ``implied`` (a recipe the line implies, and how), else ("", "")."""
+    if not given:
+        return implied
+    name = given[-1].strip()
+    if name in ("", NONE):
         return "", ""
-    arch = [text.strip().lower() for key, text in items if key.lstrip("+") == "arch"]
-    mlp = any(key.lstrip("+") in ("arch.mlp_t", "model.mlp_t") and text.strip().lower() in ("true", "1", "yes")
-              for key, text in items)
-    family = arch[-1] if arch else "trm" if mlp else "hrm_v1"  # HRM's pretrain.py: hrm_v1 unless the line says
-    name = PASTED.get((family, data_task(data_dir) if data_dir else "sudoku"), "")
-    name = MLP.get(name, name) if mlp else name
-    sign = f"arch={arch[-1]}" if arch else next(f"{k}=" for k in keys if k in signs)
-    return (name, f"{sign} (a pretrain.py line; recipe=none keeps hrmctl's defaults)") if name else ("", "")
-
-
-def data_task(path: str) -> str:
-    """The task of the data in the directory ``path``: its manifest's when it is here, else the task of the preset
-    it is named after (data/maze-30x30-hard-1k), else sudoku (pretrain.py's)."""
-    import json
-    import os
-
-    from auralm.data.prepare_choices import PRESET_TASKS
-
-    try:
-        with open(os.path.join(os.path.expanduser(path), "meta.json")) as f:
-            task = json.load(f).get("task")
-            if isinstance(task, str):
-                return task
-    except (OSError, ValueError, AttributeError):
-        pass
-    return PRESET_TASKS.get(os.path.basename(path.rstrip("/")), "sudoku")
+    if name not in RECIPES:
+        raise UserError(f"recipe={name}: expected one of {', '.join(RECIPES)} (or none: hrmctl's own defaults)")
+    return name, "recipe=" + name
 
 
 def overrides(name: str, how: str) -> tuple[str, ...]:
     """The keys the recipe sets (``how``: chosen's). By name: its model and its README's length too; implied by a
-    pasted line: the model is the one that line names (auralm.models.families chooses it, and says from which key)."""
+    line: the model is the one that line names (auralm.guides.implied chooses it, and the log says from which key)."""
     if how.startswith("recipe="):
         return RECIPES[name][1] + LENGTHS[name]
     return tuple(item for item in RECIPES[name][1] if not item.startswith("model="))

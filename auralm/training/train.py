@@ -674,7 +674,9 @@ def main(argv: list[str] | None = None) -> int:
         if any(a in ("-h", "--help") for a in args):
             print(__doc__.strip())
             return 0
-        cfg, check = config.parse_command_line(args)
+        from auralm.training.command_line import parse_command_line  # the guides' spellings read as ours first
+
+        cfg, check = parse_command_line(args)
         if check:
             return 0
         run(cfg, whole=False, process_start=True)

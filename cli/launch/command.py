@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.markup import escape
 
-from auralm.models import guide_spellings
+from auralm.guides import spellings
 from auralm.training.config import split_global_batch
 from cli.errors import HrmctlError
 from cli.launch.plan import guide_options, link_cache
@@ -34,7 +34,7 @@ RESULT_TAG = "HRMCTL_RESULT "
 def _reject_options(extra: list[str], what: str, own_options: list[str] = ()) -> None:
     for a in extra:
         if a.startswith("-"):
-            hint = guide_spellings.suggest(a.partition("=")[0], list(own_options), option=True)
+            hint = spellings.suggest(a.partition("=")[0], list(own_options), option=True)
             raise HrmctlError(f"unknown option {a}{hint or f'; {what}, and hrmctl options are listed by --help'}")
 
 

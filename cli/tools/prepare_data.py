@@ -1,6 +1,6 @@
 """`hrmctl prepare-data`: its options, declared once, and the guides' spellings of them read as ours before they are
 parsed (``ReadGuides``): AuraLM's ``--dataset-name X --dataset-max-tokens N`` are ``X --max-tokens N``, the HRM
-guide's build_sudoku_dataset.py options imply ``--task sudoku`` (auralm/models/guide_spellings.py, its PREPARE rows).
+guide's build_sudoku_dataset.py options imply ``--task sudoku`` (auralm/guides/spellings.py, its PREPARE rows).
 What each was read as is said on stderr once the data is written; an unknown option is one line naming the nearest
 of ours or of the guides'. The work is the task's own ``prepare`` (auralm.tasks; it imports torch: only when the
 command runs).
@@ -29,14 +29,14 @@ def read_guides(argv: list[str]) -> tuple[list[str], list[str]]:
     """``argv`` with the guides' spellings of prepare-data's options read as ours, and what each was read as."""
     import shlex
 
-    from auralm.models import guide_spellings
+    from auralm.guides import spellings
 
     out, said, implied, i = [], [], [], 0
     while i < len(argv):
         a = argv[i]
         i += 1
         name, eq, value = a.partition("=")
-        row = guide_spellings.option_row(name, guide_spellings.PREPARE)
+        row = spellings.option_row(name, spellings.PREPARE)
         if row is None:
             out.append(a)
             continue
@@ -44,7 +44,7 @@ def read_guides(argv: list[str]) -> tuple[list[str], list[str]]:
             if i >= len(argv) or argv[i].startswith("--"):
                 raise HrmctlError(f"{name} needs a value ({row.guide}'s spelling of {row.ours})")
             value, i = argv[i], i + 1
-        ours = guide_spellings.prepare_args(row, value)
+        ours = spellings.prepare_args(row, value)
         said.append(f"{name} {value}".strip() + (f" is {shlex.join(ours)}" if ours else f" is accepted ({row.note})"))
         out += ours
         if row.implies and row.implies.split()[0] not in argv and row.implies not in implied:
@@ -71,10 +71,10 @@ class ReadGuides(TyperCommand):
         try:
             rest = super().parse_args(ctx, args)
         except NoSuchOption as e:
-            from auralm.models import guide_spellings
+            from auralm.guides import spellings
 
-            hint = guide_spellings.suggest(e.option_name, own_options(self), option=True,
-                                           command=guide_spellings.PREPARE)
+            hint = spellings.suggest(e.option_name, own_options(self), option=True,
+                                           command=spellings.PREPARE)
             raise HrmctlError(f"unknown option {e.option_name}"
                               f"{hint or f'; `{ctx.command_path} --help` lists the options'}") from None
         if rest and not ctx.resilient_parsing:

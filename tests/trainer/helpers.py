@@ -76,7 +76,7 @@ def _rank_main(rank: int, world: int, port: int, args: list[str], result_dir: st
     torch.set_num_threads(1)
     from auralm import models
     from auralm.data import datadir
-    from auralm.training import config, distributed, train
+    from auralm.training import command_line, distributed, train
 
     if str(rank) in opts.get("fake_probe", {}):  # the one faked part: what this rank's device can do
         distributed.probe_device = lambda local_rank: opts["fake_probe"][str(rank)]
@@ -134,10 +134,10 @@ def _rank_main(rank: int, world: int, port: int, args: list[str], result_dir: st
     out = {"rank": rank}
     try:
         if opts.get("setup_only"):
-            d = distributed.setup(config.parse(args).backend, 60)
+            d = distributed.setup(command_line.parse(args).backend, 60)
             out.update(backend=d.backend, why=d.why, device=str(d.device), exit=0)
         else:
-            model = train.run(config.parse(args))
+            model = train.run(command_line.parse(args))
             out.update(state=model.state_dict(), seen=seen, halted=halted, optimizer_steps=steps[0],
                        first_grads=first_grads, synced=synced, exit=0)
     except Exception as e:

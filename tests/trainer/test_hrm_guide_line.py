@@ -12,7 +12,7 @@ import shlex
 import pytest
 import torch
 
-from auralm.training import config, train
+from auralm.training import command_line, train
 from tests.trainer.helpers import by_step, records, small_sudoku
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
@@ -24,7 +24,7 @@ GUIDE_LINE = ("arch=hrm_v1 data_path=data/sudoku-extreme-small global_batch_size
 def test_the_hrm_guides_line_trains_with_finite_loss_under_the_default_dtype(tmp_path):
     data = small_sudoku(tmp_path / "sudoku-extreme-small", count=100)
     args = [a.replace("data/sudoku-extreme-small", str(data)) for a in shlex.split(GUIDE_LINE)]
-    cfg = config.parse([*args, f"out_dir={tmp_path / 'run'}", "training.max_steps=6", "training.log_interval=1",
+    cfg = command_line.parse([*args, f"out_dir={tmp_path / 'run'}", "training.max_steps=6", "training.log_interval=1",
                         "training.eval_interval=0", "training.checkpoint_interval=0"])
     assert cfg.training.dtype == "auto" and cfg.model.name == "hrm-27m"  # the guide's line leaves both default
     if not train.bf16_compute(cfg.training, torch.device("cpu")):  # auto is fp32 on this CPU; a GPU's auto is bf16

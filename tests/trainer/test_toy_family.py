@@ -24,14 +24,14 @@ def test_the_toy_family_is_registered_checked_and_sized():
     size = json.loads(res.stdout)
     d = 32  # the toy's n_embd: cell and position embeddings, one residual MLP, a head over 9 digits
     assert size["parameters"] == 10 * d + 81 * d + 2 * d + (d * 4 * d + 4 * d) + (4 * d * d + d) + (d * 9 + 9)
-    res = _auralm("auralm.training.config", "model=toy-tiny", "model.block_size=64", env=env)  # the family's own check
+    res = _auralm("auralm.training.command_line", "model=toy-tiny", "model.block_size=64", env=env)  # the family's own check
     assert res.returncode == 2 and res.stderr.strip() == ("error: model.block_size=64: toy-tiny sees the 81 cells "
                                                           "of a sudoku"), res.stderr
-    res = _auralm("auralm.training.config", "model=toy-tiny", "task=lm", env=env)  # a family of one task
+    res = _auralm("auralm.training.command_line", "model=toy-tiny", "task=lm", env=env)  # a family of one task
     assert res.returncode == 2 and "model=toy-tiny (Toy (an MLP per cell)) trains task=sudoku" in res.stderr
-    res = _auralm("auralm.training.config", "model=toy-tiny", env=python_env())  # without the plugin: not a size
+    res = _auralm("auralm.training.command_line", "model=toy-tiny", env=python_env())  # without the plugin: not a size
     assert res.returncode == 2 and "model='toy-tiny': expected one of tiny," in res.stderr, res.stderr
-    res = _auralm("auralm.training.config", env=python_env(AURALM_MODEL_PLUGINS="tests.no_such_family"))
+    res = _auralm("auralm.training.command_line", env=python_env(AURALM_MODEL_PLUGINS="tests.no_such_family"))
     assert res.returncode == 2 and res.stderr.startswith("error: AURALM_MODEL_PLUGINS: cannot import the model family "
                                                          "module 'tests.no_such_family'"), res.stderr
     assert len(res.stderr.strip().splitlines()) == 1  # one line, no traceback

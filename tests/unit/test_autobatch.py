@@ -43,11 +43,11 @@ def test_batch_size_auto_is_a_value_of_the_integer_key():
 
 
 def test_the_torch_free_check_accepts_auto_without_importing_torch():
-    res = subprocess.run([sys.executable, "-X", "importtime", "-m", "auralm.training.config", "training.batch_size=auto",
+    res = subprocess.run([sys.executable, "-X", "importtime", "-m", "auralm.training.command_line", "training.batch_size=auto",
                           "training.memory_limit_gb=1.5"], capture_output=True, text=True, env=python_env(), cwd=REPO)
     assert res.returncode == 0, res.stderr[-2000:]
     assert not re.search(r"\|\s+torch$", res.stderr, re.M)  # -X importtime: one line per module imported
-    bad = subprocess.run([sys.executable, "-m", "auralm.training.config", "training.batch_size=0"], capture_output=True,
+    bad = subprocess.run([sys.executable, "-m", "auralm.training.command_line", "training.batch_size=0"], capture_output=True,
                          text=True, env=python_env(), cwd=REPO)
     assert bad.returncode == 2 and "must be greater than 0 (or auto" in bad.stderr
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from auralm.training import train
-from auralm.training.config import parse
+from auralm.training.command_line import parse
 from tests.trainer.helpers import PYTHON, REPO, python_env
 
 # a real HRM run, its tools called in this process, hrmctl's processes in one test, and dry runs of hrmctl train:

@@ -15,7 +15,7 @@ import torch
 from auralm import models
 from auralm.data import datadir
 from auralm import tasks
-from auralm.training import config, train
+from auralm.training import command_line, config, train
 from auralm.tools.generate import filter_logits, generate, sample
 from cli.app import main as hrmctl
 from tests.trainer.helpers import PYTHON, REPO, python_env
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def build(*overrides: str, vocab: int = VOCAB) -> torch.nn.Module:
-    cfg = config.parse(["task=lm", *overrides])
+    cfg = command_line.parse(["task=lm", *overrides])
     torch.manual_seed(0)
     return models.build("lm", config.resolved_model(cfg.model), vocab)
 
@@ -139,7 +139,7 @@ def quijote(quijote_data):
 
 @pytest.mark.parametrize("name", ["gpt", "rlm-mhc"])
 def test_the_evaluation_sample_is_seeded_by_step_and_leaves_the_training_rng_alone(quijote, name):
-    cfg = config.parse(["task=lm", f"data_dir={quijote}", *MODELS[name][:-1], "model.block_size=32",
+    cfg = command_line.parse(["task=lm", f"data_dir={quijote}", *MODELS[name][:-1], "model.block_size=32",
                         "training.eval_batches=1", "training.batch_size=4", "training.sample_tokens=12",
                         "training.sample_prompt=En un lugar"])
     meta = datadir.load_manifest(quijote, "lm")

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from auralm.data import datadir
-from auralm.training import config
+from auralm.training import command_line, config
 from auralm.errors import UserError
 from tests.trainer.helpers import PYTHON, REPO, prepare_data, python_env
 
@@ -44,13 +44,13 @@ def _get(cfg, key: str):
 ])
 def test_each_guide_key_sets_ours(override, key, value):
     given_task = [] if override.startswith("data.train_path") else ["task=lm"]
-    cfg = config.parse(["model=rlm-tiny", *given_task, override])
+    cfg = command_line.parse(["model=rlm-tiny", *given_task, override])
     assert _get(cfg, key) == value
 
 
 @pytest.mark.parametrize("text", ["[0.9,0.95]", "[0.9, 0.95]", "(0.9, 0.95)", "0.9,0.95"])
 def test_betas_set_both_betas(text):
-    cfg = config.parse([f"training.optimizer.betas={text}"])
+    cfg = command_line.parse([f"training.optimizer.betas={text}"])
     assert (cfg.training.beta1, cfg.training.beta2) == (0.9, 0.95)
 
 
@@ -63,12 +63,12 @@ def test_betas_set_both_betas(text):
 ])
 def test_bad_betas_are_one_clear_error(text, message):
     with pytest.raises(UserError) as err:
-        config.parse([f"training.optimizer.betas={text}"])
+        command_line.parse([f"training.optimizer.betas={text}"])
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
 def test_the_optimizer_choice_still_works_beside_its_aliases():
-    cfg = config.parse(["training.optimizer=adam_atan2", "training.optimizer.lr=1e-3",
+    cfg = command_line.parse(["training.optimizer=adam_atan2", "training.optimizer.lr=1e-3",
                         "training.optimizer.betas=[0.8,0.9]"])
     assert (cfg.training.optimizer, cfg.training.lr, cfg.training.beta1, cfg.training.beta2) == \
         ("adam_atan2", 1e-3, 0.8, 0.9)
@@ -86,13 +86,13 @@ def test_the_optimizer_choice_still_works_beside_its_aliases():
 ])
 def test_bad_guide_keys_name_the_problem(override, message):
     with pytest.raises(UserError) as err:
-        config.parse([override])
+        command_line.parse([override])
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
 def test_train_path_with_another_task_is_refused():
     with pytest.raises(UserError, match="data.train_path is text for task=lm, not task=sudoku"):
-        config.parse(["task=sudoku", "data.train_path=x.jsonl"])
+        command_line.parse(["task=sudoku", "data.train_path=x.jsonl"])
 
 
 GUIDE_YAML = """\
@@ -121,7 +121,7 @@ data:
 def test_a_yaml_file_with_the_guides_nesting(tmp_path):
     f = tmp_path / "rlm.yaml"
     f.write_text(GUIDE_YAML)
-    cfg = config.parse([f"config={f}"])
+    cfg = command_line.parse([f"config={f}"])
     arch = config.resolved_model(cfg.model)
     assert (cfg.task, cfg.model.name, arch["n_embd"], arch["n_layer"], arch["mhc_flows"], arch["block_size"]) == \
         ("lm", "rlm-tiny", 128, 2, 2, 128)
@@ -136,7 +136,7 @@ def test_the_command_line_wins_over_the_file_whatever_the_order(tmp_path):
     f.write_text(GUIDE_YAML)
     for args in (["training.optimizer.lr=1e-3", f"config={f}", "model.hidden_dim=64"],
                  [f"config={f}", "training.optimizer.lr=1e-3", "model.hidden_dim=64"]):
-        cfg = config.parse(args)
+        cfg = command_line.parse(args)
         assert (cfg.training.lr, config.resolved_model(cfg.model)["n_embd"], cfg.training.batch_size) == \
             (1e-3, 64, 8)
 
@@ -144,7 +144,7 @@ def test_the_command_line_wins_over_the_file_whatever_the_order(tmp_path):
 def test_a_model_given_as_a_string_sets_the_size(tmp_path):
     f = tmp_path / "m.yaml"
     f.write_text("model: rlm-tiny\ntask: lm\ntraining: {max_steps: 7, optimizer: adam_atan2}\n")
-    cfg = config.parse([f"config={f}"])
+    cfg = command_line.parse([f"config={f}"])
     assert (cfg.model.name, cfg.training.max_steps, cfg.training.optimizer) == ("rlm-tiny", 7, "adam_atan2")
 
 
@@ -162,19 +162,19 @@ def test_a_bad_config_file_is_one_error_naming_the_file(tmp_path, content, messa
     if content is not None:
         f.write_text(content)
     with pytest.raises(UserError) as err:
-        config.parse(["model=rlm-tiny", f"config={f}"])
+        command_line.parse(["model=rlm-tiny", f"config={f}"])
     assert message.format(f=f) in str(err.value) and "\n" not in str(err.value)
 
 
 def test_the_check_path_reads_the_file_without_torch(tmp_path):
     f = tmp_path / "rlm.yaml"
     f.write_text(GUIDE_YAML)
-    code = ("import sys; from auralm.training import config; config.parse_command_line(sys.argv[1:]); "
+    code = ("import sys; from auralm.training import command_line; command_line.parse_command_line(sys.argv[1:]); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     res = subprocess.run([PYTHON, "-c", code, f"config={f}", "training.max_steps=3"], capture_output=True,
                          text=True, timeout=60, env=python_env(), cwd=REPO)
     assert res.returncode == 0, res.stderr
-    res = subprocess.run([PYTHON, "-m", "auralm.training.config", f"config={tmp_path / 'none.yaml'}"],
+    res = subprocess.run([PYTHON, "-m", "auralm.training.command_line", f"config={tmp_path / 'none.yaml'}"],
                          capture_output=True, text=True, timeout=60, env=python_env(), cwd=REPO)
     assert res.returncode == 2 and res.stderr == f"error: config={tmp_path / 'none.yaml'}: no such file\n"
 

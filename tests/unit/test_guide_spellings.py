@@ -14,8 +14,9 @@ import sys
 
 import pytest
 
-from auralm.models import families, guide_spellings
-from auralm.training import config, optim, tracking
+from auralm.guides import spellings
+from auralm.models import families
+from auralm.training import command_line, config, optim, tracking
 from auralm.errors import UserError
 
 # The guides' lines as they are typed (the keys after the guide's own program name).
@@ -45,7 +46,7 @@ RLM_BASIC = ("data.train_path=data/corpus.jsonl training.optimizer.lr=3e-4 train
     ("training.wandb.project=p", "trm-tiny", "trm", ""),  # nor does W&B
 ])
 def test_a_guide_line_trains_the_family_it_names_and_says_so(line, name, family, said):
-    cfg = config.parse(shlex.split(line))
+    cfg = command_line.parse(shlex.split(line))
     arch = config.resolved_model(cfg.model)
     assert (cfg.model.name, families.family(arch), cfg.model_choice) == (name, family, said)
     if family == "rlm":
@@ -53,11 +54,11 @@ def test_a_guide_line_trains_the_family_it_names_and_says_so(line, name, family,
 
 
 def test_the_guides_keys_reach_the_chosen_model():
-    arch = config.resolved_model(config.parse(shlex.split(HRM_SMALL)).model)
+    arch = config.resolved_model(command_line.parse(shlex.split(HRM_SMALL)).model)
     assert (arch["n_embd"], arch["H_layers"], arch["L_layers"], arch["n_head"], arch["expansion"]) == (32, 1, 1, 1, 2)
-    arch = config.resolved_model(config.parse(shlex.split(RLM_QUICK)).model)
+    arch = config.resolved_model(command_line.parse(shlex.split(RLM_QUICK)).model)
     assert (arch["n_embd"], arch["n_layer"], arch["n_head"], arch["mhc_flows"]) == (256, 4, 4, 4)
-    cfg = config.parse(shlex.split(HRM_PRETRAIN))
+    cfg = command_line.parse(shlex.split(HRM_PRETRAIN))
     assert (cfg.training.puzzle_emb_lr, cfg.training.global_batch_size, cfg.data_dir) == \
         (7e-5, 384, "data/sudoku-extreme-1k-aug-1000")
 
@@ -80,7 +81,7 @@ def test_the_guides_keys_reach_the_chosen_model():
 ])
 def test_a_key_the_model_does_not_read_is_refused_naming_its_family(line, message):
     with pytest.raises(UserError) as e:
-        config.parse(shlex.split(line))
+        command_line.parse(shlex.split(line))
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
@@ -94,7 +95,7 @@ def test_every_family_reads_the_keys_of_its_sizes():
         fam = families.family(size)
         overrides = [f"model={name}"] + (["task=lm"] if fam == "rlm" else [])
         for k in sorted(keys[fam] - {"vocab_size", "dropout"}):
-            config.parse(overrides + [f"model.{k}={size[k]}"])
+            command_line.parse(overrides + [f"model.{k}={size[k]}"])
 
 
 @pytest.mark.parametrize("override, meant", [
@@ -109,7 +110,7 @@ def test_every_family_reads_the_keys_of_its_sizes():
 ])
 def test_did_you_mean_names_the_key_the_guide_means(override, meant):
     with pytest.raises(UserError) as e:
-        config.parse([override])
+        command_line.parse([override])
     assert meant in str(e.value), str(e.value)
     assert "ema_rate" not in str(e.value) and "guard.lr_steps" not in str(e.value)
 
@@ -123,14 +124,15 @@ def test_one_table_every_spelling_points_at_a_key_or_option_of_ours():
 
     keys = set(config.key_names())
     prepare = typer.main.get_command(app).commands["prepare-data"]
-    options = {guide_spellings.TRAIN: set(guide_options.FLAGS),
-               guide_spellings.PREPARE: set(own_options(prepare)) | {guide_spellings.SOURCE}}
-    for s in guide_spellings.TABLE:
-        ours = (keys if s.command == guide_spellings.TRAIN else set()) | options[s.command]
+    options = {spellings.TRAIN: set(guide_options.FLAGS),
+               spellings.PREPARE: set(own_options(prepare)) | {spellings.SOURCE}}
+    for s in spellings.TABLE:
+        ours = (keys if s.command == spellings.TRAIN else set()) | options[s.command]
         assert s.ours in ours or (not s.ours and s.note), s
         assert not s.accepted or (s.flag and not s.ours), s  # taken as it is: nothing to translate
-    assert guide_spellings.ALIASES["arch.hidden_size"] == "model.n_embd"
-    assert config.ALIASES is guide_spellings.ALIASES  # the config reads the same table
+    assert spellings.ALIASES["arch.hidden_size"] == "model.n_embd"
+    assert not hasattr(config, "ALIASES")  # the config reads our keys only: the table is read before it
+    assert command_line.parse(["arch.hidden_size=64", "arch.num_heads=2"]).model.n_embd == 64  # by the edge
 
 
 FINETUNE_YAML = """\
@@ -146,7 +148,7 @@ training:
 def test_the_finetune_yaml_types_act(tmp_path):
     f = tmp_path / "finetune.yaml"
     f.write_text(FINETUNE_YAML)
-    cfg = config.parse(["model=rlm-tiny", f"config={f}"])
+    cfg = command_line.parse(["model=rlm-tiny", f"config={f}"])
     t = cfg.training
     assert (t.optimizer, t.schedule, t.lr, t.warmup_steps, t.beta2) == ("adamw", "linear", 1e-3, 2, 0.999)
     assert (cfg.logging.wandb.project, cfg.logging.wandb.entity) == ("rlm-finetune", "aura-lab")
@@ -169,7 +171,7 @@ def test_the_finetune_yaml_types_act(tmp_path):
 ])
 def test_a_type_we_do_not_have_is_one_line(override, message):
     with pytest.raises(UserError) as e:
-        config.parse(["model=rlm-tiny", "task=lm", override])
+        command_line.parse(["model=rlm-tiny", "task=lm", override])
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
@@ -243,7 +245,7 @@ def test_the_docs_page_lists_every_spelling_of_the_table():
     from pathlib import Path
 
     page = (Path(__file__).resolve().parents[2] / "docs" / "guides.md").read_text()
-    missing = [s.theirs for s in guide_spellings.TABLE if f"`{s.theirs}`" not in page]
+    missing = [s.theirs for s in spellings.TABLE if f"`{s.theirs}`" not in page]
     assert not missing, missing
     for line in (HRM_PRETRAIN, HRM_SMALL, RLM_BASIC):  # the guides' lines as the page shows them
         assert line in page
@@ -312,7 +314,7 @@ def test_auralms_options_mean_its_gpt_on_text_where_the_line_does_not_say():
     assert r.args == ["training.batch_size=8", "model.block_size=256", "model=124m", "task=lm"]
     assert r.said[-1] == "model=124m task=lm (AuraLM's train_gpt2_spanish.py's model on text, where the line does " \
                          "not say)"
-    cfg = config.parse(r.args)
+    cfg = command_line.parse(r.args)
     assert (cfg.task, cfg.model.name, cfg.model.block_size) == ("lm", "124m", 256)
     assert read("--batch-size", "8", "arch=hrm_v1", "task=sudoku").args[-2:] == ["arch=hrm_v1", "task=sudoku"]
 
@@ -415,7 +417,7 @@ def test_gpus_is_refused_before_launch_where_a_node_has_fewer(gpus, have, line):
     ("model=hrm-27m", "sudoku"), ("model=hrm-tiny", "sudoku"), ("", "sudoku"),
 ])
 def test_the_launchers_models_are_language_models_unless_task_says(line, task):
-    assert config.parse(line.split()).task == task
+    assert command_line.parse(line.split()).task == task
 
 
 def test_wandb_keys_are_refused_before_launch_where_rank_0s_node_lacks_the_package():
@@ -429,7 +431,7 @@ def test_wandb_keys_are_refused_before_launch_where_rank_0s_node_lacks_the_packa
     def probe(**versions):
         return SimpleNamespace(raw={"project": {"versions": versions}})
 
-    from auralm.training.config import parse
+    from auralm.training.command_line import parse
 
     args = parse(["logging.wandb.project=aura", "logging.wandb.mode=offline"])
     master = local_node()

@@ -2,7 +2,8 @@
 auralm/, cli/, netcheck/ or node/ longer than 100 lines and the trainer's ``train()`` at most 80, the arrows one
 way (``auralm`` imports neither ``cli`` nor ``netcheck``; ``netcheck`` never imports ``cli`` or ``auralm``; ``node``
 is sent over SSH to nodes where nothing of ours is installed: it imports the standard library, and torch, psutil or
-pynvml only where a node has them; cli/launch's stages import one way, plan -> preflight -> run -> supervise), and a
+pynvml only where a node has them; cli/launch's stages import one way, plan -> preflight -> run -> supervise; the
+guides' spellings read at the edge: auralm/guides imported by auralm.training.command_line alone), and a
 name tested only by its owner (issue 64): no module outside a sync mode's, a task's or a model family's own file or
 folder compares a value with its name."""
 
@@ -56,6 +57,45 @@ def test_the_arrows_point_one_way(room, never):
     wrong = [f"{path} imports {sorted(_imported_rooms(tree) & never)}" for path, tree in _modules(room)
              if _imported_rooms(tree) & never]
     assert wrong == [], wrong
+
+
+def _imported_modules(tree: ast.AST) -> set[str]:
+    """Every module a tree imports, anywhere in it, by its full name (``from auralm import guides``: auralm.guides)."""
+    names = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Import):
+            names |= {a.name for a in n.names}
+        elif isinstance(n, ast.ImportFrom) and n.level == 0 and n.module:
+            names |= {n.module} | {f"{n.module}.{a.name}" for a in n.names}
+    return names
+
+
+GUIDES = "auralm.guides"
+READS_GUIDES = {Path("auralm/training/command_line.py")}  # the one way from a command line to a Config
+
+
+def guide_imports(path: Path, tree: ast.AST) -> list[str]:
+    """The wrong imports of a module of auralm/ about the guides: of the guides by a module other than the command
+    line's (the config core, the model families, anything), or, by the guides, of what stands after them."""
+    names = _imported_modules(tree)
+    if path.parts[:2] == ("auralm", "guides"):
+        return sorted(n for n in names if n.startswith(("auralm.training.command_line", "auralm.training.train", "cli")))
+    if path in READS_GUIDES:
+        return []
+    return sorted(n for n in names if n == GUIDES or n.startswith(GUIDES + "."))
+
+
+def test_the_guides_spellings_are_read_at_the_edge():
+    """Issue 64, item 5: other projects' spellings are translated once, before the config reads a command line
+    (auralm/guides, called by auralm.training.command_line alone); auralm/training/config.py, the recipes and the
+    model families import nothing of them, and the guides nothing of what calls them."""
+    wrong = [f"{path} imports {name}" for path, tree in _modules("auralm") for name in guide_imports(path, tree)]
+    assert wrong == [], wrong
+    assert guide_imports(Path("auralm/training/config.py"), ast.parse("from auralm import guides")) == [GUIDES]
+    assert guide_imports(Path("auralm/models/hrm/spec.py"), ast.parse("def f():\n    import auralm.guides.implied")) \
+        == ["auralm.guides.implied"]
+    assert guide_imports(Path("auralm/guides/x.py"), ast.parse("from auralm.training import command_line, config")) \
+        == ["auralm.training.command_line"]
 
 
 STAGES = ("plan", "preflight", "run", "supervise")  # cli/launch/'s packages, in the order a launch goes through them

@@ -390,7 +390,7 @@ def test_unwritable_seen_as_the_node_user_sees_it(tmp_path, monkeypatch):
 
 
 def test_the_trainers_directories_under_hrmctl():
-    from auralm.training.config import parse
+    from auralm.training.command_line import parse
 
     dirs, extra = storage.trainer_dirs(parse(["model=tiny"]), "r1")
     assert (dirs.task, dirs.data_given, dirs.out_dir, extra) == ("sudoku", None, "runs/r1", ["out_dir=runs/r1"])
@@ -511,7 +511,7 @@ def test_the_stop_finds_the_jobs_processes_by_their_tag_and_leaves_the_rest(tmp_
 
 
 def test_a_config_file_is_spelled_out_here_and_data_train_path_leaves_the_data_directory_to_the_trainer(tmp_path):
-    from auralm.training.config import parse
+    from auralm.training.command_line import parse
     from cli.errors import HrmctlError
     from cli.launch.plan.options import TRAINER
     from cli.launch.plan.overrides import expand_config_files
@@ -561,12 +561,12 @@ def test_the_port_of_a_run_on_one_node_is_free_and_not_an_ephemeral_one():
 def test_the_trainers_reading_of_the_overrides_is_made_once_for_the_args_every_stage_reads(monkeypatch):
     """LaunchOptions.trainer: the trainer's parser once for these args (the stages read the one Config), again when
     the command has changed them (a guide's spellings read into them), never for another module."""
-    from auralm.training import config
+    from auralm.training import command_line
     from cli.launch.plan.options import LaunchOptions
 
     calls = []
-    parse = config.parse_command_line
-    monkeypatch.setattr(config, "parse_command_line", lambda args: calls.append(list(args)) or parse(args))
+    parse = command_line.parse_command_line
+    monkeypatch.setattr(command_line, "parse_command_line", lambda args: calls.append(list(args)) or parse(args))
     opts = LaunchOptions(nodes=[], args=["arch=hrm_v1", "data_path=d"])
     assert opts.trainer.model.name == "hrm-27m" and opts.trainer.data_dir == "d" and opts.trainer_refusal == ""
     assert opts.trainer is opts.trainer and len(calls) == 1

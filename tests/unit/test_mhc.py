@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from auralm import models
-from auralm.training import config
+from auralm.training import command_line, config
 from auralm.errors import UserError
 from auralm.models import mhc
 
@@ -14,7 +14,7 @@ VOCAB = 97
 
 
 def rlm(*overrides: str, vocab: int = VOCAB, seed: int = 0) -> models.RLMModel:
-    cfg = config.parse(["task=lm", "model=rlm-tiny", "model.hidden_dim=64", "model.num_heads=2",
+    cfg = command_line.parse(["task=lm", "model=rlm-tiny", "model.hidden_dim=64", "model.num_heads=2",
                         "model.head_dim=32", "model.ffn_dim=128", "model.num_layers=3", *overrides])
     torch.manual_seed(seed)
     return models.build("lm", config.resolved_model(cfg.model), vocab)
@@ -155,7 +155,7 @@ def test_gradients_reach_every_part_of_the_connections():
 
 
 def test_the_guide_keys_set_the_rlm_shape_and_wrong_uses_are_one_clear_error():
-    cfg = config.parse(["task=lm", "model=rlm-tiny", "model.hidden_dim=96", "model.num_layers=2", "model.num_heads=3",
+    cfg = command_line.parse(["task=lm", "model=rlm-tiny", "model.hidden_dim=96", "model.num_layers=2", "model.num_heads=3",
                         "model.max_seq_len=64", "model.gradient_checkpointing=true", "model.mhc_flows=2",
                         "model.mhc_sinkhorn_iters=5", "model.mhc_enabled=true"])
     arch = config.resolved_model(cfg.model)
@@ -166,7 +166,7 @@ def test_the_guide_keys_set_the_rlm_shape_and_wrong_uses_are_one_clear_error():
                        (["task=lm", "model=rlm-tiny", "model.head_dim=33"], "even"),
                        (["task=lm", "model=rlm-tiny", "model.mhc_flows=0"], "greater than 0")]:
         with pytest.raises(UserError, match=words):
-            config.parse(bad)
+            command_line.parse(bad)
     with pytest.raises(ValueError, match="smaller than the data"):
         rlm("model.vocab_size=50")
 
@@ -174,7 +174,7 @@ def test_the_guide_keys_set_the_rlm_shape_and_wrong_uses_are_one_clear_error():
 def test_named_sizes_count_what_the_guide_says():
     from auralm.planning import sizing
 
-    counts = {m: sizing.count_parameters("lm", config.resolved_model(config.parse(["task=lm", f"model={m}"]).model),
+    counts = {m: sizing.count_parameters("lm", config.resolved_model(command_line.parse(["task=lm", f"model={m}"]).model),
                                          32000) for m in ("rlm-small", "rlm-base", "rlm-large")}
     assert 110e6 < counts["rlm-small"] < 150e6
     assert 1.2e9 < counts["rlm-base"] < 1.5e9
@@ -259,8 +259,8 @@ def test_validate_model_passes_at_its_default_and_the_guides_size(capsys, one_th
     from cli.app import main
 
     guide = validate_model.DEFAULTS + ["model.hidden_dim=256", "model.num_layers=4", "model.num_heads=4"]
-    assert config.resolved_model(config.parse(guide).model) == \
-        config.resolved_model(config.parse(validate_model.DEFAULTS).model)
+    assert config.resolved_model(command_line.parse(guide).model) == \
+        config.resolved_model(command_line.parse(validate_model.DEFAULTS).model)
     assert main(["validate-model", "--json"]) == 0, capsys.readouterr().out
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] and all(c["ok"] for c in report["checks"]), report
@@ -270,10 +270,10 @@ def test_validate_model_passes_at_its_default_and_the_guides_size(capsys, one_th
 
 
 def test_a_guide_command_line_without_a_size_is_an_rlm_on_text():
-    cfg = config.parse(["model.hidden_dim=128", "model.num_layers=2", "model.mhc_enabled=true", "model.mhc_flows=4",
+    cfg = command_line.parse(["model.hidden_dim=128", "model.num_layers=2", "model.mhc_enabled=true", "model.mhc_flows=4",
                         "model.mhc_sinkhorn_iters=20", "training.optimizer.lr=3e-4"])
     assert (cfg.task, cfg.model.name, config.resolved_model(cfg.model)["n_embd"]) == ("lm", "rlm-tiny", 128)
-    assert config.parse(["task=lm", "model=rlm-small", "model.mhc_flows=2"]).model.name == "rlm-small"
+    assert command_line.parse(["task=lm", "model=rlm-small", "model.mhc_flows=2"]).model.name == "rlm-small"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

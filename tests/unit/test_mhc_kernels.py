@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from auralm import kernels, models
-from auralm.training import config
+from auralm.training import command_line, config
 from auralm.models import mhc
 
 
@@ -118,7 +118,7 @@ def test_a_sublayer_that_ignores_what_it_reads_still_passes_dL_dx_through_the_st
 
 
 def _model_grads(threads: int, checkpointing: bool = False, bf16: bool = False) -> list[torch.Tensor]:
-    cfg = config.parse(["task=lm", "model=rlm-tiny", "model.hidden_dim=64", "model.num_heads=2", "model.head_dim=32",
+    cfg = command_line.parse(["task=lm", "model=rlm-tiny", "model.hidden_dim=64", "model.num_heads=2", "model.head_dim=32",
                         "model.ffn_dim=128", "model.num_layers=2"])
     torch.manual_seed(0)
     model = models.build("lm", config.resolved_model(cfg.model), 101)

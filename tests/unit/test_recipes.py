@@ -12,7 +12,7 @@ import torch
 
 from auralm import models
 from auralm.errors import UserError
-from auralm.training import config, optim
+from auralm.training import command_line, config, optim
 
 # the READMEs' lines as they are typed after `python pretrain.py`
 TRM_MLP = ("arch=trm data_paths=[data/sudoku-extreme-1k-aug-1000] evaluators=[] epochs=50000 eval_interval=5000 "
@@ -42,7 +42,7 @@ def _common(t: config.TrainingConfig) -> None:
     (HRM, "hrm-sudoku", "hrm-27m", False, False, 384),
 ])
 def test_a_pasted_pretrain_line_follows_its_papers_recipe_and_says_so(line, recipe, model, mlp, ema, batch):
-    cfg = config.parse(line.split())
+    cfg = command_line.parse(line.split())
     t, arch = cfg.training, config.resolved_model(cfg.model)
     _common(t)
     assert cfg.recipe == recipe and cfg.model.name == model and arch["mlp_t"] == mlp and t.ema == ema
@@ -56,7 +56,7 @@ def test_a_pasted_pretrain_line_follows_its_papers_recipe_and_says_so(line, reci
 @pytest.mark.parametrize("line, recipe, model, ema", [(TRM_MAZE, "trm-maze", "trm-7m", True),
                                                     (HRM_MAZE, "hrm-maze", "hrm-27m", False)])
 def test_a_pasted_maze_line_trains_the_maze_task_under_its_papers_recipe(line, recipe, model, ema):
-    cfg = config.parse(line.split())
+    cfg = command_line.parse(line.split())
     t, arch = cfg.training, config.resolved_model(cfg.model)
     assert (cfg.recipe, cfg.task, cfg.model.name, t.ema) == (recipe, "maze", model, ema)
     assert cfg.data_dir == "data/maze-30x30-hard-1k" and t.global_batch_size == 768 and t.augment is True
@@ -66,12 +66,12 @@ def test_a_pasted_maze_line_trains_the_maze_task_under_its_papers_recipe(line, r
     if recipe == "trm-maze":
         assert (arch["L_cycles"], arch["H_cycles"], arch["L_layers"], arch["puzzle_emb_len"]) == (4, 3, 2, 16)
     assert "task=maze" in cfg.recipe_note
-    named = config.parse([f"recipe={recipe}"])  # by name: the same settings, the README's length
+    named = command_line.parse([f"recipe={recipe}"])  # by name: the same settings, the README's length
     assert (named.task, named.model.name, named.training.epochs) == ("maze", model, t.epochs)
 
 
 def test_recipe_by_name_sets_the_readmes_length_and_the_command_line_wins():
-    cfg = config.parse(["recipe=trm-sudoku-mlp", "training.lr=3e-4", "model.L_cycles=4"])
+    cfg = command_line.parse(["recipe=trm-sudoku-mlp", "training.lr=3e-4", "model.L_cycles=4"])
     t, arch = cfg.training, config.resolved_model(cfg.model)
     _common(t)
     assert cfg.model.name == "trm-5m-mlp" and arch["mlp_t"] and arch["pos_encodings"] == "none"
@@ -82,22 +82,22 @@ def test_recipe_by_name_sets_the_readmes_length_and_the_command_line_wins():
 
 def test_no_recipe_keeps_our_defaults_and_a_bad_one_is_one_line():
     for line in ([], ["model=trm-tiny"], ["model=trm-tiny", "puzzle_emb_lr=1e-3"], ["arch=trm", "recipe=none"]):
-        cfg = config.parse(line)
+        cfg = command_line.parse(line)
         assert cfg.recipe == "" and cfg.recipe_note == "" and cfg.training.warmup_steps == 30, line
         assert cfg.training.optimizer == "adamw" and cfg.training.grad_clip == 1.0
     with pytest.raises(UserError, match=r"^recipe=trm-sudoku: expected one of hrm-sudoku, trm-sudoku-mlp, "
                                         r"trm-sudoku-att, hrm-maze, trm-maze \(or none: hrmctl's own defaults\)$"):
-        config.parse(["recipe=trm-sudoku"])
+        command_line.parse(["recipe=trm-sudoku"])
 
 
 def test_the_schedule_warms_up_over_2000_steps_then_stays_constant():
-    t = config.parse(["recipe=trm-sudoku-att", "training.max_steps=10000"]).training
+    t = command_line.parse(["recipe=trm-sudoku-att", "training.max_steps=10000"]).training
     assert optim.lr_at(t, 1000) == pytest.approx(0.5e-4)
     assert optim.lr_at(t, 2000) == optim.lr_at(t, 5000) == optim.lr_at(t, 10000) == pytest.approx(1e-4)
 
 
 def _small(*extra: str) -> tuple[config.Config, torch.nn.Module]:
-    cfg = config.parse(["recipe=trm-sudoku-att", "model.n_embd=32", "model.n_head=2", "model.puzzle_emb_ndim=32",
+    cfg = command_line.parse(["recipe=trm-sudoku-att", "model.n_embd=32", "model.n_head=2", "model.puzzle_emb_ndim=32",
                         "model.H_cycles=1", "model.L_cycles=1", *extra])
     torch.manual_seed(0)
     return cfg, models.build("sudoku", config.resolved_model(cfg.model), None)
@@ -109,7 +109,7 @@ def test_the_puzzle_embedding_takes_a_sign_sgd_step_and_the_rest_the_optimizers_
     twin = models.build("sudoku", config.resolved_model(cfg.model), None)
     twin.load_state_dict(model.state_dict())
     signed = optim.make_optimizer(model, t, torch.device("cpu"))
-    plain = optim.make_optimizer(twin, config.parse(["training.optimizer=adamw", "training.weight_decay=1.0",
+    plain = optim.make_optimizer(twin, command_line.parse(["training.optimizer=adamw", "training.weight_decay=1.0",
                                                      "training.beta2=0.95", "training.decay_vectors=true"]).training,
                                  torch.device("cpu"))
     for opt in (signed, plain):
@@ -151,7 +151,7 @@ def test_trms_16_positions_hold_the_embedding_then_zeros_with_the_same_parameter
     assert logits.shape[-2] == 81
     with pytest.raises(UserError, match="model.puzzle_emb_len=16: the puzzle embedding's positions need "
                                         "model.puzzle_emb_ndim > 0"):
-        config.parse(["model=trm-tiny", "model.puzzle_emb_len=16"])
+        command_line.parse(["model=trm-tiny", "model.puzzle_emb_len=16"])
 
 
 def test_where_adam_atan2_is_missing_the_recipe_falls_back_to_adamw_and_says_so(monkeypatch, capsys):
@@ -161,21 +161,21 @@ def test_where_adam_atan2_is_missing_the_recipe_falls_back_to_adamw_and_says_so(
     assert isinstance(opt, torch.optim.AdamW)
     assert "optimizer: AdamW (the recipe's AdamATan2 needs the package adam-atan2-pytorch" in capsys.readouterr().err
     with pytest.raises(UserError, match="training.optimizer=adam_atan2 needs the package adam-atan2-pytorch"):
-        optim.make_optimizer(model, config.parse(["training.optimizer=adam_atan2"]).training, torch.device("cpu"))
+        optim.make_optimizer(model, command_line.parse(["training.optimizer=adam_atan2"]).training, torch.device("cpu"))
 
 
 def test_a_pasted_lines_data_tells_its_task_by_its_manifest_else_by_the_preset_it_is_named_after(tmp_path):
-    from auralm.training import recipes
+    from auralm.guides import implied
 
     mine = tmp_path / "my-mazes"
     mine.mkdir()
     (mine / "meta.json").write_text('{"task": "maze"}')
-    assert recipes.data_task(str(mine)) == "maze"  # its manifest, whatever its name
-    assert recipes.data_task("data/maze-30x30-hard-1k") == "maze"  # not here: the preset it is named after
-    assert recipes.data_task("data/sudoku-extreme-1k-aug-1000") == "sudoku"
-    assert recipes.data_task(str(tmp_path / "elsewhere")) == "sudoku"  # pretrain.py's own
+    assert implied.data_task(str(mine)) == "maze"  # its manifest, whatever its name
+    assert implied.data_task("data/maze-30x30-hard-1k") == "maze"  # not here: the preset it is named after
+    assert implied.data_task("data/sudoku-extreme-1k-aug-1000") == "sudoku"
+    assert implied.data_task(str(tmp_path / "elsewhere")) == "sudoku"  # pretrain.py's own
     for line in (["arch=trm", f"data_paths=[{mine}]"], ["arch=trm", f"data_path={mine}"], ["arch=trm", f"data_dir={mine}"]):
-        cfg = config.parse(line)
+        cfg = command_line.parse(line)
         assert (cfg.recipe, cfg.task) == ("trm-maze", "maze"), line
 
 
@@ -186,7 +186,7 @@ def test_the_recipes_heads_have_the_public_codes_never_target_classes_and_decay_
     besides a maze's 5 characters (model.extra_classes), and their optimizer decays every parameter, vectors too
     (training.decay_vectors). Our own defaults keep the task's classes and decay matrices only."""
     small = ["model.n_embd=32", "model.n_head=2", "model.puzzle_emb_ndim=32", "model.H_cycles=1", "model.L_cycles=1"]
-    cfg = config.parse([f"recipe={recipe}", *small])
+    cfg = command_line.parse([f"recipe={recipe}", *small])
     extra = 2 if task == "sudoku" else 1
     arch = config.resolved_model(cfg.model)
     assert arch["extra_classes"] == extra and cfg.training.decay_vectors
@@ -194,7 +194,7 @@ def test_the_recipes_heads_have_the_public_codes_never_target_classes_and_decay_
     assert model.core.head.weight.shape[0] == classes + extra
     groups = optim.make_optimizer(model, cfg.training, torch.device("cpu")).param_groups
     assert all(g["weight_decay"] == 1.0 for g in groups), [g["weight_decay"] for g in groups]
-    plain = config.parse([f"task={task}", "model=trm-tiny"])
+    plain = command_line.parse([f"task={task}", "model=trm-tiny"])
     assert config.resolved_model(plain.model)["extra_classes"] == 0 and not plain.training.decay_vectors
     built = models.build(task, config.resolved_model(plain.model), None)
     assert built.core.head.weight.shape[0] == classes
@@ -219,6 +219,6 @@ def test_extra_classes_are_never_a_digit_of_a_solved_grid_and_not_a_key_of_a_gpt
     [grid] = solve(Fixed(), [puzzle])
     assert grid[:3] == [0, 0, 1] and not is_solution(grid, puzzle)
     with pytest.raises(UserError, match="extra_classes"):
-        config.parse(["task=lm", "model=tiny", "model.extra_classes=2"])
+        command_line.parse(["task=lm", "model=tiny", "model.extra_classes=2"])
     with pytest.raises(UserError, match="extra_classes"):
-        config.parse(["model=trm-tiny", "model.extra_classes=-1"])
+        command_line.parse(["model=trm-tiny", "model.extra_classes=-1"])

@@ -62,7 +62,7 @@ def test_hrmctl_train_trains_a_task_registered_outside_the_package(sudoku_data, 
     saved = json.loads((run / "config.json").read_text())
     assert saved["task"] == "grids" and saved["model"]["family"] == "toy-grids"
     # without the plugin the name is refused before anything runs, in one line
-    res = subprocess.run([sys.executable, "-m", "auralm.training.config", "task=grids"], capture_output=True,
+    res = subprocess.run([sys.executable, "-m", "auralm.training.command_line", "task=grids"], capture_output=True,
                          text=True, timeout=120, env=python_env())
     assert res.returncode == 2 and res.stderr.strip() == "error: task='grids': expected one of sudoku, lm, maze", res.stderr
 

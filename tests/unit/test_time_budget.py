@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from auralm.errors import UserError
-from auralm.training import budget, config, train
+from auralm.training import budget, command_line, config, train
 from tests.trainer.helpers import by_step, python_env, records, tiny_args
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -31,14 +31,14 @@ def _timing(step_s: float = 1.5, eval_batch_s: float = 2.0, gone_s: float = 10.0
                                            ("2min", 120), ("0", None), ("none", None), ("0s", None)])
 def test_the_budgets_forms(text, seconds):
     assert config.parse_budget(text) == seconds
-    assert config.parse([f"training.time_budget={text}"]).training.time_budget == text
+    assert command_line.parse([f"training.time_budget={text}"]).training.time_budget == text
 
 
 def test_a_bad_budget_is_one_line_naming_the_key_and_its_forms():
     with pytest.raises(UserError, match=r"^training.time_budget='abc': expected seconds \(600\) or a duration like "
                                         r"90s, 10m, 1.5h; 0 or none: no budget$"):
-        config.parse(["training.time_budget=abc"])
-    res = subprocess.run([sys.executable, "-m", "auralm.training.config", "training.time_budget=10 minutes"],
+        command_line.parse(["training.time_budget=abc"])
+    res = subprocess.run([sys.executable, "-m", "auralm.training.command_line", "training.time_budget=10 minutes"],
                          capture_output=True, text=True, env=python_env(), timeout=60)
     assert res.returncode == 2 and res.stdout == ""
     assert res.stderr.count("\n") == 1 and res.stderr.startswith("error: training.time_budget='10 minutes': expected")
@@ -48,7 +48,7 @@ def test_a_bad_budget_is_one_line_naming_the_key_and_its_forms():
 
 
 def test_the_budget_lowers_max_steps_to_what_fits_and_says_so_in_one_line():
-    cfg = config.parse([])
+    cfg = command_line.parse([])
     timing = _timing()
     said = dict(budget.plan(cfg, timing, 0, fresh=True))
     t = cfg.training
@@ -64,7 +64,7 @@ def test_the_budget_lowers_max_steps_to_what_fits_and_says_so_in_one_line():
 
 
 def test_a_short_budget_shortens_the_warmup_with_the_run_and_says_it():
-    cfg = config.parse(["training.time_budget=90s"])
+    cfg = command_line.parse(["training.time_budget=90s"])
     said = dict(budget.plan(cfg, _timing(), 0, fresh=True))
     t = cfg.training
     assert t.max_steps < 300 and t.warmup_steps == max(1, t.max_steps // 10) < 30
@@ -74,7 +74,7 @@ def test_a_short_budget_shortens_the_warmup_with_the_run_and_says_it():
 @pytest.mark.parametrize("given", [["training.max_steps=1000"], ["training.max_steps=200"], ["training.epochs=2"],
                                    ["epochs=2"], ["training.time_budget=0"], ["training.time_budget=none"]])
 def test_a_given_length_or_no_budget_is_never_changed(given):
-    cfg = config.parse(given)
+    cfg = command_line.parse(given)
     before = (cfg.training.max_steps, cfg.training.warmup_steps)
     said = dict(budget.plan(cfg, _timing(), 0, fresh=True))
     assert (cfg.training.max_steps, cfg.training.warmup_steps) == before
@@ -84,25 +84,25 @@ def test_a_given_length_or_no_budget_is_never_changed(given):
 def test_a_length_from_a_config_file_is_given_too(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("training:\n  max_steps: 700\n")
-    cfg = config.parse([f"config={path}"])
+    cfg = command_line.parse([f"config={path}"])
     budget.plan(cfg, _timing(), 0, fresh=True)
     assert cfg.training.max_steps == 700
 
 
 def test_a_resumed_run_keeps_its_checkpoints_length_unless_one_is_given():
     state = {"config": {"training": {"max_steps": 340, "warmup_steps": 20}}}
-    cfg = config.parse([])
+    cfg = command_line.parse([])
     line = budget.resumed_length(cfg, state)
     assert (cfg.training.max_steps, cfg.training.warmup_steps) == (340, 20)
     assert line == "training.max_steps=340 (was 1000): the checkpoint's run length; give training.max_steps to change it"
-    given = config.parse(["training.max_steps=500"])
+    given = command_line.parse(["training.max_steps=500"])
     assert budget.resumed_length(given, state) is None and given.training.max_steps == 500
     said = dict(budget.plan(cfg, _timing(), 300, fresh=False))  # not sized again: a resume is not fresh
     assert cfg.training.max_steps == 340 and said["time"].startswith("time: 40 steps left to 340 at 1.5 s/step")
 
 
 def test_a_sized_run_plans_its_length_again_from_its_own_first_steps_within_the_warmup():
-    cfg = config.parse([])
+    cfg = command_line.parse([])
     timing = _timing(step_s=2.0, gone_s=30.0)
     budget.plan(cfg, timing, 0, fresh=True)
     t, planned = cfg.training, cfg.training.max_steps
@@ -116,34 +116,34 @@ def test_a_sized_run_plans_its_length_again_from_its_own_first_steps_within_the_
                     f"training and the final evaluation still end within training.time_budget=10m (set "
                     f"training.max_steps=1000 for the full schedule)")
     assert timing.sized_from == 0 and budget.replan(cfg, timing, 0, 20, 0.1, 50.0) is None  # once a run
-    again = config.parse([])
+    again = command_line.parse([])
     timing = _timing(step_s=2.0, gone_s=30.0)
     budget.plan(again, timing, 0, fresh=True)
     planned = again.training.max_steps
     assert budget.replan(again, timing, 0, 10, 2.02, 50.0) is None and again.training.max_steps == planned  # as planned
-    late = config.parse(["training.warmup_steps=5"])  # past its warmup the cosine has begun: the length stays
+    late = command_line.parse(["training.warmup_steps=5"])  # past its warmup the cosine has begun: the length stays
     timing = _timing(step_s=2.0, gone_s=30.0)
     budget.plan(late, timing, 0, fresh=True)
     assert budget.replan(late, timing, 0, 10, 0.5, 45.0) is None and timing.sized_from == 0
 
 
 def test_a_run_over_an_hour_says_so_with_the_override_that_makes_it_about_an_hour():
-    cfg = config.parse(["training.max_steps=1000"])
+    cfg = command_line.parse(["training.max_steps=1000"])
     timing = _timing(step_s=20.0)
     said = dict(budget.plan(cfg, timing, 0, fresh=True))
     n = timing.steps_within(cfg.training, 0, budget.HOUR)
     assert timing.total_s(cfg.training, 0, n) <= budget.HOUR < timing.total_s(cfg.training, 0, n + 1)
     assert said["time_long"] == (f"warning: this run takes about 5.6 h here (20 s/step measured, final evaluation "
                                  f"~32 s); training.max_steps={n} makes it about an hour")
-    epochs = config.parse(["training.epochs=4", "training.max_steps=1000"])  # as resolve_epochs left it
+    epochs = command_line.parse(["training.epochs=4", "training.max_steps=1000"])  # as resolve_epochs left it
     assert "training.epochs=" in dict(budget.plan(epochs, timing, 0, fresh=True))["time_long"]
-    budgeted = config.parse(["training.time_budget=9h"])  # the budget's own run is long: the budget shortens it
+    budgeted = command_line.parse(["training.time_budget=9h"])  # the budget's own run is long: the budget shortens it
     assert dict(budget.plan(budgeted, timing, 0, fresh=True))["time_long"].endswith(
         "; training.time_budget=1h makes it about an hour")
 
 
 def test_the_eta_counts_the_steps_left_at_the_runs_pace_and_the_evaluations_to_come():
-    t = config.parse(["training.max_steps=100", "training.eval_interval=50"]).training
+    t = command_line.parse(["training.max_steps=100", "training.eval_interval=50"]).training
     timing = _timing()
     assert budget.eta(timing, t, 40, 2.0) == budget.clock(60 * 2.0 + (8 + 16) * 2.0)  # one evaluation on the way
     assert budget.eta(timing, t, 100, 2.0) == budget.clock(16 * 2.0)  # the final evaluation
@@ -170,7 +170,7 @@ def _probed(monkeypatch, step_s: float, eval_batch_s: float = 0.01) -> None:
 def test_the_embedded_defaults_length_comes_from_the_budget_and_the_run_ends_with_its_accuracy(
         sudoku_dir, tmp_path, monkeypatch, capsys):
     _probed(monkeypatch, step_s=5.0)
-    train.run(config.parse(tiny_args(sudoku_dir, tmp_path, "training.time_budget=1m")))
+    train.run(command_line.parse(tiny_args(sudoku_dir, tmp_path, "training.time_budget=1m")))
     out = capsys.readouterr().out
     n = int(re.search(r"^training.max_steps=(\d+) \(was 1000\), training.warmup_steps=1 \(was 5\) so that training "
                       r"and the final evaluation end within training.time_budget=1m: 5 s/step measured", out, re.M)[1])
@@ -188,7 +188,7 @@ def test_the_embedded_defaults_length_comes_from_the_budget_and_the_run_ends_wit
 @pytest.mark.slow
 def test_an_explicit_max_steps_wins_and_a_long_one_is_warned_of(sudoku_dir, tmp_path, monkeypatch, capsys):
     _probed(monkeypatch, step_s=1000.0)
-    train.run(config.parse(tiny_args(sudoku_dir, tmp_path, "training.max_steps=4")))
+    train.run(command_line.parse(tiny_args(sudoku_dir, tmp_path, "training.max_steps=4")))
     out = capsys.readouterr().out
     assert "(was 1000)" not in out and max(by_step(tmp_path)) == 4
     assert re.search(r"^time: 4 steps at 1000 s/step = 66.7 min of training, ~\d+ s of evaluation: about 66.\d min in "
@@ -239,15 +239,15 @@ def test_a_run_shorter_than_the_probe_is_not_timed_beforehand(sudoku_dir, tmp_pa
     monkeypatch.setattr(train, "measure_rate", no_probe)
     monkeypatch.setattr(budget, "time_eval_batch", no_probe)
     n = budget.PROBE_PASSES - 1
-    train.run(config.parse(tiny_args(sudoku_dir, tmp_path, f"training.max_steps={n}")))
+    train.run(command_line.parse(tiny_args(sudoku_dir, tmp_path, f"training.max_steps={n}")))
     out = capsys.readouterr().out
     assert re.search(rf"^time: {n} steps, not timed beforehand \(a run shorter than the time probe's "
                      rf"{budget.PROBE_PASSES} passes\); the progress line says its pace$", out, re.M), out
     assert max(by_step(tmp_path)) == n and out.index("not timed beforehand") < out.index(f"step 1/{n}")
-    cfg = config.parse(tiny_args(sudoku_dir, tmp_path, f"training.max_steps={n}"))
+    cfg = command_line.parse(tiny_args(sudoku_dir, tmp_path, f"training.max_steps={n}"))
     assert not budget.worth_probing(cfg)
-    assert budget.worth_probing(config.parse(tiny_args(sudoku_dir, tmp_path, f"training.max_steps={n + 1}")))
-    assert budget.worth_probing(config.parse([]))  # the budget's own run: its length comes from the probe
+    assert budget.worth_probing(command_line.parse(tiny_args(sudoku_dir, tmp_path, f"training.max_steps={n + 1}")))
+    assert budget.worth_probing(command_line.parse([]))  # the budget's own run: its length comes from the probe
 
 
 def test_a_recurrent_models_evaluation_batch_is_timed_on_one_segment_times_its_segments():

@@ -17,7 +17,7 @@ import time
 import pytest
 import torch
 
-from auralm.training import config, tracking, train
+from auralm.training import command_line, tracking, train
 from auralm.errors import UserError
 from tests.trainer.helpers import PYTHON, python_env, records, tiny_args
 
@@ -59,15 +59,15 @@ def test_record_keys_become_the_names_users_know():
 
 
 def test_the_logging_keys_and_their_checks():
-    cfg = config.parse(["logging.tensorboard=true", "logging.wandb.project=p", "logging.wandb.entity=me",
+    cfg = command_line.parse(["logging.tensorboard=true", "logging.wandb.project=p", "logging.wandb.entity=me",
                         "logging.wandb.mode=offline"])
     assert (cfg.logging.tensorboard, cfg.logging.wandb.project, cfg.logging.wandb.entity,
             cfg.logging.wandb.mode) == (True, "p", "me", "offline")
-    assert tracking.plan(config.parse([]).logging).empty
+    assert tracking.plan(command_line.parse([]).logging).empty
     with pytest.raises(UserError, match=r"^logging.wandb.mode='sometimes': expected one of auto, online, offline$"):
-        tracking.plan(config.parse(["logging.wandb.project=p", "logging.wandb.mode=sometimes"]).logging)
+        tracking.plan(command_line.parse(["logging.wandb.project=p", "logging.wandb.mode=sometimes"]).logging)
     with pytest.raises(UserError, match="logging.wandb.entity is set but logging.wandb.project is not"):
-        tracking.plan(config.parse(["logging.wandb.entity=me"]).logging)
+        tracking.plan(command_line.parse(["logging.wandb.entity=me"]).logging)
 
 
 def test_wandb_auto_mode_is_offline_without_a_connection_or_a_key(monkeypatch):

@@ -6,13 +6,13 @@ import subprocess
 
 import pytest
 
-from auralm.training import config
+from auralm.training import command_line, config
 from auralm.errors import UserError
 from tests.trainer.helpers import PYTHON, REPO, python_env
 
 
 def test_overrides_set_nested_fields_and_the_named_size():
-    cfg = config.parse(["model=tiny", "model.n_layer=3", "training.batch_size=8", "training.grad_checkpoint=true",
+    cfg = command_line.parse(["model=tiny", "model.n_layer=3", "training.batch_size=8", "training.grad_checkpoint=true",
                         "fault.nan_at_step=3,10-12", "backend=gloo", "task=lm"])
     resolved = config.to_dict(cfg)
     assert resolved["model"] == {"name": "tiny", "n_layer": 3, "n_head": 2, "n_embd": 64, "block_size": 64,
@@ -23,7 +23,7 @@ def test_overrides_set_nested_fields_and_the_named_size():
 
 
 def test_defaults_are_the_embedded_sudoku_run():
-    cfg = config.parse([])
+    cfg = command_line.parse([])
     assert cfg.task == "sudoku" and cfg.resume == "" and cfg.backend == "auto"
 
 
@@ -43,16 +43,16 @@ def test_defaults_are_the_embedded_sudoku_run():
 ])
 def test_bad_overrides_name_the_problem(override, expected):
     with pytest.raises(UserError, match=None) as err:
-        config.parse([override])
+        command_line.parse([override])
     assert expected in str(err.value)
 
 
 def test_diloco_inner_steps_auto_is_rounds_by_time_of_h_steps():
-    d = config.parse(["training.sync=diloco", "training.diloco.inner_steps=auto"]).training.diloco
+    d = command_line.parse(["training.sync=diloco", "training.diloco.inner_steps=auto"]).training.diloco
     assert d.timed and d.inner_steps == config.DilocoConfig().inner_steps  # H: the schedule's steps a round
-    d = config.parse(["training.diloco.inner_steps=auto", "training.diloco.inner_steps=20"]).training.diloco
+    d = command_line.parse(["training.diloco.inner_steps=auto", "training.diloco.inner_steps=20"]).training.diloco
     assert d.timed and d.inner_steps == 20
-    assert not config.parse(["training.sync=diloco"]).training.diloco.timed
+    assert not command_line.parse(["training.sync=diloco"]).training.diloco.timed
 
 
 def _train_cli(*args):
@@ -81,7 +81,7 @@ def test_unknown_option_is_one_line():
 
 
 def test_a_line_pasted_from_the_hrm_guide_parses_into_our_keys():
-    cfg = config.parse("model=hrm-27m data_path=data/sudoku-extreme-1k-aug-1000 epochs=20000 eval_interval=2000 "
+    cfg = command_line.parse("model=hrm-27m data_path=data/sudoku-extreme-1k-aug-1000 epochs=20000 eval_interval=2000 "
                        "global_batch_size=384 lr=7e-5 puzzle_emb_lr=7e-5 weight_decay=1.0 "
                        "puzzle_emb_weight_decay=1.0 arch.L_cycles=8 arch.halt_max_steps=8".split())
     t = cfg.training
@@ -99,7 +99,7 @@ def test_a_line_pasted_from_the_trm_guide_parses_into_our_keys():
             '+run_name=pretrain_mlp_t_sudoku ema=True')
     import shlex
 
-    cfg = config.parse(shlex.split(line))
+    cfg = command_line.parse(shlex.split(line))
     arch = config.resolved_model(cfg.model)
     assert cfg.model.name == "trm-7m" and arch["family"] == "trm" and arch["mlp_t"] is True
     assert (arch["pos_encodings"], arch["H_cycles"], arch["L_cycles"]) == ("none", 3, 6)
@@ -119,7 +119,7 @@ def test_a_line_pasted_from_the_trm_guide_parses_into_our_keys():
 ])
 def test_guide_keys_give_clear_errors(override, expected):
     with pytest.raises(UserError, match=None) as e:
-        config.parse(override.split())
+        command_line.parse(override.split())
     assert expected in str(e.value)
 
 
@@ -130,7 +130,7 @@ def test_guide_keys_give_clear_errors(override, expected):
 ])
 def test_recurrent_keys_are_checked(override, expected):
     with pytest.raises(UserError) as e:
-        config.parse(["model=hrm-tiny", override])
+        command_line.parse(["model=hrm-tiny", override])
     assert expected in str(e.value)
 
 
@@ -147,5 +147,5 @@ def test_the_papers_commands_in_the_benchmark_parse():
     assert len(lines) == 2
     for argv in lines:
         overrides = [a for a in argv[2:] if "=" in a and not a.startswith("-")]
-        cfg = config.parse(overrides)
+        cfg = command_line.parse(overrides)
         assert cfg.data_dir == "data/sudoku-extreme-1k-aug-1000" and cfg.training.epochs > 0

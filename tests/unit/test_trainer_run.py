@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from auralm.data import datadir
-from auralm.training import config, train
+from auralm.training import command_line, config, train
 from auralm.errors import UserError
 from tests.trainer.helpers import by_step, records, small_sudoku, tiny_args
 
@@ -25,7 +25,7 @@ def sudoku_dir(sudoku_data):
 
 
 def _run(*args):
-    return train.run(config.parse(list(args)))
+    return train.run(command_line.parse(list(args)))
 
 
 @pytest.mark.slow
@@ -231,7 +231,7 @@ def test_a_causal_hrm_learns_text_and_logs_its_recurrent_metrics(tmp_path, capsy
     assert sum(m[s]["loss"] for s in range(26, 31)) / 5 < m[1]["loss"] - 0.5
     halted = [m[s] for s in m if m[s]["ponder"] > 0]
     assert halted and all(1 <= r["ponder"] <= 3 for r in halted)
-    cfg = config.resolved_model(config.parse(common).model)
+    cfg = config.resolved_model(command_line.parse(common).model)
     for r in halted:  # per token and example: ponder x H_cycles H-updates, x L_cycles more L-steps
         assert r["h_updates"] == pytest.approx(r["ponder"] * cfg["H_cycles"])
         assert r["l_steps"] == pytest.approx(r["h_updates"] * cfg["L_cycles"])
@@ -261,6 +261,6 @@ def test_the_papers_adam_atan2_optimizer_trains_and_resumes(sudoku_dir, tmp_path
     from auralm import models
     from auralm.training import optim
 
-    cfg = config.parse(common)
+    cfg = command_line.parse(common)
     model = models.build("sudoku", config.resolved_model(cfg.model))
     assert type(optim.make_optimizer(model, cfg.training, torch.device("cpu"))).__name__ == "AdamAtan2"

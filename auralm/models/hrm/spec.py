@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from functools import partial
 
-from auralm.models import guide_spellings
 from auralm.errors import UserError
 from auralm.models import recurrent, registry
 from auralm.models.registry import ModelFamily, register
@@ -49,11 +48,6 @@ FAMILY = register(ModelFamily(
     name="hrm", title="HRM", sizes=SIZES, build=partial(recurrent.build, "auralm.models.hrm.model", "hrm"),
     model_class=recurrent.act_class, tasks=recurrent.TASKS, select="model=hrm-tiny (or arch=hrm_v1)", smallest="hrm-tiny",
     unread=frozenset({"mlp_t"}), positive=recurrent.POSITIVE, check=check, blocks_in_graph=blocks_in_graph,
-    passes=passes, guide_arch_keys=recurrent.KEYS,
-    # the HRM repository's pretrain.py: arch.* and its puzzle embedding's optimizer; its default arch is hrm_v1,
-    # the paper's 27M model
-    guide_size=guide_spellings.ARCH_NAMES["hrm_v1"], guide_prefixes=("arch.",),
-    guide_keys=frozenset({"puzzle_emb_lr", "puzzle_emb_weight_decay"}),
-    # the HRM distributed launcher's --model 50m|100m are language models (C4, the GPT-2 tokenizer): text unless
-    # task= says otherwise
+    passes=passes,
+    # the language-model sizes (C4, the GPT-2 tokenizer): text unless task= says otherwise
     size_task={"hrm-50m": "lm", "hrm-100m": "lm"}))

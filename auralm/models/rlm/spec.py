@@ -4,7 +4,6 @@ means task=lm unless task is given."""
 
 from __future__ import annotations
 
-from auralm.models import guide_spellings
 from auralm.errors import UserError
 from auralm.models.registry import ModelFamily, check_result, register
 
@@ -17,9 +16,6 @@ SIZES = {
     "rlm-base": dict(_RLM, n_embd=2048, n_layer=24, n_head=16, head_dim=128, ffn_dim=5504, block_size=2048),  # 1.3B
     "rlm-large": dict(_RLM, n_embd=4096, n_layer=32, n_head=32, head_dim=128, ffn_dim=11008, block_size=2048),  # 7B
 }
-# the RLM guide's spellings (W&B's keys aside: they say nothing of the model); its quick start is rlm-tiny's shape
-GUIDE_KEYS = frozenset({s.theirs for s in guide_spellings.TABLE if s.guide == guide_spellings.RLM
-                        and not s.theirs.startswith("training.wandb.")} | {"data.train_path"})
 TOLERANCE = 1e-3  # validate-model: H_res's rows and columns at initialisation
 COLUMN_TOLERANCE = 1e-5  # Sinkhorn ends by dividing each column by its sum: float32 leaves n * 2**-24 at most
 AMAX_LIMIT = 2.0
@@ -86,5 +82,4 @@ def trained_stochastic(connections: list) -> dict:
 
 FAMILY = register(ModelFamily(
     name="rlm", title="RLM (mHC)", sizes=SIZES, build=build, model_class=model_class, tasks=TASKS,
-    select="model=rlm-tiny", smallest="rlm-tiny", check=check, validates=True, validate_checks=validate_checks,
-    guide_size="rlm-tiny", guide_keys=GUIDE_KEYS))
+    select="model=rlm-tiny", smallest="rlm-tiny", check=check, validates=True, validate_checks=validate_checks))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from functools import partial
 
-from auralm.models import guide_spellings
 from auralm.models import recurrent
 from auralm.models.registry import ModelFamily, register
 
@@ -36,5 +35,4 @@ FAMILY = register(ModelFamily(
     name="trm", title="TRM", sizes=SIZES, build=partial(recurrent.build, "auralm.models.trm.model", "trm"),
     model_class=recurrent.act_class, tasks=recurrent.TASKS, select="model=trm-tiny (or arch=trm)", smallest="trm-tiny",
     unread=frozenset({"H_layers"}), positive=recurrent.POSITIVE, check=recurrent.check,
-    blocks_in_graph=blocks_in_graph, passes=passes, guide_arch_keys=recurrent.KEYS,
-    guide_size=guide_spellings.ARCH_NAMES["trm"], guide_keys=frozenset({"arch.mlp_t"})))  # a key only TRM reads
+    blocks_in_graph=blocks_in_graph, passes=passes))

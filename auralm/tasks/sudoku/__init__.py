@@ -17,8 +17,7 @@ class Sudoku(Grid):
     prepare_hint = ""  # generated: no SOURCE
 
     def prepare_command(self, out: str) -> str:
-        """A directory named like a preset (the HRM guide's data_path=data/sudoku-extreme-small) with that
-        --preset."""
+        """A directory named like a preset (data/sudoku-extreme-small) with that --preset."""
         import os
         import shlex
 

@@ -4,7 +4,7 @@ by ``hrmctl train`` as what they are here: trainer overrides (``model=50m``, ``t
 nodes), or accepted as they are (``--verbose``). A guide's options that prepare data (AuraLM's ``--prepare
 --dataset-name X --dataset-max-tokens N``) are refused together in one line with the ``hrmctl prepare-data`` line to
 run first. Everything else that looks like an option is refused in one line, with the "did you mean" of the guides'
-table (auralm/models/guide_spellings.py)."""
+table (auralm/guides/spellings.py)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import shlex
 from dataclasses import dataclass, field
 
 from auralm import tasks
-from auralm.models import guide_spellings
-from auralm.models.guide_spellings import Spelling
+from auralm.guides import spellings
+from auralm.guides.spellings import Spelling
 from auralm.errors import UserError
-from auralm.training import config
+from auralm.training import command_line, config
 from cli.errors import HrmctlError
 
 # hrmctl train's options a guide's spelling can stand for, as LaunchOptions' fields and their types (--nodes:
@@ -50,9 +50,9 @@ def read(args: list[str], what: str, own: list[str]) -> Read:
             out.args.append(a)
             continue
         name, eq, value = a.partition("=")
-        row = guide_spellings.option_row(name) or guide_spellings.option_row(name, guide_spellings.PREPARE)
+        row = spellings.option_row(name) or spellings.option_row(name, spellings.PREPARE)
         if row is None or not (row.ours or row.accepted):
-            hint = guide_spellings.suggest(name, own + config.key_names(), option=True)
+            hint = spellings.suggest(name, own + config.key_names(), option=True)
             raise HrmctlError(f"unknown option {name}{hint or f'; {what}, and hrmctl options are listed by --help'}")
         if not row.flag and not eq:
             if i >= len(args) or args[i].startswith("--"):
@@ -71,9 +71,7 @@ def read(args: list[str], what: str, own: list[str]) -> Read:
 def _implied(out: Read) -> None:
     """What the guide's options mean besides their own keys (AuraLM's: its GPT on text), added unless the line sets
     those keys itself (model= or arch=, task=), and said once."""
-    from auralm.training.config import ALIASES
-
-    given = {ALIASES.get(k, k) for k in (a.partition("=")[0].lstrip("+") for a in out.args)}
+    given = {spellings.ALIASES.get(k, k) for k in (a.partition("=")[0].lstrip("+") for a in out.args)}
     given |= {"model"} if given & {"arch"} or any(k.startswith("model.") and k != "model.block_size" for k in given) \
         else set()
     rows = [r for r in out.rows if r.implies]
@@ -87,7 +85,7 @@ def _implied(out: Read) -> None:
 def _take(out: Read, row: Spelling, name: str, value: str) -> None:
     """One of the guide's options, read: into ``out``'s overrides, options or data options, and what it was said."""
     shown = f"{name} {value}".strip()
-    if row.command == guide_spellings.PREPARE:
+    if row.command == spellings.PREPARE:
         out.prepare.append((row, value))
     elif row.accepted:
         out.said.append(f"{shown} is accepted ({row.note})")
@@ -110,13 +108,13 @@ def prepare_first(typed: list[tuple[Spelling, str]], args: list[str]) -> str:
     """The refusal of a guide's data options on hrmctl train: the ``hrmctl prepare-data`` line that does what they
     ask (into the line's data_dir, else data/<task> as the trainer reads it), to run first; or, when that
     directory is prepared already here, that they can go."""
-    ours = [a for row, value in typed for a in guide_spellings.prepare_args(row, value)]
+    ours = [a for row, value in typed for a in spellings.prepare_args(row, value)]
     implied = {row.implies for row, _ in typed if row.implies}
     for extra in sorted(implied):
         if extra.split()[0] not in ours:
             ours += extra.split()
     try:  # where the line says its data is, as the trainer reads it (a guide's data_path, data_paths=[DIR] too)
-        cfg = config.parse(args)
+        cfg = command_line.parse(args)
         given = cfg.data_dir if "data_dir" in cfg.given_keys else ""
     except (UserError, ValueError):  # refused: the trainer's check says why, after this
         given = ""
@@ -127,7 +125,7 @@ def prepare_first(typed: list[tuple[Spelling, str]], args: list[str]) -> str:
         ours += ["--out", out]
     else:
         out = ours[ours.index("--out") + 1]
-    if source and not any(row.ours == guide_spellings.SOURCE for row, _ in typed):
+    if source and not any(row.ours == spellings.SOURCE for row, _ in typed):
         ours.insert(0, source)  # --prepare alone: the text is the user's to name
     guide = typed[0][0].guide
     them = " ".join(shlex.join([row.theirs] + ([] if row.flag else [value])) for row, value in typed)
@@ -144,7 +142,7 @@ def across_machines(opts) -> str:
     else every node of the inventory (``opts.nodes`` set to them); one line naming the fix when there is none."""
     from cli.nodes.inventory import load_inventory
 
-    row = next(s for s in guide_spellings.OPTIONS.values() if s.ours == "--nodes")
+    row = next(s for s in spellings.OPTIONS.values() if s.ours == "--nodes")
     if opts.nodes_given or opts.nodes[0].slurm_job:
         return f"{row.theirs} is the run across --nodes {','.join(n.name for n in opts.nodes)}"
     inventory = load_inventory(opts.inventory)

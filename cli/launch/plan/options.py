@@ -56,7 +56,7 @@ class LaunchOptions:
 
     @property
     def trainer(self):
-        """The trainer's reading of ``args`` by its own parser (auralm.training.config, no torch): its Config, made
+        """The trainer's reading of ``args`` by its own parser (auralm.training.command_line, no torch): its Config, made
         once for these args and read by every stage; None for another module, or when the trainer refuses them
         (``trainer_refusal`` says why)."""
         return self._trainer_read()[0]
@@ -71,10 +71,10 @@ class LaunchOptions:
             read: tuple = (None, "")
             if self.module == TRAINER:
                 from auralm.errors import UserError
-                from auralm.training import config
+                from auralm.training import command_line
 
                 try:
-                    read = (config.parse_command_line(self.args)[0], "")
+                    read = (command_line.parse_command_line(self.args)[0], "")
                 except (UserError, ValueError) as e:
                     read = (None, str(e))
             self._read = (tuple(self.args), *read)

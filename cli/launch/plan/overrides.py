@@ -1,6 +1,6 @@
 """The trainer's own reading of a launch's overrides, made here before anything starts on any node: config files
 spelled out (``config=FILE.yaml``) and the trainer's --check, both by its parser run as a process without torch
-(`python -m auralm.training.config`); a verdict "valid" cached by ``trainer_key``, the key of everything the
+(`python -m auralm.training.command_line`); a verdict "valid" cached by ``trainer_key``, the key of everything the
 trainer's code decides for the launcher (memory.py's estimates too). Imported by the command before it submits
 or plans, so nothing of the preflight is loaded for a run sent to Slurm.
 """
@@ -19,7 +19,7 @@ from cli.errors import HrmctlError
 from cli.cache import cache_dir, load as load_cache, save as save_cache
 from cli.launch.plan.options import TRAINER
 
-TRAINER_CHECK = "auralm.training.config"  # the trainer's --check without `import torch`: same parser, a tenth of the time
+TRAINER_CHECK = "auralm.training.command_line"  # the trainer's --check without `import torch`: a tenth of the time
 TRAINER_CHECKS = cache_dir() / "trainer-checks.json"
 
 
@@ -54,7 +54,7 @@ def check_trainer_args(module: str, args: list[str]) -> None:
 
 def expand_config_files(module: str, args: list[str]) -> list[str]:
     """``config=FILE.yaml`` spelled out into its key=value settings by the trainer's own reader (run here, as a
-    process: `python -m auralm.training.config --expand`), so the file need only exist on this machine."""
+    process: `python -m auralm.training.command_line --expand`), so the file need only exist on this machine."""
     if module != TRAINER or not any(a.partition("=")[0].strip().lstrip("+") == "config" for a in args):
         return args
     try:

@@ -2,11 +2,11 @@
 anywhere when something is wrong. It reads the LaunchOptions (cli/launch/plan/options.py) and nothing after it:
   1. the master address (an IP the workers reach; never loopback with other nodes);
   2. at once, over one connection per node: the trainer's own check of the overrides (its parser,
-     `python -m auralm.training.config --check ...`, here), every node probed (netcheck's probe; torch facts cached,
-     node_facts.py), each node's directories (data and run directory writable, with room, the data prepared for the
-     task: storage.py), the master port (free on the master, reachable from every worker: netcheck), and the
-     model's memory estimate (auralm.planning.sizing, plan/memory.py); on a Slurm allocation's nodes, torchrun itself
-     starts meanwhile and waits for its arguments (prestart.py);
+     `python -m auralm.training.command_line --check ...`, here), every node probed (netcheck's probe; torch
+     facts cached, node_facts.py), each node's directories (data and run directory writable, with room, the data
+     prepared for the task: storage.py), the master port (free on the master, reachable from every worker:
+     netcheck), and the model's memory estimate (auralm.planning.sizing, plan/memory.py); on a Slurm allocation's
+     nodes, torchrun itself starts meanwhile and waits for its arguments (prestart.py);
   3. the plan (plan/plan.py: each node's torchrun line and environment), each rank's planned memory against its
      node's (plan/memory.py) -> a LaunchPlan, printed by --dry-run (supervise/report.py) or run on every node
      (supervise/job.py, an attempt at a time: run/attempt.py).

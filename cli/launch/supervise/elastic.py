@@ -167,10 +167,10 @@ class Members:
     def args(self, args: list[str], world_all: int, world_now: int, log) -> list[str]:
         """The trainer's overrides for a restart with the nodes present: resume=latest, and the global batch of the
         whole world kept by gradient accumulation."""
-        from auralm.training import config
+        from auralm.training import command_line
 
         kept = [a for a in args if not a.lstrip("+").startswith("training.grad_accum=")]
-        t = config.parse([a for a in args if not a.startswith("-")]).training
+        t = command_line.parse([a for a in args if not a.startswith("-")]).training
         accum = t.grad_accum
         if not t.global_batch_size and world_now != world_all:  # a global batch is split over any world by the trainer
             if (accum * world_all) % world_now == 0:

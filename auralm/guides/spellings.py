@@ -5,10 +5,11 @@ YAML files, the HRM distributed launcher's ``--options``, AuraLM's ``train_gpt2_
 :data:`TABLE` is one spelling of a guide and what it is here: a key of the trainer (``training.lr``), an option of
 ``hrmctl train`` (``--dry-run``) or of ``hrmctl prepare-data`` (``command="prepare-data"``: ``--max-tokens``, or
 ``SOURCE``, its positional argument), accepted as it is (``accepted``: what hrmctl does anyway, said), or nothing
-(then ``note`` says what to do instead). The trainer's config (auralm.training.config) takes the key spellings as
-aliases; ``hrmctl train`` takes the option spellings (cli/launch/plan/guide_options.py), ``hrmctl prepare-data`` its own
-(cli/tools/prepare_data.py, before its options are parsed); all of them name their nearest row in a "did you mean"
-(:func:`suggest`). docs/guides.md is this table, per guide, with the lines it comes from.
+(then ``note`` says what to do instead). The key spellings are read as ours by :mod:`auralm.guides.translate`
+before the trainer's config sees them; ``hrmctl train`` takes the option spellings (cli/launch/plan/guide_options.py),
+``hrmctl prepare-data`` its own (cli/tools/prepare_data.py, before its options are parsed); all of them name their
+nearest row in a "did you mean" (:func:`suggest`). docs/guides.md is this table, per guide, with the lines it comes
+from. Imports the standard library only: hrmctl's options read it without the trainer.
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ TABLE: tuple[Spelling, ...] = (
       for o in ("--nnodes", "--node_rank", "--node-rank", "--master_addr", "--master-addr")),
 )
 
-# What config.py takes for a guide's key (``arch.*`` beyond these is ``model.*``).
+# Our key for a guide's key (``arch.*`` beyond these is ``model.*``: auralm.guides.translate).
 ALIASES: dict[str, str] = {s.theirs: s.ours for s in TABLE if not s.is_option}
 # The options hrmctl train takes in a guide's spelling: ours is a trainer key or an option of hrmctl train.
 OPTIONS: dict[str, Spelling] = {s.theirs: s for s in TABLE if s.is_option and s.command == TRAIN}
