@@ -60,7 +60,9 @@ def test_auto_shares_give_the_node_at_half_a_core_a_smaller_part_of_the_batch(la
     fast, slow = shares["weights"]
     # half a core: about half the speed. Its quota is 50 ms of each 100 ms (cgroup cpu.max), and the probe's few steps
     # fall on that rhythm as they may, beside the launcher's own processes on the same core: 2.0-3.3 measured (a
-    # warm CI, 2026-12-06: 3.27), so the bound above is loose; what the test asserts is the order and the shares
-    assert 1.4 < fast / slow < 5.0, shares
+    # warm CI, 2026-12-06: 3.27; 5.44 in a warm CI on a 2-core Xeon with AMX, 2026-12-07), so the bound above is loose:
+    # it catches a rate that is no measurement (a start-up timed, a rank's rate for another's); what the test asserts
+    # is the order and the shares
+    assert 1.4 < fast / slow < 10.0, shares
     assert shares["batch"][0] > shares["batch"][1] >= 1
     assert "balance auto: rank 0 (node0): measured rows/s" in out
