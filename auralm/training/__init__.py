@@ -1,7 +1,9 @@
 """The training loop and its parts.
 
-- ``train``: the loop (``python -m auralm.training.train``, alone or under torchrun): open the run, the data and
-  the model, resume, then step, report, evaluate and save; the sync strategy (auralm.parallel) does the step.
+- ``train``: the run, ``Trainer`` (``python -m auralm.training.train``, alone or under torchrun): open the run, the
+  data and the model, resume, then step, report, evaluate and save; the sync strategy (auralm.parallel) does the step.
+- ``checkpoint_manager``: a run's checkpoints as stateful parts registered once (per rank or rank 0's), saved
+  together and handed back on a resume; ``checkpoint`` writes and reads the files.
 - ``config``: the run's keys, named sizes and checks; our own keys only.
 - ``command_line``: a command line read into a config, the guides' spellings translated first (auralm.guides):
   what the trainer, the planning tools and the launcher's check (``python -m auralm.training.command_line``) call.
