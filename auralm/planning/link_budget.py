@@ -35,14 +35,13 @@ default, ``training.diloco.outer_lr=auto``: the ranks' plain average for a run o
 rounds, the paper's step otherwise). The words for a suggested strategy, and for what work shares do to its pace,
 are its registration's (auralm.parallel.strategy: ``named``, ``paced``). Plain dicts in and out; no torch, but
 advise(), which asks the run's sync strategy what it sends each step (its ``link_cost``) and so imports its class.
-``python -m auralm.planning.link_budget --link ENTRY key=value ...`` is hrmctl train's warning (see advise()).
+advice() is hrmctl train's warning, asked of the launcher's plan process (auralm.planning.server).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
@@ -503,36 +502,13 @@ def run_model(cfg, world: int) -> dict:
             "spec": json.dumps({"task": cfg.task, "arch": arch, "vocab": vocab}, sort_keys=True)}
 
 
-def main(argv: list[str]) -> int:
-    """``python -m auralm.planning.link_budget --link ENTRY_JSON [--world N] key=value ...``: advise() as one JSON line."""
+def advice(args: list[str], link: dict, world: int | None = None) -> dict:
+    """advise() for the run a command line gives, on a link cache entry (cli/launch/plan/link_cache.py): the plan
+    process's "link" (auralm.planning.server). Raises UserError (or ValueError, KeyError) on what it cannot read."""
     from auralm.training import command_line
-    from auralm.errors import UserError
 
-    args, link, world = list(argv), None, None
-    try:
-        while args and args[0].startswith("--"):
-            opt = args.pop(0)
-            if opt == "--link":
-                link = json.loads(args.pop(0))
-            elif opt == "--world":
-                world = int(args.pop(0))
-            else:
-                raise UserError(f"unknown option {opt}")
-        if link is None:
-            raise UserError("--link ENTRY_JSON is required")
-        cfg = command_line.parse(args)
-        world = world or link["world"]
-        t = cfg.training
-        out = advise(link, run_model(cfg, world), world=world, sync=t.sync, hook=t.ddp_comm_hook, balance=t.balance,
-                     parallel=t.parallel, inner_steps=strategy.strategy_class(t.sync, t.parallel).steps_a_round(t))
-    except (UserError, ValueError, KeyError, IndexError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(json.dumps(out))
-    return 0
-
-
-if __name__ == "__main__":
-    from auralm.errors import exit_frozen
-
-    exit_frozen(main(sys.argv[1:]))
+    cfg = command_line.parse(args)
+    world = world or link["world"]
+    t = cfg.training
+    return advise(link, run_model(cfg, world), world=world, sync=t.sync, hook=t.ddp_comm_hook, balance=t.balance,
+                  parallel=t.parallel, inner_steps=strategy.strategy_class(t.sync, t.parallel).steps_a_round(t))

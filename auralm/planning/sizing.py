@@ -127,6 +127,15 @@ def given_vocab(cfg: config.Config) -> int | None:
     return config.resolved_model(cfg.model).get("vocab_size")
 
 
+def document(args: list[str], world: int = 1, vocab: int | None = None) -> dict:
+    """summary() of the config a command line gives: what ``--json`` prints, and the plan process's "size"
+    (auralm.planning.server)."""
+    from auralm.training import command_line
+
+    cfg, _ = command_line.parse_command_line(args)
+    return summary(cfg, world, vocab)
+
+
 if __name__ == "__main__":
     # python -m auralm.planning.sizing [--json] [--world N] [--vocab N] key=value ...  (--vocab: the data's vocabulary)
     try:
@@ -136,14 +145,15 @@ if __name__ == "__main__":
                 i = args.index(flag)
                 opts[flag] = int(args[i + 1])
                 del args[i: i + 2]
-        from auralm.training import command_line
-
-        cfg, _ = command_line.parse_command_line([a for a in args if a != "--json"])
+        args = [a for a in args if a != "--json"]
         if "--json" in sys.argv:
             import json
 
-            print(json.dumps(summary(cfg, opts["--world"], opts["--vocab"])))
+            print(json.dumps(document(args, opts["--world"], opts["--vocab"])))
         else:
+            from auralm.training import command_line
+
+            cfg, _ = command_line.parse_command_line(args)
             per_rank(cfg, opts["--world"])
             print(describe(cfg, opts["--vocab"] or given_vocab(cfg)))
     except UserError as e:

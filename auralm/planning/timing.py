@@ -1,5 +1,5 @@
-"""A run's time before it starts, for ``hrmctl train --dry-run``: ``python -m auralm.planning.timing [--world N]
-key=value ...`` prints one JSON document.
+"""A run's time before it starts, for ``hrmctl train --dry-run``: estimate(args, world) is one JSON document, the
+launcher's plan process's "time" (auralm.planning.server).
 
 The trainer's model is built here as the trainer builds it and timed with the trainer's own probes
 (auralm.training.budget: measure_rate's forward and backward passes, time_eval_batch's evaluation forward) on random
@@ -12,15 +12,12 @@ training.time_budget would set max_steps to, from this machine's figures; each r
 
 from __future__ import annotations
 
-import json
 import socket
-import sys
 from pathlib import Path
 
 import torch
 
 from auralm import models, tasks
-from auralm.errors import UserError, exit_frozen
 from auralm.planning import link_budget, sizing
 from auralm.training import budget, command_line, config, objective
 
@@ -96,16 +93,3 @@ def estimate(args: list[str], world: int = 1) -> dict:
             "given_max_steps": given, "step_s": timing.step_s, "eval_batch_s": eval_s, "rows_timed": rows,
             "batch_size": t.batch_size, "host": socket.gethostname(), "device": device.type,
             "total_s": timing.total_s(t, 0, t.max_steps)}
-
-
-if __name__ == "__main__":
-    try:
-        argv = sys.argv[1:]
-        world = 1
-        if argv[:1] == ["--world"]:
-            world, argv = int(argv[1]), argv[2:]
-        print(json.dumps(estimate(argv, world)))
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        exit_frozen(2)
-    exit_frozen(0)

@@ -10,10 +10,11 @@ a package per stage; command.py, here, is the entry that calls them in order:
     overrides.py      the trainer's own reading of the overrides (config files spelled out, its --check)
     plan.py           each node's exact torchrun line and environment (the LaunchPlan, NodeLaunch); pure
     min_nodes.py      training.elastic for the plan: the nodes a run keeps, whether a node leaves in place
-    memory.py         the model's memory estimate (auralm.planning.sizing, as a process) against each node's memory
+    planner.py        the trainer's plan for a launch, asked of one process (auralm.planning.server) started at the
+                      first question, beside the rest: the three below ask it
+    memory.py         the model's memory estimate (auralm.planning.sizing) against each node's memory
     link_cache.py     test-ddp's figures for these nodes, and train's warning about the link
-    timing.py         --dry-run's time: the trainer's probe and plan on this machine (auralm.planning.timing, as a
-                      process); aside.py runs it and the link advice beside the rest
+    timing.py         --dry-run's time: the trainer's probe and plan on this machine (auralm.planning.timing)
   preflight/        the nodes asked, at once over one connection per node, then the plan -> a LaunchPlan:
     prepare.py        the preflight and the plan, so that nothing starts anywhere when something is wrong
     node_facts.py     each node's torch facts (probed with netcheck, or cached)

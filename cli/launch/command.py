@@ -16,7 +16,7 @@ from rich.markup import escape
 from auralm.guides import spellings
 from auralm.training.config import split_global_batch
 from cli.errors import HrmctlError
-from cli.launch.plan import guide_options, link_cache
+from cli.launch.plan import guide_options, link_cache, planner
 from cli.launch.plan.options import TRAINER, LaunchOptions
 from cli.launch.plan.overrides import check_trainer_args, expand_config_files
 
@@ -109,9 +109,13 @@ def _dry_run(opts: LaunchOptions, as_json: bool, console: Console, err: Console 
     prep = prepare(opts)
     timing = run_time(opts, prep.world)  # the run's time, timed on this machine beside the size estimate
     # the plan's estimate is for one rank (made beside the probes): for a world of one it is the run's own
-    size = prep.size if prep.size and prep.world == 1 else model_size(opts, prep.world)
+    try:
+        size = prep.size if prep.size and prep.world == 1 else model_size(opts, prep.world)
+        link, time_doc = link_cache.warn(advice, err or console), time_summary(timing)
+    finally:
+        planner.close()
     return report.dry_run(prep, size, auto_batch_plan(size, prep), as_json=as_json, console=console, choice=choice,
-                          link=link_cache.warn(advice, err or console), timing=time_summary(timing))
+                          link=link, timing=time_doc)
 
 
 def plan_then_run(opts: LaunchOptions, console: Console, before_run=None) -> tuple[LaunchPlan, RunResult]:
@@ -123,14 +127,20 @@ def plan_then_run(opts: LaunchOptions, console: Console, before_run=None) -> tup
     from cli.launch.preflight.prepare import prepare
     from cli.launch.supervise.job import run
 
-    prep = prepare(opts, hold=True)
-    if before_run:
-        before_run()
+    try:
+        prep = prepare(opts, hold=True)
+        if before_run:
+            before_run()
+    finally:
+        planner.close()  # planned: the plan process's memory is the run's
 
     def replan(reported: dict[str, dict], nodes=None, args=None) -> LaunchPlan:
         """The plan again: from what nodes reported, and for other nodes or overrides (a node left or joined)."""
         changed = {k: v for k, v in (("nodes", nodes), ("args", args)) if v is not None}
-        return prepare(dataclasses.replace(opts, run_id=prep.run_id, **changed), reported)
+        try:
+            return prepare(dataclasses.replace(opts, run_id=prep.run_id, **changed), reported)
+        finally:
+            planner.close()
 
     result = run(prep, console, replan)
     remember(result.node_facts, opts.nodes)

@@ -1,6 +1,6 @@
 """auralm.planning.link_budget against figures worked by hand, the link cache of cli.launch.plan.link_cache (a real file
-under a temporary HOME or XDG_CACHE_HOME), and hrmctl train's warning as `python -m auralm.planning.link_budget` gives
-it."""
+under a temporary HOME or XDG_CACHE_HOME), and hrmctl train's warning as the launch's plan process
+(auralm.planning.server) gives it."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from rich.console import Console
 
 from auralm.planning import link_budget as lb
-from cli.launch.plan import link_cache
+from cli.launch.plan import link_cache, planner
 from cli.launch.plan.options import LaunchOptions
 from cli.nodes.inventory import Node
 
@@ -389,7 +389,7 @@ def _nodes() -> list[Node]:
 
 @pytest.mark.slow  # seconds of real work (a training, hrmctl train, a compile): not in --fast (issue 35, item 6)
 def test_train_warning_from_the_cache_end_to_end(home, monkeypatch):
-    """A real cache file, the real `python -m auralm.planning.link_budget` sizing the run's model (model=small task=lm)."""
+    """A real cache file, the real plan process (auralm.planning.server) sizing the run's model (model=small task=lm)."""
     # hrmctl train gives the advice 20 s and then goes on without it; on a loaded shared test machine the
     # subprocess (a torch import) took longer and the advice was None: this test waits for it
     monkeypatch.setattr(link_cache, "ADVICE_TIMEOUT_S", 180)
@@ -456,7 +456,8 @@ def test_advice_that_is_late_is_said_not_dropped_quietly():
     """The advice process (an import of torch) not done within its time: the launch goes on and says so; a dry run
     (which launches nothing) waits longer than a launch."""
     assert link_cache.ADVICE_DRY_RUN_TIMEOUT_S > link_cache.ADVICE_TIMEOUT_S
-    advice = link_cache.Advice({"nodes": ["node0", "node1"]}, ["model=tiny"], None, timeout_s=0.01)
+    planner.close()  # a plan process started by an earlier test could answer (refuse) this at once: a new one imports torch
+    advice = link_cache.advise({"nodes": ["node0", "node1"]}, ["model=tiny"], None, timeout_s=0.01)
     out = io.StringIO()
     assert link_cache.warn(advice, Console(file=out, width=400)) is None and advice.late
     assert out.getvalue().startswith("note: no advice from test-ddp's figures for these nodes: the estimate took over")

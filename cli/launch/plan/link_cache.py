@@ -4,8 +4,8 @@
 the world, backend and time, and the compute time per step of the model it timed, the slowest rank's and
 every rank's (auralm.planning.ddp_check's `training` section) in links.json under hrmctl's cache directory
 ($HRMCTL_CACHE, else $XDG_CACHE_HOME/hrmctl, else ~/.cache/hrmctl). Before a multi-node `hrmctl train`,
-the entry of its nodes, if any, is handed with the run's overrides to `python -m auralm.planning.link_budget`
-(a process, started at once so that it runs beside the preflight; it sizes the run's model on the meta
+the entry of its nodes, if any, is handed with the run's overrides to auralm.planning.link_budget (asked of the
+launch's plan process, planner.py, at once so that it runs beside the preflight; it sizes the run's model on the meta
 device and scales the cached compute to it). When DDP's communication (with the run's comm hook, PowerSGD
 included) would take longer than the compute, or when the ranks differ in speed and the run gives them
 equal shares, one warning line says so with the figures and the overrides to try. Under DiLoCo, when the run does
@@ -19,14 +19,13 @@ one line. Never an error, never a reason not to run: anything missing or failing
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 from auralm.parallel import strategy
 from cli import cache
 from cli.cache import cache_dir
-from cli.launch.plan.aside import Aside
+from cli.launch.plan import planner
 from cli.nodes.inventory import Node
 from cli.launch.plan.options import TRAINER
 
@@ -87,15 +86,12 @@ def remember(result: dict | None, nodes: list[Node]) -> Path | None:
         return None
 
 
-class Advice(Aside):
-    """`python -m auralm.planning.link_budget` for this run, started now; ``result()`` waits for it (briefly)."""
+Advice = planner.Answer  # auralm.planning.link_budget's advice for a run; ``result()`` waits for it (briefly)
 
-    def __init__(self, entry: dict, args: list[str], world: int | None, timeout_s: float = ADVICE_TIMEOUT_S):
-        self.entry = entry
-        cmd = ["-m", "auralm.planning.link_budget", "--link", json.dumps(entry)]
-        if world:
-            cmd += ["--world", str(world)]
-        super().__init__([*cmd, *args], timeout_s)
+
+def advise(entry: dict, args: list[str], world: int | None, timeout_s: float = ADVICE_TIMEOUT_S) -> Advice:
+    """The advice for this run on the cached link ``entry``, asked of the plan process now."""
+    return planner.ask("link", timeout_s, args=list(args), world=world, link=entry)
 
 
 def start(opts) -> Advice | None:
@@ -106,10 +102,7 @@ def start(opts) -> Advice | None:
     if not entry:
         return None
     world = opts.nproc * len(opts.nodes) if opts.nproc else None  # else the world test-ddp saw on these nodes
-    try:
-        return Advice(entry, list(opts.args), world, ADVICE_DRY_RUN_TIMEOUT_S if opts.dry_run else ADVICE_TIMEOUT_S)
-    except OSError:
-        return None
+    return advise(entry, opts.args, world, ADVICE_DRY_RUN_TIMEOUT_S if opts.dry_run else ADVICE_TIMEOUT_S)
 
 
 COMPRESS = "training.diloco.compress"

@@ -1,7 +1,6 @@
 """Before launch: the trainer's planned memory per rank against each node's memory.
 
-The plan is auralm.planning.sizing's estimate (``python -m auralm.planning.sizing --json``, run here as a process while
-the nodes are
+The plan is auralm.planning.sizing's estimate (asked of the launch's plan process, planner.py, while the nodes are
 probed: the model on the meta device, nothing allocated): weights, gradients and optimizer states, plus the
 activations of one micro-batch, linear in its rows. A node's memory is what its probe reported: the smallest GPU's
 on a GPU node (a GPU a rank), else the RAM available (or its memory cgroup's, when less) shared by its ranks.
@@ -16,14 +15,12 @@ what ``training.batch_size=auto`` would take. The estimate is within a factor of
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from dataclasses import dataclass
 
 from auralm.training.config import split_global_batch
 from cli.errors import HrmctlError
+from cli.launch.plan import planner
 from cli.launch.plan.options import TRAINER
 from cli.launch.plan.plan import NodeFacts
 
@@ -34,25 +31,22 @@ SIZING_CACHE_NAME = "model-sizes.json"  # in hrmctl's cache directory (cli/cache
 
 
 def model_size(opts, world: int, vocab: int | None = None) -> dict | None:
-    """The trainer's model: parameters and a per-rank memory estimate (``python -m auralm.planning.sizing``, run here
-    as a process: on the meta device, nothing allocated), at the data's vocabulary when given (else the model's, or
+    """The trainer's model: parameters and a per-rank memory estimate (auralm.planning.sizing, asked of the plan
+    process: on the meta device, nothing allocated), at the data's vocabulary when given (else the model's, or
     32000 for text); cached by _sizing_key. None for another module, or when it cannot say."""
     if opts.module != TRAINER:
         return None
     from cli.cache import cache_dir, load as load_cache, save as save_cache
 
     cache = cache_dir() / SIZING_CACHE_NAME
-    argv = ["--json", "--world", str(world), *(["--vocab", str(vocab)] if vocab else []), *opts.args]
     key = _sizing_key(opts.trainer, world, vocab)
     known = load_cache(cache).get(key) if key else None
     if known is not None:  # the same trainer source, Python and what the estimate reads: the same estimate
         return known
-    res = subprocess.run([sys.executable, "-m", "auralm.planning.sizing", *argv], capture_output=True, text=True,
-                         timeout=SIZING_TIMEOUT_S)
-    if res.returncode:
-        raise HrmctlError((res.stderr.strip().splitlines() or ["the model's size could not be computed"])[-1]
-                          .removeprefix("error: "))
-    size = json.loads(res.stdout)
+    answer = planner.ask("size", SIZING_TIMEOUT_S, args=list(opts.args), world=world, vocab=vocab)
+    size = answer.result()
+    if size is None:
+        raise HrmctlError(answer.error or f"the model's size could not be computed within {SIZING_TIMEOUT_S} s here")
     if key:
         cached = load_cache(cache)
         cached[key] = size

@@ -1,26 +1,23 @@
-"""--dry-run's time: ``python -m auralm.planning.timing`` (the trainer's own probes and plan, on this machine), run
-beside the size estimate; the lines a run says before its first step (its time to max_steps, what
+"""--dry-run's time: auralm.planning.timing (the trainer's own probes and plan, on this machine), asked of the launch's
+plan process (planner.py) after the size estimate; the lines a run says before its first step (its time to max_steps, what
 training.time_budget sets max_steps to, the warning of a run over an hour), said here before anything starts."""
 
 from __future__ import annotations
 
-from cli.launch.plan.aside import Aside
+from cli.launch.plan import planner
 from cli.launch.plan.options import TRAINER
 
 TIMING_TIMEOUT_S = 120
 
 
-def start(opts, world: int) -> Aside | None:
-    """The trainer's time estimate for this run, started now; None for another module."""
+def start(opts, world: int) -> planner.Answer | None:
+    """The trainer's time estimate for this run, asked now; None for another module."""
     if opts.module != TRAINER:
         return None
-    try:
-        return Aside(["-m", "auralm.planning.timing", "--world", str(world), *opts.args], TIMING_TIMEOUT_S)
-    except OSError:
-        return None
+    return planner.ask("time", TIMING_TIMEOUT_S, args=list(opts.args), world=world)
 
 
-def summary(aside: Aside | None) -> dict | None:
+def summary(aside: planner.Answer | None) -> dict | None:
     """--json's "time": the estimate's document, or {"lines": [], "why": ...} when there is none."""
     if aside is None:
         return None
