@@ -38,9 +38,10 @@ def answer(question: dict) -> dict:
 
 
 def main() -> int:
+    answers, sys.stdout = sys.stdout, sys.stderr  # what a question prints on the way goes to stderr, not among answers
     for line in sys.stdin:
         if line.strip():
-            print(json.dumps(answer(json.loads(line))), flush=True)
+            print(json.dumps(answer(json.loads(line))), file=answers, flush=True)
     return 0
 
 

@@ -106,10 +106,10 @@ def _dry_run(opts: LaunchOptions, as_json: bool, console: Console, err: Console 
     from cli.launch.preflight.prepare import prepare
     from cli.launch.plan.timing import start as run_time, summary as time_summary
 
-    prep = prepare(opts)
-    timing = run_time(opts, prep.world)  # the run's time, timed on this machine beside the size estimate
-    # the plan's estimate is for one rank (made beside the probes): for a world of one it is the run's own
     try:
+        prep = prepare(opts)
+        timing = run_time(opts, prep.world)  # the run's time, timed on this machine after the size estimate
+        # the plan's estimate is for one rank (made beside the probes): for a world of one it is the run's own
         size = prep.size if prep.size and prep.world == 1 else model_size(opts, prep.world)
         link, time_doc = link_cache.warn(advice, err or console), time_summary(timing)
     finally:

@@ -47,8 +47,9 @@ class _Process:
         self.lock = threading.Lock()
         self.last_err = ""
         self.ended = False
+        self._err_reader = threading.Thread(target=self._stderr, daemon=True)
+        self._err_reader.start()
         threading.Thread(target=self._answers, daemon=True).start()
-        threading.Thread(target=self._stderr, daemon=True).start()
 
     def ask(self, question: dict, answer: Answer) -> None:
         with self.lock:
@@ -73,6 +74,7 @@ class _Process:
             if answer is not None:
                 answer._set(doc.get("ok"), doc.get("error", ""))
         self.proc.wait()
+        self._err_reader.join(timeout=5)  # its last line, the why of an end
         with self.lock:
             left, self.waiting, self.ended = list(self.waiting), collections.deque(), True
         for answer in left:
