@@ -34,7 +34,7 @@ class Answer:
         if not self._waited:
             self._waited = True
             self.late = not self._arrived.wait(self.timeout_s)
-        return self._doc if self._arrived.is_set() and not self.late else None
+        return None if self.late else self._doc
 
 
 class _Process:
