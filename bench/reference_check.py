@@ -1,9 +1,10 @@
 """HRM and TRM against the public code: the same puzzles, batch order, initial weights and optimizer fed to the official
 implementations and to ours, on the CPU, step by step (issue 66, item 2).
 
-    python bench/reference_check.py --hrm DIR --trm DIR [--steps 200] [--family hrm|trm|both] [--json]
-                                    [--classes published|matched|both] [--no-floor] [--out FILE]
+    python bench/reference_check.py --hrm DIR --trm DIR [--steps 200] [--family hrm|trm|trm-att|trm-mlp|both]
+                                    [--json] [--classes published|matched|both] [--no-floor] [--out FILE]
                                     [--width 96] [--batch 32] [--halt-max-steps 8] [--lr 1e-4] [--threads 1]
+                                    [--dtype float32|float64]
 
 DIR is a checkout of github.com/sapientinc/HRM (``--hrm``) or github.com/SamsungSAILMontreal/TinyRecursiveModels
 (``--trm``); their modules are imported from there (``models.hrm.hrm_act_v1``, ``models.recursive_reasoning.trm``,
@@ -36,7 +37,8 @@ against ours under the recipes' ``model.extra_classes=2`` (the 9 digits, then tw
 PAD and blank copied there); ``matched`` (a diagnostic) holds their two never-target logits at -1e12 and gives ours
 ``model.extra_classes=0``, so that both normalise over the same 9 classes. ``both`` (the default) runs each.
 The noise floor (``--no-floor`` skips it): their code against itself, the second copy's initial weights multiplied by
-(1 + 1e-7 N(0, 1)), on the same batches: how far float32 rounding alone carries the losses apart over the same steps.
+(1 + 1e-7 N(0, 1)), 1e-15 under ``--dtype float64``, on the same batches: how far rounding alone carries the losses
+apart over the same steps.
 
 Differences found (issue 66; docs/hrm.md "Checked against the public code"):
   - their head has 11 classes, ours the task's 9 (dataset/build_sudoku_dataset.py ``vocab_size=10 + 1``, ``arr + 1``;
@@ -64,12 +66,22 @@ What had to change in theirs to run on a CPU (all done from this script, in this
   5. their data made in memory in their dataset's layout (their build_sudoku_dataset.py downloads from the HF hub).
 Their model code itself needed no change: it creates every tensor on the default device.
 
+``--dtype float64`` (a diagnostic of how much of a difference is float32 rounding): both sides in float64, weights,
+optimizer states and activations. Ours rounds nowhere to float32 in a float64 run (its casts are "float32 or wider"),
+and its halting exploration draws in the Q logits' type, as theirs does (``rand_like``); theirs is given
+``forward_dtype=float64``, its weights made float64 after the init, and its model code read with every
+``torch.float32`` made ``torch.float64`` (its RMSNorm, its Q-head's output and its cross-entropy cast to float32;
+done in memory as it is imported, their files untouched). Rounding then starts 2^29 times smaller, and what TRM's
+recursion amplifies over 200 steps is what the two implementations compute differently, if anything.
+
 Exit status 1 when a check fails (name map, shapes, rotary tables) or a step's loss differs by more than 1%.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.machinery
 import json
 import math
 import re
@@ -90,7 +102,7 @@ from auralm.data.datadir import Puzzles  # noqa: E402
 from auralm.training import config, objective, optim  # noqa: E402
 
 TOLERANCE = 0.01
-PERTURB = 1e-7
+PERTURB = {"float32": 1e-7, "float64": 1e-15}  # the noise floor's: about one rounding of each type
 SHIMS = [
     "flash_attn_interface.flash_attn_func -> torch.nn.functional.scaled_dot_product_attention (HRM's models/layers.py)",
     "forward_dtype=float32 in their config (default bfloat16)",
@@ -118,19 +130,48 @@ def flash_attn_module() -> types.ModuleType:
     return mod
 
 
-def import_theirs(repo: Path, names: list[str]) -> dict[str, types.ModuleType]:
+class _Float64Source(importlib.machinery.SourceFileLoader):
+    """Their module compiled from its source with every ``torch.float32`` read as ``torch.float64`` (``--dtype
+    float64``; never from a cached .pyc, their files untouched)."""
+
+    def get_code(self, fullname):
+        return compile(Path(self.path).read_text().replace("torch.float32", "torch.float64"), self.path, "exec",
+                       dont_inherit=True)
+
+
+class _Float64Models:
+    """A meta-path finder: their package ``models`` from ``repo``, each of its modules through ``_Float64Source``."""
+
+    def __init__(self, repo: Path):
+        self.repo = repo
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "models" and not name.startswith("models."):
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path or [str(self.repo)])
+        if spec is not None and spec.origin and spec.origin.endswith(".py"):
+            spec.loader = _Float64Source(name, spec.origin)
+        return spec
+
+
+def import_theirs(repo: Path, names: list[str], float64: bool = False) -> dict[str, types.ModuleType]:
     """Their modules from their checkout: both repositories call their package ``models``, so it is imported from one
-    checkout, kept by reference, and dropped from ``sys.modules`` before the other's is imported."""
+    checkout, kept by reference, and dropped from ``sys.modules`` before the other's is imported. ``float64``: their
+    source read with every ``torch.float32`` as ``torch.float64`` (``_Float64Source``)."""
     if not (repo / "models").is_dir():
         raise SystemExit(f"{repo}: not a checkout of the HRM or TRM repository (no models/ folder)")
     for key in [k for k in sys.modules if k == "models" or k.startswith("models.")]:
         del sys.modules[key]
     sys.modules.setdefault("flash_attn_interface", flash_attn_module())
     sys.path.insert(0, str(repo))
+    finder = _Float64Models(repo) if float64 else None
+    if finder:
+        sys.meta_path.insert(0, finder)
     try:
-        import importlib
         return {n: importlib.import_module(n) for n in names}
     finally:
+        if finder:
+            sys.meta_path.remove(finder)
         sys.path.remove(str(repo))
         for key in [k for k in sys.modules if k == "models" or k.startswith("models.")]:
             del sys.modules[key]
@@ -154,13 +195,13 @@ def variants(width: int, heads: int, halt: int) -> dict[str, dict]:
     }
 
 
-def their_config(arch: dict, batch: int) -> dict:
+def their_config(arch: dict, batch: int, dtype: str = "float32") -> dict:
     """Their model's config from our resolved arch (the same numbers), in their dataset's vocabulary."""
     return dict(batch_size=batch, seq_len=81, puzzle_emb_ndim=arch["puzzle_emb_ndim"], num_puzzle_identifiers=1,
                 vocab_size=11, H_cycles=arch["H_cycles"], L_cycles=arch["L_cycles"], H_layers=arch.get("H_layers") or 0,
                 L_layers=arch["L_layers"], hidden_size=arch["n_embd"], expansion=arch["expansion"],
                 num_heads=arch["n_head"], pos_encodings=arch["pos_encodings"], halt_max_steps=arch["halt_max_steps"],
-                halt_exploration_prob=arch["halt_exploration_prob"], forward_dtype="float32")
+                halt_exploration_prob=arch["halt_exploration_prob"], forward_dtype=dtype)
 
 
 # ---------------------------------------------------------------------------------------------------------- name map
@@ -231,6 +272,12 @@ class Theirs:
                                                                     "models.sparse_embedding"))
         torch.manual_seed(seed)
         self.model = getattr(net, v["cls"])(tcfg)
+        if tcfg["forward_dtype"] == "float64":
+            self.model.double()  # their weights and buffers (the puzzle embedding's too) made float64 after the init
+            for m in self.model.modules():  # a buffer that takes gradients (the embedding's batch rows): a leaf again
+                for k, buf in m._buffers.items():
+                    if buf is not None and buf.requires_grad and not buf.is_leaf:
+                        m._buffers[k] = buf.detach().requires_grad_()
         if perturb:
             g = torch.Generator().manual_seed(seed + 1)
             with torch.no_grad():
@@ -270,13 +317,15 @@ def settings(v: dict, args, classes: str):
                                     "training.puzzle_emb_weight_decay=1.0", "training.warmup_steps=0",
                                     f"training.max_steps={args.steps}", "training.grad_clip=0"])
     arch = config.resolved_model(cfg.model)
-    return cfg, cfg.training, arch, dict(their_config(arch, args.batch), **v["theirs"])
+    return cfg, cfg.training, arch, dict(their_config(arch, args.batch, args.dtype), **v["theirs"])
 
 
 def run_variant(name: str, v: dict, mods: dict, args, puzzles: Puzzles, classes: str) -> dict:
     cfg, t, arch, tcfg = settings(v, args, classes)
     theirs = Theirs(mods, v, tcfg, arch, t, classes, args.seed)
     ours = models.build(cfg.task, arch)
+    if args.dtype == "float64":
+        ours.double()
     their_sd, our_sd = theirs.model.state_dict(), ours.state_dict()
     entries, problems = name_map(their_sd, our_sd, trm=v["repo"] == "trm", extra=arch["extra_classes"])
     inner = theirs.model.inner
@@ -359,16 +408,16 @@ def train(theirs: Theirs, ours, cfg, t, args, puzzles: Puzzles) -> dict:
 
 
 def floor(mods, v, tcfg, arch, t, classes, args, puzzles) -> dict:
-    """Their code against itself, the second copy's initial weights perturbed by 1 part in 10^7: how far float32
-    rounding alone carries the losses apart over the same steps (the comparison cannot be closer than this)."""
-    a, b = (Theirs(mods, v, tcfg, arch, t, classes, args.seed, perturb=e) for e in (0.0, PERTURB))
+    """Their code against itself, the second copy's initial weights perturbed by 1 part in 10^7 (10^15 in float64): how
+    far rounding alone carries the losses apart over the same steps (the comparison cannot be closer than this)."""
+    a, b = (Theirs(mods, v, tcfg, arch, t, classes, args.seed, perturb=e) for e in (0.0, PERTURB[args.dtype]))
     rel, halting = [], 0
     for step, _, _, batch in batches(puzzles, args):
         seed = args.seed * 100003 + step
         la, lb = a.step(batch, step, seed)[0], b.step(batch, step, seed)[0]
         rel.append(abs(lb - la) / abs(la))
         halting += bool(torch.equal(a.carry.halted, b.carry.halted))
-    return {"perturbation": PERTURB, "max_rel_loss_diff": max(rel), "at_step": rel.index(max(rel)) + 1,
+    return {"perturbation": PERTURB[args.dtype], "max_rel_loss_diff": max(rel), "at_step": rel.index(max(rel)) + 1,
             "halting_equal_steps": halting}
 
 
@@ -426,7 +475,7 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hrm", type=Path, help="a checkout of github.com/sapientinc/HRM")
     ap.add_argument("--trm", type=Path, help="a checkout of github.com/SamsungSAILMontreal/TinyRecursiveModels")
-    ap.add_argument("--family", choices=("hrm", "trm", "both"), default="both")
+    ap.add_argument("--family", choices=("hrm", "trm", "trm-att", "trm-mlp", "both"), default="both")
     ap.add_argument("--classes", choices=("published", "matched", "both"), default="both")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--batch", type=int, default=32)
@@ -437,32 +486,41 @@ def main(argv=None) -> int:
     ap.add_argument("--puzzles", type=int, default=512, help="generated medium puzzles (30-36 givens)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--dtype", choices=("float32", "float64"), default="float32",
+                    help="both sides' weights, states and activations (float64: a diagnostic of float32 rounding)")
     ap.add_argument("--no-floor", dest="floor", action="store_false",
-                    help="skip the noise floor (their code against itself, weights perturbed by 1e-7)")
+                    help="skip the noise floor (their code against itself, weights perturbed by 1e-7, 1e-15 in "
+                         "float64)")
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout (the per-step figures too)")
     ap.add_argument("--out", type=Path, help="also write that JSON object to this file")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    wanted = {"hrm": ["hrm"], "trm": ["trm-att", "trm-mlp"], "both": ["hrm", "trm-att", "trm-mlp"]}[args.family]
+    wanted = {"hrm": ["hrm"], "trm": ["trm-att", "trm-mlp"], "trm-att": ["trm-att"], "trm-mlp": ["trm-mlp"],
+              "both": ["hrm", "trm-att", "trm-mlp"]}[args.family]
     for repo in {v.split("-")[0] for v in wanted}:
         if getattr(args, repo) is None:
             ap.error(f"--{repo} DIR is needed for --family {args.family}")
     mods = {}
     if "hrm" in wanted:
-        mods["hrm"] = import_theirs(args.hrm, ["models.hrm.hrm_act_v1", "models.losses", "models.sparse_embedding"])
+        mods["hrm"] = import_theirs(args.hrm, ["models.hrm.hrm_act_v1", "models.losses", "models.sparse_embedding"],
+                                    args.dtype == "float64")
     if any(v.startswith("trm") for v in wanted):
         mods["trm"] = import_theirs(args.trm, ["models.recursive_reasoning.trm", "models.losses",
-                                               "models.sparse_embedding"])
+                                               "models.sparse_embedding"], args.dtype == "float64")
     p, s = sudoku.generate(args.puzzles, args.seed, *sudoku.DIFFICULTIES["medium"])
     puzzles = Puzzles.of(np.array([[a, b] for a, b in zip(p, s)], np.uint8))
     table = variants(args.width, args.heads, args.halt_max_steps)
     modes = ["published", "matched"] if args.classes == "both" else [args.classes]
     results, began = [], time.perf_counter()
+    shims = SHIMS if args.dtype == "float32" else [
+        "forward_dtype=float64 in their config, their weights made float64 after the init; their model code read "
+        "with every torch.float32 as torch.float64 (in memory, their files untouched)" if "forward_dtype" in line
+        else line for line in SHIMS]
     if not args.json:
         print(f"reference check: {args.steps} steps, batch {args.batch}, {args.puzzles} generated medium puzzles, "
-              f"lr {args.lr:g} constant, torch {torch.__version__}, {args.threads} thread(s)")
+              f"lr {args.lr:g} constant, {args.dtype}, torch {torch.__version__}, {args.threads} thread(s)")
         print("what had to change in theirs to run on a CPU:")
-        for line in SHIMS:
+        for line in shims:
             print(f"  - {line}")
     for name in wanted:
         for mode in modes:
@@ -471,7 +529,8 @@ def main(argv=None) -> int:
             if not args.json:
                 say(res)
     ok = all(r["ok"] for r in results)
-    doc = json.dumps({"ok": ok, "shims": SHIMS, "steps": args.steps, "batch": args.batch, "lr": args.lr,
+    doc = json.dumps({"ok": ok, "shims": shims, "steps": args.steps, "batch": args.batch, "lr": args.lr,
+                      "dtype": args.dtype,
                       "torch": torch.__version__,
                       "seconds": round(time.perf_counter() - began, 1), "results": results})
     if args.out:

@@ -27,8 +27,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from auralm.models.layers import (IGNORE, SUDOKU_RELATIONS, Block, Rotary, lecun_, linear, per_token_loss, rms_norm,
-                                 sudoku_positions, sudoku_relations)
+from auralm.models.layers import (IGNORE, SUDOKU_RELATIONS, Block, Rotary, at_least_fp32, lecun_, linear,
+                                 per_token_loss, rms_norm, sudoku_positions, sudoku_relations)
 from auralm.models.pretrained import Pretrained
 from auralm.tasks import prefix_positions
 
@@ -145,13 +145,14 @@ class RecurrentCore(nn.Module):
         raise NotImplementedError
 
     def forward(self, z: tuple[torch.Tensor, ...], x: torch.Tensor):
-        """One segment: (new states, detached; logits over the output classes; Q logits (B, 2) in fp32)."""
+        """One segment: (new states, detached; logits over the output classes; Q logits (B, 2) in fp32, or fp64 in a
+        float64 run)."""
         emb = self.embed_inputs(x)
         pos = {"rope": self.rotary(x.device) if self.rotary is not None else None,
                "bias": self.attention_bias(x.device)}
         z = self.reason(z, emb, pos)
         out = z[0]
-        return tuple(s.detach() for s in z), self.head(out[:, self.n_prefix:]), self.q_head(out[:, 0]).float()
+        return tuple(s.detach() for s in z), self.head(out[:, self.n_prefix:]), at_least_fp32(self.q_head(out[:, 0]))
 
 
 class ACT(nn.Module, Pretrained):
@@ -196,7 +197,8 @@ class ACT(nn.Module, Pretrained):
             halted = last
             if self.training and self.halt_max_steps > 1:
                 halted = halted | ((q[:, 0] > q[:, 1]) if self.q_continue else (q[:, 0] > 0))
-                explore = torch.rand(q.shape[0], device=q.device) < self.exploration
+                # drawn in q's type, as the public code's rand_like (float32 but in a float64 run)
+                explore = torch.rand(q.shape[0], device=q.device, dtype=q.dtype) < self.exploration
                 min_steps = torch.randint(2, self.halt_max_steps + 1, steps.shape, device=q.device) * explore
                 halted = halted & (steps >= min_steps)
                 if self.q_continue:
@@ -214,7 +216,7 @@ class ACT(nn.Module, Pretrained):
         with torch.no_grad():
             right = mask & (logits.argmax(-1) == y)
             solved = right.sum(-1) == counts
-        q_halt = F.binary_cross_entropy_with_logits(q[:, 0], solved.float())
+        q_halt = F.binary_cross_entropy_with_logits(q[:, 0], solved.to(q.dtype))
         loss = lm + 0.5 * q_halt
         q_cont = torch.zeros((), device=q.device)
         if target is not None:

@@ -16,11 +16,16 @@ import torch.nn.functional as F
 IGNORE = -100
 
 
+def at_least_fp32(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float32, or as it is when wider (float64 stays float64: a float64 run rounds nowhere to float32)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
 def token_loss(logits: torch.Tensor, y: torch.Tensor | None) -> torch.Tensor | None:
     """Mean cross-entropy over the positions of ``y`` that are not -100 (None without targets)."""
     if y is None:
         return None
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1), ignore_index=IGNORE)
+    return F.cross_entropy(at_least_fp32(logits.reshape(-1, logits.size(-1))), y.reshape(-1), ignore_index=IGNORE)
 
 
 def _log_stablemax(x: torch.Tensor) -> torch.Tensor:
@@ -42,14 +47,14 @@ def per_token_loss(logits: torch.Tensor, y: torch.Tensor, kind: str = "softmax")
         safe = torch.where(y == IGNORE, 0, y)
         nll = -logp.gather(-1, safe.unsqueeze(-1)).squeeze(-1)
         return torch.where(y == IGNORE, 0.0, nll).to(torch.promote_types(logits.dtype, torch.float32))
-    flat = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1), ignore_index=IGNORE,
+    flat = F.cross_entropy(at_least_fp32(logits.reshape(-1, logits.size(-1))), y.reshape(-1), ignore_index=IGNORE,
                            reduction="none")
     return flat.view(y.shape)
 
 
 def rms_norm(x: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
     """RMSNorm without a learned scale (HRM's post-norm)."""
-    return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps).to(x.dtype)
+    return x * torch.rsqrt(at_least_fp32(x).pow(2).mean(-1, keepdim=True) + eps).to(x.dtype)
 
 
 def lecun_(t: torch.Tensor, fan_in: int | None = None) -> torch.Tensor:

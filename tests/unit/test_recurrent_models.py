@@ -136,6 +136,31 @@ def test_q_halt_learns_whether_the_whole_answer_is_right():
     assert torch.isclose(m["q_halt_loss"], bce(torch.zeros(2), torch.tensor([1.0, 0.0])))
 
 
+@pytest.mark.parametrize("name", ["hrm-tiny", "trm-tiny"])
+def test_a_float64_model_rounds_nowhere_to_float32_and_explores_with_the_draws_of_its_type(name):
+    """The casts of the models are "float32 or wider" (bench/reference_check.py --dtype float64 compares two
+    implementations with float32 rounding out of the way): a float64 model's Q logits, losses and gradients are
+    float64. Its exploration draws rand in q's type, as the public code's rand_like: in a float64 model the rows held
+    are those of torch.rand(B, dtype=float64) from the same seed, which float32 draws would not all match."""
+    model = build(name, halt_max_steps=8, halt_exploration_prob=0.5).double()
+    model.train()
+    x, y = sudoku_batch(64)
+    with torch.no_grad():
+        model.core.q_head.bias.copy_(torch.tensor([9.0, -9.0]))  # every row would halt, but for exploration
+    torch.manual_seed(3)
+    carry, logits, q, target = model(model.initial_carry(x, y), x, y)
+    torch.manual_seed(3)
+    held = torch.rand(64, dtype=torch.float64) < 0.5
+    assert q.dtype == logits.dtype == torch.float64
+    assert torch.equal(~carry.halted, held)  # a held row runs 2 segments at least: none halts at its first
+    loss, m = model.loss(carry, logits, q, target)
+    assert loss.dtype == torch.float64
+    loss.backward()
+    assert all(p.grad.dtype == torch.float64 for p in model.parameters() if p.grad is not None)
+    torch.manual_seed(3)
+    assert not torch.equal(held, torch.rand(64) < 0.5)  # float32 draws differ: the test can tell them apart
+
+
 def test_halted_rows_take_the_fresh_example_and_a_reset_state_others_keep_theirs():
     model = build("hrm-tiny", halt_max_steps=4, halt_exploration_prob=0.0)
     x1, y1 = sudoku_batch(seed=1)
