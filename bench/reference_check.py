@@ -282,7 +282,7 @@ class Theirs:
             g = torch.Generator().manual_seed(seed + 1)
             with torch.no_grad():
                 for q in self.model.parameters():
-                    q.mul_(1 + perturb * torch.randn(q.shape, generator=g))
+                    q.mul_(1 + perturb * torch.randn(q.shape, generator=g, dtype=q.dtype))
         if classes == "matched":
             self.model.inner.lm_head.register_forward_hook(
                 lambda m, i, out: out.index_fill(-1, torch.tensor([0, 1]), -1e12))
