@@ -197,7 +197,7 @@ class ACT(nn.Module, Pretrained):
             halted = last
             if self.training and self.halt_max_steps > 1:
                 halted = halted | ((q[:, 0] > q[:, 1]) if self.q_continue else (q[:, 0] > 0))
-                # drawn in q's type, as the public code's rand_like (float32 but in a float64 run)
+                # drawn in q's type, as the public code's rand_like: float32, except in a float64 run
                 explore = torch.rand(q.shape[0], device=q.device, dtype=q.dtype) < self.exploration
                 min_steps = torch.randint(2, self.halt_max_steps + 1, steps.shape, device=q.device) * explore
                 halted = halted & (steps >= min_steps)
