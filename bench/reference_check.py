@@ -275,9 +275,9 @@ class Theirs:
         if tcfg["forward_dtype"] == "float64":
             self.model.double()  # their weights and buffers (the puzzle embedding's too) made float64 after the init
             for m in self.model.modules():  # a buffer that takes gradients (the embedding's batch rows): a leaf again
-                for k, buf in m._buffers.items():
-                    if buf is not None and buf.requires_grad and not buf.is_leaf:
-                        m._buffers[k] = buf.detach().requires_grad_()
+                for k, buf in list(m.named_buffers(recurse=False)):
+                    if buf.requires_grad and not buf.is_leaf:
+                        setattr(m, k, buf.detach().requires_grad_())  # still a buffer: nn.Module's own assignment
         if perturb:
             g = torch.Generator().manual_seed(seed + 1)
             with torch.no_grad():

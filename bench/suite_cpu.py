@@ -38,10 +38,17 @@ NAMES = Path(tempfile.gettempdir()) / "hrmctl-suite-cpu.tsv"
 _current: list[Path | None] = [None]
 
 
+UNUSABLE = f"needs root and cgroup v1's cpuacct controller at {HIERARCHY}"
+
+
+def usable() -> bool:
+    return os.geteuid() == 0 and (HIERARCHY / "cgroup.procs").is_file()
+
+
 # ------------------------------------------------------------------------------------------------------ the plugin
 def pytest_configure(config) -> None:
-    if not (HIERARCHY / "cgroup.procs").is_file() or os.geteuid() != 0:
-        raise pytest.UsageError(f"suite_cpu: needs root and cgroup v1's cpuacct controller at {HIERARCHY}")
+    if not usable():
+        raise pytest.UsageError(f"suite_cpu: {UNUSABLE}")
 
 
 def _enter(group: Path) -> None:
@@ -123,8 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="every row as JSON: cpu_s, tests, name")
     ap.add_argument("--clear", action="store_true", help="remove the groups and names of an earlier run")
     args = ap.parse_args(argv)
-    if os.geteuid() != 0 or not (HIERARCHY / "cgroup.procs").is_file():
-        print(f"error: needs root and cgroup v1's cpuacct controller at {HIERARCHY}", file=sys.stderr)
+    if not usable():
+        print(f"error: {UNUSABLE}", file=sys.stderr)
         return 2
     if args.clear:
         clear()
