@@ -464,7 +464,7 @@ def check_throughput(work: Path):
     from bench.train_throughput import clock_for, one_run
 
     dev = device()
-    shape = dict(config.SIZES[RUN["model"]], batch=RUN["batch"], steps=RUN["steps"] // 2, warmup=3)
+    shape = dict(config.SIZES[RUN["model"]].to_dict(), batch=RUN["batch"], steps=RUN["steps"] // 2, warmup=3)
     meta = datadir.load_manifest(data_dir(work), "lm")
     train_set = tasks.open_split(data_dir(work), meta, "train", shape["block_size"])
     lock = LockStep(warmup=shape["warmup"], clock=clock_for(dev))

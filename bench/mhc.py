@@ -54,7 +54,7 @@ def _trainer(a, data_dir: Path, width: int, mhc: bool):
                         f"model.mhc_enabled={str(mhc).lower()}", f"training.dtype={a.dtype}",
                         f"training.batch_size={a.batch}"])
     arch = config.resolved_model(cfg.model)
-    ds = tasks.open_split(data_dir, meta, "train", arch["block_size"])
+    ds = tasks.open_split(data_dir, meta, "train", arch.block_size)
     torch.manual_seed(0)
     model = models.build("lm", arch, meta["tokenizer"]["vocab_size"])
     opt = optim.make_optimizer(model, cfg.training, torch.device("cpu"))

@@ -195,13 +195,13 @@ def variants(width: int, heads: int, halt: int) -> dict[str, dict]:
     }
 
 
-def their_config(arch: dict, batch: int, dtype: str = "float32") -> dict:
+def their_config(arch, batch: int, dtype: str = "float32") -> dict:
     """Their model's config from our resolved arch (the same numbers), in their dataset's vocabulary."""
-    return dict(batch_size=batch, seq_len=81, puzzle_emb_ndim=arch["puzzle_emb_ndim"], num_puzzle_identifiers=1,
-                vocab_size=11, H_cycles=arch["H_cycles"], L_cycles=arch["L_cycles"], H_layers=arch.get("H_layers") or 0,
-                L_layers=arch["L_layers"], hidden_size=arch["n_embd"], expansion=arch["expansion"],
-                num_heads=arch["n_head"], pos_encodings=arch["pos_encodings"], halt_max_steps=arch["halt_max_steps"],
-                halt_exploration_prob=arch["halt_exploration_prob"], forward_dtype=dtype)
+    return dict(batch_size=batch, seq_len=81, puzzle_emb_ndim=arch.puzzle_emb_ndim, num_puzzle_identifiers=1,
+                vocab_size=11, H_cycles=arch.H_cycles, L_cycles=arch.L_cycles, H_layers=getattr(arch, "H_layers", 0),
+                L_layers=arch.L_layers, hidden_size=arch.n_embd, expansion=arch.expansion,
+                num_heads=arch.n_head, pos_encodings=arch.pos_encodings, halt_max_steps=arch.halt_max_steps,
+                halt_exploration_prob=arch.halt_exploration_prob, forward_dtype=dtype)
 
 
 # ---------------------------------------------------------------------------------------------------------- name map
@@ -267,7 +267,7 @@ class Theirs:
     ``perturb``: every parameter times (1 + perturb x N(0, 1)) after the init (the noise floor's second copy);
     ``classes="matched"``: their PAD and blank logits held at -1e12."""
 
-    def __init__(self, mods, v: dict, tcfg: dict, arch: dict, t, classes: str, seed: int, perturb: float = 0.0):
+    def __init__(self, mods, v: dict, tcfg: dict, arch, t, classes: str, seed: int, perturb: float = 0.0):
         net, losses, self.sparse = (mods[v["repo"]][k] for k in (v["module"], "models.losses",
                                                                     "models.sparse_embedding"))
         torch.manual_seed(seed)
@@ -286,7 +286,7 @@ class Theirs:
         if classes == "matched":
             self.model.inner.lm_head.register_forward_hook(
                 lambda m, i, out: out.index_fill(-1, torch.tensor([0, 1]), -1e12))
-        self.head = losses.ACTLossHead(self.model, loss_type=f"{arch['loss_type']}_cross_entropy")
+        self.head = losses.ACTLossHead(self.model, loss_type=f"{arch.loss_type}_cross_entropy")
         self.opts = [self.sparse.CastedSparseEmbeddingSignSGD_Distributed(
             self.model.inner.puzzle_emb.buffers(), lr=0, weight_decay=t.puzzle_emb_weight_decay, world_size=1),
             torch.optim.AdamW(self.head.parameters(), lr=0, weight_decay=t.weight_decay, betas=(t.beta1, t.beta2))]
@@ -327,14 +327,14 @@ def run_variant(name: str, v: dict, mods: dict, args, puzzles: Puzzles, classes:
     if args.dtype == "float64":
         ours.double()
     their_sd, our_sd = theirs.model.state_dict(), ours.state_dict()
-    entries, problems = name_map(their_sd, our_sd, trm=v["repo"] == "trm", extra=arch["extra_classes"])
+    entries, problems = name_map(their_sd, our_sd, trm=v["repo"] == "trm", extra=arch.extra_classes)
     inner = theirs.model.inner
     res = {"variant": name, "classes": classes, "our_settings": v["ours"], "their_config": tcfg,
            "parameters": {"theirs": sum(p.numel() for p in theirs.model.parameters())
                           + inner.puzzle_emb.weights.numel(),
                           "ours": sum(p.numel() for p in ours.parameters()),
                           "theirs_without_counterpart": inner.embed_tokens.embedding_weight[:1].numel()
-                          + (0 if arch["extra_classes"] else inner.lm_head.weight[:2].numel())},
+                          + (0 if arch.extra_classes else inner.lm_head.weight[:2].numel())},
            "name_map": {"tensors": len(entries), "problems": problems}}
     p = res["parameters"]
     p["equal_but_for_their_extra_rows"] = p["theirs"] - p["theirs_without_counterpart"] == p["ours"]

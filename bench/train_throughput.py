@@ -47,7 +47,7 @@ from bench._lockstep import LockStep  # noqa: E402
 
 QUIJOTE = Path(__file__).resolve().parents[2] / "shared" / "data" / "quijote" / "pg2000.txt"
 # Shapes, and the timed steps per run (a 6x384 step takes about 15 times a tiny one).
-SHAPES = {"tiny": dict(config.SIZES["tiny"], batch=16, steps=100, warmup=5),
+SHAPES = {"tiny": dict(config.SIZES["tiny"].to_dict(), batch=16, steps=100, warmup=5),
           "6x384": dict(n_layer=6, n_head=6, n_embd=384, block_size=128, batch=8, steps=12, warmup=2)}
 ARCH = ("n_layer", "n_head", "n_embd", "block_size")
 
@@ -155,7 +155,7 @@ def one_run(lock: LockStep, data_dir: Path, train_set, vocab: int, shape: dict, 
                         f"training.max_steps={warmup + steps}", "training.log_interval=10",
                         "training.eval_interval=0", "training.eval_batches=1", "training.checkpoint_interval=0",
                         "training.sample_tokens=0", "training.dtype=fp32"])
-    builders = {"bare": lambda: models.GPT(dict(arch, dropout=0.0), vocab),
+    builders = {"bare": lambda: models.GPT(config.SIZES["tiny"].replace(**arch, dropout=0.0), vocab),
                 "minimal": lambda: MinimalGPT(vocab, **arch),
                 "transformers": lambda: TransformersGPT(vocab, **arch)}
     loops = {}

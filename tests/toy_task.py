@@ -9,6 +9,9 @@ tests/toy_family.py under another name."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 from auralm import tasks
 from auralm.models.registry import ModelFamily, register
 from auralm.tasks.sudoku import Sudoku
@@ -26,8 +29,13 @@ class Grids(Sudoku):
         return super().open_split(data_dir, meta, split, block_size)
 
 
+@dataclass(frozen=True, kw_only=True)
+class GridsArgs(toy_family.ToyArgs):
+    family: ClassVar[str] = "toy-grids"
+
+
 tasks.register("grids", Grids)
-FAMILY = register(ModelFamily(name="toy-grids", title="Toy on grids", build=toy_family.build,
-                              sizes={"toy-grids-tiny": dict(toy_family.SIZES["toy-tiny"], family="toy-grids")},
+FAMILY = register(ModelFamily(name="toy-grids", title="Toy on grids", args=GridsArgs, build=toy_family.build,
+                              sizes={"toy-grids-tiny": GridsArgs(**vars(toy_family.SIZES["toy-tiny"]))},
                               model_class=toy_family.model_class, tasks=("grids",), select="model=toy-grids-tiny",
                               check=toy_family.check))

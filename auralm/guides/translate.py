@@ -16,11 +16,15 @@ from dataclasses import dataclass
 
 from auralm.errors import UserError
 from auralm.guides import implied, spellings
-from auralm.models import recurrent
+from auralm.models.args import ModelArgs, field_types
+from auralm.models.hrm.spec import HRMArgs
+from auralm.models.trm.spec import TRMArgs
 from auralm.training import config, recipes
 from auralm.training.config import Setting
 
-ARCH_KEYS = recurrent.KEYS  # the HRM and TRM pretrain.py's arch.<key>: our recurrent models' own keys
+# the HRM and TRM pretrain.py's arch.<key>: our recurrent models' own keys (beyond the shape every family has)
+ARCH_KEYS = tuple(dict.fromkeys(k for args in (HRMArgs, TRMArgs) for k in field_types(args)
+                                if k not in field_types(ModelArgs)))
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """The model families, one folder each, declared once in its ``spec.py`` and registered by name in
-:mod:`auralm.models.registry`; :func:`build` makes the model of a resolved ``arch``.
+:mod:`auralm.models.registry`; :func:`build` makes the model of a resolved ``arch`` (the family's typed args: ``args``).
 
 - ``gpt/``: GPT-2 for ``task=lm`` (the sizes tiny, mini, small, 124m);
 - ``transformer/``: a small non-causal transformer for ``task=sudoku`` (the same sizes);
@@ -8,6 +8,7 @@
 - ``hrm/``, ``trm/``: the recurrent reasoning models, on sudoku and (causal) on text, trained with ACT
   (``act``: the carry, deep supervision and halting they share; ``recurrent``: the keys and checks they share);
 - ``layers``: what the families share; ``chunked_loss``: the heads' cross-entropy a chunk of tokens at a time;
+- ``args``: what a family's model reads, typed (each family's args class, in its ``spec.py``);
 - ``families``: which ``model.*`` keys belong to which family;
 - ``pretrained``: ``save_pretrained`` / ``from_pretrained`` (the :class:`Pretrained` mixin every family has);
   :func:`build` attaches ``model.config`` ({task, family, model: the arch, vocab_size}) for them.
@@ -23,6 +24,7 @@ from __future__ import annotations
 import importlib
 
 from auralm.models import registry
+from auralm.models.args import ModelArgs
 
 __all__ = ["ACT", "Carry", "GPT", "Pretrained", "RLMModel", "SudokuNet", "build", "class_of", "family_of"]
 _LAZY = {"ACT": "auralm.models.act", "Carry": "auralm.models.act", "GPT": "auralm.models.gpt.model",
@@ -36,20 +38,20 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'auralm.models' has no attribute {name!r}")
 
 
-def family_of(task: str, arch: dict) -> str:
+def family_of(task: str, arch: ModelArgs) -> str:
     return registry.of(task, arch).name
 
 
-def class_of(task: str, arch: dict) -> type:
+def class_of(task: str, arch: ModelArgs) -> type:
     """The class :func:`build` makes for ``task`` and ``arch``."""
     return registry.of(task, arch).model_class(task, arch)
 
 
-def build(task: str, arch: dict, vocab_size: int | None = None):
+def build(task: str, arch: ModelArgs, vocab_size: int | None = None):
     """The model of ``task`` and ``arch`` (an ``nn.Module``), with ``model.config`` = {task, family, model: arch,
-    vocab_size} (what ``save_pretrained`` writes and ``from_pretrained`` builds from)."""
+    vocab_size} (what ``save_pretrained`` writes and ``from_pretrained`` builds from); ``arch``: the family's args
+    (auralm.models.args)."""
     family = registry.of(task, arch)
     model = family.build(task, arch, vocab_size)
-    model.config = {"task": task, "family": family.name, "model": {k: v for k, v in arch.items() if k != "name"},
-                    "vocab_size": vocab_size}
+    model.config = {"task": task, "family": family.name, "model": arch.to_dict(), "vocab_size": vocab_size}
     return model

@@ -31,6 +31,7 @@ from auralm.models.layers import (IGNORE, SUDOKU_RELATIONS, Block, Rotary, at_le
                                  per_token_loss, rms_norm, sudoku_positions, sudoku_relations)
 from auralm.models.pretrained import Pretrained
 from auralm.tasks import prefix_positions
+from auralm.models.args import ModelArgs
 
 
 
@@ -78,22 +79,22 @@ class RecurrentCore(nn.Module):
 
     n_states = 2
 
-    def __init__(self, arch: dict, vocab: int, n_out: int, seq_len: int, causal: bool, num_puzzle_ids: int = 1):
+    def __init__(self, arch: ModelArgs, vocab: int, n_out: int, seq_len: int, causal: bool, num_puzzle_ids: int = 1):
         super().__init__()
-        d, self.d, self.causal = arch["n_embd"], arch["n_embd"], causal
+        d, self.d, self.causal = arch.n_embd, arch.n_embd, causal
         self.embed_scale = math.sqrt(d)
         self.embed = nn.Embedding(vocab, d)
         lecun_(self.embed.weight.data, fan_in=d)  # std 1/sqrt(d), times sqrt(d) on the way in: unit scale
-        ndim = arch.get("puzzle_emb_ndim") or 0
+        ndim = arch.puzzle_emb_ndim
         self.n_prefix = prefix_positions(arch)  # puzzle_emb_len may add positions of zeros after the embedding's
         if self.n_prefix:  # one learned prefix per puzzle id, zero at init (own lr and weight decay)
             self.puzzle_emb = nn.Embedding(num_puzzle_ids, -(-ndim // d) * d)
             nn.init.zeros_(self.puzzle_emb.weight)
-        self.positions = arch.get("pos_encodings") or "auto"
+        self.positions = arch.pos_encodings
         if self.positions == "auto":  # a sudoku grid's own positions, else rotary
             self.positions = "sudoku" if seq_len == 81 and not causal else "rope"
         total = seq_len + self.n_prefix
-        self.rotary = Rotary(d // arch["n_head"], total) if self.positions == "rope" else None
+        self.rotary = Rotary(d // arch.n_head, total) if self.positions == "rope" else None
         if self.positions == "learned":
             self.pos = nn.Parameter(lecun_(torch.empty(total, d), fan_in=d))
         elif self.positions == "sudoku":
@@ -102,7 +103,7 @@ class RecurrentCore(nn.Module):
             self.row, self.col, self.box = (nn.Parameter(lecun_(torch.empty(9, d), fan_in=d)) for _ in range(3))
             # and a learned attention bias per head for each relation between two cells (row, column, box, ...)
             # (at init a cell attends to the 20 cells it shares a row, column or box with, and to itself)
-            bias = torch.zeros(arch["n_head"], SUDOKU_RELATIONS)
+            bias = torch.zeros(arch.n_head, SUDOKU_RELATIONS)
             bias[:, 4] = -4.0
             self.relation_bias = nn.Parameter(bias)
             self.relations = {torch.device("cpu"): sudoku_relations(self.n_prefix)}  # not a buffer: DDP
@@ -160,15 +161,15 @@ class ACT(nn.Module, Pretrained):
 
     recurrent = True
 
-    def __init__(self, core: RecurrentCore, arch: dict, q_continue: bool):
+    def __init__(self, core: RecurrentCore, arch: ModelArgs, q_continue: bool):
         super().__init__()
         self.core, self.q_continue = core, q_continue
-        self.halt_max_steps = arch["halt_max_steps"]
-        self.eval_segments = arch.get("eval_segments") or self.halt_max_steps
-        self.exploration = arch["halt_exploration_prob"]
-        self.loss_type = arch.get("loss_type") or "softmax"
-        self.family = arch["family"]
-        self.cycles = (arch["H_cycles"], arch["L_cycles"])
+        self.halt_max_steps = arch.halt_max_steps
+        self.eval_segments = arch.eval_segments or self.halt_max_steps
+        self.exploration = arch.halt_exploration_prob
+        self.loss_type = arch.loss_type
+        self.family = arch.family
+        self.cycles = (arch.H_cycles, arch.L_cycles)
 
     def set_grad_checkpointing(self, on: bool) -> None:
         self.core.set_grad_checkpointing(on)

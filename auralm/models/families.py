@@ -7,29 +7,24 @@ by the RLM, ``n_layer`` by GPT and the RLM). auralm.training.config asks two thi
 - :func:`check`: a ``model.*`` key the chosen model does not read is refused in one line naming the family it
   belongs to and the ``model=`` that selects it (it used to be stored and ignored: another model, silently).
 
-A family's keys are those of its named sizes (auralm.training.config.SIZES), less the ones its model never reads; its
-name, the model= that selects it, its smallest size and the keys it never reads are declared by the family itself
-(auralm.models.registry).
+A family's keys are the fields of its args (what its model reads: auralm.models.args); its name, the model= that selects
+it and its smallest size are declared by the family itself (auralm.models.registry).
 """
 
 from __future__ import annotations
 
 from auralm.errors import UserError
 from auralm.models import registry
+from auralm.models.args import ModelArgs, field_types
 
 
-def family(size: dict) -> str:
+def family(size: ModelArgs) -> str:
     return registry.size_family(size)
 
 
-def keys_of(sizes: dict) -> dict[str, set[str]]:
-    """Every family's model keys (without the ``model.`` prefix)."""
-    out: dict[str, set[str]] = {}
-    for size in sizes.values():
-        out.setdefault(family(size), {"dropout"}).update(k for k in size if k != "family")
-    for fam in out:
-        out[fam] -= registry.get(fam).unread
-    return out
+def keys_of(sizes: dict[str, ModelArgs]) -> dict[str, set[str]]:
+    """The model keys (without the ``model.`` prefix) of every family with a size in ``sizes``."""
+    return {family(size): set(field_types(size)) for size in sizes.values()}
 
 
 def choose(sizes: dict, default: str, typed: dict[str, str]) -> tuple[str, str] | None:

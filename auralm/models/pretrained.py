@@ -35,9 +35,11 @@ import safetensors.torch
 import torch
 import yaml
 
-from auralm.training import checkpoint, config
+from auralm.training import checkpoint
 from auralm.data.datadir import sha256_file
 from auralm.errors import UserError
+from auralm.models import registry
+from auralm.models.args import ModelArgs
 
 CONFIG, WEIGHTS, SUMS = "config.yaml", "model.safetensors", "checksums.json"
 _OWN = {CONFIG, WEIGHTS, SUMS}
@@ -49,7 +51,7 @@ class Found:
 
     path: Path  # the checkpoint-<step> or save_pretrained directory the weights come from
     task: str
-    arch: dict  # the resolved model section, as models.build takes it (no "name")
+    arch: ModelArgs  # the resolved model section, as models.build takes it
     vocab_size: int | None
     saved: dict  # the config as saved: the run's resolved config, or save_pretrained's
     state: dict = field(default_factory=dict)  # state.json ({} for a save_pretrained directory)
@@ -101,8 +103,8 @@ def locate(path: str | os.PathLike) -> Found:
             saved, vocab = state["config"], state.get("vocab_size")
         task, model = saved["task"], saved["model"]
         # the named size under the saved fields: a checkpoint from before a key existed gets its default
-        arch = dict(config.SIZES.get(model.get("name"), {}), **{k: v for k, v in model.items() if k != "name"})
-    except (KeyError, ValueError, TypeError, AttributeError, OSError, yaml.YAMLError) as e:
+        arch = registry.args_from_saved(task, {"family": saved.get("family"), **model})
+    except (KeyError, ValueError, TypeError, AttributeError, OSError, yaml.YAMLError, UserError) as e:
         raise UserError(f"{ckpt} is not a checkpoint auralm can load (no readable config: {type(e).__name__}: "
                         f"{str(e).splitlines()[0] if str(e) else ''})") from None
     return Found(ckpt, task, arch, vocab, saved, state)

@@ -1,9 +1,10 @@
 """The model families by name: each declares itself once, as a :class:`ModelFamily` in its folder's ``spec.py``
 (``auralm/models/hrm/spec.py``), and is registered here; nothing else in auralm tests a family's name.
 
-A family says: its named sizes (``model=NAME``: the keys it reads and their defaults), the tasks it trains, how
-to build its model, the class that build makes (what ``from_pretrained`` checks a checkpoint against), what its
-values must satisfy (``config.check``), how many blocks autograd keeps per step (``auralm.planning.sizing``'s memory
+A family says: what its model reads (``args``, a frozen dataclass of auralm.models.args.ModelArgs: its keys, their
+types and defaults), its named sizes (``model=NAME``: instances of it), the tasks it trains, how to build its model,
+the class that build makes (what ``from_pretrained`` checks a checkpoint against), what its values must satisfy
+beyond their types (``config.check``), how many blocks autograd keeps per step (``auralm.planning.sizing``'s memory
 estimate, which batch_size=auto and the launcher's memory preflight use), how many forward passes a step costs
 (``auralm.planning.link_budget``'s compute; what a step sends is its trainable parameters, counted on the meta device by
 :meth:`ModelFamily.sent_shapes`), and what ``validate-model`` checks beyond the common checks.
@@ -33,37 +34,40 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from auralm.models.args import ModelArgs, field_types
+
 PLUGINS_ENV = "AURALM_MODEL_PLUGINS"
 BUILTIN = ("auralm.models.gpt.spec", "auralm.models.transformer.spec", "auralm.models.hrm.spec",
            "auralm.models.trm.spec", "auralm.models.rlm.spec")
 SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "block_size")  # greater than 0 wherever a size has them
 
 
-def _n_layer(arch: dict) -> int:
-    return arch["n_layer"]
+def _n_layer(arch: ModelArgs) -> int:
+    return arch.n_layer
 
 
-def _one_pass(arch: dict) -> float:
+def _one_pass(arch: ModelArgs) -> float:
     return 1.0
 
 
 @dataclass(frozen=True)
 class ModelFamily:
-    name: str  # as checkpoints (config.yaml's "family"), logs and sizes (their "family" key) name it
+    name: str  # as checkpoints (config.yaml's "family"), logs and its args (their class's ``family``) name it
     title: str  # in messages: "HRM"
-    sizes: dict[str, dict]  # model=NAME -> the keys its model reads, with their defaults
-    build: Callable[[str, dict, int | None], Any]  # (task, arch, vocab) -> the model (imports torch when called)
-    model_class: Callable[[str, dict], type]  # the class build makes: from_pretrained's check of a checkpoint
+    args: type  # what its model reads: a frozen dataclass subclassing ModelArgs, its family's name in ``family``
+    sizes: dict[str, ModelArgs]  # model=NAME -> its args
+    build: Callable[[str, ModelArgs, int | None], Any]  # (task, arch, vocab) -> the model (imports torch when called)
+    model_class: Callable[[str, ModelArgs], type]  # the class build makes: from_pretrained's check of a checkpoint
     tasks: tuple[str, ...] = ("sudoku", "lm")
     # builds the sizes that have no "family" key on its tasks (GPT on lm and the sudoku transformer share them)
     plain: bool = False
     select: str = ""  # the model= that selects it, in messages ("model=hrm-tiny (or arch=hrm_v1)")
     smallest: str = ""  # the size its own model.* keys pick when no model= is given (""): its first size
-    unread: frozenset = frozenset()  # keys in its sizes' dicts that its model never reads
     positive: tuple[str, ...] = ()  # keys beyond SHAPE_KEYS that must be greater than 0
-    check: Callable[[str, str, dict], None] | None = None  # (task, size name, arch): UserError for what cannot work
-    blocks_in_graph: Callable[[dict], int] = _n_layer  # blocks whose activations autograd keeps for one step
-    passes: Callable[[dict], float] = _one_pass  # forward-pass equivalents of one step, a backward counting two
+    check: Callable[[str, str, ModelArgs], None] | None = None  # (task, size name, arch): UserError for what cannot
+    #                                                              work
+    blocks_in_graph: Callable[[ModelArgs], int] = _n_layer  # blocks whose activations autograd keeps for one step
+    passes: Callable[[ModelArgs], float] = _one_pass  # forward-pass equivalents of one step, a backward counting two
     validates: bool = False  # validate-model takes it (a language model: (x, y) -> (logits, loss))
     validate_checks: Callable[[Any, bool], list] | None = None  # (model, trained) -> its own validate-model checks
     # the task a size trains when the line gives no task= (HRM's hrm-50m and hrm-100m: language models); a size not
@@ -78,8 +82,19 @@ class ModelFamily:
         for name, task in self.size_task.items():
             if name not in self.sizes or task not in self.tasks:
                 raise ValueError(f"model family {self.name!r}: size_task {name}={task} names no size or task of it")
+        if not (isinstance(self.args, type) and issubclass(self.args, ModelArgs)):
+            raise ValueError(f"model family {self.name!r}: args must be a dataclass subclassing "
+                             f"auralm.models.args.ModelArgs")
+        if self.args.family != ("" if self.plain else self.name):
+            raise ValueError(f"model family {self.name!r}: its args' class must say family = "
+                             f"{'' if self.plain else self.name!r} (a plain family's: \"\")")
 
-    def sent_shapes(self, task: str, arch: dict, vocab: int | None) -> list[tuple[int, ...]]:
+    @property
+    def keys(self) -> dict[str, Any]:
+        """The keys its model reads (``model.<key>``), with their types."""
+        return field_types(self.args)
+
+    def sent_shapes(self, task: str, arch: ModelArgs, vocab: int | None) -> list[tuple[int, ...]]:
         """The shape of every trainable parameter in the model's order (a tied weight once): what a DDP step
         all-reduces and a DiLoCo round averages. Built on the meta device: nothing allocated."""
         with on_meta():
@@ -129,12 +144,12 @@ def on_meta():
         yield
 
 
-def check_width(arch: dict) -> None:
+def check_width(arch: ModelArgs) -> None:
     """The check the attention families share: the width a multiple of the heads."""
-    if arch["n_embd"] % arch["n_head"]:
+    if arch.n_embd % arch.n_head:
         from auralm.errors import UserError
 
-        raise UserError(f"model.n_embd={arch['n_embd']} is not a multiple of model.n_head={arch['n_head']}")
+        raise UserError(f"model.n_embd={arch.n_embd} is not a multiple of model.n_head={arch.n_head}")
 
 
 def check_result(name: str, ok: bool, detail: str) -> dict:
@@ -144,21 +159,29 @@ def check_result(name: str, ok: bool, detail: str) -> dict:
 
 _FAMILIES: dict[str, ModelFamily] = {}
 # every family's named sizes, in registration order (auralm.training.config.SIZES is this dict)
-SIZES: dict[str, dict] = {}
+SIZES: dict[str, ModelArgs] = {}
 _SIZE_TASKS: dict[str, set[str]] = {}
+KEYS: dict[str, Any] = {}  # every family's keys with their types (one type a key, whichever family reads it)
 
 
 def register(family: ModelFamily) -> ModelFamily:
-    """Add ``family`` (its name and sizes must be new; a plain size may be shared by plain families)."""
+    """Add ``family`` (its name and sizes must be new; a plain size may be shared by plain families; a key another
+    family reads must have its type there)."""
     if family.name in _FAMILIES:
         raise ValueError(f"model family {family.name!r} is registered twice")
+    for key, typ in family.keys.items():
+        if KEYS.get(key, typ) != typ:
+            raise ValueError(f"model family {family.name!r}: model.{key} is {typ} there and {KEYS[key]} in another "
+                             f"family: one key, one type")
     for name, size in family.sizes.items():
         if name in SIZES and (SIZES[name] != size or not family.plain):
             raise ValueError(f"model family {family.name!r}: size {name!r} is another family's")
-        if not family.plain and size.get("family") != family.name:
-            raise ValueError(f"model family {family.name!r}: size {name!r} must say family={family.name!r}")
+        if type(size) is not family.args:
+            raise ValueError(f"model family {family.name!r}: size {name!r} must be a {family.args.__name__}")
+    for name, size in family.sizes.items():  # all checked: now registered
         SIZES.setdefault(name, size)
         _SIZE_TASKS.setdefault(name, set()).update(family.tasks)
+    KEYS.update(family.keys)
     _FAMILIES[family.name] = family
     return family
 
@@ -179,10 +202,13 @@ def get(name: str) -> ModelFamily:
                          f"registered by a module named in {PLUGINS_ENV})") from None
 
 
-def of(task: str, arch: dict) -> ModelFamily:
-    """The family that builds ``arch`` on ``task``: the one its size names, else the plain family of the task."""
-    if arch.get("family"):
-        return get(arch["family"])
+def of(task: str, arch: ModelArgs) -> ModelFamily:
+    """The family that builds ``arch`` on ``task``: the one its class names, else the plain family of the task."""
+    return get(arch.family) if arch.family else plain(task)
+
+
+def plain(task: str) -> ModelFamily:
+    """The plain family that builds the plain sizes on ``task``."""
     for fam in _FAMILIES.values():
         if fam.plain and task in fam.tasks:
             return fam
@@ -192,10 +218,18 @@ def of(task: str, arch: dict) -> ModelFamily:
                     f"(auralm/models/registry.py), or name a size of a family that trains it")
 
 
-def size_family(size: dict) -> str:
-    """The family a named size belongs to, as auralm.models.families groups the keys: a size without a "family"
-    key is the first plain family's (GPT's, shared with the sudoku transformer)."""
-    return size.get("family") or next(f.name for f in _FAMILIES.values() if f.plain)
+def size_family(size: ModelArgs) -> str:
+    """The family a named size belongs to, as auralm.models.families groups the keys: a plain size is the first
+    plain family's (GPT's, shared with the sudoku transformer)."""
+    return size.family or next(f.name for f in _FAMILIES.values() if f.plain)
+
+
+def args_from_saved(task: str, saved: dict) -> ModelArgs:
+    """The args of a saved model section (a checkpoint's config: its fields, ``name`` the size it was and ``family``
+    its family, absent for a plain size): the family's class, on top of the named size where it is one of that
+    family's (so that a key added since the file was written gets the size's value)."""
+    fam = get(saved["family"]) if saved.get("family") else plain(task)
+    return fam.args.from_dict(saved, fam.sizes.get(saved.get("name")))
 
 
 def size_tasks(name: str) -> set[str]:

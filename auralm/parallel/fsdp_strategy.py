@@ -19,6 +19,7 @@ from auralm.training import checkpoint, distributed
 from auralm.parallel import fsdp as fsdp_lib
 from auralm.parallel.single import Single
 from auralm.training.precision import bf16_compute
+from auralm.models.args import ModelArgs
 
 
 class Sharded(Single):
@@ -84,7 +85,7 @@ class Sharded(Single):
         return checkpoint.save_sharded(run_dir, step, self.p.model, self.p.optimizer, self.d.rank, rng, state,
                                        self.t.keep_last, extra)
 
-    def final_model(self, model: torch.nn.Module, whole: bool, arch: dict, vocab) -> torch.nn.Module:
+    def final_model(self, model: torch.nn.Module, whole: bool, arch: ModelArgs, vocab) -> torch.nn.Module:
         return whole_model(model, self.cfg, arch, vocab) if self.sharded and whole else model
 
     @classmethod
@@ -92,7 +93,7 @@ class Sharded(Single):
         return budget["ddp"]  # the gradients' bytes every step (reduce-scattered, the weights all-gathered)
 
 
-def whole_model(raw: torch.nn.Module, cfg, arch: dict, vocab) -> torch.nn.Module:
+def whole_model(raw: torch.nn.Module, cfg, arch: ModelArgs, vocab) -> torch.nn.Module:
     """A whole (unsharded) copy of the model on the CPU, all-gathered from the shards one tensor at a time (every
     rank calls it): what ``auralm.training.train.run`` returns when asked for the model. Built under a forked RNG, so
     training's random state is left as it was."""

@@ -19,6 +19,7 @@ from auralm.data import datadir
 from auralm.training import checkpoint, distributed, optim
 from auralm.parallel.strategy import Strategy, Training
 from auralm.training.precision import autocast
+from auralm.models.args import ModelArgs
 
 
 class Single(Strategy):
@@ -191,7 +192,7 @@ class Single(Strategy):
             return checkpoint.save(run_dir, step, self.p.model, self.p.optimizer, rng, state, self.t.keep_last, extra)
         return None
 
-    def final_model(self, model: torch.nn.Module, whole: bool, arch: dict, vocab) -> torch.nn.Module:
+    def final_model(self, model: torch.nn.Module, whole: bool, arch: ModelArgs, vocab) -> torch.nn.Module:
         """The trained model the trainer returns (FSDP: a whole copy when ``whole``)."""
         return model
 

@@ -47,6 +47,7 @@ from pathlib import Path
 
 from auralm.parallel import strategy
 from auralm.parallel.compress import bytes_per_value
+from auralm.models.args import ModelArgs
 
 DDP_BUCKET_BYTES = 25 * 1024 ** 2  # DistributedDataParallel's bucket_cap_mb=25
 DDP_OK = 0.15  # DDP's communication at most this share of the compute: hidden behind the backward pass
@@ -471,7 +472,7 @@ def advise(link: dict, run: dict, *, world: int, sync: str = "ddp", hook: str = 
     return out
 
 
-def passes(arch: dict, family: str) -> float:
+def passes(arch: ModelArgs, family: str) -> float:
     """How many times a step runs the model's layers, as forward-pass equivalents (a backward costs about two
     forwards): as the family declares it (auralm.models.registry; 1 for GPT and the sudoku transformer, more for
     the recurrent models, which run their layers several times a segment)."""
@@ -499,7 +500,7 @@ def run_model(cfg, world: int) -> dict:
             "max_steps": cfg.training.max_steps,
             "tokens_per_sample": task.positions(arch), "vocab": vocab,
             "passes": passes(arch, models.family_of(cfg.task, arch)),
-            "spec": json.dumps({"task": cfg.task, "arch": arch, "vocab": vocab}, sort_keys=True)}
+            "spec": json.dumps({"task": cfg.task, "arch": arch.to_dict(), "vocab": vocab}, sort_keys=True)}
 
 
 def advice(args: list[str], link: dict, world: int | None = None) -> dict:

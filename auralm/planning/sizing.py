@@ -21,28 +21,29 @@ from auralm.training import config
 from auralm.errors import UserError, exit_frozen
 from auralm.models import registry
 from auralm.parallel import strategy
+from auralm.models.args import ModelArgs
 
 if TYPE_CHECKING:
     import torch
 
 
-def meta_model(task: str, arch: dict, vocab: int | None) -> torch.nn.Module:
+def meta_model(task: str, arch: ModelArgs, vocab: int | None) -> torch.nn.Module:
     """The model built on the meta device: shapes, no memory, no initialisation (registry.on_meta)."""
     with registry.on_meta():
         return models.build(task, arch, vocab)
 
 
-def parameter_shapes(task: str, arch: dict, vocab: int | None) -> list[tuple[int, ...]]:
+def parameter_shapes(task: str, arch: ModelArgs, vocab: int | None) -> list[tuple[int, ...]]:
     """The shape of every trainable parameter, in the model's order (a tied weight once): what DDP all-reduces
     (what the model's family says a step sends, auralm.models.registry)."""
     return registry.of(task, arch).sent_shapes(task, arch, vocab)
 
 
-def count_parameters(task: str, arch: dict, vocab: int | None) -> int:
+def count_parameters(task: str, arch: ModelArgs, vocab: int | None) -> int:
     return sum(p.numel() for p in meta_model(task, arch, vocab).parameters())
 
 
-def blocks_in_graph(task: str, arch: dict) -> int:
+def blocks_in_graph(task: str, arch: ModelArgs) -> int:
     """The blocks whose activations autograd keeps for one step, as the model's family declares it."""
     return registry.of(task, arch).blocks_in_graph(arch)
 
@@ -52,7 +53,8 @@ def inputs(cfg: config.Config, vocab: int | None = None) -> dict:
     (cli/launch/plan/memory.py), so that overrides which change nothing here (steps, intervals, paths, rates) reuse an
     estimate. Cheap: no torch."""
     t = cfg.training
-    return {"task": cfg.task, "name": cfg.model.name, "arch": config.resolved_model(cfg.model), "vocab": vocab,
+    return {"task": cfg.task, "name": cfg.model.name, "arch": config.resolved_model(cfg.model).to_dict(),
+            "vocab": vocab,
             "batch_size": t.batch_size, "grad_checkpoint": bool(t.grad_checkpoint), "ema": bool(t.ema),
             "grad_accum": t.grad_accum, "global_batch_size": t.global_batch_size, "parallel": t.parallel,
             "sync": t.sync}
@@ -64,20 +66,20 @@ def estimate(cfg: config.Config, vocab: int | None = None) -> dict:
     from auralm.models.layers import swiglu_width
 
     given = inputs(cfg, vocab)
-    task, arch, batch_size = given["task"], given["arch"], given["batch_size"]
+    task, arch, batch_size = given["task"], config.resolved_model(cfg.model), given["batch_size"]
     spec = tasks.get(task)
     vocab = given["vocab"] or spec.default_vocab
     n = count_parameters(task, arch, vocab)
-    d, heads = arch["n_embd"], arch["n_head"]
+    d, heads = arch.n_embd, arch.n_head
     T = spec.positions(arch)
-    width = arch.get("ffn_dim") or swiglu_width(d, arch.get("expansion", 4 * 1.5))
+    width = getattr(arch, "ffn_dim", 0) or swiglu_width(d, getattr(arch, "expansion", 4 * 1.5))
     out_classes = spec.classes(vocab)
 
     def activations(batch: int) -> int:
         tokens = batch * T
         per_block = (10 * d + 3 * width) * tokens + heads * T * T * batch
-        if arch.get("mhc_enabled"):  # two connections a block: the n streams in, mixed and out, normalised
-            per_block += 2 * 4 * arch["mhc_flows"] * d * tokens
+        if getattr(arch, "mhc_enabled", False):  # two connections a block: the n streams in, mixed and out, normalised
+            per_block += 2 * 4 * arch.mhc_flows * d * tokens
         if given["grad_checkpoint"]:
             return 4 * (blocks_in_graph(task, arch) * d * tokens + per_block + 2 * tokens * out_classes)
         return 4 * (blocks_in_graph(task, arch) * per_block + 2 * tokens * out_classes)
@@ -124,7 +126,7 @@ def summary(cfg: config.Config, world: int = 1, vocab: int | None = None) -> dic
 
 def given_vocab(cfg: config.Config) -> int | None:
     """The model's own vocabulary, when its config names one."""
-    return config.resolved_model(cfg.model).get("vocab_size")
+    return getattr(config.resolved_model(cfg.model), "vocab_size", None)
 
 
 def document(args: list[str], world: int = 1, vocab: int | None = None) -> dict:

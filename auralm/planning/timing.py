@@ -46,7 +46,7 @@ def data_rows(cfg: config.Config) -> tuple[int, int, int | None] | None:
     data_dir = Path(cfg.data_dir or f"data/{cfg.task}").expanduser()
     if (data_dir / "meta.json").exists():
         meta = datadir.load_manifest(data_dir, cfg.task)
-        block = config.resolved_model(cfg.model)["block_size"]
+        block = config.resolved_model(cfg.model).block_size
         n = [len(tasks.open_split(data_dir, meta, split, block)) for split in ("train", "val")]
         return n[0], n[1], tasks.get(cfg.task).vocab(meta)
     made = tasks.get(cfg.task).default_rows()  # the data a run with no data_dir makes itself (sudoku's default)

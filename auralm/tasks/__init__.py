@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from auralm.models.args import ModelArgs
 
 
 class Task:
@@ -55,13 +58,13 @@ class Task:
 
         raise UserError(f"task={self.name} has no prepare-data: its data are made another way")
 
-    def positions(self, arch: dict) -> int:
+    def positions(self, arch: ModelArgs) -> int:
         """The positions of a sample the model is fed."""
-        return arch["block_size"]
+        return arch.block_size
 
-    def length(self, arch: dict) -> int:
+    def length(self, arch: ModelArgs) -> int:
         """The positions of a sample as its data hold them (``positions`` adds what a model puts before them)."""
-        return arch["block_size"]
+        return arch.block_size
 
     def values(self, vocab: int | None) -> int | None:
         """The values an input position takes: the model's input vocabulary."""
@@ -95,13 +98,13 @@ class Task:
 
         raise UserError(f"--puzzles FILE: task={self.name} has no file of samples to read: give --data DIR")
 
-    def random_batch(self, arch: dict, vocab: int | None, batch: int, device):
+    def random_batch(self, arch: ModelArgs, vocab: int | None, batch: int, device):
         """Inputs and targets of the shape the trainer feeds, random (the planners' probes)."""
         import torch
 
         g = torch.Generator().manual_seed(0)
-        x = torch.randint(0, vocab, (batch, arch["block_size"]), generator=g)
-        y = torch.randint(0, vocab, (batch, arch["block_size"]), generator=g)
+        x = torch.randint(0, vocab, (batch, arch.block_size), generator=g)
+        y = torch.randint(0, vocab, (batch, arch.block_size), generator=g)
         return x.to(device), y.to(device)
 
     def targets(self, x, y):
@@ -119,7 +122,7 @@ class Grid(Task):
     accuracy = "cell_acc"
     train_metric = ("train_exact_accuracy", "exact", 3)
 
-    def positions(self, arch: dict) -> int:
+    def positions(self, arch: ModelArgs) -> int:
         return self.length(arch) + prefix_positions(arch)
 
 
@@ -159,11 +162,11 @@ def get(name: str) -> Task:
     return _REGISTRY[name].load()
 
 
-def prefix_positions(arch: dict) -> int:
+def prefix_positions(arch: ModelArgs) -> int:
     """The positions a model with a puzzle embedding puts before a sample's own (HRM, TRM): as many as the embedding's
     ``puzzle_emb_ndim`` numbers fill, or ``puzzle_emb_len`` (TRM's 16: the embedding, then zeros)."""
-    ndim = arch.get("puzzle_emb_ndim") or 0
-    return max(-(-ndim // arch["n_embd"]), arch.get("puzzle_emb_len") or 0) if ndim else 0
+    ndim = getattr(arch, "puzzle_emb_ndim", 0)
+    return max(-(-ndim // arch.n_embd), arch.puzzle_emb_len) if ndim else 0
 
 
 def open_split(data_dir: Path, meta: dict, split: str, block_size: int):

@@ -151,7 +151,7 @@ def evaluate_checkpoint(checkpoint: Path, data: Path | None, split: str, batches
         meta = datadir.load_manifest(data_dir, loaded.task)
         if split not in meta["splits"]:
             raise UserError(f"--split {split}: {data_dir} has the splits {', '.join(meta['splits'])}")
-        val = tasks.open_split(data_dir, meta, split, loaded.arch["block_size"])
+        val = tasks.open_split(data_dir, meta, split, loaded.arch.block_size)
         if len(val) == 0:
             raise UserError(f"the {split} split of {data_dir} is empty")
         where = {"data": str(data_dir), "split": split}

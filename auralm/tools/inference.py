@@ -8,13 +8,14 @@ from pathlib import Path
 import torch
 
 from auralm.models import pretrained
+from auralm.models.args import ModelArgs
 
 
 @dataclass
 class Loaded:
     model: torch.nn.Module
     task: str
-    arch: dict
+    arch: ModelArgs
     data_dir: Path
     path: Path
     state: dict

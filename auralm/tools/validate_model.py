@@ -26,6 +26,7 @@ from auralm.training import command_line, config
 from auralm.errors import UserError
 from auralm.models import registry
 from auralm.models.registry import check_result as _check
+from auralm.models.args import ModelArgs
 
 DEFAULTS = ["task=lm", "model=rlm-tiny"]
 VOCAB = 512
@@ -39,7 +40,7 @@ def build(overrides: list[str]) -> tuple[config.Config, dict, torch.nn.Module]:
         takes = " or ".join(f.name for f in registry.families() if f.validates)
         raise UserError(f"validate-model checks the language models (task=lm with the {takes} sizes), not "
                         f"task={cfg.task} model={cfg.model.name}; for sudoku models use `hrmctl train --dry-run`")
-    vocab = arch.get("vocab_size") or VOCAB
+    vocab = getattr(arch, "vocab_size", None) or VOCAB
     need = sizing.estimate(cfg, vocab)["total_bytes"]
     import psutil
 
@@ -52,11 +53,11 @@ def build(overrides: list[str]) -> tuple[config.Config, dict, torch.nn.Module]:
     return cfg, arch, models.build(cfg.task, arch, vocab)
 
 
-def validate(cfg: config.Config, arch: dict, model: torch.nn.Module) -> list[dict]:
+def validate(cfg: config.Config, arch: ModelArgs, model: torch.nn.Module) -> list[dict]:
     out = []
     vocab = model.lm_head.weight.shape[0] if hasattr(model, "lm_head") else model.wte.weight.shape[0]
     g = torch.Generator().manual_seed(0)
-    T = min(arch["block_size"], 64)
+    T = min(arch.block_size, 64)
     x = torch.randint(0, vocab, (4, T + 1), generator=g)
     inp, tgt = x[:, :-1], x[:, 1:]
 
@@ -105,6 +106,6 @@ def check(overrides: list[str]) -> dict:
     built and checked (:func:`validate`); its name, family, whether every check passed, and the checks."""
     cfg, arch, model = build(overrides)
     results = validate(cfg, arch, model)
-    mhc = f", mHC n={arch['mhc_flows']}" if arch.get("mhc_enabled") else ""
+    mhc = f", mHC n={arch.mhc_flows}" if getattr(arch, "mhc_enabled", False) else ""
     return {"model": cfg.model.name, "family": f"{models.family_of(cfg.task, arch)}{mhc}",
             "ok": all(r["ok"] for r in results), "checks": results}

@@ -14,10 +14,12 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal
 
 from auralm import tasks
 from auralm.models import families
 from auralm.models import registry
+from auralm.models.args import ModelArgs
 from auralm.parallel import strategy
 from auralm.training import recipes
 from auralm.errors import UserError
@@ -38,37 +40,11 @@ SCHEDULES = ("cosine", "linear", "constant")
 
 @dataclass
 class ModelConfig:
+    """``model=NAME`` and the ``model.<key>=value`` given: the named size's args with those fields replaced
+    (:func:`resolved_model`). The keys and their types are the families' (auralm.models.args, each family's
+    ``spec.py``); a key the chosen model does not read is refused (auralm.models.families)."""
     name: str = "trm-tiny"  # the embedded default: TRM on medium sudoku (docs/hrm.md says why TRM)
-    n_layer: int | None = None  # None: from the named size
-    n_head: int | None = None
-    n_embd: int | None = None
-    block_size: int | None = None  # lm context length (sudoku always sees 81 cells)
-    dropout: float | None = None
-    # hrm / trm only
-    expansion: float | None = None  # SwiGLU width, as the parameters of an MLP this many times the hidden size
-    H_layers: int | None = None
-    L_layers: int | None = None
-    H_cycles: int | None = None  # TRM: T
-    L_cycles: int | None = None  # TRM: n
-    halt_max_steps: int | None = None  # segments at most (1: ACT off)
-    halt_exploration_prob: float | None = None
-    puzzle_emb_ndim: int | None = None  # 0: no puzzle embedding
-    puzzle_emb_len: int | None = None  # positions in front of the grid (TRM's 16: the embedding, then zeros); 0: as
-    #                                    many as the embedding fills
-    pos_encodings: str | None = None  # rope, learned, sudoku, none
-    mlp_t: bool | None = None  # TRM: an MLP across the positions instead of attention
-    loss_type: str | None = None  # softmax or stablemax cross-entropy
-    norm: str | None = None  # post (the papers': norm after each residual add) or pre (norm before each sublayer)
-    eval_segments: int | None = None  # segments at evaluation and solving (0: halt_max_steps; more can solve more)
-    extra_classes: int | None = None  # output classes no target has, besides the task's (the public HRM and TRM
-    #                                   heads: PAD and blank beside sudoku's 9 digits, PAD beside a maze's 5; recipes)
-    # rlm only
-    head_dim: int | None = None  # attention: heads x head_dim need not be the width
-    ffn_dim: int | None = None  # SwiGLU's hidden width
-    vocab_size: int | None = None  # None: the data's; larger pads the embeddings
-    mhc_enabled: bool | None = None  # manifold-constrained hyper-connections (false: the plain transformer)
-    mhc_flows: int | None = None  # n, the parallel residual streams
-    mhc_sinkhorn_iters: int | None = None  # Sinkhorn-Knopp rounds projecting H_res onto the doubly stochastic
+    given: dict[str, Any] = field(default_factory=dict)  # model.<key> -> its value, as set
 
 
 @dataclass
@@ -241,7 +217,10 @@ def _keys(obj, prefix: str = "") -> dict[str, type]:
         if name in internal:
             continue
         value = getattr(obj, name)
-        if dataclasses.is_dataclass(value):
+        if isinstance(value, ModelConfig):  # model=NAME, model.name, and every family's keys with their types
+            out.update({prefix + name: str, f"{prefix}{name}.name": str})
+            out.update({f"{prefix}{name}.{key}": typ for key, typ in registry.KEYS.items()})
+        elif dataclasses.is_dataclass(value):
             if any(f.name == "name" for f in dataclasses.fields(value)):
                 out[prefix + name] = str
             out.update(_keys(value, prefix + name + "."))
@@ -283,12 +262,18 @@ def _convert(text: str, typ):
         raise ValueError(text)
     if typ == tuple[int, ...]:
         return parse_steps(text)
+    if typing.get_origin(typ) is Literal:  # one of the values a choice takes
+        if text not in typing.get_args(typ):
+            raise ValueError(text)
+        return text
     return typ(text)
 
 
 def _type_name(typ) -> str:
     if typing.get_origin(typ) is types.UnionType:
         typ = next(t for t in typing.get_args(typ) if t is not type(None))
+    if typing.get_origin(typ) is Literal:
+        return "one of " + ", ".join(typing.get_args(typ))
     return {bool: "true or false", int: "an integer", float: "a number",
             tuple[int, ...]: "steps like 10,11,12 or 10-14"}.get(typ, "a string")
 
@@ -373,9 +358,12 @@ def _set(cfg: Config, keys: dict, s: Setting) -> str:
     *path, last = key.split(".")
     for part in path:
         target = getattr(target, part)
-    if dataclasses.is_dataclass(getattr(target, last)):
+    if dataclasses.is_dataclass(getattr(target, last, None)):
         target, last = getattr(target, last), "name"
-    setattr(target, last, value)
+    if isinstance(target, ModelConfig) and last != "name":
+        target.given[last] = value
+    else:
+        setattr(target, last, value)
     return key
 
 
@@ -541,7 +529,7 @@ def check(cfg: Config) -> None:
                     "training.grad_clip": t.grad_clip, "training.eval_interval": t.eval_interval,
                     "training.checkpoint_interval": t.checkpoint_interval, "training.sample_tokens": t.sample_tokens,
                     "training.min_lr_ratio": t.min_lr_ratio, "guard.lr_steps": cfg.guard.lr_steps,
-                    "model.dropout": cfg.model.dropout or 0, "fault.nan_rank": cfg.fault.nan_rank,
+                    "model.dropout": cfg.model.given.get("dropout", 0), "fault.nan_rank": cfg.fault.nan_rank,
                     "fault.kill_rank": cfg.fault.kill_rank, "fault.step_sleep": cfg.fault.step_sleep,
                     "training.elastic.min_nodes": t.elastic.min_nodes}
     for key, value in positive.items():
@@ -596,12 +584,12 @@ def check(cfg: Config) -> None:
     check_model(cfg.task, cfg.model.name, resolved_model(cfg.model))
 
 
-def check_model(task: str, name: str, arch: dict) -> None:
+def check_model(task: str, name: str, arch: ModelArgs) -> None:
     """The model's values: its shape's sizes greater than 0, then its family's own checks (auralm.models)."""
     family = registry.of(task, arch)
     for key in registry.SHAPE_KEYS + family.positive:
-        if key in arch and arch[key] <= 0:
-            raise UserError(f"model.{key}={arch[key]}: must be greater than 0")
+        if key in family.keys and getattr(arch, key) <= 0:
+            raise UserError(f"model.{key}={getattr(arch, key)}: must be greater than 0")
     if family.check:
         family.check(task, name, arch)
     if task not in family.tasks:
@@ -628,14 +616,9 @@ def parse_balance(text: str) -> str | dict[str, float]:
     return weights
 
 
-def resolved_model(m: ModelConfig) -> dict:
-    """The model's shape: the named size with the explicitly set fields on top."""
-    arch = dict(SIZES[m.name])
-    arch.setdefault("dropout", 0.0)
-    for f in dataclasses.fields(m):
-        if f.name != "name" and getattr(m, f.name) is not None and f.name in arch:
-            arch[f.name] = getattr(m, f.name)
-    return arch
+def resolved_model(m: ModelConfig) -> ModelArgs:
+    """The model's args: the named size's, with the fields given replaced (each checked against its type)."""
+    return SIZES[m.name].replace(**m.given)
 
 
 def parse(overrides: list[str]) -> Config:
@@ -646,5 +629,5 @@ def parse(overrides: list[str]) -> Config:
 def to_dict(cfg: Config) -> dict:
     """The resolved config (model shape filled in), as saved with a run."""
     d = dataclasses.asdict(cfg)
-    d["model"] = {"name": cfg.model.name, **resolved_model(cfg.model)}
+    d["model"] = {"name": cfg.model.name, **resolved_model(cfg.model).to_dict()}
     return d

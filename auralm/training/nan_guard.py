@@ -182,7 +182,7 @@ class NanGuard:
                     "with training.dtype=fp32")
         cause = (f"the model gives non-finite values on this data from {start} in fp32, before any update (so "
                  f"neither the learning rate nor the precision)")
-        if resolved_model(run.model).get("loss_type") == "stablemax":
+        if getattr(resolved_model(run.model), "loss_type", "") == "stablemax":
             return cause, "with model.loss_type=softmax"
         if self.begun:
             return cause, "from an earlier checkpoint of this run (resume=<its checkpoint-<step> directory>)"

@@ -44,6 +44,7 @@ from auralm.training.precision import (autocast, bf16_compute, cpu_has_bf16, pre
                                        rng_state, set_rng_state)  # (autocast ... re-exported)
 from auralm.training.runlog import RunLog
 from auralm.training import progress_file
+from auralm.models.args import ModelArgs
 
 
 def memory_gb(device: torch.device) -> tuple[str, float]:
@@ -362,15 +363,15 @@ def open_splits(cfg: Config, d: distributed.Dist, log: RunLog):
     data_dir, meta = open_data(cfg, d)
     arch = config.resolved_model(cfg.model)
     vocab = tasks.get(cfg.task).vocab(meta)
-    train_set = tasks.open_split(data_dir, meta, "train", arch["block_size"])
-    val_set = tasks.open_split(data_dir, meta, "val", arch["block_size"])
+    train_set = tasks.open_split(data_dir, meta, "train", arch.block_size)
+    val_set = tasks.open_split(data_dir, meta, "val", arch.block_size)
     if len(val_set) == 0:
-        raise UserError(f"the validation split of {data_dir} is shorter than one window of {arch['block_size']} tokens")
+        raise UserError(f"the validation split of {data_dir} is shorter than one window of {arch.block_size} tokens")
     resolve_schedule(cfg, d, len(train_set), log)
     return data_dir, meta, arch, vocab, train_set, val_set
 
 
-def build_model(cfg: Config, d: distributed.Dist, s, arch: dict, vocab, train_set, log: RunLog) -> torch.nn.Module:
+def build_model(cfg: Config, d: distributed.Dist, s, arch: ModelArgs, vocab, train_set, log: RunLog) -> torch.nn.Module:
     """The model, the same initial weights on every rank, its batch chosen (batch_size=auto) and shared out over
     the ranks by the strategy (FSDP)."""
     t = cfg.training
@@ -455,10 +456,11 @@ class Trainer:
 
     def fits(self, ckpt: Path, state: dict) -> None:
         """Refuse a checkpoint of another task, model shape or vocabulary than this run's."""
-        saved, now = state["config"], config.to_dict(self.cfg)
-        if (saved["task"], shape(saved), state.get("vocab_size")) != (self.cfg.task, shape(now), self.vocab):
+        saved, now = state["config"], shape(config.to_dict(self.cfg))
+        was = {k: shape(saved).get(k) for k in now}  # a key this model does not read is not its shape
+        if (saved["task"], was, state.get("vocab_size")) != (self.cfg.task, now, self.vocab):
             raise UserError(f"checkpoint {ckpt} is for task={saved['task']} model {shape(saved)} "
-                            f"(vocabulary {state.get('vocab_size')}), not this run's model {shape(now)} "
+                            f"(vocabulary {state.get('vocab_size')}), not this run's model {now} "
                             f"(vocabulary {self.vocab}): use a matching model or another out_dir")
 
     # ------------------------------------------------------------ the run

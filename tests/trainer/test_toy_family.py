@@ -59,7 +59,7 @@ def test_hrmctl_train_trains_the_toy_family(sudoku_data, tmp_path):
     saved = json.loads((run / "config.json").read_text())
     assert saved["model"]["family"] == "toy" and saved["task"] == "sudoku"
     load = ("import sys; from auralm.models.pretrained import load; m, f = load(sys.argv[1]); "
-            "print(type(m).__name__, f.arch['family'])")  # in a process of its own, the plugin named
+            "print(type(m).__name__, f.arch.family)")  # in a process of its own, the plugin named
     res = subprocess.run([sys.executable, "-c", load, str(ckpt)], capture_output=True, text=True, timeout=120,
                          env=python_env(**PLUGIN))
     assert res.returncode == 0 and res.stdout.split() == ["ToyMLP", "toy"], res.stderr

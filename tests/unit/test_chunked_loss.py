@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 from auralm import models
 from auralm.models import chunked_loss
+from auralm.models.gpt.spec import PlainArgs
 
 
 def plain(h, w, y):
@@ -47,7 +48,7 @@ def test_under_bf16_autocast_it_stays_close_to_the_float32_loss():
 
 def test_gpt_training_loss_and_gradients_equal_those_through_full_logits():
     torch.manual_seed(0)
-    model = models.GPT(dict(n_layer=2, n_head=2, n_embd=32, block_size=16, dropout=0.0), 97)
+    model = models.GPT(PlainArgs(n_layer=2, n_head=2, n_embd=32, block_size=16), 97)
     x, y = torch.randint(0, 97, (3, 16)), torch.randint(0, 97, (3, 16))
     logits, loss = model(x, y)
     assert logits is None  # in training the logits are never made whole

@@ -14,6 +14,8 @@ from tests.trainer.helpers import PYTHON, REPO, prepare_data, python_env
 
 
 def _get(cfg, key: str):
+    if key.startswith("model.") and key != "model.name":  # a field of the model's args, as resolved
+        return getattr(config.resolved_model(cfg.model), key.partition(".")[2])
     for part in key.split("."):
         cfg = getattr(cfg, part)
     return cfg
@@ -123,7 +125,7 @@ def test_a_yaml_file_with_the_guides_nesting(tmp_path):
     f.write_text(GUIDE_YAML)
     cfg = command_line.parse([f"config={f}"])
     arch = config.resolved_model(cfg.model)
-    assert (cfg.task, cfg.model.name, arch["n_embd"], arch["n_layer"], arch["mhc_flows"], arch["block_size"]) == \
+    assert (cfg.task, cfg.model.name, arch.n_embd, arch.n_layer, arch.mhc_flows, arch.block_size) == \
         ("lm", "rlm-tiny", 128, 2, 2, 128)
     t = cfg.training
     assert (t.lr, t.weight_decay, t.beta1, t.beta2, t.warmup_steps, t.min_lr_ratio, t.batch_size, t.grad_accum,
@@ -137,7 +139,7 @@ def test_the_command_line_wins_over_the_file_whatever_the_order(tmp_path):
     for args in (["training.optimizer.lr=1e-3", f"config={f}", "model.hidden_dim=64"],
                  [f"config={f}", "training.optimizer.lr=1e-3", "model.hidden_dim=64"]):
         cfg = command_line.parse(args)
-        assert (cfg.training.lr, config.resolved_model(cfg.model)["n_embd"], cfg.training.batch_size) == \
+        assert (cfg.training.lr, config.resolved_model(cfg.model).n_embd, cfg.training.batch_size) == \
             (1e-3, 64, 8)
 
 

@@ -55,9 +55,9 @@ def test_a_guide_line_trains_the_family_it_names_and_says_so(line, name, family,
 
 def test_the_guides_keys_reach_the_chosen_model():
     arch = config.resolved_model(command_line.parse(shlex.split(HRM_SMALL)).model)
-    assert (arch["n_embd"], arch["H_layers"], arch["L_layers"], arch["n_head"], arch["expansion"]) == (32, 1, 1, 1, 2)
+    assert (arch.n_embd, arch.H_layers, arch.L_layers, arch.n_head, arch.expansion) == (32, 1, 1, 1, 2)
     arch = config.resolved_model(command_line.parse(shlex.split(RLM_QUICK)).model)
-    assert (arch["n_embd"], arch["n_layer"], arch["n_head"], arch["mhc_flows"]) == (256, 4, 4, 4)
+    assert (arch.n_embd, arch.n_layer, arch.n_head, arch.mhc_flows) == (256, 4, 4, 4)
     cfg = command_line.parse(shlex.split(HRM_PRETRAIN))
     assert (cfg.training.puzzle_emb_lr, cfg.training.global_batch_size, cfg.data_dir) == \
         (7e-5, 384, "data/sudoku-extreme-1k-aug-1000")
@@ -95,7 +95,7 @@ def test_every_family_reads_the_keys_of_its_sizes():
         fam = families.family(size)
         overrides = [f"model={name}"] + (["task=lm"] if fam == "rlm" else [])
         for k in sorted(keys[fam] - {"vocab_size", "dropout"}):
-            command_line.parse(overrides + [f"model.{k}={size[k]}"])
+            command_line.parse(overrides + [f"model.{k}={getattr(size, k)}"])
 
 
 @pytest.mark.parametrize("override, meant", [
@@ -132,7 +132,7 @@ def test_one_table_every_spelling_points_at_a_key_or_option_of_ours():
         assert not s.accepted or (s.flag and not s.ours), s  # taken as it is: nothing to translate
     assert spellings.ALIASES["arch.hidden_size"] == "model.n_embd"
     assert not hasattr(config, "ALIASES")  # the config reads our keys only: the table is read before it
-    assert command_line.parse(["arch.hidden_size=64", "arch.num_heads=2"]).model.n_embd == 64  # by the edge
+    assert config.resolved_model(command_line.parse(["arch.hidden_size=64", "arch.num_heads=2"]).model).n_embd == 64
 
 
 FINETUNE_YAML = """\
@@ -315,7 +315,7 @@ def test_auralms_options_mean_its_gpt_on_text_where_the_line_does_not_say():
     assert r.said[-1] == "model=124m task=lm (AuraLM's train_gpt2_spanish.py's model on text, where the line does " \
                          "not say)"
     cfg = command_line.parse(r.args)
-    assert (cfg.task, cfg.model.name, cfg.model.block_size) == ("lm", "124m", 256)
+    assert (cfg.task, cfg.model.name, cfg.model.given["block_size"]) == ("lm", "124m", 256)
     assert read("--batch-size", "8", "arch=hrm_v1", "task=sudoku").args[-2:] == ["arch=hrm_v1", "task=sudoku"]
 
 

@@ -218,7 +218,7 @@ NAMES_ALLOWED = {
     # boxes), spelled like the task it was made for: the families test their option, not the task's name
     ("auralm/models/act.py", "self.positions == 'sudoku'"),
     ("auralm/models/act.py", "self.positions != 'sudoku'"),
-    ("auralm/models/recurrent.py", "arch['pos_encodings'] == 'sudoku'"),
+    ("auralm/models/recurrent.py", "arch.pos_encodings == 'sudoku'"),
     # the strategies' registry asks whether an option is at the default both options share (strategy.DEFAULT, the
     # name of DDP's registration): training.parallel at it leaves the choice to training.sync
     ("auralm/parallel/strategy.py", "parallel != DEFAULT"),

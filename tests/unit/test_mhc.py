@@ -159,8 +159,8 @@ def test_the_guide_keys_set_the_rlm_shape_and_wrong_uses_are_one_clear_error():
                         "model.max_seq_len=64", "model.gradient_checkpointing=true", "model.mhc_flows=2",
                         "model.mhc_sinkhorn_iters=5", "model.mhc_enabled=true"])
     arch = config.resolved_model(cfg.model)
-    assert (arch["n_embd"], arch["n_layer"], arch["n_head"], arch["block_size"]) == (96, 2, 3, 64)
-    assert (arch["mhc_flows"], arch["mhc_sinkhorn_iters"], cfg.training.grad_checkpoint) == (2, 5, True)
+    assert (arch.n_embd, arch.n_layer, arch.n_head, arch.block_size) == (96, 2, 3, 64)
+    assert (arch.mhc_flows, arch.mhc_sinkhorn_iters, cfg.training.grad_checkpoint) == (2, 5, True)
     for bad, words in [(["task=lm", "model=tiny", "model.mhc_flows=4"], "rlm-"),
                        (["task=sudoku", "model=rlm-tiny"], "task=lm"),
                        (["task=lm", "model=rlm-tiny", "model.head_dim=33"], "even"),
@@ -272,7 +272,7 @@ def test_validate_model_passes_at_its_default_and_the_guides_size(capsys, one_th
 def test_a_guide_command_line_without_a_size_is_an_rlm_on_text():
     cfg = command_line.parse(["model.hidden_dim=128", "model.num_layers=2", "model.mhc_enabled=true", "model.mhc_flows=4",
                         "model.mhc_sinkhorn_iters=20", "training.optimizer.lr=3e-4"])
-    assert (cfg.task, cfg.model.name, config.resolved_model(cfg.model)["n_embd"]) == ("lm", "rlm-tiny", 128)
+    assert (cfg.task, cfg.model.name, config.resolved_model(cfg.model).n_embd) == ("lm", "rlm-tiny", 128)
     assert command_line.parse(["task=lm", "model=rlm-small", "model.mhc_flows=2"]).model.name == "rlm-small"
 
 

@@ -85,7 +85,7 @@ def test_a_checkpoint_holds_its_config_as_yaml_covered_by_the_checksums(run):
 def test_from_pretrained_loads_a_checkpoint_or_a_run_with_its_ema_weights_and_saves_it_again(run, tmp_path):
     ckpt = run / "checkpoint-3"
     model = RLMModel.from_pretrained(ckpt)
-    assert isinstance(model, RLMModel) and not model.training and model.arch["n_embd"] == 64
+    assert isinstance(model, RLMModel) and not model.training and model.arch.n_embd == 64
     ema = torch.load(ckpt / "ema.pt", weights_only=True)
     params = dict(model.named_parameters())
     assert ema and all(torch.equal(params[n], v) for n, v in ema.items())  # the EMA weights, as hrmctl eval uses
@@ -96,7 +96,7 @@ def test_from_pretrained_loads_a_checkpoint_or_a_run_with_its_ema_weights_and_sa
     assert torch.equal(outputs(model, "lm")[0], outputs(again, "lm")[0])
     assert torch.equal(outputs(model, "lm")[0], outputs(RLMModel.from_pretrained(run), "lm")[0])
     loaded = inference.load(tmp_path / "out")  # hrmctl eval's loader is the same path
-    assert loaded.task == "lm" and loaded.path == tmp_path / "out" and loaded.arch["block_size"] == 32
+    assert loaded.task == "lm" and loaded.path == tmp_path / "out" and loaded.arch.block_size == 32
     assert torch.equal(outputs(model, "lm")[0], outputs(loaded.model, "lm")[0])
 
 

@@ -45,10 +45,10 @@ def test_a_pasted_pretrain_line_follows_its_papers_recipe_and_says_so(line, reci
     cfg = command_line.parse(line.split())
     t, arch = cfg.training, config.resolved_model(cfg.model)
     _common(t)
-    assert cfg.recipe == recipe and cfg.model.name == model and arch["mlp_t"] == mlp and t.ema == ema
+    assert cfg.recipe == recipe and cfg.model.name == model and getattr(arch, "mlp_t", False) == mlp and t.ema == ema
     assert t.global_batch_size == batch and (t.weight_decay, t.puzzle_emb_weight_decay) == (1.0, 1.0)
     assert t.epochs == float(line.split("epochs=")[1].split()[0])  # the line's own length
-    assert arch["puzzle_emb_len"] == (16 if recipe.startswith("trm") else 0)
+    assert arch.puzzle_emb_len == (16 if recipe.startswith("trm") else 0)
     assert cfg.recipe_note.startswith(f"recipe {recipe}: ") and "(a pretrain.py line; recipe=none keeps hrmctl's " \
         "defaults)" in cfg.recipe_note and "training.warmup_steps=2000" in cfg.recipe_note
 
@@ -64,7 +64,7 @@ def test_a_pasted_maze_line_trains_the_maze_task_under_its_papers_recipe(line, r
         ("adam_atan2_if_installed", 2000, 0, 1e-4, 1e-4)
     assert (t.weight_decay, t.puzzle_emb_weight_decay, t.puzzle_emb_optimizer) == (1.0, 1.0, "sign_sgd")
     if recipe == "trm-maze":
-        assert (arch["L_cycles"], arch["H_cycles"], arch["L_layers"], arch["puzzle_emb_len"]) == (4, 3, 2, 16)
+        assert (arch.L_cycles, arch.H_cycles, arch.L_layers, arch.puzzle_emb_len) == (4, 3, 2, 16)
     assert "task=maze" in cfg.recipe_note
     named = command_line.parse([f"recipe={recipe}"])  # by name: the same settings, the README's length
     assert (named.task, named.model.name, named.training.epochs) == ("maze", model, t.epochs)
@@ -74,8 +74,8 @@ def test_recipe_by_name_sets_the_readmes_length_and_the_command_line_wins():
     cfg = command_line.parse(["recipe=trm-sudoku-mlp", "training.lr=3e-4", "model.L_cycles=4"])
     t, arch = cfg.training, config.resolved_model(cfg.model)
     _common(t)
-    assert cfg.model.name == "trm-5m-mlp" and arch["mlp_t"] and arch["pos_encodings"] == "none"
-    assert (t.lr, t.puzzle_emb_lr, arch["L_cycles"], arch["H_cycles"]) == (3e-4, 1e-4, 4, 3)
+    assert cfg.model.name == "trm-5m-mlp" and arch.mlp_t and arch.pos_encodings == "none"
+    assert (t.lr, t.puzzle_emb_lr, arch.L_cycles, arch.H_cycles) == (3e-4, 1e-4, 4, 3)
     assert (t.epochs, t.eval_every_epochs, t.ema, t.ema_decay) == (50000, 5000, True, 0.999)
     assert cfg.model_choice == "trm-5m-mlp (TRM), chosen from recipe=trm-sudoku-mlp"
 
@@ -189,13 +189,13 @@ def test_the_recipes_heads_have_the_public_codes_never_target_classes_and_decay_
     cfg = command_line.parse([f"recipe={recipe}", *small])
     extra = 2 if task == "sudoku" else 1
     arch = config.resolved_model(cfg.model)
-    assert arch["extra_classes"] == extra and cfg.training.decay_vectors
+    assert arch.extra_classes == extra and cfg.training.decay_vectors
     model = models.build(task, arch, None)
     assert model.core.head.weight.shape[0] == classes + extra
     groups = optim.make_optimizer(model, cfg.training, torch.device("cpu")).param_groups
     assert all(g["weight_decay"] == 1.0 for g in groups), [g["weight_decay"] for g in groups]
     plain = command_line.parse([f"task={task}", "model=trm-tiny"])
-    assert config.resolved_model(plain.model)["extra_classes"] == 0 and not plain.training.decay_vectors
+    assert config.resolved_model(plain.model).extra_classes == 0 and not plain.training.decay_vectors
     built = models.build(task, config.resolved_model(plain.model), None)
     assert built.core.head.weight.shape[0] == classes
     assert [g["weight_decay"] for g in optim.make_optimizer(built, plain.training, torch.device("cpu")).param_groups] \

@@ -11,7 +11,7 @@ from auralm.models.act import ACT, Level
 
 
 def build(name: str, task: str = "sudoku", vocab: int | None = None, **over) -> ACT:
-    arch = dict(config.SIZES[name], n_embd=32, n_head=2, **over)
+    arch = config.SIZES[name].replace(n_embd=32, n_head=2, **over)
     torch.manual_seed(0)
     return models.build(task, arch, vocab)
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from auralm import tasks
+from auralm.training import config
 from tests.trainer.helpers import by_step, python_env
 
 PLUGIN = {"AURALM_MODEL_PLUGINS": "tests.toy_task"}
@@ -75,7 +76,7 @@ def test_a_task_reads_its_splits_and_scores_by_what_it_declares(sudoku_data, tmp
     data = _grids_data(sudoku_data(1200), tmp_path)
     val = tasks.open_split(data, datadir.load_manifest(data, "grids"), "val", 81)
     assert toy_task.Grids.opened == ["val"]
-    model = toy_task.toy_family.build("grids", dict(toy_task.toy_family.SIZES["toy-tiny"]), None)
+    model = toy_task.toy_family.build("grids", toy_task.toy_family.SIZES["toy-tiny"], None)
     ev = evaluate(model, val, "grids", 16, 2, torch.device("cpu"), torch.autocast("cpu", enabled=False))
     assert set(ev) == {"val_loss", "grid_cell_acc", "exact_accuracy", "ci95"}
     assert set(ev["ci95"]) == {"grid_cell_acc", "exact_accuracy"}  # each accuracy's interval, by the task's names
@@ -85,9 +86,9 @@ def test_a_task_reads_its_splits_and_scores_by_what_it_declares(sudoku_data, tmp
 
 def test_the_built_in_tasks_declare_what_the_trainer_and_the_planners_ask():
     sudoku, text = tasks.get("sudoku"), tasks.get("lm")
-    arch = {"n_embd": 64, "block_size": 128, "puzzle_emb_ndim": 64}
+    arch = config.SIZES["trm-tiny"].replace(n_embd=64, block_size=128, puzzle_emb_ndim=64)
     assert (sudoku.positions(arch), sudoku.classes(None), sudoku.solved_whole, sudoku.augment) == (82, 9, True, True)
-    assert sudoku.positions(dict(arch, puzzle_emb_len=16)) == 97  # TRM's: the embedding, then 15 of zeros
+    assert sudoku.positions(arch.replace(puzzle_emb_len=16)) == 97  # TRM's: the embedding, then 15 of zeros
     assert (text.positions(arch), text.classes(4096), text.solved_whole, text.tokenized) == (128, 4096, False, True)
     assert text.vocab({"tokenizer": {"vocab_size": 4096}}) == 4096 and sudoku.vocab({}) is None
     x, y = sudoku.random_batch(arch, None, 4, torch.device("cpu"))

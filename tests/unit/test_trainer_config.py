@@ -89,7 +89,7 @@ def test_a_line_pasted_from_the_hrm_guide_parses_into_our_keys():
     assert (t.epochs, t.eval_every_epochs, t.global_batch_size) == (20000, 2000, 384)
     assert (t.lr, t.puzzle_emb_lr, t.weight_decay, t.puzzle_emb_weight_decay) == (7e-5, 7e-5, 1.0, 1.0)
     arch = config.resolved_model(cfg.model)
-    assert (arch["family"], arch["n_embd"], arch["L_cycles"], arch["halt_max_steps"]) == ("hrm", 512, 8, 8)
+    assert (arch.family, arch.n_embd, arch.L_cycles, arch.halt_max_steps) == ("hrm", 512, 8, 8)
 
 
 def test_a_line_pasted_from_the_trm_guide_parses_into_our_keys():
@@ -101,8 +101,8 @@ def test_a_line_pasted_from_the_trm_guide_parses_into_our_keys():
 
     cfg = command_line.parse(shlex.split(line))
     arch = config.resolved_model(cfg.model)
-    assert cfg.model.name == "trm-7m" and arch["family"] == "trm" and arch["mlp_t"] is True
-    assert (arch["pos_encodings"], arch["H_cycles"], arch["L_cycles"]) == ("none", 3, 6)
+    assert cfg.model.name == "trm-7m" and arch.family == "trm" and arch.mlp_t is True
+    assert (arch.pos_encodings, arch.H_cycles, arch.L_cycles) == ("none", 3, 6)
     assert cfg.data_dir == "data/sudoku-extreme-1k-aug-1000" and cfg.training.ema is True
     assert cfg.run_name == "pretrain_mlp_t_sudoku"
 
@@ -124,7 +124,8 @@ def test_guide_keys_give_clear_errors(override, expected):
 
 
 @pytest.mark.parametrize("override, expected", [
-    ("arch.pos_encodings=alibi", "model.pos_encodings='alibi': expected one of auto, rope, learned, sudoku, none"),
+    # a choice's value is checked as the key's type, as it is read: the message names the key as typed
+    ("arch.pos_encodings=alibi", "arch.pos_encodings='alibi': expected one of auto, rope, learned, sudoku, none"),
     ("arch.halt_max_steps=0", "model.halt_max_steps=0: must be greater than 0"),
     ("arch.loss_type=focal", "expected one of softmax, stablemax"),
 ])

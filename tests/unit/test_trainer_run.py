@@ -233,8 +233,8 @@ def test_a_causal_hrm_learns_text_and_logs_its_recurrent_metrics(tmp_path, capsy
     assert halted and all(1 <= r["ponder"] <= 3 for r in halted)
     cfg = config.resolved_model(command_line.parse(common).model)
     for r in halted:  # per token and example: ponder x H_cycles H-updates, x L_cycles more L-steps
-        assert r["h_updates"] == pytest.approx(r["ponder"] * cfg["H_cycles"])
-        assert r["l_steps"] == pytest.approx(r["h_updates"] * cfg["L_cycles"])
+        assert r["h_updates"] == pytest.approx(r["ponder"] * cfg.H_cycles)
+        assert r["l_steps"] == pytest.approx(r["h_updates"] * cfg.L_cycles)
     assert {"lm_loss", "q_halt_loss", "q_continue_loss", "val_loss"} <= set(m[30])
     assert m[30]["val_loss"] < math.log(512)
 

@@ -17,6 +17,7 @@ from auralm.models.chunked_loss import linear_cross_entropy
 from auralm.models.layers import token_loss
 from auralm.models.rlm.model import KVCache
 from auralm.models.pretrained import Pretrained
+from auralm.models.args import ModelArgs
 
 
 class Block(nn.Module):
@@ -66,19 +67,19 @@ class GPT(nn.Module, Pretrained):
     training the forward returns no logits.
     """
 
-    def __init__(self, arch: dict, vocab_size: int):
+    def __init__(self, arch: ModelArgs, vocab_size: int):
         super().__init__()
-        d, self.block_size = arch["n_embd"], arch["block_size"]
-        self.wte, self.wpe = nn.Embedding(vocab_size, d), nn.Embedding(arch["block_size"], d)
-        self.drop = nn.Dropout(arch["dropout"]) if arch["dropout"] else nn.Identity()
-        self.blocks = nn.ModuleList(Block(d, arch["n_head"], arch["dropout"]) for _ in range(arch["n_layer"]))
+        d, self.block_size = arch.n_embd, arch.block_size
+        self.wte, self.wpe = nn.Embedding(vocab_size, d), nn.Embedding(arch.block_size, d)
+        self.drop = nn.Dropout(arch.dropout) if arch.dropout else nn.Identity()
+        self.blocks = nn.ModuleList(Block(d, arch.n_head, arch.dropout) for _ in range(arch.n_layer))
         self.ln_f = nn.LayerNorm(d)
         self.grad_checkpointing = False
         for name, p in self.named_parameters():
             if name.endswith("bias"):
                 nn.init.zeros_(p)
             elif p.dim() == 2:  # the projections into the residual stream are scaled down with depth
-                std = 0.02 / math.sqrt(2 * arch["n_layer"]) if name.endswith("proj.weight") else 0.02
+                std = 0.02 / math.sqrt(2 * arch.n_layer) if name.endswith("proj.weight") else 0.02
                 nn.init.normal_(p, mean=0.0, std=std)
 
     def set_grad_checkpointing(self, on: bool) -> None:

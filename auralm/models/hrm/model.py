@@ -11,16 +11,17 @@ from __future__ import annotations
 import torch
 
 from auralm.models.act import ACT, Level, RecurrentCore
+from auralm.models.args import ModelArgs
 
 
 class HRMCore(RecurrentCore):
-    def __init__(self, arch: dict, vocab: int, n_out: int, seq_len: int, causal: bool):
+    def __init__(self, arch: ModelArgs, vocab: int, n_out: int, seq_len: int, causal: bool):
         super().__init__(arch, vocab, n_out, seq_len, causal)
-        d, heads, exp = arch["n_embd"], arch["n_head"], arch["expansion"]
-        self.H_cycles, self.L_cycles = arch["H_cycles"], arch["L_cycles"]
-        pre = arch.get("norm") == "pre"
-        self.H = Level(arch["H_layers"], d, heads, exp, causal, pre_norm=pre)
-        self.L = Level(arch["L_layers"], d, heads, exp, causal, pre_norm=pre)
+        d, heads, exp = arch.n_embd, arch.n_head, arch.expansion
+        self.H_cycles, self.L_cycles = arch.H_cycles, arch.L_cycles
+        pre = arch.norm == "pre"
+        self.H = Level(arch.H_layers, d, heads, exp, causal, pre_norm=pre)
+        self.L = Level(arch.L_layers, d, heads, exp, causal, pre_norm=pre)
 
     def reason(self, z, emb, pos):
         z_H, z_L = z
@@ -36,5 +37,5 @@ class HRMCore(RecurrentCore):
         return z_H, z_L
 
 
-def build(arch: dict, vocab: int, n_out: int, seq_len: int, causal: bool) -> ACT:
+def build(arch: ModelArgs, vocab: int, n_out: int, seq_len: int, causal: bool) -> ACT:
     return ACT(HRMCore(arch, vocab, n_out, seq_len, causal), arch, q_continue=True)

@@ -19,6 +19,7 @@ from auralm.models.chunked_loss import linear_cross_entropy
 from auralm.models import mhc
 from auralm.models.layers import Rotary, apply_rotary, token_loss
 from auralm.models.pretrained import Pretrained
+from auralm.models.args import ModelArgs
 
 AMAX_WARN = 2.0  # the composite mixing of a healthy mHC model stays below this (about 1.6 in the paper)
 
@@ -72,15 +73,15 @@ class SwiGLU(nn.Module):
 class Block(nn.Module):
     """``x + attn(norm(x))``, then ``x + mlp(norm(x))``; with mHC each ``+`` is a hyper-connection over the streams."""
 
-    def __init__(self, arch: dict, index: int):
+    def __init__(self, arch: ModelArgs, index: int):
         super().__init__()
-        d = arch["n_embd"]
+        d = arch.n_embd
         self.index = index
         self.attn_norm, self.mlp_norm = nn.RMSNorm(d, eps=1e-5), nn.RMSNorm(d, eps=1e-5)
-        self.attn = Attention(d, arch["n_head"], arch["head_dim"])
-        self.mlp = SwiGLU(d, arch["ffn_dim"])
-        if arch["mhc_enabled"]:
-            n, iters = arch["mhc_flows"], arch["mhc_sinkhorn_iters"]
+        self.attn = Attention(d, arch.n_head, arch.head_dim)
+        self.mlp = SwiGLU(d, arch.ffn_dim)
+        if arch.mhc_enabled:
+            n, iters = arch.mhc_flows, arch.mhc_sinkhorn_iters
             self.attn_hc, self.mlp_hc = mhc.HyperConnection(d, n, iters), mhc.HyperConnection(d, n, iters)
         else:
             self.attn_hc = self.mlp_hc = None
@@ -102,22 +103,22 @@ class RLMModel(nn.Module, Pretrained):
     """The RLM transformer (``arch``: the resolved ``model`` section; ``vocab_size``: the data's vocabulary
     when the config leaves ``model.vocab_size`` unset)."""
 
-    def __init__(self, arch: dict, vocab_size: int | None = None):
+    def __init__(self, arch: ModelArgs, vocab_size: int | None = None):
         super().__init__()
-        vocab = arch.get("vocab_size") or vocab_size
+        vocab = arch.vocab_size or vocab_size
         if not vocab:
             raise ValueError("no vocabulary size: set model.vocab_size or train on prepared data")
         if vocab_size and vocab < vocab_size:
             raise ValueError(f"model.vocab_size={vocab} is smaller than the data's vocabulary ({vocab_size})")
-        d, L = arch["n_embd"], arch["n_layer"]
-        self.arch = dict(arch, vocab_size=vocab)
-        self.block_size = arch["block_size"]
-        self.flows = arch["mhc_flows"] if arch["mhc_enabled"] else 0
+        d, L = arch.n_embd, arch.n_layer
+        self.arch = arch.replace(vocab_size=vocab)
+        self.block_size = arch.block_size
+        self.flows = arch.mhc_flows if arch.mhc_enabled else 0
         self.embed = nn.Embedding(vocab, d)
         self.blocks = nn.ModuleList(Block(arch, i) for i in range(L))
         self.norm = nn.RMSNorm(d, eps=1e-5)
         self.lm_head = nn.Linear(d, vocab, bias=False)
-        self.rope = Rotary(arch["head_dim"], arch["block_size"])
+        self.rope = Rotary(arch.head_dim, arch.block_size)
         self.grad_checkpointing = False
         for name, p in self.named_parameters():
             if "_hc." in name:

@@ -8,6 +8,7 @@ from torch.utils.checkpoint import checkpoint
 
 from auralm.models.layers import sudoku_positions, token_loss
 from auralm.models.pretrained import Pretrained
+from auralm.models.args import ModelArgs
 
 
 class SudokuNet(nn.Module, Pretrained):
@@ -18,15 +19,15 @@ class SudokuNet(nn.Module, Pretrained):
     this size in a few hundred steps.
     """
 
-    def __init__(self, arch: dict):
+    def __init__(self, arch: ModelArgs):
         super().__init__()
-        d = arch["n_embd"]
+        d = arch.n_embd
         self.cell = nn.Embedding(10, d)  # 0 = blank, 1..9 = given digit
         self.row, self.col, self.box = (nn.Parameter(torch.randn(9, d)) for _ in range(3))  # as nn.Embedding
         self.layers = nn.ModuleList(
-            nn.TransformerEncoderLayer(d, arch["n_head"], 4 * d, arch["dropout"], activation="gelu",
+            nn.TransformerEncoderLayer(d, arch.n_head, 4 * d, arch.dropout, activation="gelu",
                                        batch_first=True, norm_first=True)
-            for _ in range(arch["n_layer"]))
+            for _ in range(arch.n_layer))
         self.norm = nn.LayerNorm(d)
         self.head = nn.Linear(d, 9)
         self.grad_checkpointing = False

@@ -12,17 +12,18 @@ from __future__ import annotations
 import torch
 
 from auralm.models.act import ACT, Level, RecurrentCore
+from auralm.models.args import ModelArgs
 
 
 class TRMCore(RecurrentCore):
-    def __init__(self, arch: dict, vocab: int, n_out: int, seq_len: int, causal: bool):
+    def __init__(self, arch: ModelArgs, vocab: int, n_out: int, seq_len: int, causal: bool):
         super().__init__(arch, vocab, n_out, seq_len, causal)
-        self.T, self.n = arch["H_cycles"], arch["L_cycles"]
-        if arch.get("mlp_t") and causal:
+        self.T, self.n = arch.H_cycles, arch.L_cycles
+        if arch.mlp_t and causal:
             raise ValueError("mlp_t mixes every position with every other: not for a causal (lm) model")
-        self.net = Level(arch["L_layers"], arch["n_embd"], arch["n_head"], arch["expansion"], causal,
-                         mlp_t_len=seq_len + self.n_prefix if arch.get("mlp_t") else 0,
-                         pre_norm=arch.get("norm") == "pre")
+        self.net = Level(arch.L_layers, arch.n_embd, arch.n_head, arch.expansion, causal,
+                         mlp_t_len=seq_len + self.n_prefix if arch.mlp_t else 0,
+                         pre_norm=arch.norm == "pre")
 
     def cycle(self, y, z, emb, pos):
         for _ in range(self.n):
@@ -37,5 +38,5 @@ class TRMCore(RecurrentCore):
         return self.cycle(y, z, emb, pos)
 
 
-def build(arch: dict, vocab: int, n_out: int, seq_len: int, causal: bool) -> ACT:
+def build(arch: ModelArgs, vocab: int, n_out: int, seq_len: int, causal: bool) -> ACT:
     return ACT(TRMCore(arch, vocab, n_out, seq_len, causal), arch, q_continue=False)

@@ -7,9 +7,13 @@ data_dir makes the default data (``MAZE_DEFAULTS``: like the public set, 1000 tr
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from auralm.tasks import Grid
 from auralm.tasks.maze import mazes
+
+if TYPE_CHECKING:
+    from auralm.models.args import ModelArgs
 
 NOT_FOR_MAZES = (("difficulty", "--difficulty"), ("count", "--count"), ("min_givens", "--min-givens"),
                  ("max_givens", "--max-givens"), ("config", "--config"), ("streaming", "--streaming"))
@@ -89,7 +93,7 @@ class Maze(Grid):
         return prepare(out, from_csv=o["from_csv"], test_csv=o["test_csv"], workers=o["workers"],
                        **dict(opts, seed=o["seed"]))
 
-    def length(self, arch: dict) -> int:
+    def length(self, arch: ModelArgs) -> int:
         return mazes.CELLS
 
     def values(self, vocab: int | None) -> int:
@@ -128,7 +132,7 @@ class Maze(Grid):
             raise UserError(str(e)) from None
         return Mazes(np.array([[q, a] for q, a, _ in rows], np.uint8))
 
-    def random_batch(self, arch: dict, vocab: int | None, batch: int, device):
+    def random_batch(self, arch: ModelArgs, vocab: int | None, batch: int, device):
         """Walls and open cells at random, a few marked as the path in the targets."""
         import torch
 

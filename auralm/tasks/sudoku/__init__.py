@@ -5,8 +5,12 @@ default data (auralm.data.prepare_choices.SUDOKU_DEFAULTS)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from auralm.tasks import Grid
+
+if TYPE_CHECKING:
+    from auralm.models.args import ModelArgs
 
 CELLS, DIGITS = 81, 9
 
@@ -53,7 +57,7 @@ class Sudoku(Grid):
         return datadir.prepare_sudoku(out, from_csv=o["from_csv"], test_csv=o["test_csv"], workers=o["workers"],
                                       **opts)
 
-    def length(self, arch: dict) -> int:
+    def length(self, arch: ModelArgs) -> int:
         return CELLS
 
     def values(self, vocab: int | None) -> int:
@@ -91,7 +95,7 @@ class Sudoku(Grid):
             raise UserError(str(e)) from None
         return datadir.Puzzles.of(np.array([[p, s] for p, s, _ in rows], np.uint8))
 
-    def random_batch(self, arch: dict, vocab: int | None, batch: int, device):
+    def random_batch(self, arch: ModelArgs, vocab: int | None, batch: int, device):
         """About half of the cells given; targets digit - 1, -100 on the givens, as auralm.data.datadir makes them."""
         import torch
 
