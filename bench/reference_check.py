@@ -373,7 +373,7 @@ def train(theirs: Theirs, ours, cfg, t, args, puzzles: Puzzles) -> dict:
     our_opt = optim.make_optimizer(ours, t, torch.device("cpu"))
     theirs_as_ours = torch.tensor([*range(2, 11), 0, 1]) if ours.core.head.weight.shape[0] == 11 else \
         torch.arange(2, 11)  # their logits in our classes' order
-    step_kind = objective.make(ours, cfg)
+    loss_of = objective.make(ours, cfg)
     ours.train()
     rows, first_logits, B = [], None, args.batch
     for step, x, y, batch in batches(puzzles, args):
@@ -384,13 +384,13 @@ def train(theirs: Theirs, ours, cfg, t, args, puzzles: Puzzles) -> dict:
                 _, logits, _ = ours.core(tuple(ours.core.initial_states(B, 81)), x)
                 first_logits = float((logits - logits_t[..., theirs_as_ours]).abs().max())
         torch.manual_seed(seed)
-        our_loss, m = step_kind.loss(ours, x, y, 0)
+        our_loss, m = loss_of.loss(ours, x, y, 0)
         our_loss.backward()
         lr_ours = optim.lr_at(t, step)
         optim.set_lr(our_opt, lr_ours)
         our_opt.step()
         our_opt.zero_grad(set_to_none=True)
-        carry, our_carry = theirs.carry, step_kind.carries[0]
+        carry, our_carry = theirs.carry, loss_of.carries[0]
         rows.append({"step": step, "theirs": loss, "ours": float(our_loss.detach()),
                      "lm": [metrics["lm_loss"], float(m["lm_loss"])],
                      "q_halt": [metrics["q_halt_loss"], float(m["q_halt_loss"])],

@@ -11,7 +11,7 @@ import contextlib
 
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from auralm.training import objective
+from auralm.training import objective as objectives
 from auralm.parallel import comm_hooks
 from auralm.parallel.single import Single
 from auralm.training.precision import autocast, rng_state, set_rng_state
@@ -60,15 +60,15 @@ class DataParallel(Single):
         random state and the ACT carries put back), so that DDP lays its gradient buckets out as after a run's
         first step: what PowerSGD's saved state is kept in (auralm/parallel/comm_hooks.py). The caller zeroes the
         grads."""
-        d, step_kind = self.d, self.p.step_kind
+        d, objective = self.d, self.p.objective
         rng = rng_state(d.device)
-        carry = step_kind.state_dict() if isinstance(step_kind, objective.Recurrent) else None
+        carry = objective.state_dict() if isinstance(objective, objectives.Recurrent) else None
         x, y = next(self.batches())
         with autocast(self.t, d.device):
-            loss, _ = step_kind.loss(self.model, x.to(d.device), y.to(d.device), 0)
+            loss, _ = objective.loss(self.model, x.to(d.device), y.to(d.device), 0)
         (loss * 0).backward()
         if carry is not None:
-            step_kind.load_state_dict(carry)
+            objective.load_state_dict(carry)
         set_rng_state(rng, d.device)
 
     @property

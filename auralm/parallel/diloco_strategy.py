@@ -3,7 +3,7 @@ the weights (the algorithm is auralm.parallel.diloco; this is its place in the t
 
 A round is ``training.diloco.inner_steps`` single-process steps (each rank its share of them), each checked by the
 NaN guard locally; the round's outer step waits for the all-reduce (with ``overlap_steps``, during the next
-round's first local steps). An evaluation or a checkpoint finishes the round in flight first (``settle``).
+round's first local steps). An evaluation or a checkpoint finishes the round in flight first (``finish_pending``).
 The EMA follows the rounds. Imports torch, auralm.parallel's single, diloco, strategy and the loop parts.
 
 Fragments (``training.diloco.fragments=P``, Streaming DiLoCo's, Douillard et al. 2025): the weights are cut into P
@@ -58,10 +58,10 @@ class DiLoCoRounds(Single):
     def steps_a_round(cls, training) -> int | None:
         return training.diloco.inner_steps
 
-    def attach(self, training: Training, ckpt) -> None:
+    def attach(self, training: Training, ckpt, loop_step) -> None:
         """The outer step (auto: by the run's length, set in the config the run records); its checkpoint parts (the
         outer optimizers' shared state, each rank's inner optimizer and rounding remainder), restored on a resume."""
-        super().attach(training, ckpt)
+        super().attach(training, ckpt, loop_step)
         t = self.t
         self.outer_step = choose_outer_step(t.diloco, t.max_steps)
         weight = training.shares.sample_weight(self.d.rank)
@@ -159,8 +159,8 @@ class DiLoCoRounds(Single):
         if timed:
             self.round_s = self.t.diloco.inner_steps * min(timed)
         total = sum(rnd.weights)
-        if total > 0 and self.outer.weight > 0:
-            self.samples_factor = total / self.outer.weight  # every rank's rows per row of this one, as last round
+        if total > 0 and self.outer.weight > 0:  # every rank's rows per row of this one, as last round
+            self.loop_step.samples_factor = total / self.outer.weight
         self.round_steps = [round(w * self.nominal_accum / self.base_accum) for w in rnd.weights]
 
     def keep_rows(self) -> None:
@@ -169,25 +169,26 @@ class DiLoCoRounds(Single):
         same position: a round sees the rows it would have seen with every rank, and the ranks' positions stay those
         of the whole world (a rank that rejoins starts where it would have been). Its part of the outer average grows
         by theirs."""
-        m, t, d = self.d.members, self.t, self.d
+        m, t, d, steps = self.d.members, self.t, self.d, self.loop_step
         self.seen_epoch = m.epoch
         absent = [r for r in range(d.world) if r not in m.present]
         taken = [a for i, a in enumerate(absent) if m.present[i % len(m.present)] == d.rank]
         if self.own_stream is None:
-            self.own_stream = self.stream
-        self.sources = 1 + len(taken)
-        self.stream = _in_turn([self.own_stream, *(self.batches(a) for a in taken)], self.base_accum)
-        t.grad_accum = self.base_accum * self.sources
+            self.own_stream = steps.stream
+        steps.sources = 1 + len(taken)
+        steps.stream = _in_turn([self.own_stream, *(self.batches(a) for a in taken)], self.base_accum)
+        t.grad_accum = self.base_accum * steps.sources
         for outer in self.outers:  # the rows it sees, of a whole round's
-            outer.weight = self.p.shares.sample_weight(d.rank) * self.sources
-        self.samples_factor = self.p.shares.global_factor(d.rank) / self.sources
+            outer.weight = self.p.shares.sample_weight(d.rank) * steps.sources
+        steps.samples_factor = self.p.shares.global_factor(d.rank) / steps.sources
         if taken:  # the first rank present always takes one
             print(f"diloco: {len(m.present)} of {d.world} ranks present: rank {d.rank} takes rank(s) "
                   f"{', '.join(map(str, taken))}'s rows beside its own ({t.grad_accum} micro-batches a local step), "
                   f"so that a round sees the rows it would have", file=sys.stderr, flush=True)
 
-    def step(self) -> tuple[int, float, torch.Tensor]:
-        """H local steps on each rank (its share of them), then the outer step on the averaged change; with
+    def advance(self, step) -> tuple[int, float, torch.Tensor]:
+        """H of the loop's steps (``step``, auralm.training.step.TrainStep), local to each rank (its share of them),
+        then the outer step on the averaged change; with
         overlap, each part's outer step once the next ``overlap_steps`` local steps are taken; with fragments, part
         p sent after about (p + 1)/P of the round (a part in flight is finished before the next is sent, so every rank's
         collectives come in the same order)."""
@@ -202,12 +203,12 @@ class DiLoCoRounds(Single):
             self.finish_due()
             # where this local step stands in the schedule
             at = p.step + (min(j + 1, length) if t.diloco.timed else math.ceil((j + 1) * length / mine))
-            loss, norm = self.local_step(at)
+            loss, norm = step.local(at)
             ok = p.guard.finite(loss, norm) if p.guard else True
             if ok:
                 loss_sum, losses = loss_sum + float(loss), losses + 1
             bad += not ok
-            self.apply(ok)
+            step.apply(ok)
             j, self.local_steps = j + 1, self.local_steps + 1
             while sent < parts - 1 and self.part_due(sent, j, mine, began, deadline):  # the last: at the round's end
                 self.send(sent, end)
@@ -263,7 +264,7 @@ class DiLoCoRounds(Single):
         per_step = (time.monotonic() - began) / j
         return j < 2 * length and time.monotonic() + per_step / 2 < deadline
 
-    def settle(self, loss: float) -> float:
+    def finish_pending(self, loss: float) -> float:
         """Both an evaluation and a checkpoint see, and a resume starts from, the shared weights: the parts in flight
         finished, and (fragments) the parts that took local steps since they were sent, sent and finished now."""
         last = len(self.outers) - 1

@@ -36,10 +36,10 @@ class Sharded(Single):
         self.grad_copies = 1 if d.world > 1 else 0
         self.sharding = ""
 
-    def attach(self, training, ckpt) -> None:
+    def attach(self, training, ckpt, loop_step) -> None:
         if self.sharded:  # the parameters the step clips and checks are the shards: a forward without gradients
             fsdp_lib.reshard(training.model)  # (the run's time probe, an evaluation) leaves the root unit gathered
-        super().attach(training, ckpt)
+        super().attach(training, ckpt, loop_step)
 
     def run_dir(self, out_dir: Path | None) -> Path | None:
         return shared_run_dir(self.d, out_dir) if self.sharded else out_dir
@@ -69,16 +69,16 @@ class Sharded(Single):
             self.p.model.set_requires_gradient_sync(last)
         return super().micro_batch(last)
 
-    def shard_norm(self):
+    def shard_norm(self, params: list):
         if not self.sharded:
             return None
-        return torch.nn.utils.get_total_norm([fsdp_lib.local(q.grad) for q in self.params if q.grad is not None])
+        return torch.nn.utils.get_total_norm([fsdp_lib.local(q.grad) for q in params if q.grad is not None])
 
-    def whole(self, norm: torch.Tensor) -> torch.Tensor:
+    def global_norm(self, norm: torch.Tensor) -> torch.Tensor:
         return fsdp_lib.full(norm)  # a DTensor: the same on every rank
 
-    def guard_norm(self, norm: torch.Tensor) -> torch.Tensor:
-        return self.own_norm if self.sharded else norm
+    def guard_norm(self, norm: torch.Tensor, own) -> torch.Tensor:
+        return own if self.sharded else norm
 
     def save(self, run_dir: Path, step: int, rng: list, state: dict | None, extra: dict | None) -> Path | None:
         """Every rank writes its shards (a world of one: the whole model, as DCP)."""

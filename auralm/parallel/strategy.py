@@ -31,14 +31,14 @@ class Training(Protocol):
     counted over all ranks) move as it trains."""
     model: Any  # the model itself (sharded in place under FSDP), not a DDP wrapper
     optimizer: Any
-    step_kind: Any  # auralm.training.objective.Plain or Recurrent: the loss of a batch, the ACT carries
+    objective: Any  # auralm.training.objective.Plain or Recurrent: the loss of a batch, the ACT carries
     ema: Any  # auralm.training.ema.EMA or None
     guard: Any  # auralm.training.nan_guard.NanGuard or None
     train_set: Any
     shares: Any  # auralm.parallel.balance.Shares
     meter: Any  # auralm.training.objective.Meter
-    # called by the step: before_step(at), and after_backward(at, params) -> whether it made the gradients non-finite
-    # on purpose (auralm.training.faults: a test's fault injection); none in a user's run
+    # called by the loop's step: before_step(at), and after_backward(at, params) -> whether it made the gradients
+    # non-finite on purpose (auralm.training.faults: a test's fault injection); none in a user's run
     hooks: list
     step: int
     position: int
@@ -47,7 +47,8 @@ class Training(Protocol):
 
 class Strategy:
     """The interface (the single-process strategy, auralm.parallel.single.Single, implements it all; the others
-    change what differs). In the order the trainer calls them:
+    change what differs). The training step is the loop's (auralm.training.step.TrainStep), the same in every mode;
+    a mode says what the step asks of it and when the ranks meet. In the order the trainer calls them:
 
     - ``run_dir(out_dir)``: where the checkpoints go (FSDP: rank 0's directory, checked to be shared);
     - ``grad_copies``: extra copies of the gradients the strategy holds (DDP's buckets), for batch_size=auto;
@@ -56,14 +57,21 @@ class Strategy:
       (its checkpoints are DCP shards, also with one rank): how the trainer saves, resumes and evaluates;
     - ``inner_steps()``: local steps a round, for the work shares (DiLoCo), else None (``steps_a_round(training)``,
       the same from the config alone, for the link budget);
-    - ``attach(training, ckpt)``: take the trainer's parts (``Training``), and register with the checkpoint manager
-      ``ckpt`` (auralm.training.checkpoint_manager) what it keeps in a checkpoint besides the weights: each part with
-      its per-rank flag, handed its saved state as it registers when the run resumes;
+    - ``attach(training, ckpt, loop_step)``: take the trainer's parts (``Training``) and its step, and register with
+      the checkpoint manager ``ckpt`` (auralm.training.checkpoint_manager) what it keeps in a checkpoint besides the
+      weights: each part with its per-rank flag, handed its saved state as it registers when the run resumes;
     - ``say_start(log, step)``: its lines at the start of a run of several ranks;
-    - ``wrap(ckpt)``: the model as trained (DDP's wrapper, its comm hook, registered with ``ckpt``); the batches are
-      made after it;
-    - ``step()``: one training step, or round, of every rank: (the step it ended at, the loss, the grad norm);
-    - ``settle(loss)``: before an evaluation or a checkpoint (DiLoCo: the round in flight is finished); the loss;
+    - ``wrap(ckpt)``: the model as trained (``model``: DDP's wrapper, its comm hook registered with ``ckpt``); the
+      batches are made after it;
+    - what the step asks, each step: ``batches(rank)`` (the rows a rank takes), ``micro_batch(last)`` (the context of
+      a micro-batch's backward: DDP's no_sync), ``loss_scale`` (a rank's weight in the gradients' average),
+      ``shard_norm(params)``, ``global_norm(norm)`` and ``guard_norm(norm, own)`` (the norms the clipping, the log
+      and the NaN guard see: FSDP's over the shards), ``bad_step()`` (what a skipped step resets: PowerSGD's error
+      feedback), ``per_step_ema``;
+    - ``advance(loop_step)``: the ranks' next meeting: one of the loop's steps (every mode but DiLoCo), or a round of
+      them: (the step it ended at, the loss, the grad norm);
+    - ``finish_pending(loss)``: before an evaluation or a checkpoint (DiLoCo: the round in flight is finished); the
+      loss;
     - ``meter_group()``: over which ranks the training metrics are averaged;
     - ``save(...)``: write a checkpoint the manager assembled (rank 0 the whole model, or every rank its shards);
     - ``final_model(whole)``: the trained model the trainer returns;

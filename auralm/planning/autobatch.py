@@ -117,7 +117,7 @@ def _peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def make_probe(step_kind, model, train_set, autocast, device: torch.device):
+def make_probe(objective, model, train_set, autocast, device: torch.device):
     """probe(b): one forward and backward pass at b rows (the first rows of the split, repeated when it is
     shorter); gradients and carries are dropped afterwards."""
 
@@ -127,12 +127,12 @@ def make_probe(step_kind, model, train_set, autocast, device: torch.device):
         x, y = x.to(device), y.to(device)
         try:
             with autocast():
-                loss, _ = step_kind.loss(model, x, y, 0)
+                loss, _ = objective.loss(model, x, y, 0)
             loss.backward()
         finally:
             del x, y
             model.zero_grad(set_to_none=True)
-            step_kind.reset()
+            objective.reset()
 
     return probe
 

@@ -217,7 +217,7 @@ def compute_probe(cfg: config.Config, model: dict, d: Dist, seconds: float) -> d
         raw = models.build(cfg.task, config.resolved_model(cfg.model), model["vocab"]).to(d.device)
         raw.set_grad_checkpointing(t.grad_checkpoint)
         opt = optim.make_optimizer(raw, t, d.device)
-        step_kind = objective.make(raw, cfg)
+        loss_of = objective.make(raw, cfg)
         x, y = tasks.get(cfg.task).random_batch(config.resolved_model(cfg.model), model["vocab"], t.batch_size,
                                                 d.device)
 
@@ -225,7 +225,7 @@ def compute_probe(cfg: config.Config, model: dict, d: Dist, seconds: float) -> d
             sync(d)
             t0 = time.perf_counter()
             with autocast(t, d.device):
-                loss, _ = step_kind.loss(raw, x[:rows], y[:rows], 0)
+                loss, _ = loss_of.loss(raw, x[:rows], y[:rows], 0)
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -233,7 +233,7 @@ def compute_probe(cfg: config.Config, model: dict, d: Dist, seconds: float) -> d
             return time.perf_counter() - t0
 
         one(2)  # warm-up on two rows (cheap): the first call's one-time costs
-        step_kind.reset()
+        loss_of.reset()
     except Exception as e:  # a model that cannot be built or run here: reported, the other checks stand
         error = f"{type(e).__name__}: {e}".splitlines()[0]
     errors = distributed.gather_object(d, error)

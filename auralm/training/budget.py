@@ -79,7 +79,7 @@ def since_start() -> float:
 # ---------------------------------------------------------------- the probes
 
 
-def measure_rate(step_kind, model, train_set, t: config.TrainingConfig, device: torch.device) -> float:
+def measure_rate(objective, model, train_set, t: config.TrainingConfig, device: torch.device) -> float:
     """This rank's training speed in rows/s: a few forward and backward passes on the first rows of the
     split, timed after one untimed pass (three, or fewer once PROBE_ENOUGH_S is timed: hrm-50m's pass takes seconds
     here, and a second and third of them only made `--dry-run` and a run's start longer); the weights, gradients,
@@ -92,14 +92,14 @@ def measure_rate(step_kind, model, train_set, t: config.TrainingConfig, device: 
         if i == 1:
             began = time.perf_counter()
         with autocast(t, device):
-            loss, _ = step_kind.loss(model, x, y, 0)
+            loss, _ = objective.loss(model, x, y, 0)
         loss.backward()
         timed += i >= 1
         if timed and time.perf_counter() - began >= PROBE_ENOUGH_S:
             break
     seconds = time.perf_counter() - began
     model.zero_grad(set_to_none=True)
-    step_kind.reset()
+    objective.reset()
     set_rng_state(rng, device)
     return len(x) * timed / seconds
 

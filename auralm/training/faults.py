@@ -1,7 +1,7 @@
-"""Fault injection (the ``fault.*`` keys): what a test asks a run to suffer, as hooks around a strategy's step.
+"""Fault injection (the ``fault.*`` keys): what a test asks a run to suffer, as hooks around the loop's step.
 
 A run given none of the keys has no hook, and its step has nothing of this. With them, ``hooks()`` gives the rank
-one ``Faults`` whose methods the step calls at its two points (auralm.parallel.single, ``Training.hooks``):
+one ``Faults`` whose methods the step calls at its two points (auralm.training.step, ``Training.hooks``):
 
 - ``before_step(at)``: ``fault.kill_at_step`` SIGKILLs ``fault.kill_rank`` (only in a run that did not resume: a
   restart, which passes resume=latest, gets past it), and ``fault.step_sleep`` makes every rank (or

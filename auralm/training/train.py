@@ -29,7 +29,8 @@ import torch
 from auralm import errors, models, tasks
 from auralm.data import datadir
 from auralm.planning import autobatch, cpu_memory
-from auralm.training import budget, checkpoint, config, distributed, failure, faults, objective, optim, tracking
+from auralm.training import budget, checkpoint, config, distributed, failure, faults, optim, tracking
+from auralm.training import objective as objectives
 from auralm.training.budget import measure_rate  # noqa: F401 (the probe the work shares and the run's time use)
 from auralm.training.config import Config
 from auralm.training.curves import write_run_curves
@@ -44,6 +45,7 @@ from auralm.training.precision import (autocast, bf16_compute, cpu_has_bf16, pre
                                        rng_state, set_rng_state)  # (autocast ... re-exported)
 from auralm.training.runlog import RunLog
 from auralm.training import progress_file
+from auralm.training.step import TrainStep
 from auralm.models.args import ModelArgs
 
 
@@ -257,11 +259,11 @@ def model_figures(model, log: RunLog, step: int) -> tuple[dict, str]:
     return metrics, text
 
 
-def probe_time(cfg: Config, d: distributed.Dist, step_kind, raw, train_set, val_set) -> tuple[float, float]:
+def probe_time(cfg: Config, d: distributed.Dist, objective, raw, train_set, val_set) -> tuple[float, float]:
     """This rank's training speed in rows/s (measure_rate, the probe of the work shares) and the seconds of one
     evaluation batch (auralm.training.budget.time_eval_batch); the model, its carries and the random state as found."""
     t = cfg.training
-    rate = measure_rate(step_kind, raw, train_set, t, d.device)
+    rate = measure_rate(objective, raw, train_set, t, d.device)
     x, y = val_set.batch(range(min(t.batch_size, len(val_set))))
     return rate, budget.time_eval_batch(raw, x.to(d.device), y.to(d.device), t, d.device)
 
@@ -295,7 +297,7 @@ def auto_batch(cfg: Config, d: distributed.Dist, raw, train_set, log: RunLog, gr
     rng = rng_state(d.device)
     fit, error = None, None
     try:
-        probe = autobatch.make_probe(objective.make(raw, cfg), raw, train_set, lambda: autocast(t, d.device),
+        probe = autobatch.make_probe(objectives.make(raw, cfg), raw, train_set, lambda: autocast(t, d.device),
                                      d.device)
         fit = autobatch.find_fit(probe, d.device, reserve_bytes=reserve, memory_limit_gb=t.memory_limit_gb,
                                  local_world=int(os.environ.get("LOCAL_WORLD_SIZE", 1)), cap=cap)
@@ -417,13 +419,14 @@ class Trainer:
             if tasks.get(cfg.task).tokenized and t.sample_tokens and (d.rank == 0 or self.s.sharded) and \
             hasattr(self.model, "new_cache") else None
         self.optimizer = optim.make_optimizer(self.model, t, d.device)
-        self.step_kind = objective.make(self.model, cfg)
+        self.objective = objectives.make(self.model, cfg)
         self.ema = EMA(self.model, t.ema_decay) if t.ema else None
         self.guard = make_guard(cfg, d, self.s, self.model, self.optimizer, self.log)
+        self.train_step = TrainStep(cfg, d, self, self.s)  # the loop's step, the same in every mode
         torch.manual_seed(t.seed + d.rank)  # each rank its own dropout and halting exploration
         # before a resume's carries are loaded; every rank decides alike (the same config), and measures when the
         # work shares need its rate
-        self.probe = probe_time(cfg, d, self.step_kind, self.model, self.train_set, self.val_set) \
+        self.probe = probe_time(cfg, d, self.objective, self.model, self.train_set, self.val_set) \
             if shares_measured(cfg, d) or budget.worth_probing(cfg) else None
         self.ckpt = CheckpointManager(d, self.s, self.ckpt_dir, self.model, self.optimizer)
         self.register_parts()
@@ -435,7 +438,7 @@ class Trainer:
         self.position = positions[d.rank] if positions and len(positions) == d.world else \
             state.get("data_position", 0)
         self.hooks = faults.hooks(cfg.fault, d.rank, resumed=self.state is not None)
-        self.meter, self.shares, self.done = objective.Meter(), None, 0.0
+        self.meter, self.shares, self.done = objectives.Meter(), None, 0.0
         self.train_s = state.get("train_s", 0.0)  # training time so far, without evaluations and saving
         self.best = state.get("best_val_loss", float("inf"))
         self.val_loss = state.get("val_loss")
@@ -447,12 +450,13 @@ class Trainer:
         """What a checkpoint keeps of the trainer's parts besides the weights (the strategy adds its own as it
         attaches): each rank's ACT carries, the EMA's weights (a checkpoint without them: the average starts from
         its weights), the NaN guard's state."""
-        if isinstance(self.step_kind, objective.Recurrent):
-            self.ckpt.register("carry", self.step_kind, per_rank=True)
+        if isinstance(self.objective, objectives.Recurrent):
+            self.ckpt.register("carry", self.objective, per_rank=True)
         if self.ema is not None:
             self.ckpt.register("ema", self.ema, missing=lambda: self.ema.__init__(self.model, self.ema.decay))
         if self.guard is not None:
             self.ckpt.register("guard", self.guard, in_state=True)
+        self.train_step.register(self.ckpt)
 
     def fits(self, ckpt: Path, state: dict) -> None:
         """Refuse a checkpoint of another task, model shape or vocabulary than this run's."""
@@ -476,23 +480,23 @@ class Trainer:
         self.timing, said = plan_time(cfg, d, self.shares, self.step, self.probe, len(self.val_set),
                                       fresh=self.state is None) if self.probe else \
             (None, [("time", budget.unprobed_line(cfg))])  # plan_time may lower max_steps: before
-        s.attach(self, self.ckpt)  # the strategy reads it (DiLoCo's outer step)
+        s.attach(self, self.ckpt, self.train_step)  # the strategy reads it (DiLoCo's outer step)
         if self.guard:
             self.guard.begin(self.step)
         self.say_start([("resumed_length", kept)] * bool(kept) + said)
         s.wrap(self.ckpt)
-        s.start()
+        self.train_step.start()
         self.clock = time.perf_counter()
         with StopRequest(d) as asked:  # SIGUSR1 (Slurm's time limit), and SIGTERM in a Slurm job: save, then end
             while self.step < t.max_steps:
                 previous = self.step
-                self.step, loss, norm = s.step()
+                self.step, loss, norm = s.advance(self.train_step)  # a step, or a round of them (DiLoCo)
                 log.progress(self.step, t.max_steps)  # a terminal: the bar below the lines
                 final, halt = self.step == t.max_steps, asked.agreed()
                 evaluating = final or due(t.eval_interval, previous, self.step)
                 saving = final or halt or due(t.checkpoint_interval, previous, self.step)
                 if evaluating or saving:  # both see, and a resume starts from, the weights every rank shares
-                    loss = s.settle(loss)
+                    loss = s.finish_pending(loss)
                 if due(t.log_interval, previous, self.step) or evaluating:
                     self.report(loss, norm, evaluating, final)
                 path = self.save() if saving else None
@@ -538,12 +542,12 @@ class Trainer:
         elapsed = time.perf_counter() - self.clock
         rate = self.done / elapsed
         self.train_s += elapsed
-        lr = self.s.lr(step)
+        lr = self.train_step.lr(step)
         mem = memory_record(d.device)
         record = {"step": step, "train_s": round(self.train_s, 3), "loss": float(loss) if math.isfinite(loss) else None,
                   "lr": lr, ("tokens_per_s" if unit == "tok/s" else "samples_per_s"): rate, **mem,
                   "grad_norm": float(norm)}
-        act = self.meter.read(self.s.meter_group(), self.step_kind.summarize)
+        act = self.meter.read(self.s.meter_group(), self.objective.summarize)
         record.update(act)
         figures, text = model_figures(self.model, log, step)
         record.update(figures)

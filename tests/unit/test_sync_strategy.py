@@ -26,12 +26,12 @@ class CountingSteps(Single):
     steps = 0
     saves = 0
 
-    def step(self):
+    def advance(self, loop_step):
         CountingSteps.steps += 1
-        return super().step()
+        return super().advance(loop_step)
 
-    def attach(self, training, ckpt) -> None:
-        super().attach(training, ckpt)
+    def attach(self, training, ckpt, loop_step) -> None:
+        super().attach(training, ckpt, loop_step)
         ckpt.register("counting", get=self.saved, put=lambda state: None)  # its own part of every checkpoint
 
     @staticmethod
