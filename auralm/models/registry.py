@@ -18,7 +18,8 @@ from_pretrained); :func:`auralm.models.build` attaches its ``config``.
 
 The built-in families are the modules in :data:`BUILTIN`; more are imported from the module paths in the
 environment variable ``AURALM_MODEL_PLUGINS`` (comma-separated, e.g. ``tests.toy_family``), each of which calls
-:func:`register`. The variable is read in every process that reads a config: hrmctl's preflight and the trainer
+:func:`register` (or registers what else it adds, with the registry of its kind: a task, ``tests.toy_task``; a sync
+mode, ``tests.toy_sync``). The variable is read in every process that reads a config: hrmctl's preflight and the trainer
 under torchrun inherit it from ``hrmctl train``'s environment on this machine (a remote node needs the module
 installed and the variable in its own environment). No torch here: ``auralm.training.config`` reads the sizes without
 it;
