@@ -43,6 +43,8 @@ class Recurrent:
 
     def loss(self, model, x, y, micro: int):
         y = self.task.targets(x, y)  # sudoku: the givens too
+        if micro >= len(self.carries):  # more micro-steps than the run began with (DiLoCo: a rank takes over the
+            self.carries += [None] * (micro + 1 - len(self.carries))  # rows of ranks that left): fresh carries
         carry = self.carries[micro] or self.raw.initial_carry(x, y)
         carry, logits, q, target = model(carry, x, y)
         self.carries[micro] = carry

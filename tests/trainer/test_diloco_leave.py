@@ -27,11 +27,11 @@ STEPS = 60
 
 
 @contextmanager
-def _agents_at_step_20(sudoku_data, tmp_path, nodes: int):
-    """A DiLoCo run of ``nodes`` local torchrun agents, once node0's rank has logged step 20: (its out_dir, the
-    agents, node i's log text); whatever is left of them is killed at the end."""
+def _agents_at_step_20(sudoku_data, tmp_path, nodes: int, model: str = "tiny"):
+    """A DiLoCo run of ``nodes`` local torchrun agents (of ``model``), once node0's rank has logged step 20: (its
+    out_dir, the agents, node i's log text); whatever is left of them is killed at the end."""
     out = tmp_path / "run"
-    args = ["model=tiny", f"training.max_steps={STEPS}", "training.batch_size=8", "training.log_interval=10",
+    args = [f"model={model}", f"training.max_steps={STEPS}", "training.batch_size=8", "training.log_interval=10",
             "logging.curves=false",
             "training.checkpoint_interval=0", "training.eval_interval=0", "training.eval_batches=1",
             "training.sync=diloco", "training.diloco.inner_steps=10", f"data_dir={sudoku_data()}", f"out_dir={out}"]
@@ -69,11 +69,14 @@ def test_the_rank_present_goes_on_in_place_and_takes_over_the_rows_of_the_one_th
     assert state["data_position"] == STEPS and state["data_positions"] == [STEPS], state
 
 
-def test_a_killed_rank_is_left_out_after_three_missed_beats_since_its_connection_broke(sudoku_data, tmp_path):
+@pytest.mark.parametrize("model", ["tiny", "trm-tiny"])
+def test_a_killed_rank_is_left_out_after_three_missed_beats_since_its_connection_broke(sudoku_data, tmp_path, model):
     """node1's processes killed at step 20 (SIGKILL: the kernel closes their connections): node0's rank's all-reduce
     with rank 1 fails, and a rank silent for three beats since (members.BROKEN_LOST_S, 6 s) is counted out, not after
-    the 15 s a silent rank gets (asleep or cut off: no connection of its breaks, and a slow beat is not a leave)."""
-    with _agents_at_step_20(sudoku_data, tmp_path, 2) as (out, procs, text):
+    the 15 s a silent rank gets (asleep or cut off: no connection of its breaks, and a slow beat is not a leave).
+    With a recurrent model (TRM) too: the rows node0's rank takes over are micro-batches of its step beyond its
+    own, each with an ACT carry of its own."""
+    with _agents_at_step_20(sudoku_data, tmp_path, 2, model) as (out, procs, text):
         signal_tree(process_tree(procs[1].pid), signal.SIGKILL)
         wait_for(lambda: "rank(s) 1 left the run" in text(0) or procs[0].poll() is not None, 60,
                  "node0's rank to go on without rank 1", every=0.5)
