@@ -1,4 +1,4 @@
-"""What a model family's model reads, typed: one frozen dataclass per family (``GPTArgs`` in ``gpt/spec.py``,
+"""What a model family's model reads, typed: one frozen dataclass per family (``PlainArgs`` in ``gpt/spec.py``,
 ``HRMArgs`` in ``hrm/spec.py``, ...), subclassing :class:`ModelArgs`. Its fields are the keys the family's model
 reads, each with its type and default; a named size (``model=hrm-tiny``) is an instance, and ``model.KEY=VALUE``
 makes another with that field replaced (:meth:`ModelArgs.replace`). Every value is checked against its field's type

@@ -19,11 +19,10 @@ from_pretrained); :func:`auralm.models.build` attaches its ``config``.
 The built-in families are the modules in :data:`BUILTIN`; more are imported from the module paths in the
 environment variable ``AURALM_MODEL_PLUGINS`` (comma-separated, e.g. ``tests.toy_family``), each of which calls
 :func:`register` (or registers what else it adds, with the registry of its kind: a task, ``tests.toy_task``; a sync
-mode, ``tests.toy_sync``). The variable is read in every process that reads a config: hrmctl's preflight and the trainer
-under torchrun inherit it from ``hrmctl train``'s environment on this machine (a remote node needs the module
+mode, ``tests.toy_sync``). The variable is read in every process that reads a config: hrmctl's preflight and the
+trainer under torchrun inherit it from ``hrmctl train``'s environment on this machine (a remote node needs the module
 installed and the variable in its own environment). No torch here: ``auralm.training.config`` reads the sizes without
-it;
-a family's ``build`` imports its model when called.
+it; a family's ``build`` imports its model when called.
 """
 
 from __future__ import annotations
@@ -60,7 +59,8 @@ class ModelFamily:
     build: Callable[[str, ModelArgs, int | None], Any]  # (task, arch, vocab) -> the model (imports torch when called)
     model_class: Callable[[str, ModelArgs], type]  # the class build makes: from_pretrained's check of a checkpoint
     tasks: tuple[str, ...] = ("sudoku", "lm")
-    # builds the sizes that have no "family" key on its tasks (GPT on lm and the sudoku transformer share them)
+    # builds the plain sizes (args whose class names no family) on its tasks (GPT on lm and the sudoku transformer
+    # share them)
     plain: bool = False
     select: str = ""  # the model= that selects it, in messages ("model=hrm-tiny (or arch=hrm_v1)")
     smallest: str = ""  # the size its own model.* keys pick when no model= is given (""): its first size

@@ -186,12 +186,11 @@ class DiLoCoRounds(Single):
                   f"{', '.join(map(str, taken))}'s rows beside its own ({t.grad_accum} micro-batches a local step), "
                   f"so that a round sees the rows it would have", file=sys.stderr, flush=True)
 
-    def advance(self, step) -> tuple[int, float, torch.Tensor]:
-        """H of the loop's steps (``step``, auralm.training.step.TrainStep), local to each rank (its share of them),
-        then the outer step on the averaged change; with
-        overlap, each part's outer step once the next ``overlap_steps`` local steps are taken; with fragments, part
-        p sent after about (p + 1)/P of the round (a part in flight is finished before the next is sent, so every rank's
-        collectives come in the same order)."""
+    def advance(self, loop_step) -> tuple[int, float, torch.Tensor]:
+        """H of the loop's steps (``loop_step``, auralm.training.step.TrainStep), local to each rank (its share of
+        them), then the outer step on the averaged change; with overlap, each part's outer step once the next
+        ``overlap_steps`` local steps are taken; with fragments, part p sent after about (p + 1)/P of the round (a part
+        in flight is finished before the next is sent, so every rank's collectives come in the same order)."""
         p, t = self.p, self.t
         length = min(t.diloco.inner_steps, t.max_steps - p.step)
         mine = p.shares.inner_steps_for(self.d.rank, length, t.diloco.inner_steps)
@@ -203,12 +202,12 @@ class DiLoCoRounds(Single):
             self.finish_due()
             # where this local step stands in the schedule
             at = p.step + (min(j + 1, length) if t.diloco.timed else math.ceil((j + 1) * length / mine))
-            loss, norm = step.local(at)
+            loss, norm = loop_step.local(at)
             ok = p.guard.finite(loss, norm) if p.guard else True
             if ok:
                 loss_sum, losses = loss_sum + float(loss), losses + 1
             bad += not ok
-            step.apply(ok)
+            loop_step.apply(ok)
             j, self.local_steps = j + 1, self.local_steps + 1
             while sent < parts - 1 and self.part_due(sent, j, mine, began, deadline):  # the last: at the round's end
                 self.send(sent, end)

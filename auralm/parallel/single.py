@@ -94,9 +94,9 @@ class Single(Strategy):
     def bad_step(self) -> None:
         """What else a skipped step resets (DDP's PowerSGD: its error feedback)."""
 
-    def advance(self, step) -> tuple[int, float, torch.Tensor]:
-        """The ranks meet every step: one step of the loop's (``step``, auralm.training.step.TrainStep)."""
-        return step()
+    def advance(self, loop_step) -> tuple[int, float, torch.Tensor]:
+        """The ranks meet every step: one step of the loop's (``loop_step``, auralm.training.step.TrainStep)."""
+        return loop_step()
 
     def finish_pending(self, loss: float) -> float:
         """Before an evaluation or a checkpoint: nothing in flight here; the loss as it was."""
