@@ -13,6 +13,7 @@ and comes back through :meth:`ModelArgs.from_dict`. Standard library only.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from dataclasses import dataclass
@@ -23,10 +24,17 @@ from auralm.errors import UserError
 __all__ = ["ModelArgs", "Literal", "field_types", "type_name", "typed"]
 
 
-def field_types(cls: type) -> dict[str, Any]:
+def field_types(cls: type | ModelArgs) -> dict[str, Any]:
     """The fields of an args class (or instance) and their types, in declaration order."""
-    hints = typing.get_type_hints(cls if isinstance(cls, type) else type(cls))
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+    return dict(_field_types(cls if isinstance(cls, type) else type(cls)))
+
+
+@functools.cache
+def _field_types(cls: type) -> tuple:
+    """Once a class: its annotations are resolved (typing.get_type_hints) when the first instance is made, not at
+    every instance and every ``replace``."""
+    hints = typing.get_type_hints(cls)
+    return tuple((f.name, hints[f.name]) for f in dataclasses.fields(cls))
 
 
 def _options(typ) -> tuple[Any, bool]:

@@ -9,7 +9,6 @@ it was made for; testing it is not a test of the task's name. It needs a task wh
 
 from __future__ import annotations
 
-import typing
 from dataclasses import dataclass
 
 from auralm import tasks
@@ -18,7 +17,6 @@ from auralm.models import registry
 from auralm.models.args import Literal, ModelArgs
 
 Positions = Literal["auto", "rope", "learned", "sudoku", "none"]
-POSITIONS = typing.get_args(Positions)
 POSITIVE = ("L_layers", "H_cycles", "L_cycles", "halt_max_steps")
 TASKS = ("sudoku", "maze", "lm")  # the tasks HRM and TRM train on
 

@@ -19,7 +19,7 @@ from typing import Any, Literal
 from auralm import tasks
 from auralm.models import families
 from auralm.models import registry
-from auralm.models.args import ModelArgs
+from auralm.models.args import ModelArgs, type_name
 from auralm.parallel import strategy
 from auralm.training import recipes
 from auralm.errors import UserError
@@ -270,12 +270,10 @@ def _convert(text: str, typ):
 
 
 def _type_name(typ) -> str:
-    if typing.get_origin(typ) is types.UnionType:
-        typ = next(t for t in typing.get_args(typ) if t is not type(None))
-    if typing.get_origin(typ) is Literal:
-        return "one of " + ", ".join(typing.get_args(typ))
-    return {bool: "true or false", int: "an integer", float: "a number",
-            tuple[int, ...]: "steps like 10,11,12 or 10-14"}.get(typ, "a string")
+    """What a key of ``typ`` expects, as a message says it (auralm.models.args.type_name, and steps)."""
+    if typ in (tuple[int, ...], tuple[int, ...] | None):
+        return "steps like 10,11,12 or 10-14"
+    return type_name(typ)
 
 
 AUTO = 0  # training.batch_size=auto, as stored (a typed 0 is refused: see _set)
